@@ -1,0 +1,103 @@
+# nib — one boring build.
+#   make              library (build/libnib.a), CLI (build/nib), tests (build/nib_tests)
+#   make test         run every test; ends with "N passed, N failed, N skipped"
+#   make san-test     CPU tests under ASan+UBSan (build-san/, CPU-only)
+#   make bench        the kernel lab (needs a GPU)
+#   make fuzz         libFuzzer harnesses (clang), FUZZ_SECONDS per harness
+# Knobs: NO_CUDA=1 (CPU-only), CUDA_ARCH=sm_90a, CUDA_HOME=/usr/local/cuda, BUILD=build,
+#        SAN=1 (sanitizers), OPT=-O2
+
+BUILD     ?= build
+CC        ?= cc
+OPT       ?= -O2
+CUDA_HOME ?= /usr/local/cuda
+CUDA_ARCH ?= sm_90a
+CUDA_ARCH_NUM := $(patsubst sm_%,%,$(CUDA_ARCH))
+
+NVCC ?= $(shell command -v nvcc 2>/dev/null || { test -x $(CUDA_HOME)/bin/nvcc && echo $(CUDA_HOME)/bin/nvcc; })
+ifeq ($(NO_CUDA),1)
+  HAVE_CUDA :=
+else ifeq ($(strip $(NVCC)),)
+  HAVE_CUDA :=
+else
+  HAVE_CUDA := 1
+endif
+
+WARN    := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
+           -Wno-unused-function -Wno-format-truncation
+CFLAGS  += -std=c11 $(OPT) -g -fPIC $(WARN) -D_DEFAULT_SOURCE -D_POSIX_C_SOURCE=200809L \
+           -I. -Iinclude -MMD -MP
+LDLIBS  := -lm -lpthread -ldl
+
+ifeq ($(SAN),1)
+  CFLAGS  += -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+  LDFLAGS += -fsanitize=address,undefined
+endif
+
+# ---- sources ---------------------------------------------------------------------------
+LIB_SRC  := $(wildcard base/*.c formats/*.c io/*.c ops/*.c ops/ref/*.c runtime/*.c models/*.c)
+CLI_SRC  := $(filter-out cli/main.c,$(wildcard cli/*.c))
+TEST_SRC := $(wildcard tests/*.c)
+CU_SRC   := $(wildcard ops/cuda/*.cu runtime/*.cu)
+
+ifeq ($(HAVE_CUDA),1)
+  CFLAGS    += -DNIB_HAVE_CUDA=1 -isystem $(CUDA_HOME)/include
+  NVCCFLAGS ?= -O3 -std=c++17 -lineinfo -gencode=arch=compute_$(CUDA_ARCH_NUM),code=$(CUDA_ARCH) \
+               --expt-relaxed-constexpr -Xcompiler -Wall,-Wextra,-Werror,-fPIC -Werror all-warnings \
+               -DNIB_HAVE_CUDA=1 -I. -Iinclude -MMD -MP
+  LDLIBS    += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lstdc++
+  CU_OBJ    := $(CU_SRC:%.cu=$(BUILD)/%.o)
+else
+  CU_OBJ    :=
+endif
+
+LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o) $(CU_OBJ)
+CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/%.o)
+TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
+
+LIB   := $(BUILD)/libnib.a
+NIB   := $(BUILD)/nib
+TESTS := $(BUILD)/nib_tests
+
+.PHONY: all test san-test bench clean fuzz info
+all: $(LIB) $(NIB) $(TESTS)
+
+info:
+	@echo "CUDA backend: $(if $(HAVE_CUDA),yes ($(NVCC), $(CUDA_ARCH)),no)"
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+$(LIB): $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	rm -f $@
+	ar rcs $@ $^
+
+$(NIB): $(BUILD)/cli/main.o $(CLI_OBJ) $(LIB)
+	$(CC) $(LDFLAGS) -o $@ $(BUILD)/cli/main.o $(CLI_OBJ) $(LIB) $(LDLIBS)
+
+# Tests link the CLI command objects too, so CLI exit codes and messages are testable.
+$(TESTS): $(TEST_OBJ) $(CLI_OBJ) $(LIB)
+	$(CC) $(LDFLAGS) -o $@ $(TEST_OBJ) $(CLI_OBJ) $(LIB) $(LDLIBS)
+
+test: $(TESTS) $(NIB)
+	./$(TESTS) $(T)
+
+san-test:
+	$(MAKE) BUILD=build-san SAN=1 NO_CUDA=1 OPT=-O1 test
+
+bench: $(NIB)
+	./$(NIB) bench gemm $(BENCH_ARGS)
+
+fuzz:
+	$(MAKE) -f fuzz/fuzz.mk FUZZ_SECONDS=$(or $(FUZZ_SECONDS),60)
+
+clean:
+	rm -rf build build-san build-fuzz
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -1,0 +1,104 @@
+/* util.c — host allocation with error reporting, clock, small-file reading, shape products. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base.h"
+
+bool nib_shape_numel_overflow(const int64_t *shape, int n, uint64_t *out) {
+    uint64_t p = 1;
+    for (int i = 0; i < n; i++) {
+        if (shape[i] < 0) return true;
+        if (nib_mul_overflow_u64(p, (uint64_t)shape[i], &p)) return true;
+    }
+    *out = p;
+    return false;
+}
+
+void *nib_malloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    if (!p) NIB_ERR(NIB_ERR_OUT_OF_MEMORY, "host allocation of %zu bytes failed", n);
+    return p;
+}
+
+void *nib_calloc(size_t count, size_t size) {
+    size_t total;
+    if (nib_mul_overflow_size(count, size, &total)) {
+        NIB_ERR(NIB_ERR_OVERFLOW, "host allocation of %zu x %zu bytes overflows", count, size);
+        return NULL;
+    }
+    void *p = calloc(total ? total : 1, 1);
+    if (!p) NIB_ERR(NIB_ERR_OUT_OF_MEMORY, "host allocation of %zu bytes failed", total);
+    return p;
+}
+
+void *nib_realloc(void *p, size_t n) {
+    void *q = realloc(p, n ? n : 1);
+    if (!q) NIB_ERR(NIB_ERR_OUT_OF_MEMORY, "host reallocation to %zu bytes failed", n);
+    return q;
+}
+
+void nib_free(void *p) { free(p); }
+
+char *nib_strdup(const char *s) {
+    size_t n = strlen(s) + 1;
+    char *d = nib_malloc(n);
+    if (d) memcpy(d, s, n);
+    return d;
+}
+
+double nib_now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+nib_status nib_read_file(const char *path, size_t max_bytes, char **out, size_t *out_len) {
+    nib_status st = NIB_OK;
+    char *buf = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f) return NIB_ERR(NIB_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
+    size_t cap = 4096, len = 0;
+    buf = nib_malloc(cap + 1);
+    if (!buf) {
+        st = NIB_ERR_OUT_OF_MEMORY;
+        goto fail;
+    }
+    for (;;) {
+        if (len == cap) {
+            if (cap >= max_bytes) {
+                st = NIB_ERR(NIB_ERR_FORMAT, "'%s' is larger than the %zu-byte limit", path,
+                             max_bytes);
+                goto fail;
+            }
+            size_t ncap = cap * 2 > max_bytes ? max_bytes : cap * 2;
+            char *nb = nib_realloc(buf, ncap + 1);
+            if (!nb) {
+                st = NIB_ERR_OUT_OF_MEMORY;
+                goto fail;
+            }
+            buf = nb;
+            cap = ncap;
+        }
+        size_t got = fread(buf + len, 1, cap - len, f);
+        len += got;
+        if (got == 0) {
+            if (ferror(f)) {
+                st = NIB_ERR(NIB_ERR_IO, "read error on '%s': %s", path, strerror(errno));
+                goto fail;
+            }
+            break;
+        }
+    }
+    fclose(f);
+    buf[len] = '\0';
+    *out = buf;
+    *out_len = len;
+    return NIB_OK;
+fail:
+    if (f) fclose(f);
+    nib_free(buf);
+    return st;
+}

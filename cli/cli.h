@@ -1,0 +1,29 @@
+/* cli.h — the nib command-line tool's commands. Each command is `int nib_cmd_X(argc, argv)`
+ * with argv[0] = "X"; it returns the process exit status (0 ok, 1 failure, 2 usage error).
+ * Commands print; the library they call does not. */
+#ifndef NIB_CLI_H
+#define NIB_CLI_H
+
+#include <stdio.h>
+
+#include "base/base.h"
+
+typedef struct nib_cli_command {
+    const char *name;
+    const char *summary;
+    int (*fn)(int argc, char **argv);
+} nib_cli_command;
+
+/* The command table (cli/commands.c), terminated by a {NULL} entry. */
+extern const nib_cli_command nib_cli_commands[];
+
+int nib_cmd_doctor(int argc, char **argv);
+int nib_cmd_formats(int argc, char **argv);
+int nib_cmd_inspect(int argc, char **argv);
+
+/* Print "nib <cmd>: <status name>: <last error>" to stderr and return 1. */
+int nib_cli_fail(const char *cmd, nib_status st);
+/* 1 if a is "-h" or "--help". */
+int nib_cli_is_help(const char *a);
+
+#endif

@@ -1,0 +1,125 @@
+/* nib.h — public C API of nib.
+ *
+ * nib runs transformer policies (Pi0.5) and Gemma-style decoders at batch 1 with 4- and 8-bit
+ * weights. This header is plain C (C11) and stable: opaque handles, status codes, no structs
+ * whose layout callers depend on except nib_tensor_desc.
+ *
+ * Error model: every fallible function returns nib_status. NIB_OK is 0. On failure, the
+ * calling thread's nib_last_error() holds a message naming what failed and where
+ * ("safetensors: tensor 'w' data_offsets [0, 12] exceed data section of 8 bytes (byte 140)").
+ * The library never exits, aborts or prints except through the logger (NIB_LOG).
+ */
+#ifndef NIB_H
+#define NIB_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define NIB_VERSION_MAJOR 0
+#define NIB_VERSION_MINOR 1
+#define NIB_VERSION_PATCH 0
+
+/* ---- status codes ----------------------------------------------------------------------- */
+typedef enum nib_status {
+    NIB_OK = 0,
+    NIB_ERR_INVALID_ARG = 1,      /* a caller passed a bad value (NULL, negative size, bad enum) */
+    NIB_ERR_OUT_OF_MEMORY = 2,    /* host allocation failed */
+    NIB_ERR_OVERFLOW = 3,         /* size/offset arithmetic would overflow */
+    NIB_ERR_IO = 4,               /* open/read/write/mmap failed (errno text in the message) */
+    NIB_ERR_FORMAT = 5,           /* malformed file or header: names the field and byte offset */
+    NIB_ERR_NOT_FOUND = 6,        /* a named tensor, key or command does not exist */
+    NIB_ERR_SHAPE = 7,            /* shapes or dtypes do not match what the operation needs */
+    NIB_ERR_UNSUPPORTED = 8,      /* valid request this build or format does not implement */
+    NIB_ERR_NO_DEVICE = 9,        /* no CUDA device or driver, or a CPU-only build */
+    NIB_ERR_UNSUPPORTED_DEVICE = 10, /* device present but its compute capability is too old */
+    NIB_ERR_DEVICE_OOM = 11,      /* device allocation failed: message has bytes asked and free */
+    NIB_ERR_DEVICE_LOST = 12,     /* sticky CUDA error: the context is unusable; op and file:line */
+    NIB_ERR_CUDA = 13,            /* any other (non-sticky) CUDA / cuBLAS error */
+    NIB_ERR_NUMERICS = 14,        /* NaN/Inf found by a numerics check */
+    NIB_ERR_INTERNAL = 15         /* a bug in nib: please report the message */
+} nib_status;
+
+/* Short constant name of a status ("NIB_ERR_FORMAT"); never NULL. */
+const char *nib_status_name(nib_status s);
+/* The calling thread's last error message ("" if none). Valid until the next nib call. */
+const char *nib_last_error(void);
+/* Clear the calling thread's last error. */
+void nib_clear_error(void);
+/* "0.1.0" */
+const char *nib_version(void);
+
+/* ---- logging ---------------------------------------------------------------------------- */
+/* Level from the environment variable NIB_LOG: error|warn|info|debug|trace (default warn).
+ * Log lines go to stderr as "nib <level>: message". */
+typedef enum nib_log_level {
+    NIB_LOG_ERROR = 0,
+    NIB_LOG_WARN = 1,
+    NIB_LOG_INFO = 2,
+    NIB_LOG_DEBUG = 3,
+    NIB_LOG_TRACE = 4
+} nib_log_level;
+void nib_log_set_level(nib_log_level level);
+nib_log_level nib_log_get_level(void);
+
+/* ---- element types ---------------------------------------------------------------------- */
+/* Storage element types. Names match safetensors where safetensors has them. */
+typedef enum nib_dtype {
+    NIB_DTYPE_INVALID = 0,
+    NIB_DTYPE_BOOL,
+    NIB_DTYPE_U8,
+    NIB_DTYPE_I8,
+    NIB_DTYPE_U16,
+    NIB_DTYPE_I16,
+    NIB_DTYPE_U32,
+    NIB_DTYPE_I32,
+    NIB_DTYPE_U64,
+    NIB_DTYPE_I64,
+    NIB_DTYPE_F16,
+    NIB_DTYPE_BF16,
+    NIB_DTYPE_F32,
+    NIB_DTYPE_F64,
+    NIB_DTYPE_F8_E4M3,  /* e4m3fn: no Inf, NaN = 0x7F/0xFF, max 448 */
+    NIB_DTYPE_F8_E5M2,
+    NIB_DTYPE_F8_E8M0,  /* exponent-only scale, bias 127, 0xFF = NaN */
+    NIB_DTYPE_COUNT
+} nib_dtype;
+
+/* Bytes per element (1 for the FP8 types); 0 for NIB_DTYPE_INVALID or out of range. */
+size_t nib_dtype_size(nib_dtype dt);
+/* "BF16", "F8_E4M3" ... (the safetensors spelling); "INVALID" otherwise. */
+const char *nib_dtype_name(nib_dtype dt);
+/* Parse the safetensors spelling; NIB_DTYPE_INVALID when unknown. n = length of s. */
+nib_dtype nib_dtype_from_name(const char *s, size_t n);
+
+/* ---- tensor descriptor ------------------------------------------------------------------ */
+#define NIB_MAX_DIMS 8
+/* Shape and strides in elements, outermost first. nbytes = bytes spanned by the tensor
+ * (for a contiguous tensor: product(shape) * dtype size). All fields are computed with
+ * overflow checks by nib_tensor_desc_init / nib_tensor_desc_init_strided. */
+typedef struct nib_tensor_desc {
+    nib_dtype dtype;
+    int32_t ndim;                     /* 0 (scalar) .. NIB_MAX_DIMS */
+    int64_t shape[NIB_MAX_DIMS];
+    int64_t strides[NIB_MAX_DIMS];   /* elements */
+    uint64_t numel;
+    uint64_t nbytes;
+} nib_tensor_desc;
+
+/* Contiguous (row-major) descriptor. Errors: NIB_ERR_INVALID_ARG (bad dtype, ndim, negative
+ * dim), NIB_ERR_OVERFLOW (element or byte count does not fit in 63 bits). */
+nib_status nib_tensor_desc_init(nib_tensor_desc *d, nib_dtype dt, int32_t ndim,
+                                const int64_t *shape);
+/* Strided descriptor (non-negative strides). nbytes covers the highest addressed element. */
+nib_status nib_tensor_desc_init_strided(nib_tensor_desc *d, nib_dtype dt, int32_t ndim,
+                                        const int64_t *shape, const int64_t *strides);
+/* 1 if row-major contiguous. */
+int nib_tensor_desc_is_contiguous(const nib_tensor_desc *d);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* NIB_H */

@@ -1,0 +1,133 @@
+/* harness.c — test runner: `nib_tests [substring]`, `nib_tests -l` lists names. */
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "runtime/device.h"
+
+#define MAX_TESTS 4096
+
+typedef struct test_entry {
+    const char *name;
+    const char *file;
+    nib_test_fn fn;
+} test_entry;
+static test_entry g_tests[MAX_TESTS];
+static int g_ntests;
+
+void nib_test_register(const char *name, const char *file, nib_test_fn fn) {
+    if (g_ntests >= MAX_TESTS) {
+        fprintf(stderr, "harness: more than %d tests\n", MAX_TESTS);
+        exit(2);
+    }
+    g_tests[g_ntests].name = name;
+    g_tests[g_ntests].file = file;
+    g_tests[g_ntests].fn = fn;
+    g_ntests++;
+}
+
+void nib_test_fail(nib_test_ctx *t, const char *file, int line, const char *fmt, ...) {
+    const char *base = strrchr(file, '/');
+    base = base ? base + 1 : file;
+    if (t->failures < 20) {
+        char msg[1024];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(msg, sizeof msg, fmt, ap);
+        va_end(ap);
+        printf("  FAIL %s:%d: %s\n", base, line, msg);
+    } else if (t->failures == 20) {
+        printf("  (further failures of %s not shown)\n", t->name);
+    }
+    t->failures++;
+}
+
+void nib_test_skip(nib_test_ctx *t, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(t->skip_reason, sizeof t->skip_reason, fmt, ap);
+    va_end(ap);
+    t->skipped = 1;
+}
+
+int nib_test_have_gpu(void) {
+    static int cached = -1;
+    if (cached < 0) cached = nib_device_available() ? 1 : 0;
+    return cached;
+}
+
+static uint64_t fnv1a(const char *s) {
+    uint64_t h = 1469598103934665603ull;
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
+
+void nib_test_rng(nib_test_ctx *t, nib_rng *r) { nib_rng_seed(r, t->seed ^ fnv1a(t->name)); }
+
+const char *nib_test_tmpdir(void) {
+    static char dir[256];
+    if (!dir[0]) {
+        const char *base = getenv("TMPDIR");
+        if (!base || !*base) base = "/tmp";
+        snprintf(dir, sizeof dir, "%s/nib-tests-%d", base, (int)getpid());
+        mkdir(dir, 0700);
+    }
+    return dir;
+}
+
+static int cmp_tests(const void *a, const void *b) {
+    const test_entry *ta = a, *tb = b;
+    int c = strcmp(ta->file, tb->file);
+    if (c) return c;
+    return strcmp(ta->name, tb->name);
+}
+
+int main(int argc, char **argv) {
+    const char *filter = NULL;
+    int list = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-l") || !strcmp(argv[i], "--list")) list = 1;
+        else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            printf("usage: nib_tests [-l] [SUBSTRING]\n"
+                   "Runs every registered test whose name contains SUBSTRING.\n"
+                   "NIB_TEST_SEED=N changes the random inputs (default 1).\n");
+            return 0;
+        } else filter = argv[i];
+    }
+    qsort(g_tests, (size_t)g_ntests, sizeof g_tests[0], cmp_tests);
+    if (list) {
+        for (int i = 0; i < g_ntests; i++) printf("%s\n", g_tests[i].name);
+        return 0;
+    }
+    uint64_t seed = 1;
+    const char *se = getenv("NIB_TEST_SEED");
+    if (se && *se) seed = strtoull(se, NULL, 0);
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    int passed = 0, failed = 0, skipped = 0;
+    for (int i = 0; i < g_ntests; i++) {
+        if (filter && !strstr(g_tests[i].name, filter)) continue;
+        nib_test_ctx t;
+        memset(&t, 0, sizeof t);
+        t.name = g_tests[i].name;
+        t.seed = seed;
+        nib_clear_error();
+        double t0 = nib_now_s();
+        g_tests[i].fn(&t);
+        double dt = nib_now_s() - t0;
+        if (t.failures) {
+            printf("FAIL %s (%d failed checks, %.2f s)\n", t.name, t.failures, dt);
+            failed++;
+        } else if (t.skipped) {
+            printf("SKIP %s: %s\n", t.name, t.skip_reason);
+            skipped++;
+        } else {
+            printf("PASS %s (%.2f s)\n", t.name, dt);
+            passed++;
+        }
+    }
+    printf("%d passed, %d failed, %d skipped\n", passed, failed, skipped);
+    return failed ? 1 : 0;
+}

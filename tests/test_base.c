@@ -1,0 +1,126 @@
+/* test_base.c — status/error model, checked arithmetic at the edges, tensor descriptors, RNG. */
+#include <math.h>
+#include <string.h>
+
+#include "harness.h"
+#include "runtime/device.h"
+
+NIB_TEST(base_status_names_distinct) {
+    /* every status in the enum has its own name, and unknown values map to a fallback */
+    for (int a = NIB_OK; a <= NIB_ERR_INTERNAL; a++) {
+        CHECK(strncmp(nib_status_name((nib_status)a), "NIB_", 4) == 0);
+        CHECK(strcmp(nib_status_name((nib_status)a), "NIB_ERR_UNKNOWN") != 0);
+        for (int b = a + 1; b <= NIB_ERR_INTERNAL; b++)
+            CHECK(strcmp(nib_status_name((nib_status)a), nib_status_name((nib_status)b)) != 0);
+    }
+    CHECK(strcmp(nib_status_name((nib_status)999), "NIB_ERR_UNKNOWN") == 0);
+}
+
+NIB_TEST(base_error_message_names_file_line) {
+    nib_status st = NIB_ERR(NIB_ERR_FORMAT, "tensor '%s' bad at byte %d", "w", 42);
+    CHECK(st == NIB_ERR_FORMAT);
+    const char *m = nib_last_error();
+    CHECK(strstr(m, "tensor 'w' bad at byte 42") != NULL);
+    CHECK(strstr(m, "test_base.c:") != NULL);
+    nib_error_context(st, "loading '%s'", "model.safetensors");
+    CHECK(strncmp(nib_last_error(), "loading 'model.safetensors': tensor 'w'", 38) == 0);
+    nib_clear_error();
+    CHECK(nib_last_error()[0] == '\0');
+}
+
+NIB_TEST(base_checked_arithmetic_edges) {
+    uint64_t r;
+    CHECK(!nib_add_overflow_u64(UINT64_MAX - 1, 1, &r) && r == UINT64_MAX);
+    CHECK(nib_add_overflow_u64(UINT64_MAX, 1, &r));
+    CHECK(!nib_mul_overflow_u64(UINT64_C(1) << 32, (UINT64_C(1) << 32) - 1, &r));
+    CHECK(nib_mul_overflow_u64(UINT64_C(1) << 32, UINT64_C(1) << 32, &r));
+    CHECK(!nib_pad_overflow_u64(13, 8, &r) && r == 16);
+    CHECK(!nib_pad_overflow_u64(16, 8, &r) && r == 16);
+    CHECK(nib_pad_overflow_u64(UINT64_MAX - 2, 8, &r)); /* the GGML_PAD wrap */
+    CHECK(nib_pad_overflow_u64(5, 0, &r));
+    size_t s;
+    CHECK(nib_mul_overflow_size(SIZE_MAX / 2 + 1, 2, &s));
+    int64_t shp[3] = {INT64_MAX, 2, 1};
+    CHECK(!nib_shape_numel_overflow(shp, 3, &r) && r == (uint64_t)INT64_MAX * 2); /* fits in u64 */
+    int64_t shp2[3] = {INT64_MAX, 4, 1};
+    CHECK(nib_shape_numel_overflow(shp2, 3, &r));
+    int64_t neg[2] = {3, -1};
+    CHECK(nib_shape_numel_overflow(neg, 2, &r));
+}
+
+NIB_TEST(base_tensor_desc) {
+    nib_tensor_desc d;
+    int64_t shape[3] = {2, 3, 5};
+    CHECK_OK(nib_tensor_desc_init(&d, NIB_DTYPE_BF16, 3, shape));
+    CHECK(d.numel == 30 && d.nbytes == 60);
+    CHECK(d.strides[0] == 15 && d.strides[1] == 5 && d.strides[2] == 1);
+    CHECK(nib_tensor_desc_is_contiguous(&d));
+    /* scalar */
+    CHECK_OK(nib_tensor_desc_init(&d, NIB_DTYPE_F32, 0, NULL));
+    CHECK(d.numel == 1 && d.nbytes == 4);
+    /* byte count overflow: numel fits in u64 but * 8 bytes does not fit in int64 */
+    int64_t big[2] = {INT64_C(1) << 31, INT64_C(1) << 30};
+    CHECK_ST(nib_tensor_desc_init(&d, NIB_DTYPE_F64, 2, big), NIB_ERR_OVERFLOW);
+    int64_t huge[4] = {INT64_C(1) << 40, INT64_C(1) << 40, INT64_C(1) << 40, 0};
+    CHECK_ST(nib_tensor_desc_init(&d, NIB_DTYPE_U8, 4, huge), NIB_ERR_OVERFLOW);
+    int64_t bad[2] = {3, -2};
+    CHECK_ST(nib_tensor_desc_init(&d, NIB_DTYPE_U8, 2, bad), NIB_ERR_INVALID_ARG);
+    CHECK_ST(nib_tensor_desc_init(&d, NIB_DTYPE_U8, 9, shape), NIB_ERR_INVALID_ARG);
+    CHECK_ST(nib_tensor_desc_init(&d, NIB_DTYPE_INVALID, 1, shape), NIB_ERR_INVALID_ARG);
+    CHECK_ST(nib_tensor_desc_init(&d, (nib_dtype)77, 1, shape), NIB_ERR_INVALID_ARG);
+    /* strided: a transposed [3,2] view of a [2,3] buffer spans 6 elements */
+    int64_t ts[2] = {3, 2}, st[2] = {1, 3};
+    CHECK_OK(nib_tensor_desc_init_strided(&d, NIB_DTYPE_F32, 2, ts, st));
+    CHECK(d.nbytes == 24 && !nib_tensor_desc_is_contiguous(&d));
+    int64_t sts[2] = {INT64_MAX, INT64_MAX};
+    CHECK_ST(nib_tensor_desc_init_strided(&d, NIB_DTYPE_F32, 2, ts, sts), NIB_ERR_OVERFLOW);
+}
+
+NIB_TEST(base_dtype_names_roundtrip) {
+    for (int i = 1; i < NIB_DTYPE_COUNT; i++) {
+        const char *n = nib_dtype_name((nib_dtype)i);
+        CHECK(nib_dtype_from_name(n, strlen(n)) == (nib_dtype)i);
+        CHECK(nib_dtype_size((nib_dtype)i) > 0);
+    }
+    CHECK(nib_dtype_from_name("BF1", 3) == NIB_DTYPE_INVALID);
+    CHECK(nib_dtype_from_name("BF16x", 5) == NIB_DTYPE_INVALID);
+    CHECK(nib_dtype_size(NIB_DTYPE_INVALID) == 0);
+}
+
+NIB_TEST(base_rng_determinism_and_moments) {
+    nib_rng a, b;
+    nib_rng_seed(&a, 123);
+    nib_rng_seed(&b, 123);
+    for (int i = 0; i < 100; i++) CHECK(nib_rng_u64(&a) == nib_rng_u64(&b));
+    /* N(0,1) sample moments over n draws: |mean| < 5/sqrt(n), |var-1| < 5*sqrt(2/n) */
+    int n = 200000;
+    double s = 0, s2 = 0;
+    for (int i = 0; i < n; i++) {
+        double x = nib_rng_normal(&a);
+        s += x;
+        s2 += x * x;
+    }
+    double mean = s / n, var = s2 / n - mean * mean;
+    CHECK_MSG(fabs(mean) < 5.0 / sqrt(n), "mean %g", mean);
+    CHECK_MSG(fabs(var - 1.0) < 5.0 * sqrt(2.0 / n), "var %g", var);
+    /* Student-t nu=5 has variance nu/(nu-2) = 5/3; its 4th moment is finite so the check is fair */
+    s = s2 = 0;
+    for (int i = 0; i < n; i++) {
+        double x = nib_rng_student_t(&a, 5.0);
+        s += x;
+        s2 += x * x;
+    }
+    var = s2 / n - (s / n) * (s / n);
+    CHECK_MSG(fabs(var - 5.0 / 3.0) < 0.05, "t5 var %g", var);
+}
+
+NIB_TEST(base_device_layer_without_gpu) {
+    if (nib_test_have_gpu()) SKIP("a GPU is present: the no-device path is covered elsewhere");
+    nib_device_info d;
+    nib_status st = nib_device_query(&d);
+    CHECK(st == NIB_ERR_NO_DEVICE);
+    CHECK(strlen(nib_last_error()) > 0);
+    void *p = (void *)1;
+    CHECK(nib_dev_malloc(&p, 64, "probe") == NIB_ERR_NO_DEVICE);
+    CHECK(p == NULL);
+}
