@@ -9,6 +9,7 @@ const nib_cli_command nib_cli_commands[] = {
     {"formats", "quantize random matrices to every format and print the error table",
      nib_cmd_formats},
     {"inspect", "list the tensors of a safetensors file (validates it fully)", nib_cmd_inspect},
+    {"bench", "kernel labs: nib bench gemm (needs a GPU)", nib_cmd_bench},
     {NULL, NULL, NULL},
 };
 

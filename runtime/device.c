@@ -54,6 +54,10 @@ nib_status nib_dev_memset(void *dst, int value, size_t bytes) {
     (void)dst, (void)value, (void)bytes;
     return NIB_ERR(NIB_ERR_NO_DEVICE, NO_CUDA_MSG);
 }
+nib_status nib_dev_copy(void *dst, const void *src, size_t bytes) {
+    (void)dst, (void)src, (void)bytes;
+    return NIB_ERR(NIB_ERR_NO_DEVICE, NO_CUDA_MSG);
+}
 nib_status nib_dev_sync(void) { return NIB_ERR(NIB_ERR_NO_DEVICE, NO_CUDA_MSG); }
 
 #else /* NIB_HAVE_CUDA */
@@ -251,6 +255,10 @@ nib_status nib_dev_download(void *dst, const void *src, size_t bytes) {
 }
 nib_status nib_dev_memset(void *dst, int value, size_t bytes) {
     NIB_CUDA_CHECK(cudaMemset(dst, value, bytes));
+    return NIB_OK;
+}
+nib_status nib_dev_copy(void *dst, const void *src, size_t bytes) {
+    NIB_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
     return NIB_OK;
 }
 nib_status nib_dev_sync(void) {

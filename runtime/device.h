@@ -82,6 +82,7 @@ void nib_dev_arena_free(nib_dev_arena *a);
 nib_status nib_dev_upload(void *dst, const void *src, size_t bytes);
 nib_status nib_dev_download(void *dst, const void *src, size_t bytes);
 nib_status nib_dev_memset(void *dst, int value, size_t bytes);
+nib_status nib_dev_copy(void *dst, const void *src, size_t bytes); /* device to device */
 nib_status nib_dev_sync(void);
 
 #ifdef __cplusplus

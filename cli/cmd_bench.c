@@ -1,0 +1,473 @@
+/* cmd_bench.c — `nib bench gemm`: the GEMM kernel lab.
+ *
+ * For each shape (K -> N) and M, in one process: cuBLAS bf16 (the baseline), cuBLASLt fp8
+ * (GEMM only, pre-quantized X), nib's FP8 W8A8 (per-token quantize + cuBLASLt), and nib's
+ * weight-only kernels (NVFP4, MXFP4, INT4-g128, FP8). Each number is the median over
+ * repetitions of one CUDA-graph replay of many calls divided by the calls; the weights rotate
+ * over copies totalling more than 3x L2, so every call streams its weights from DRAM.
+ * Reported per row: µs, effective GB/s (canonical weight + scale bytes / time), TFLOP/s,
+ * speedup over cuBLAS bf16, and % of the measured device copy bandwidth.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/rng.h"
+#include "cli/cli.h"
+#include "formats/formats.h"
+#include "ops/gemm.h"
+#include "runtime/device.h"
+#include "runtime/timing.h"
+
+#define MAX_SHAPES 32
+#define MAX_MS 16
+#define MAX_COPIES 64
+
+typedef enum { V_BF16, V_FP8LT, V_W8A8, V_NVFP4, V_MXFP4, V_INT4, V_FP8, V_COUNT } variant;
+static const char *const k_vname[V_COUNT] = {"cublas-bf16", "cublaslt-fp8", "fp8-w8a8", "nvfp4",
+                                              "mxfp4",       "int4-g128",    "fp8-wo"};
+
+typedef struct bench_cfg {
+    int nshapes;
+    int64_t k[MAX_SHAPES], n[MAX_SHAPES];
+    int nm;
+    int64_t m[MAX_MS];
+    int enabled[V_COUNT];
+    int reps;
+    const char *json_path;
+} bench_cfg;
+
+typedef struct bench_row {
+    int64_t k, n, m;
+    variant v;
+    double us, gbps, tflops, speedup, pct_bw;
+    uint64_t bytes;
+    char plan[64];
+} bench_row;
+
+typedef struct gemm_ctx {
+    variant v;
+    int ncopies;
+    nib_qweight w[MAX_COPIES];
+    void *bw[MAX_COPIES]; /* bf16 or e4m3 weight copies for the cuBLAS variants */
+    float *sw;            /* fp8 per-channel weight scales */
+    void *x, *xq, *y;
+    float *sx;
+    int64_t m, n, k;
+    nib_blas *blas;
+    nib_gemm_ws *ws;
+} gemm_ctx;
+
+static nib_status gemm_call(void *c, int i, void *stream) {
+    gemm_ctx *g = (gemm_ctx *)c;
+    int j = i % g->ncopies;
+    switch (g->v) {
+    case V_BF16: return nib_blas_gemm_bf16(g->blas, g->x, g->bw[j], g->y, g->m, g->n, g->k, stream);
+    case V_FP8LT:
+        return nib_blas_gemm_fp8(g->blas, g->xq, g->sx, 1, g->bw[j], g->sw, 1, g->y, g->m, g->n, g->k, stream);
+    case V_W8A8:
+        NIB_RETURN_IF_ERR(nib_cuda_quantize_fp8_rows(g->x, g->m, g->k, 1, g->xq, g->sx, stream));
+        return nib_blas_gemm_fp8(g->blas, g->xq, g->sx, 1, g->bw[j], g->sw, 1, g->y, g->m, g->n, g->k, stream);
+    default: return nib_cuda_gemm(&g->w[j], g->x, g->m, g->k, g->y, g->n, NULL, g->ws, stream);
+    }
+}
+
+static int parse_list(const char *s, int64_t *out, int max) {
+    int n = 0;
+    while (*s && n < max) {
+        char *end;
+        long long v = strtoll(s, &end, 10);
+        if (end == s || v <= 0) return -1;
+        out[n++] = v;
+        s = *end == ',' ? end + 1 : end;
+        if (*end && *end != ',') return -1;
+    }
+    return n;
+}
+
+static int parse_shapes(const char *s, bench_cfg *c) {
+    c->nshapes = 0;
+    while (*s && c->nshapes < MAX_SHAPES) {
+        char *end;
+        long long k = strtoll(s, &end, 10);
+        if (end == s || (*end != ':' && *end != 'x') || k <= 0) return -1;
+        s = end + 1;
+        long long n = strtoll(s, &end, 10);
+        if (end == s || n <= 0) return -1;
+        c->k[c->nshapes] = k;
+        c->n[c->nshapes] = n;
+        c->nshapes++;
+        s = *end == ',' ? end + 1 : end;
+        if (*end && *end != ',') return -1;
+    }
+    return c->nshapes;
+}
+
+/* Random canonical planes for a format (valid scales, random elements: never zeros). */
+static nib_status make_random_wsrc(nib_rng *r, nib_wfmt f, int64_t n, int64_t k, nib_wsrc *w, void **bufs) {
+    memset(w, 0, sizeof *w);
+    w->fmt = f;
+    w->n = n;
+    w->k = k;
+    uint64_t nk = (uint64_t)n * k;
+    uint64_t eb = f == NIB_WFMT_FP8 ? nk : nk / 2, sb = 0;
+    switch (f) {
+    case NIB_WFMT_NVFP4: sb = nk / 16; break;
+    case NIB_WFMT_MXFP4: sb = nk / 32; break;
+    case NIB_WFMT_INT4: sb = nk / 128 * 2; break;
+    default: sb = (uint64_t)n * 4; break;
+    }
+    uint8_t *e = nib_malloc(eb), *s = nib_malloc(sb);
+    bufs[0] = e;
+    bufs[1] = s;
+    if (!e || !s) return NIB_ERR_OUT_OF_MEMORY;
+    for (uint64_t i = 0; i < eb; i += 8) {
+        uint64_t v = nib_rng_u64(r);
+        for (int b = 0; b < 8 && i + b < eb; b++) {
+            uint8_t x = (uint8_t)(v >> (8 * b));
+            if (f == NIB_WFMT_FP8 && (x & 0x7F) == 0x7F) x ^= 0x08; /* no NaN codes */
+            e[i + b] = x;
+        }
+    }
+    for (uint64_t i = 0; i < sb; i++) {
+        switch (f) {
+        case NIB_WFMT_NVFP4: s[i] = (uint8_t)(0x28 + nib_rng_below(r, 24)); break; /* e4m3 ~0.25..2 */
+        case NIB_WFMT_MXFP4: s[i] = (uint8_t)(118 + nib_rng_below(r, 8)); break;
+        case NIB_WFMT_INT4:
+            if (i % 2 == 0) {
+                uint16_t h = (uint16_t)(0x2000 + nib_rng_below(r, 0x400)); /* fp16 ~0.008 */
+                memcpy(s + i, &h, 2);
+            }
+            break;
+        default:
+            if (i % 4 == 0) {
+                float v = 0.001f * (1.0f + (float)nib_rng_uniform(r));
+                memcpy(s + i, &v, 4);
+            }
+            break;
+        }
+    }
+    w->data = e;
+    w->scales = s;
+    w->global_scale = 1.0f / 2688.0f;
+    w->group = 128;
+    w->fp8_per_channel = 1;
+    return NIB_OK;
+}
+
+static double now_wall(void) { return nib_now_s(); }
+
+static void print_row(const bench_row *r) {
+    printf("%6lld %6lld %5lld  %-13s %9.2f %8.0f %8.1f %7.2fx %6.1f%%  %s\n", (long long)r->k,
+           (long long)r->n, (long long)r->m, k_vname[r->v], r->us, r->gbps, r->tflops, r->speedup, r->pct_bw,
+           r->plan);
+}
+
+static nib_status bench_shape(const bench_cfg *cfg, int si, nib_blas *blas, nib_gemm_ws *ws, double copy_gbps,
+                              int l2_bytes, bench_row *rows, int *nrows, int max_rows) {
+    nib_status st = NIB_OK;
+    const int64_t k = cfg->k[si], n = cfg->n[si];
+    int64_t max_m = 1;
+    for (int i = 0; i < cfg->nm; i++)
+        if (cfg->m[i] > max_m) max_m = cfg->m[i];
+    nib_rng r;
+    nib_rng_seed(&r, 0x5eed0000u + (uint64_t)si);
+    gemm_ctx g;
+    memset(&g, 0, sizeof g);
+    g.blas = blas;
+    g.ws = ws;
+    g.n = n;
+    g.k = k;
+    nib_dev_arena arena;
+    memset(&arena, 0, sizeof arena);
+    uint16_t *hx = NULL;
+    void *hbufs[2] = {NULL, NULL};
+    double bf16_us[MAX_MS];
+    for (int i = 0; i < MAX_MS; i++) bf16_us[i] = NAN;
+
+    /* activations: random bf16 N(0,1), shared by all variants */
+    hx = nib_malloc((size_t)max_m * k * 2);
+    if (!hx) return NIB_ERR_OUT_OF_MEMORY;
+    for (int64_t i = 0; i < max_m * k; i++) hx[i] = nib_f32_to_bf16((float)nib_rng_normal(&r));
+    NIB_TRY(nib_dev_malloc(&g.x, (size_t)max_m * k * 2, "bench x"));
+    NIB_TRY(nib_dev_malloc(&g.xq, (size_t)max_m * k, "bench xq"));
+    NIB_TRY(nib_dev_malloc((void **)&g.sx, (size_t)max_m * 4 + 8, "bench sx"));
+    NIB_TRY(nib_dev_malloc(&g.y, (size_t)max_m * n * 2, "bench y"));
+    NIB_TRY(nib_dev_upload(g.x, hx, (size_t)max_m * k * 2));
+    NIB_TRY(nib_cuda_quantize_fp8_rows(g.x, max_m, k, 1, g.xq, g.sx, NULL));
+
+    for (int v = 0; v < V_COUNT; v++) {
+        if (!cfg->enabled[v]) continue;
+        if (v == V_INT4 && k % 128) {
+            printf("%6lld %6lld     -  %-13s n/a: K is not a multiple of the INT4 group (128)\n", (long long)k,
+                   (long long)n, k_vname[v]);
+            continue;
+        }
+        g.v = (variant)v;
+        /* weight copies: enough to exceed 3x L2 so no call finds its weights in cache */
+        uint64_t one = 0;
+        nib_wfmt f = v == V_NVFP4 ? NIB_WFMT_NVFP4 : v == V_MXFP4 ? NIB_WFMT_MXFP4 : v == V_INT4 ? NIB_WFMT_INT4
+                                                                                              : NIB_WFMT_FP8;
+        nib_wsrc src;
+        if (v == V_BF16) one = (uint64_t)n * k * 2;
+        else if (v == V_FP8LT || v == V_W8A8) one = (uint64_t)n * k;
+        else {
+            NIB_TRY(make_random_wsrc(&r, f, n, k, &src, hbufs));
+            NIB_TRY(nib_cuda_weight_bytes(&src, 0, &one));
+        }
+        int copies = (int)((3ull * (uint64_t)l2_bytes + one - 1) / one);
+        if (copies < 2) copies = 2;
+        if (copies > MAX_COPIES) copies = MAX_COPIES;
+        g.ncopies = copies;
+        NIB_TRY(nib_dev_arena_init(&arena, (size_t)(one + 4096) * copies + (size_t)n * 4 + 4096, "bench weights"));
+        uint64_t canon_bytes = 0;
+        if (v == V_BF16 || v == V_FP8LT || v == V_W8A8) {
+            /* random bf16 / e4m3 matrices filled on the host once, copied on the device */
+            size_t eb = v == V_BF16 ? 2 : 1;
+            uint8_t *hw = nib_malloc((size_t)n * k * eb);
+            if (!hw) {
+                st = NIB_ERR_OUT_OF_MEMORY;
+                goto fail;
+            }
+            for (int64_t i = 0; i < n * k; i++) {
+                if (eb == 2) ((uint16_t *)hw)[i] = nib_f32_to_bf16((float)(0.02 * nib_rng_normal(&r)));
+                else hw[i] = nib_f32_to_e4m3((float)(16.0 * nib_rng_normal(&r)));
+            }
+            for (int c = 0; c < copies && !st; c++) {
+                st = nib_dev_arena_alloc(&arena, (size_t)n * k * eb, &g.bw[c], "bench weight");
+                if (!st) st = nib_dev_upload(g.bw[c], hw, (size_t)n * k * eb);
+            }
+            nib_free(hw);
+            if (st) goto fail;
+            if (v != V_BF16) {
+                float *hs = nib_malloc((size_t)n * 4);
+                if (!hs) {
+                    st = NIB_ERR_OUT_OF_MEMORY;
+                    goto fail;
+                }
+                for (int64_t i = 0; i < n; i++) hs[i] = 0.02f / 16.0f;
+                st = nib_dev_arena_alloc(&arena, (size_t)n * 4, (void **)&g.sw, "bench sw");
+                if (!st) st = nib_dev_upload(g.sw, hs, (size_t)n * 4);
+                nib_free(hs);
+                if (st) goto fail;
+            }
+            canon_bytes = (uint64_t)n * k * eb + (v == V_BF16 ? 0 : (uint64_t)n * 4);
+        } else {
+            NIB_TRY(nib_cuda_weight_load(&src, 0, k_vname[v], &arena, &g.w[0]));
+            for (int c = 1; c < copies; c++) {
+                g.w[c] = g.w[0];
+                NIB_TRY(nib_dev_arena_alloc(&arena, g.w[0].w_bytes, &g.w[c].w, "bench weight copy"));
+                NIB_TRY(nib_dev_arena_alloc(&arena, g.w[0].s_bytes ? g.w[0].s_bytes : 1, &g.w[c].s, "bench scale copy"));
+                if (!g.w[0].s_bytes) g.w[c].s = NULL;
+                NIB_TRY(nib_dev_copy(g.w[c].w, g.w[0].w, g.w[0].w_bytes));
+                if (g.w[0].s_bytes) NIB_TRY(nib_dev_copy(g.w[c].s, g.w[0].s, g.w[0].s_bytes));
+            }
+            canon_bytes = g.w[0].src_bytes;
+            nib_free(hbufs[0]);
+            nib_free(hbufs[1]);
+            hbufs[0] = hbufs[1] = NULL;
+        }
+        for (int mi = 0; mi < cfg->nm; mi++) {
+            if (*nrows >= max_rows) break;
+            g.m = cfg->m[mi];
+            int calls = copies * ((20 + copies - 1) / copies); /* >= 20 calls, whole rotations */
+            nib_lab_timing tm;
+            NIB_TRY(nib_lab_time_graph(gemm_call, &g, calls, cfg->reps, &tm));
+            bench_row *row = &rows[(*nrows)++];
+            memset(row, 0, sizeof *row);
+            row->k = k;
+            row->n = n;
+            row->m = g.m;
+            row->v = (variant)v;
+            row->us = tm.median_us;
+            row->bytes = canon_bytes;
+            row->gbps = (double)canon_bytes / (tm.median_us * 1e3);
+            row->tflops = 2.0 * (double)g.m * n * k / (tm.median_us * 1e6);
+            row->pct_bw = 100.0 * row->gbps / copy_gbps;
+            if (v == V_BF16) bf16_us[mi] = tm.median_us;
+            row->speedup = bf16_us[mi] / tm.median_us;
+            if (v >= V_NVFP4) {
+                nib_gemm_plan pl;
+                if (!nib_cuda_gemm_plan(&g.w[0], g.m, ws->acc_elems, &pl))
+                    snprintf(row->plan, sizeof row->plan, "mt%d r%d wk%d ks%d ctas%d", pl.mt, pl.r, pl.wk,
+                             pl.ksplit, pl.ctas);
+            }
+            print_row(row);
+        }
+        nib_dev_arena_free(&arena);
+        memset(g.w, 0, sizeof g.w);
+        memset(g.bw, 0, sizeof g.bw);
+        g.sw = NULL;
+    }
+fail:
+    nib_dev_arena_free(&arena);
+    nib_free(hbufs[0]);
+    nib_free(hbufs[1]);
+    nib_free(hx);
+    nib_dev_free(g.x, (size_t)max_m * k * 2);
+    nib_dev_free(g.xq, (size_t)max_m * k);
+    nib_dev_free(g.sx, (size_t)max_m * 4 + 8);
+    nib_dev_free(g.y, (size_t)max_m * n * 2);
+    return st;
+}
+
+static void json_string(FILE *f, const char *s) {
+    fputc('"', f);
+    for (; *s; s++) {
+        if (*s == '"' || *s == '\\') fputc('\\', f);
+        if ((unsigned char)*s < 0x20) fprintf(f, "\\u%04x", (unsigned char)*s);
+        else fputc(*s, f);
+    }
+    fputc('"', f);
+}
+
+static nib_status write_json(const char *path, const nib_device_info *d, double copy_gbps, const bench_row *rows,
+                             int nrows, int argc, char **argv) {
+    FILE *f = fopen(path, "w");
+    if (!f) return NIB_ERR(NIB_ERR_IO, "cannot write '%s'", path);
+    char date[64];
+    time_t now = time(NULL);
+    strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
+    const char *commit = getenv("NIB_GIT_COMMIT");
+    fprintf(f, "{\n  \"bench\": \"gemm\",\n  \"date\": \"%s\",\n  \"git_commit\": ", date);
+    json_string(f, commit && *commit ? commit : "unknown");
+    fprintf(f, ",\n  \"command\": \"");
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        if (i) fputc(' ', f);
+        for (; *a; a++) {
+            if (*a == '"' || *a == '\\') fputc('\\', f);
+            fputc(*a, f);
+        }
+    }
+    fprintf(f, "\",\n  \"device\": ");
+    json_string(f, d->name);
+    fprintf(f, ",\n  \"cc\": \"%d.%d\",\n  \"driver_version\": %d,\n  \"runtime_version\": %d,\n", d->cc_major,
+            d->cc_minor, d->driver_version, d->runtime_version);
+    fprintf(f, "  \"copy_gbps\": %.1f,\n  \"timing\": \"median over reps of CUDA-graph replay time / calls; "
+               "weights rotated over copies > 3x L2\",\n  \"rows\": [\n",
+            copy_gbps);
+    for (int i = 0; i < nrows; i++) {
+        const bench_row *r = &rows[i];
+        fprintf(f,
+                "    {\"k\": %lld, \"n\": %lld, \"m\": %lld, \"variant\": \"%s\", \"us\": %.3f, \"weight_bytes\": "
+                "%llu, \"gbps\": %.1f, \"tflops\": %.2f, \"speedup_vs_cublas_bf16\": %.3f, \"pct_copy_bw\": "
+                "%.1f, \"plan\": \"%s\"}%s\n",
+                (long long)r->k, (long long)r->n, (long long)r->m, k_vname[r->v], r->us,
+                (unsigned long long)r->bytes, r->gbps, r->tflops, r->speedup, r->pct_bw, r->plan,
+                i + 1 < nrows ? "," : "");
+    }
+    fprintf(f, "  ]\n}\n");
+    if (fclose(f)) return NIB_ERR(NIB_ERR_IO, "error writing '%s'", path);
+    return NIB_OK;
+}
+
+static int bench_gemm(int argc, char **argv) {
+    bench_cfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    parse_shapes("2048:2560,2048:32768,16384:2048,1024:2560,2048:1024,1024:8192,4096:1024,1152:4304,4304:1152",
+                 &cfg);
+    cfg.nm = parse_list("1,4,10,16,50,128,532,1024", cfg.m, MAX_MS);
+    for (int v = 0; v < V_COUNT; v++) cfg.enabled[v] = 1;
+    cfg.reps = 15;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
+        if (nib_cli_is_help(a)) {
+            printf("usage: nib bench gemm [--shapes K:N,...] [--m M,...] [--variants LIST] [--reps N] [--json FILE]\n"
+                   "The GEMM kernel lab. Variants: cublas-bf16 (baseline), cublaslt-fp8 (GEMM only),\n"
+                   "fp8-w8a8 (per-token quantize + cuBLASLt fp8), nvfp4, mxfp4, int4-g128, fp8-wo (nib's\n"
+                   "weight-only kernels). Default shapes are the Pi0.5 / Gemma shapes of issue 3 and\n"
+                   "M = 1,4,10,16,50,128,532,1024. Each row: median µs per call (CUDA-graph replay,\n"
+                   "weights rotated over > 3x L2), effective GB/s of the canonical weight bytes, TFLOP/s,\n"
+                   "speedup over cuBLAS bf16 at the same shape and M, and %% of the copy bandwidth.\n");
+            return 0;
+        } else if (!strcmp(a, "--shapes") && val) {
+            if (parse_shapes(val, &cfg) <= 0) {
+                fprintf(stderr, "nib bench gemm: --shapes wants K:N[,K:N...], got '%s'\n", val);
+                return 2;
+            }
+            i++;
+        } else if (!strcmp(a, "--m") && val) {
+            cfg.nm = parse_list(val, cfg.m, MAX_MS);
+            if (cfg.nm <= 0) {
+                fprintf(stderr, "nib bench gemm: --m wants M[,M...], got '%s'\n", val);
+                return 2;
+            }
+            i++;
+        } else if (!strcmp(a, "--variants") && val) {
+            memset(cfg.enabled, 0, sizeof cfg.enabled);
+            char buf[256];
+            snprintf(buf, sizeof buf, "%s", val);
+            for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+                int found = 0;
+                for (int v = 0; v < V_COUNT; v++)
+                    if (!strcmp(tok, k_vname[v])) cfg.enabled[v] = found = 1;
+                if (!found) {
+                    fprintf(stderr, "nib bench gemm: unknown variant '%s'\n", tok);
+                    return 2;
+                }
+            }
+            cfg.enabled[V_BF16] = 1; /* the baseline is always measured */
+            i++;
+        } else if (!strcmp(a, "--reps") && val) {
+            cfg.reps = atoi(val);
+            if (cfg.reps < 3) cfg.reps = 3;
+            i++;
+        } else if (!strcmp(a, "--json") && val) {
+            cfg.json_path = val;
+            i++;
+        } else {
+            fprintf(stderr, "nib bench gemm: unknown or incomplete option '%s' (see --help)\n", a);
+            return 2;
+        }
+    }
+    nib_device_info d;
+    nib_status st = nib_device_require(&d);
+    if (st) return nib_cli_fail("bench gemm", st);
+    double copy_gbps = 0;
+    st = nib_lab_copy_bandwidth((uint64_t)16 * (uint64_t)d.l2_bytes, &copy_gbps);
+    if (st) return nib_cli_fail("bench gemm", st);
+    printf("device %s (cc %d.%d, %d SMs, L2 %.0f MB); measured copy bandwidth %.0f GB/s (read+write)\n", d.name,
+           d.cc_major, d.cc_minor, d.sm_count, d.l2_bytes / 1e6, copy_gbps);
+    printf("%6s %6s %5s  %-13s %9s %8s %8s %8s %7s  %s\n", "K", "N", "M", "variant", "us", "GB/s", "TFLOP/s",
+           "vs bf16", "%copy", "plan");
+    nib_blas *blas = NULL;
+    nib_gemm_ws ws;
+    memset(&ws, 0, sizeof ws);
+    int max_rows = cfg.nshapes * cfg.nm * V_COUNT, nrows = 0;
+    bench_row *rows = nib_calloc((size_t)max_rows, sizeof *rows);
+    int64_t max_m = 1, max_n = 1;
+    for (int i = 0; i < cfg.nm; i++) max_m = cfg.m[i] > max_m ? cfg.m[i] : max_m;
+    for (int i = 0; i < cfg.nshapes; i++) max_n = cfg.n[i] > max_n ? cfg.n[i] : max_n;
+    double t0 = now_wall();
+    if (!rows) st = NIB_ERR_OUT_OF_MEMORY;
+    if (!st) st = nib_blas_create(&blas);
+    if (!st) st = nib_cuda_gemm_ws_init(&ws, max_m, (max_n + 255) / 256 * 256);
+    for (int s = 0; s < cfg.nshapes && !st; s++)
+        st = bench_shape(&cfg, s, blas, &ws, copy_gbps, d.l2_bytes, rows, &nrows, max_rows);
+    if (!st && cfg.json_path) st = write_json(cfg.json_path, &d, copy_gbps, rows, nrows, argc, argv);
+    if (!st) printf("%d rows in %.1f s%s%s\n", nrows, now_wall() - t0, cfg.json_path ? ", written to " : "",
+                    cfg.json_path ? cfg.json_path : "");
+    nib_cuda_gemm_ws_free(&ws);
+    nib_blas_free(blas);
+    nib_free(rows);
+    if (st) return nib_cli_fail("bench gemm", st);
+    return 0;
+}
+
+int nib_cmd_bench(int argc, char **argv) {
+    if (argc < 2 || nib_cli_is_help(argv[1])) {
+        printf("usage: nib bench <lab> [options]   (all labs need a GPU)\n"
+               "  gemm   weight-GEMM kernel lab (nib bench gemm --help)\n"
+               "  ops    norms, RoPE, activations, fused QKV epilogue (nib bench ops --help)\n"
+               "  attn   attention kernels (nib bench attn --help)\n");
+        return argc < 2 ? 2 : 0;
+    }
+    if (!strcmp(argv[1], "gemm")) return bench_gemm(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "ops")) return nib_bench_ops(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "attn")) return nib_bench_attn(argc - 1, argv + 1);
+    fprintf(stderr, "nib bench: unknown lab '%s' (available: gemm, ops, attn)\n", argv[1]);
+    return 2;
+}

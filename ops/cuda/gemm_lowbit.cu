@@ -1,0 +1,934 @@
+/* gemm_lowbit.cu — weight-only low-bit GEMM for small M (the memory-bound regime):
+ *   Y[M, N_out] = epilogue(X[M, K] · W[N, K]ᵀ), X/Y bf16, W in NVFP4 | MXFP4 | INT4-g128 | FP8.
+ *
+ * How: the weight is the mma.sync A operand ("swap AB": its rows fill the 16-row side of
+ * m16n8k16, tokens the 8-wide side), decoded in registers from a pre-shuffled layout (see
+ * gemm_lowbit.cuh) and fed to bf16 tensor-core MMAs with fp32 accumulation. Each weight byte is
+ * loaded once with 16-byte streaming loads (evict-first) two windows ahead; X tiles go through
+ * shared memory (cp.async, double-buffered) and ldmatrix. Split-K across CTAs accumulates
+ * into a self-cleaning fp32 workspace; the last CTA of a tile applies the epilogue.
+ * Exactness: NVFP4 A = e2m1 * e4m3 (<= 5 significant bits) and MXFP4 A = e2m1 * 2^e are exact
+ * in bf16; INT4 A = code - zero is exact, its fp16 group scale is applied in fp32; FP8 A is the
+ * exact e4m3 value. Only the fp32 accumulation and the final bf16 rounding add error.
+ *
+ * Variants: format x MT (8-token tiles per M chunk: 1,2,4,8) x R (16-row groups per warp: 1,2).
+ * Supported: any N; K % 16 (NVFP4), % 32 (MXFP4), % 128 (INT4), % 16 (FP8); K padded to 128.
+ * Tested by tests/test_gemm_gpu.c (`build/nib_tests gemm_gpu`), timed by `nib bench gemm`.
+ */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "ops/cuda/gemm_lowbit.cuh"
+#include "ops/gemm.h"
+#include "runtime/cuda_check.h"
+#include "runtime/device.h"
+
+using namespace nib;
+
+#define KCH 128          /* K elements per chunk */
+#define WARPS 8          /* warps per CTA */
+#define MCHUNK 64        /* tokens per M chunk (MT = 8) */
+
+template <int FMT> struct FmtT;
+template <> struct FmtT<NIB_WFMT_NVFP4> { enum { PARTS = 2, SB = 128, LSB = 16 }; };
+template <> struct FmtT<NIB_WFMT_MXFP4> { enum { PARTS = 2, SB = 64, LSB = 8 }; };
+template <> struct FmtT<NIB_WFMT_INT4> { enum { PARTS = 2, SB = 64, LSB = 8 }; };
+template <> struct FmtT<NIB_WFMT_FP8> { enum { PARTS = 4, SB = 0, LSB = 0 }; };
+
+static int fmt_parts(nib_wfmt f) { return f == NIB_WFMT_FP8 ? 4 : 2; }
+static int fmt_sb(nib_wfmt f) {
+    return f == NIB_WFMT_NVFP4 ? 128 : (f == NIB_WFMT_FP8 ? 0 : 64);
+}
+
+struct GemmParams {
+    const uint8_t *w, *s;
+    const float *colscale, *bias;
+    const int32_t *perm;
+    const __nv_bfloat16 *x;
+    __nv_bfloat16 *y;
+    const __nv_bfloat16 *res;
+    const float *gate;
+    float *ws;
+    int *counters;
+    long long ldx, ldy, ldr;
+    int m, k, np, ng, nchunks, n_out, geglu;
+    int wk, chunks_per_cta, ksplit, row_blocks;
+    uint32_t scale_add;
+};
+
+template <int FMT> struct Chunk {
+    uint4 e[FmtT<FMT>::PARTS];
+    uint4 s;
+};
+
+__device__ __forceinline__ uint32_t u4get(const uint4 &v, int j) {
+    return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
+}
+
+template <int FMT>
+__device__ __forceinline__ void load_chunk(Chunk<FMT> &ch, const GemmParams &p, int rg, int c,
+                                           int lane, uint64_t pol) {
+    const size_t tile = (size_t)rg * p.nchunks + c;
+    const uint8_t *base = p.w + tile * (FmtT<FMT>::PARTS * 512) + lane * 16;
+#pragma unroll
+    for (int q = 0; q < FmtT<FMT>::PARTS; q++) ch.e[q] = ldg_stream(base + q * 512, pol);
+    const int g = lane >> 2;
+    if (FMT == NIB_WFMT_NVFP4) {
+        ch.s = ldg_stream(p.s + tile * 128 + g * 16, pol);
+    } else if (FMT == NIB_WFMT_MXFP4 || FMT == NIB_WFMT_INT4) {
+        uint2 v = ldg_stream2(p.s + tile * 64 + g * 8, pol);
+        ch.s.x = v.x;
+        ch.s.y = v.y;
+    }
+}
+
+/* The A fragment of k16 step s (0..7) of a chunk, scaled (except INT4: scale later in fp32). */
+template <int FMT>
+__device__ __forceinline__ void chunk_a(const Chunk<FMT> &ch, int s, uint32_t add,
+                                        uint32_t zg, uint32_t zg8, uint32_t (&a)[4]) {
+    if (FMT == NIB_WFMT_NVFP4 || FMT == NIB_WFMT_MXFP4) {
+        dec_e2m1(u4get(ch.e[s >> 2], s & 3), a);
+        uint32_t flo, fhi;
+        if (FMT == NIB_WFMT_NVFP4) {
+            /* scale word s/2 holds bytes [row g step 2j, row g+8 step 2j, g 2j+1, g+8 2j+1] */
+            uint32_t sw = u4get(ch.s, s >> 1);
+            uint32_t tlo = prmt(sw, 0, (s & 1) ? 0x4242 : 0x4040);
+            uint32_t thi = prmt(sw, 0, (s & 1) ? 0x4343 : 0x4141);
+            flo = tlo * 16u + add; /* E5M3 code -> bf16(scale * 2^118) in both halves */
+            fhi = thi * 16u + add;
+        } else {
+            int b = s >> 1; /* 32-element block */
+            uint32_t sw = (b < 2) ? ch.s.x : ch.s.y;
+            uint32_t tlo = prmt(sw, 0, (b & 1) ? 0x4242 : 0x4040);
+            uint32_t thi = prmt(sw, 0, (b & 1) ? 0x4343 : 0x4141);
+            flo = tlo << 7; /* stored exponent field -> bf16 2^(e-1-j) */
+            fhi = thi << 7;
+        }
+        a[0] = bf2_mul(a[0], flo);
+        a[1] = bf2_mul(a[1], fhi);
+        a[2] = bf2_mul(a[2], flo);
+        a[3] = bf2_mul(a[3], fhi);
+    } else if (FMT == NIB_WFMT_INT4) {
+        dec_u4(u4get(ch.e[s >> 2], s & 3), a);
+        a[0] = bf2_sub(a[0], zg);
+        a[1] = bf2_sub(a[1], zg8);
+        a[2] = bf2_sub(a[2], zg);
+        a[3] = bf2_sub(a[3], zg8);
+    } else { /* FP8 */
+        const uint4 &e = ch.e[s >> 1];
+        int j = (s & 1) * 2;
+        dec_e4m3(u4get(e, j), u4get(e, j + 1), a);
+        const uint32_t two120 = 0x7B807B80u; /* bf16 2^120 in both halves */
+#pragma unroll
+        for (int i = 0; i < 4; i++) a[i] = bf2_mul(a[i], two120);
+    }
+}
+
+template <int FMT, int MT, int R>
+__device__ __forceinline__ void compute_chunk(float (&acc)[R][MT][4], const Chunk<FMT> (&ch)[R],
+                                              const GemmParams &p, uint32_t xs_lane_addr,
+                                              int lds_bytes_row8) {
+    uint32_t zg[R], zg8[R];
+    float tmp[R][MT][4];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        zg[r] = zg8[r] = 0;
+        if (FMT == NIB_WFMT_INT4) {
+            zg[r] = prmt(ch[r].s.x, 0, 0x3232);
+            zg8[r] = prmt(ch[r].s.y, 0, 0x3232);
+#pragma unroll
+            for (int nt = 0; nt < MT; nt++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) tmp[r][nt][i] = 0.f;
+        }
+    }
+#pragma unroll
+    for (int s2 = 0; s2 < 4; s2++) {
+        uint32_t b[MT][4];
+#pragma unroll
+        for (int nt = 0; nt < MT; nt++) ldmatrix_x4(b[nt], xs_lane_addr + nt * lds_bytes_row8 + s2 * 64);
+#pragma unroll
+        for (int ss = 0; ss < 2; ss++) {
+            const int s = s2 * 2 + ss;
+#pragma unroll
+            for (int r = 0; r < R; r++) { /* no branch: invalid row groups hold zeros */
+                uint32_t a[4];
+                chunk_a<FMT>(ch[r], s, p.scale_add, zg[r], zg8[r], a);
+#pragma unroll
+                for (int nt = 0; nt < MT; nt++) {
+                    if (FMT == NIB_WFMT_INT4)
+                        mma_bf16(tmp[r][nt], a, b[nt][2 * ss], b[nt][2 * ss + 1]);
+                    else
+                        mma_bf16(acc[r][nt], a, b[nt][2 * ss], b[nt][2 * ss + 1]);
+                }
+            }
+        }
+    }
+    if (FMT == NIB_WFMT_INT4) {
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            float sg = __half2float(__ushort_as_half((unsigned short)(ch[r].s.x & 0xFFFF)));
+            float sg8 = __half2float(__ushort_as_half((unsigned short)(ch[r].s.y & 0xFFFF)));
+#pragma unroll
+            for (int nt = 0; nt < MT; nt++) {
+                acc[r][nt][0] += sg * tmp[r][nt][0];
+                acc[r][nt][1] += sg * tmp[r][nt][1];
+                acc[r][nt][2] += sg8 * tmp[r][nt][2];
+                acc[r][nt][3] += sg8 * tmp[r][nt][3];
+            }
+        }
+    }
+}
+
+/* X window -> shared memory: MT*8 token rows x wk*128 columns starting at column kbase. */
+template <int MT>
+__device__ __forceinline__ void load_x_window(const GemmParams &p, __nv_bfloat16 *xs, int lds,
+                                              int m0, int kbase) {
+    const int pieces_per_row = p.wk * (KCH / 8);
+    const int total = MT * 8 * pieces_per_row;
+    for (int idx = threadIdx.x; idx < total; idx += blockDim.x) {
+        int row = idx / pieces_per_row, pc = idx - row * pieces_per_row;
+        int col = kbase + pc * 8;
+        __nv_bfloat16 *dst = xs + row * lds + pc * 8;
+        bool ok = (m0 + row < p.m) && (col < p.k);
+        if (!p.perm) {
+            const __nv_bfloat16 *src = ok ? p.x + (long long)(m0 + row) * p.ldx + col : p.x;
+            cp_async16(smem_u32(dst), src, ok ? 16 : 0);
+        } else { /* act-order INT4: gather input channels (the stored column order) */
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                dst[i] = ok ? p.x[(long long)(m0 + row) * p.ldx + p.perm[col + i]]
+                            : __float2bfloat16(0.f);
+        }
+    }
+}
+
+__device__ __forceinline__ float epi_val(const GemmParams &p, int row, float acc) {
+    float v = acc * p.colscale[row];
+    if (p.bias) v += p.bias[row];
+    return v;
+}
+
+__device__ __forceinline__ void epi_store(const GemmParams &p, int n, int mm, float v) {
+    if (p.gate) v *= p.gate[n];
+    if (p.res) v += __bfloat162float(p.res[(long long)mm * p.ldr + n]);
+    p.y[(long long)mm * p.ldy + n] = __float2bfloat16(v);
+}
+
+/* Epilogue of one (row pair g, g+8; token mm) from final sums. */
+__device__ __forceinline__ void epi_pair(const GemmParams &p, int rg, int g, int mm, float a_g,
+                                         float a_g8) {
+    int pr = rg * 16 + g;
+    float vg = epi_val(p, pr, a_g), vg8 = epi_val(p, pr + 8, a_g8);
+    if (p.geglu) {
+        int n = rg * 8 + g;
+        if (n < p.n_out) epi_store(p, n, mm, gelu_tanh(vg) * vg8);
+    } else {
+        if (pr < p.n_out) epi_store(p, pr, mm, vg);
+        if (pr + 8 < p.n_out) epi_store(p, pr + 8, mm, vg8);
+    }
+}
+
+template <int FMT, int MT, int R>
+__global__ void __launch_bounds__(WARPS * 32, (MT >= 8 || R > 1 ? 1 : 2)) k_gemm_lowbit(GemmParams p) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int wn_count = WARPS / p.wk;
+    const int wn = warp % wn_count, wkk = warp / wn_count;
+    const int rg0 = (blockIdx.x * wn_count + wn) * R;
+    const int m0 = blockIdx.z * MCHUNK;
+    const int c_begin = blockIdx.y * p.chunks_per_cta;
+    const int c_end = min(c_begin + p.chunks_per_cta, p.nchunks);
+    const int nwin = (c_end - c_begin + p.wk - 1) / p.wk;
+    const int lds = p.wk * KCH + 8; /* padded row: conflict-free ldmatrix */
+    __nv_bfloat16 *const xs0 = (__nv_bfloat16 *)smem; /* two X buffers of MT*8 x lds */
+    const int xs_stride = MT * 8 * lds;
+    const uint64_t pol = evict_first_policy();
+
+    bool rg_ok[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) rg_ok[r] = rg0 + r < p.ng;
+
+    float acc[R][MT][4];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int nt = 0; nt < MT; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[r][nt][i] = 0.f;
+
+    /* ldmatrix lane address: matrix q = lane/8, row lane%8, within this warp's chunk columns */
+    const int lds_bytes = lds * 2;
+    const uint32_t lane_off = ((lane & 7) * lds + wkk * KCH + (lane >> 3) * 8) * 2;
+
+    load_x_window<MT>(p, xs0, lds, m0, c_begin * KCH);
+    cp_async_commit();
+
+    Chunk<FMT> c0[R], c1[R], c2[R];
+    /* row groups past N (last row block) are never loaded: keep them zero so the branch-free
+     * inner loop computes on defined values (their results are discarded) */
+#pragma unroll
+    for (int r = 0; r < R; r++) c0[r] = c1[r] = c2[r] = Chunk<FMT>{};
+    {
+        int ca = c_begin + wkk, cb = ca + p.wk;
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            if (rg_ok[r] && ca < c_end) load_chunk<FMT>(c0[r], p, rg0 + r, ca, lane, pol);
+            if (rg_ok[r] && cb < c_end) load_chunk<FMT>(c1[r], p, rg0 + r, cb, lane, pol);
+        }
+    }
+    for (int w = 0; w < nwin; w++) {
+        const int c = c_begin + w * p.wk + wkk;
+        const int cpre = c + 2 * p.wk; /* two windows ahead */
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            if (rg_ok[r] && cpre < c_end) load_chunk<FMT>(c2[r], p, rg0 + r, cpre, lane, pol);
+        cp_async_wait_all();
+        __syncthreads();
+        if (w + 1 < nwin) {
+            load_x_window<MT>(p, xs0 + ((w + 1) & 1) * xs_stride, lds, m0, (c_begin + (w + 1) * p.wk) * KCH);
+            cp_async_commit();
+        }
+        if (c < c_end)
+            compute_chunk<FMT, MT, R>(acc, c0, p, smem_u32(xs0 + (w & 1) * xs_stride) + lane_off, 8 * lds_bytes);
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            c0[r] = c1[r];
+            c1[r] = c2[r];
+        }
+    }
+    __syncthreads(); /* all warps are done with the X buffers: reuse them for the reduction */
+
+    float *red = (float *)smem;
+    const int frag = R * MT * 4;
+    if (wkk > 0) {
+        float *dst = red + ((wkk - 1) * wn_count + wn) * frag * 32;
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int nt = 0; nt < MT; nt++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) dst[((r * MT + nt) * 4 + i) * 32 + lane] = acc[r][nt][i];
+    }
+    __syncthreads();
+    const int g = lane >> 2, t = lane & 3;
+    if (wkk == 0) {
+        for (int q = 1; q < p.wk; q++) {
+            const float *src = red + ((q - 1) * wn_count + wn) * frag * 32;
+#pragma unroll
+            for (int r = 0; r < R; r++)
+#pragma unroll
+                for (int nt = 0; nt < MT; nt++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) acc[r][nt][i] += src[((r * MT + nt) * 4 + i) * 32 + lane];
+        }
+        if (p.ksplit == 1) {
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                if (!rg_ok[r]) continue;
+#pragma unroll
+                for (int nt = 0; nt < MT; nt++)
+#pragma unroll
+                    for (int i = 0; i < 2; i++) {
+                        int mm = m0 + nt * 8 + 2 * t + i;
+                        if (mm < p.m) epi_pair(p, rg0 + r, g, mm, acc[r][nt][i], acc[r][nt][2 + i]);
+                    }
+            }
+        } else {
+            /* split-K: this CTA's partial sums go to its own slot (deterministic: the last CTA
+             * adds the slots in a fixed order, no atomics on values) */
+            float *slot = p.ws + ((size_t)blockIdx.y * gridDim.z + blockIdx.z) * p.np * MCHUNK;
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                if (!rg_ok[r]) continue;
+                int pr = (rg0 + r) * 16 + g;
+#pragma unroll
+                for (int nt = 0; nt < MT; nt++) {
+                    float *d0 = slot + (size_t)pr * MCHUNK + nt * 8 + 2 * t;
+                    __stcg((float2 *)d0, make_float2(acc[r][nt][0], acc[r][nt][1]));
+                    __stcg((float2 *)(d0 + 8 * MCHUNK), make_float2(acc[r][nt][2], acc[r][nt][3]));
+                }
+            }
+        }
+    }
+    if (p.ksplit == 1) return;
+
+    /* split-K: the last CTA of this (row block, M chunk) finishes the tile */
+    __shared__ int s_last;
+    __threadfence();
+    __syncthreads();
+    int *ctr = p.counters + blockIdx.z * p.row_blocks + blockIdx.x;
+    if (threadIdx.x == 0) s_last = (atomicAdd(ctr, 1) == p.ksplit - 1);
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    const int rows_cta = 16 * R * wn_count;
+    const int pb = blockIdx.x * rows_cta;
+    const int rows = min(rows_cta, p.np - pb);
+    const int toks = min(MT * 8, p.m - m0);
+    /* sum of the ksplit slots for (row pr, token j), in slot order */
+    const size_t slot_stride = (size_t)gridDim.z * p.np * MCHUNK;
+    const float *wsb = p.ws + (size_t)blockIdx.z * p.np * MCHUNK;
+    auto partial = [&](int pr, int j) {
+        float v = 0.f;
+        for (int q = 0; q < p.ksplit; q++) v += __ldcg(wsb + q * slot_stride + (size_t)pr * MCHUNK + j);
+        return v;
+    };
+    if (p.geglu) {
+        const int outs = rows / 2;
+        for (int idx = threadIdx.x; idx < outs * toks; idx += blockDim.x) {
+            int q = idx / toks, j = idx - q * toks;
+            int n = pb / 2 + q;
+            if (n >= p.n_out) continue;
+            int pg = (n >> 3) * 16 + (n & 7);
+            float vg = epi_val(p, pg, partial(pg, j)), vu = epi_val(p, pg + 8, partial(pg + 8, j));
+            epi_store(p, n, m0 + j, gelu_tanh(vg) * vu);
+        }
+    } else {
+        for (int idx = threadIdx.x; idx < rows * toks; idx += blockDim.x) {
+            int q = idx / toks, j = idx - q * toks;
+            int pr = pb + q;
+            if (pr >= p.n_out) continue;
+            epi_store(p, pr, m0 + j, epi_val(p, pr, partial(pr, j)));
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) *ctr = 0;
+}
+
+/* ======================================================================================
+ * Repack: canonical planar layout (device staging copy) -> kernel layout.
+ * One thread per (row group, chunk, lane). Rows/columns past the logical shape are zero.
+ * Invalid scales (NaN, negative) set *bad (the host turns it into an error naming the tensor).
+ * ====================================================================================== */
+struct RepackParams {
+    nib_wfmt fmt;
+    const uint8_t *data, *scales, *zeros;
+    const float *fscales; /* FP8 scales */
+    const float *bias;
+    uint8_t *w, *s;
+    float *colscale, *bias_out;
+    int n, k, np, ng, nchunks, group, geglu, fp8_per_channel, mx_j;
+    float global;
+    int *bad;
+};
+
+/* logical row of repacked row pr (GeGLU interleaves 8 gate rows and their 8 up rows) */
+__device__ __forceinline__ int logical_row(const RepackParams &q, int pr) {
+    if (!q.geglu) return pr;
+    int rg = pr >> 4, i = pr & 15, h = q.n / 2;
+    return i < 8 ? rg * 8 + i : h + rg * 8 + (i - 8);
+}
+__device__ __forceinline__ bool row_valid(const RepackParams &q, int pr) {
+    if (!q.geglu) return pr < q.n;
+    int rg = pr >> 4, i = pr & 15;
+    return rg * 8 + (i & 7) < q.n / 2;
+}
+
+__device__ __forceinline__ uint32_t nib_at(const RepackParams &q, int pr, int kk) {
+    if (!row_valid(q, pr) || kk >= q.k) return 0;
+    uint8_t b = q.data[(size_t)logical_row(q, pr) * (q.k / 2) + kk / 2];
+    return (kk & 1) ? (b >> 4) : (b & 15);
+}
+
+/* E4M3 (non-negative) -> unsigned E5M3 code: 2^(E-10) * (1 + M/8), code 0 = zero. */
+__device__ __forceinline__ uint32_t e4m3_to_e5m3(uint8_t b, int *bad) {
+    if (b == 0x80) return 0; /* -0: a zero scale */
+    if ((b & 0x7F) == 0x7F || (b & 0x80)) { /* NaN or negative: not a valid block scale */
+        atomicExch(bad, 1);
+        return 0;
+    }
+    int e = (b >> 3) & 15, m = b & 7;
+    if (e == 0) {
+        if (m == 0) return 0;
+        int ex = -6; /* value = m/8 * 2^-6: normalize */
+        while (!(m & 8)) {
+            m <<= 1;
+            ex--;
+        }
+        m &= 7;
+        return (uint32_t)(((ex + 10) << 3) | m);
+    }
+    return (uint32_t)(((e - 7 + 10) << 3) | m);
+}
+
+__global__ void k_repack(RepackParams q) {
+    long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    long long total = (long long)q.ng * q.nchunks * 32;
+    if (tid >= total) return;
+    const int lane = (int)(tid & 31);
+    const long long tile = tid >> 5;
+    const int c = (int)(tile % q.nchunks), rg = (int)(tile / q.nchunks);
+    const int g = lane >> 2, t = lane & 3;
+    const int rowg = rg * 16 + g, rowg8 = rowg + 8;
+    const int parts = q.fmt == NIB_WFMT_FP8 ? 4 : 2;
+    uint8_t *wdst = q.w + (size_t)tile * parts * 512 + lane * 16;
+
+    if (q.fmt == NIB_WFMT_FP8) {
+        for (int s = 0; s < 8; s++) {
+            int kk = c * KCH + s * 16 + 2 * t;
+            auto byte_at = [&](int pr, int k2) -> uint32_t {
+                if (!row_valid(q, pr) || k2 >= q.k) return 0;
+                return q.data[(size_t)logical_row(q, pr) * q.k + k2];
+            };
+            uint32_t a0 = byte_at(rowg, kk), a1 = byte_at(rowg, kk + 1);
+            uint32_t a2 = byte_at(rowg8, kk), a3 = byte_at(rowg8, kk + 1);
+            uint32_t a4 = byte_at(rowg, kk + 8), a5 = byte_at(rowg, kk + 9);
+            uint32_t a6 = byte_at(rowg8, kk + 8), a7 = byte_at(rowg8, kk + 9);
+            uint32_t u0 = a2 | (a0 << 8) | (a3 << 16) | (a1 << 24);
+            uint32_t u1 = a6 | (a4 << 8) | (a7 << 16) | (a5 << 24);
+            uint32_t *d = (uint32_t *)(wdst + (s >> 1) * 512) + (s & 1) * 2;
+            d[0] = u0;
+            d[1] = u1;
+        }
+    } else {
+        for (int s = 0; s < 8; s++) {
+            int kk = c * KCH + s * 16 + 2 * t;
+            uint32_t e[8] = {nib_at(q, rowg, kk),      nib_at(q, rowg, kk + 1),
+                             nib_at(q, rowg8, kk),     nib_at(q, rowg8, kk + 1),
+                             nib_at(q, rowg, kk + 8),  nib_at(q, rowg, kk + 9),
+                             nib_at(q, rowg8, kk + 8), nib_at(q, rowg8, kk + 9)};
+            uint32_t word = 0;
+            if (q.fmt == NIB_WFMT_INT4) {
+                /* a(2j) at bits 4j, a(2j+1) at 16+4j: the register pairs of dec_u4 */
+                for (int j = 0; j < 4; j++) word |= (e[2 * j] << (4 * j)) | (e[2 * j + 1] << (16 + 4 * j));
+            } else {
+                if (q.fmt == NIB_WFMT_NVFP4) {
+                    /* a zero block scale: every element of that block dequantizes to 0 */
+                    int blk_g = kk / 16, blk_g8 = blk_g;
+                    uint8_t sg = row_valid(q, rowg) && kk < q.k
+                                     ? q.scales[(size_t)logical_row(q, rowg) * (q.k / 16) + blk_g] : 1;
+                    uint8_t sg8 = row_valid(q, rowg8) && kk < q.k
+                                      ? q.scales[(size_t)logical_row(q, rowg8) * (q.k / 16) + blk_g8] : 1;
+                    if ((sg & 0x7F) == 0) e[0] = e[1] = e[4] = e[5] = 0;
+                    if ((sg8 & 0x7F) == 0) e[2] = e[3] = e[6] = e[7] = 0;
+                }
+                for (int i = 0; i < 8; i++) {
+                    Fp4Pos ps = fp4_pos(i);
+                    uint32_t code = e[i];
+                    for (int b = 0; b < 3; b++) word |= ((code >> b) & 1u) << ps.mag[b];
+                    word |= ((code >> 3) & 1u) << ps.sign;
+                }
+            }
+            ((uint32_t *)(wdst + (s >> 2) * 512))[s & 3] = word;
+        }
+    }
+
+    /* scales: written by the t == 0 lane of each g */
+    if (t != 0) return;
+    if (q.fmt == NIB_WFMT_NVFP4) {
+        uint8_t *sd = q.s + (size_t)tile * 128 + g * 16;
+        for (int s = 0; s < 8; s++) {
+            int blk = c * 8 + s; /* 16-element block index */
+            for (int h = 0; h < 2; h++) {
+                int pr = h ? rowg8 : rowg;
+                uint32_t code = 0;
+                if (row_valid(q, pr) && blk * 16 < q.k)
+                    code = e4m3_to_e5m3(q.scales[(size_t)logical_row(q, pr) * (q.k / 16) + blk], q.bad);
+                sd[s * 2 + h] = (uint8_t)code;
+            }
+        }
+    } else if (q.fmt == NIB_WFMT_MXFP4) {
+        uint8_t *sd = q.s + (size_t)tile * 64 + g * 8;
+        for (int b = 0; b < 4; b++) {
+            int blk = c * 4 + b;
+            for (int h = 0; h < 2; h++) {
+                int pr = h ? rowg8 : rowg;
+                uint32_t f = 127; /* padded: any normal exponent (elements are zero) */
+                if (row_valid(q, pr) && blk * 32 < q.k) {
+                    uint8_t ev = q.scales[(size_t)logical_row(q, pr) * (q.k / 32) + blk];
+                    int fe = (int)ev + 126 - q.mx_j;
+                    if (ev == 0xFF || fe < 1 || fe > 254) atomicExch(q.bad, 1);
+                    f = (uint32_t)max(1, min(254, fe));
+                }
+                sd[b * 2 + h] = (uint8_t)f;
+            }
+        }
+    } else if (q.fmt == NIB_WFMT_INT4) {
+        uint32_t *sd = (uint32_t *)(q.s + (size_t)tile * 64 + g * 8);
+        const int gpr = q.k / q.group;
+        for (int h = 0; h < 2; h++) {
+            int pr = h ? rowg8 : rowg;
+            uint32_t meta = 0x43080000u; /* scale 0, zero 8 */
+            if (row_valid(q, pr)) {
+                int lr = logical_row(q, pr), grp = (c * KCH) / q.group;
+                uint16_t sc = ((const uint16_t *)q.scales)[(size_t)lr * gpr + grp];
+                uint32_t z = q.zeros ? q.zeros[(size_t)lr * gpr + grp] : 8u;
+                if ((sc & 0x7C00) == 0x7C00 || z > 15) atomicExch(q.bad, 1);
+                meta = (uint32_t)sc | ((0x4300u | z) << 16);
+            }
+            sd[h] = meta;
+        }
+    }
+    /* per-row fp32 epilogue vectors: lane (g, t=0) of chunk 0 writes rows g and g+8 */
+    if (c != 0) return;
+    for (int h = 0; h < 2; h++) {
+        int pr = h ? rowg8 : rowg;
+        float cs = 0.f, bs = 0.f;
+        if (row_valid(q, pr)) {
+            int lr = logical_row(q, pr);
+            switch (q.fmt) {
+            case NIB_WFMT_NVFP4: cs = q.global * 256.0f; break;
+            case NIB_WFMT_MXFP4: cs = ldexpf(1.0f, q.mx_j); break;
+            case NIB_WFMT_INT4: cs = 1.0f; break;
+            default: {
+                float v = q.fscales[q.fp8_per_channel ? lr : 0];
+                if (!(v >= 0.f) || isinf(v)) atomicExch(q.bad, 1);
+                cs = v;
+            }
+            }
+            if (q.bias) bs = q.bias[lr];
+        }
+        q.colscale[pr] = cs;
+        if (q.bias_out) q.bias_out[pr] = bs;
+    }
+}
+
+/* ======================================================================================
+ * host side
+ * ====================================================================================== */
+static nib_status padded_dims(const nib_wsrc *src, int geglu, int64_t *np, int64_t *kp) {
+    int64_t rows = src->n;
+    if (geglu) {
+        if (src->n % 2) return NIB_ERR(NIB_ERR_SHAPE, "GeGLU weight needs an even row count, got %lld", (long long)src->n);
+        rows = src->n / 2 * 2; /* interleaved: 16-row groups of 8 gate + 8 up */
+        int64_t h = src->n / 2;
+        rows = (h + 7) / 8 * 16;
+    }
+    *np = (rows + 15) / 16 * 16;
+    *kp = (src->k + KCH - 1) / KCH * KCH;
+    return NIB_OK;
+}
+
+nib_status nib_cuda_weight_bytes(const nib_wsrc *src, int geglu, uint64_t *bytes) {
+    int64_t np = 0, kp = 0;
+    NIB_RETURN_IF_ERR(padded_dims(src, geglu, &np, &kp));
+    uint64_t tiles = (uint64_t)(np / 16) * (uint64_t)(kp / KCH);
+    uint64_t b = 0;
+    if (src->fmt == NIB_WFMT_BF16) {
+        b = (uint64_t)src->n * src->k * 2 + 256;
+    } else {
+        b += tiles * fmt_parts(src->fmt) * 512 + 256;
+        b += tiles * fmt_sb(src->fmt) + 256;
+    }
+    b += 2 * ((uint64_t)np * 4 + 256) + (uint64_t)src->k * 4 + 256;
+    *bytes = b;
+    return NIB_OK;
+}
+
+static nib_status arena_take(nib_dev_arena *a, uint64_t bytes, void **out, const char *what) {
+    return nib_dev_arena_alloc(a, (size_t)bytes, out, what);
+}
+
+/* MXFP4: choose the per-tensor exponent offset j so every block factor 2^(e-1-j) is a normal
+ * bf16 and every decoded A value stays normal: j = e_max - 128, needs e_max - e_min <= 126. */
+static nib_status mx_offset(const nib_wsrc *src, const char *name, int *j) {
+    const uint8_t *s = (const uint8_t *)src->scales;
+    uint64_t cnt = (uint64_t)src->n * (src->k / 32);
+    int emax = 0, emin = 255;
+    for (uint64_t i = 0; i < cnt; i++) {
+        if (s[i] == 0xFF)
+            return NIB_ERR(NIB_ERR_NUMERICS, "%s: MXFP4 scale %llu is E8M0 NaN (0xFF)", name, (unsigned long long)i);
+        if (s[i] > emax) emax = s[i];
+        if (s[i] < emin) emin = s[i];
+    }
+    if (cnt && emax - emin > 126)
+        return NIB_ERR(NIB_ERR_UNSUPPORTED,
+                       "%s: MXFP4 block exponents span 2^%d..2^%d (more than 2^126): the kernel "
+                       "cannot represent both ends exactly in bf16",
+                       name, emin - 127, emax - 127);
+    *j = cnt ? emax - 128 : 0;
+    return NIB_OK;
+}
+
+nib_status nib_cuda_weight_load(const nib_wsrc *src, int geglu, const char *name, void *arena_v,
+                                nib_qweight *out) {
+    nib_status st = NIB_OK;
+    nib_dev_arena *arena = (nib_dev_arena *)arena_v;
+    void *stage = NULL;
+    uint64_t stage_bytes = 0;
+    int *dbad = NULL;
+    memset(out, 0, sizeof *out);
+    NIB_RETURN_IF_ERR(nib_device_require(NULL));
+    NIB_RETURN_IF_ERR(nib_wsrc_validate(src, name));
+    int64_t np = 0, kp = 0;
+    NIB_RETURN_IF_ERR(padded_dims(src, geglu, &np, &kp));
+    out->fmt = src->fmt;
+    out->n = src->n;
+    out->k = src->k;
+    out->n_out = geglu ? src->n / 2 : src->n;
+    out->np = np;
+    out->kp = kp;
+    out->geglu = geglu;
+    out->group = src->group;
+    out->src_bytes = nib_wsrc_bytes(src);
+
+    if (src->fmt == NIB_WFMT_BF16) {
+        if (geglu || src->bias)
+            return NIB_ERR(NIB_ERR_UNSUPPORTED, "%s: bf16 weights run on cuBLAS without fused GeGLU/bias", name);
+        uint64_t bytes = (uint64_t)src->n * src->k * 2;
+        NIB_RETURN_IF_ERR(arena_take(arena, bytes, &out->bf16_w, name));
+        return nib_dev_upload(out->bf16_w, src->data, bytes);
+    }
+    if (src->fmt == NIB_WFMT_INT4 && src->group != KCH)
+        return NIB_ERR(NIB_ERR_UNSUPPORTED, "%s: the INT4 kernel supports group size 128, got %d", name, src->group);
+
+    int mx_j = 0;
+    if (src->fmt == NIB_WFMT_MXFP4) NIB_RETURN_IF_ERR(mx_offset(src, name, &mx_j));
+
+    /* device staging copy of the canonical planes */
+    uint64_t data_b = src->fmt == NIB_WFMT_FP8 ? (uint64_t)src->n * src->k : (uint64_t)src->n * src->k / 2;
+    uint64_t scale_b = 0, zero_b = 0;
+    switch (src->fmt) {
+    case NIB_WFMT_NVFP4: scale_b = (uint64_t)src->n * (src->k / 16); break;
+    case NIB_WFMT_MXFP4: scale_b = (uint64_t)src->n * (src->k / 32); break;
+    case NIB_WFMT_INT4:
+        scale_b = (uint64_t)src->n * (src->k / src->group) * 2;
+        zero_b = src->zeros ? (uint64_t)src->n * (src->k / src->group) : 0;
+        break;
+    default: scale_b = (uint64_t)(src->fp8_per_channel ? src->n : 1) * 4; break;
+    }
+    uint64_t bias_b = src->bias ? (uint64_t)src->n * 4 : 0;
+    uint64_t off_scale = (data_b + 255) / 256 * 256, off_zero = off_scale + (scale_b + 255) / 256 * 256;
+    uint64_t off_bias = off_zero + (zero_b + 255) / 256 * 256;
+    stage_bytes = off_bias + bias_b + 256;
+    NIB_TRY(nib_dev_malloc(&stage, stage_bytes, "weight staging"));
+    NIB_TRY(nib_dev_malloc((void **)&dbad, sizeof(int), "repack flag"));
+    NIB_CUDA_TRY(cudaMemset(dbad, 0, sizeof(int)));
+    NIB_TRY(nib_dev_upload(stage, src->data, data_b));
+    NIB_TRY(nib_dev_upload((uint8_t *)stage + off_scale, src->scales, scale_b));
+    if (zero_b) NIB_TRY(nib_dev_upload((uint8_t *)stage + off_zero, src->zeros, zero_b));
+    if (bias_b) NIB_TRY(nib_dev_upload((uint8_t *)stage + off_bias, src->bias, bias_b));
+
+    {
+        uint64_t tiles = (uint64_t)(np / 16) * (kp / KCH);
+        out->w_bytes = tiles * fmt_parts(src->fmt) * 512;
+        out->s_bytes = tiles * fmt_sb(src->fmt);
+        NIB_TRY(arena_take(arena, out->w_bytes, &out->w, name));
+        if (out->s_bytes) NIB_TRY(arena_take(arena, out->s_bytes, &out->s, name));
+        NIB_TRY(arena_take(arena, (uint64_t)np * 4, (void **)&out->colscale, name));
+        if (src->bias) NIB_TRY(arena_take(arena, (uint64_t)np * 4, (void **)&out->bias, name));
+        if (src->perm) {
+            NIB_TRY(arena_take(arena, (uint64_t)src->k * 4, (void **)&out->perm, name));
+            NIB_TRY(nib_dev_upload(out->perm, src->perm, (size_t)src->k * 4));
+        }
+        RepackParams q;
+        memset(&q, 0, sizeof q);
+        q.fmt = src->fmt;
+        q.data = (const uint8_t *)stage;
+        q.scales = (const uint8_t *)stage + off_scale;
+        q.fscales = (const float *)((const uint8_t *)stage + off_scale);
+        q.zeros = zero_b ? (const uint8_t *)stage + off_zero : NULL;
+        q.bias = bias_b ? (const float *)((const uint8_t *)stage + off_bias) : NULL;
+        q.w = (uint8_t *)out->w;
+        q.s = (uint8_t *)out->s;
+        q.colscale = out->colscale;
+        q.bias_out = out->bias;
+        q.n = (int)src->n;
+        q.k = (int)src->k;
+        q.np = (int)np;
+        q.ng = (int)(np / 16);
+        q.nchunks = (int)(kp / KCH);
+        q.group = src->group;
+        q.geglu = geglu;
+        q.fp8_per_channel = src->fp8_per_channel;
+        q.mx_j = mx_j;
+        q.global = src->global_scale;
+        q.bad = dbad;
+        long long threads = (long long)tiles * 32;
+        k_repack<<<(unsigned)((threads + 255) / 256), 256>>>(q);
+        NIB_CUDA_TRY(cudaGetLastError());
+        NIB_CUDA_TRY(cudaDeviceSynchronize());
+        int bad = 0;
+        NIB_TRY(nib_dev_download(&bad, dbad, sizeof bad));
+        if (bad) {
+            st = NIB_ERR(NIB_ERR_NUMERICS, "%s: invalid scale found while repacking %s weight "
+                         "(NaN, negative or out of range)", name, nib_wfmt_name(src->fmt));
+            goto fail;
+        }
+        if (src->fmt == NIB_WFMT_NVFP4) out->scale_add = (235u << 7) * 0x00010001u;
+    }
+fail:
+    nib_dev_free(stage, stage_bytes);
+    nib_dev_free(dbad, sizeof(int));
+    return st;
+}
+
+nib_status nib_cuda_gemm_ws_init(nib_gemm_ws *ws, int64_t max_m, int64_t max_np) {
+    memset(ws, 0, sizeof *ws);
+    int64_t mchunks = (max_m + MCHUNK - 1) / MCHUNK;
+    /* split-K slots: room for 2 splits of the largest weight, and at least 16 MiB so that small
+     * weights can split many ways; the planner only picks splits that fit */
+    uint64_t elems = (uint64_t)mchunks * max_np * MCHUNK * 2;
+    if (elems < (4u << 20)) elems = 4u << 20;
+    ws->acc_elems = elems;
+    ws->n_counters = (uint64_t)mchunks * (max_np / 16 + 1);
+    nib_status st = nib_dev_malloc((void **)&ws->acc, ws->acc_elems * 4, "gemm split-K workspace");
+    if (st) return st;
+    st = nib_dev_malloc((void **)&ws->counters, ws->n_counters * 4, "gemm split-K counters");
+    if (st) {
+        nib_dev_free(ws->acc, ws->acc_elems * 4);
+        ws->acc = NULL;
+        return st;
+    }
+    NIB_CUDA_CHECK(cudaMemset(ws->counters, 0, ws->n_counters * 4));
+    return NIB_OK;
+}
+
+void nib_cuda_gemm_ws_free(nib_gemm_ws *ws) {
+    if (!ws) return;
+    nib_dev_free(ws->acc, ws->acc_elems * 4);
+    nib_dev_free(ws->counters, ws->n_counters * 4);
+    memset(ws, 0, sizeof *ws);
+}
+
+static int g_num_sms;
+
+static int max_wk_for_mt(int mt) { return mt >= 8 ? 2 : mt >= 4 ? 4 : 8; }
+
+nib_status nib_cuda_gemm_plan(const nib_qweight *w, int64_t m, uint64_t ws_elems, nib_gemm_plan *pl) {
+    if (m < 1) return NIB_ERR(NIB_ERR_INVALID_ARG, "gemm: M = %lld", (long long)m);
+    if (!g_num_sms) {
+        nib_device_info d;
+        NIB_RETURN_IF_ERR(nib_device_require(&d));
+        g_num_sms = d.sm_count;
+    }
+    memset(pl, 0, sizeof *pl);
+    pl->mt = m <= 8 ? 1 : m <= 16 ? 2 : m <= 32 ? 4 : 8;
+    pl->m_chunks = (int)((m + MCHUNK - 1) / MCHUNK);
+    const int ng = (int)(w->np / 16), nchunks = (int)(w->kp / KCH);
+    const int target = 2 * g_num_sms; /* resident CTAs (2 per SM) */
+    const uint64_t slot = (uint64_t)pl->m_chunks * w->np * MCHUNK; /* floats per split */
+    int max_ks_ws = slot ? (int)(ws_elems / slot) : 0;
+    if (max_ks_ws < 1) max_ks_ws = 1; /* ksplit 1 needs no workspace */
+    double best = 1e30;
+    for (int r = 1; r <= (pl->mt >= 4 ? 2 : 1); r++) {
+        for (int wk = 1; wk <= max_wk_for_mt(pl->mt); wk *= 2) {
+            int wn = WARPS / wk;
+            int rb = (ng + r * wn - 1) / (r * wn);
+            int base = rb * pl->m_chunks;
+            int ks = (target + base - 1) / base;
+            int maxks = nchunks / wk > 0 ? nchunks / wk : 1;
+            if (ks > maxks) ks = maxks;
+            if (ks > max_ks_ws) ks = max_ks_ws;
+            if (ks < 1) ks = 1;
+            int cpc = (nchunks + ks - 1) / ks;
+            ks = (nchunks + cpc - 1) / cpc;
+            int ctas = base * ks;
+            /* cost model: chunk loads of the busiest SM, padded row groups, split-K traffic */
+            double waves = ceil((double)ctas / target);
+            double per_cta = (double)cpc * r * wn;
+            double idle = (double)(rb * r * wn - ng) / (rb * r * wn);
+            double cost = waves * per_cta * (1.0 + idle) + (ks > 1 ? 0.02 * ks * pl->mt * r * wn : 0);
+            if (ctas < g_num_sms) cost *= (double)g_num_sms / ctas;
+            if (cost < best - 1e-9) {
+                best = cost;
+                pl->r = r;
+                pl->wk = wk;
+                pl->ksplit = ks;
+                pl->row_blocks = rb;
+            }
+        }
+    }
+    pl->ctas = pl->row_blocks * pl->ksplit * pl->m_chunks;
+    return NIB_OK;
+}
+
+template <int FMT, int MT, int R>
+static nib_status launch_t(const GemmParams &p, dim3 grid, size_t smem, cudaStream_t stream) {
+    static int attr_set;
+    if (!attr_set) {
+        NIB_CUDA_CHECK(cudaFuncSetAttribute(k_gemm_lowbit<FMT, MT, R>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
+        attr_set = 1;
+    }
+    k_gemm_lowbit<FMT, MT, R><<<grid, WARPS * 32, smem, stream>>>(p);
+    NIB_LAUNCH_CHECK("k_gemm_lowbit");
+    return NIB_OK;
+}
+
+/* R = 2 (two row groups share each B fragment) only pays off when X is wide (MT >= 4). */
+template <int FMT, int MT>
+static nib_status launch_r(int r, const GemmParams &p, dim3 g, size_t smem, cudaStream_t s) {
+    if constexpr (MT < 4) {
+        (void)r;
+        return launch_t<FMT, MT, 1>(p, g, smem, s);
+    } else {
+        return r == 1 ? launch_t<FMT, MT, 1>(p, g, smem, s) : launch_t<FMT, MT, 2>(p, g, smem, s);
+    }
+}
+template <int FMT>
+static nib_status launch_mt(int mt, int r, const GemmParams &p, dim3 g, size_t smem, cudaStream_t s) {
+    switch (mt) {
+    case 1: return launch_r<FMT, 1>(r, p, g, smem, s);
+    case 2: return launch_r<FMT, 2>(r, p, g, smem, s);
+    case 4: return launch_r<FMT, 4>(r, p, g, smem, s);
+    default: return launch_r<FMT, 8>(r, p, g, smem, s);
+    }
+}
+
+nib_status nib_cuda_gemm(const nib_qweight *w, const void *x, int64_t m, int64_t ldx, void *y,
+                         int64_t ldy, const nib_gemm_epi *epi, nib_gemm_ws *ws, void *stream) {
+    if (!w || !x || !y) return NIB_ERR(NIB_ERR_INVALID_ARG, "gemm: NULL weight, x or y");
+    if (w->fmt == NIB_WFMT_BF16)
+        return NIB_ERR(NIB_ERR_UNSUPPORTED, "gemm: bf16 weights go through nib_blas_gemm_bf16");
+    if (ldx < w->k || ldy < w->n_out || (ldx % 8) || ((uintptr_t)x % 16))
+        return NIB_ERR(NIB_ERR_SHAPE,
+                       "gemm: ldx %lld (needs >= K=%lld, multiple of 8, x 16-byte aligned), ldy %lld "
+                       "(needs >= %lld)",
+                       (long long)ldx, (long long)w->k, (long long)ldy, (long long)w->n_out);
+    if (epi && epi->geglu != w->geglu)
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "gemm: epilogue GeGLU=%d but the weight was repacked with GeGLU=%d",
+                       epi->geglu, w->geglu);
+    nib_gemm_plan pl;
+    NIB_RETURN_IF_ERR(nib_cuda_gemm_plan(w, m, ws ? ws->acc_elems : 0, &pl));
+    if (pl.ksplit > 1 && (uint64_t)pl.m_chunks * pl.row_blocks > ws->n_counters)
+        return NIB_ERR(NIB_ERR_SHAPE, "gemm: workspace has %llu tile counters, M=%lld with padded N=%lld needs %llu",
+                       (unsigned long long)ws->n_counters, (long long)m, (long long)w->np,
+                       (unsigned long long)pl.m_chunks * pl.row_blocks);
+    GemmParams p;
+    memset(&p, 0, sizeof p);
+    p.w = (const uint8_t *)w->w;
+    p.s = (const uint8_t *)w->s;
+    p.colscale = w->colscale;
+    p.bias = w->bias;
+    p.perm = w->perm;
+    p.x = (const __nv_bfloat16 *)x;
+    p.y = (__nv_bfloat16 *)y;
+    p.res = epi ? (const __nv_bfloat16 *)epi->residual : NULL;
+    p.gate = epi ? epi->gate : NULL;
+    p.ldr = epi ? epi->ldr : 0;
+    p.ws = ws ? ws->acc : NULL;
+    p.counters = ws ? ws->counters : NULL;
+    p.ldx = ldx;
+    p.ldy = ldy;
+    p.m = (int)m;
+    p.k = (int)w->k;
+    p.np = (int)w->np;
+    p.ng = (int)(w->np / 16);
+    p.nchunks = (int)(w->kp / KCH);
+    p.n_out = (int)w->n_out;
+    p.geglu = w->geglu;
+    p.wk = pl.wk;
+    p.ksplit = pl.ksplit;
+    p.chunks_per_cta = (p.nchunks + pl.ksplit - 1) / pl.ksplit;
+    p.row_blocks = pl.row_blocks;
+    p.scale_add = w->scale_add;
+    if (p.res && p.ldr < p.n_out) return NIB_ERR(NIB_ERR_SHAPE, "gemm: residual ldr %lld < N_out %d", (long long)p.ldr, p.n_out);
+    dim3 grid(pl.row_blocks, pl.ksplit, pl.m_chunks);
+    size_t xs_bytes = 2u * pl.mt * 8 * (pl.wk * KCH + 8) * 2;
+    size_t red_bytes = (size_t)(pl.wk - 1) * (WARPS / pl.wk) * pl.r * pl.mt * 4 * 32 * 4;
+    size_t smem = xs_bytes > red_bytes ? xs_bytes : red_bytes;
+    cudaStream_t s = (cudaStream_t)stream;
+    switch (w->fmt) {
+    case NIB_WFMT_NVFP4: return launch_mt<NIB_WFMT_NVFP4>(pl.mt, pl.r, p, grid, smem, s);
+    case NIB_WFMT_MXFP4: return launch_mt<NIB_WFMT_MXFP4>(pl.mt, pl.r, p, grid, smem, s);
+    case NIB_WFMT_INT4: return launch_mt<NIB_WFMT_INT4>(pl.mt, pl.r, p, grid, smem, s);
+    case NIB_WFMT_FP8: return launch_mt<NIB_WFMT_FP8>(pl.mt, pl.r, p, grid, smem, s);
+    default: return NIB_ERR(NIB_ERR_UNSUPPORTED, "gemm: format %d", (int)w->fmt);
+    }
+}

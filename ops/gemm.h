@@ -1,0 +1,155 @@
+/* gemm.h — the weight GEMM  Y[M, N_out] = epilogue( X[M, K] · W[N, K]ᵀ ).
+ *
+ * X and Y are bf16 (row-major, leading dimensions in elements), accumulation is fp32, W is in
+ * one of nib's weight formats. Two backends implement it:
+ *   ops/ref/gemm_ref.c   — the spec: dequantize W with formats/ (exact), accumulate in fp64.
+ *   ops/cuda/gemm_lowbit.cu — W repacked on the GPU into a kernel layout; mma.sync kernels.
+ *
+ * Epilogue, in this order, per output element (m, n):
+ *   v = acc(m, n) [+ bias(n)]                          fused GeGLU:  v = gelu_tanh(v_gate) * v_up
+ *   v = gate ? gate(n) * v : v                           (per-column gate, fp32)
+ *   v = residual ? residual(m, n) + v : v                (bf16; may alias Y for in-place adds)
+ *   Y(m, n) = bf16(v)  (round to nearest even)
+ * With GeGLU the weight is the fused [gate; up] matrix of 2H rows (gate rows 0..H-1, up rows
+ * H..2H-1, as in a Gemma MLP) and N_out = H.
+ */
+#ifndef NIB_OPS_GEMM_H
+#define NIB_OPS_GEMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/base.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum nib_wfmt {
+    NIB_WFMT_BF16 = 0, /* bf16 [n][k]; served by cuBLAS on the GPU */
+    NIB_WFMT_FP8,      /* e4m3 [n][k] + fp32 scale per tensor or per output channel */
+    NIB_WFMT_NVFP4,    /* e2m1 [n][k/2] + e4m3 scale per 16 along K + fp32 global */
+    NIB_WFMT_MXFP4,    /* e2m1 [n][k/2] + e8m0 scale per 32 along K */
+    NIB_WFMT_INT4,     /* u4 [n][k/2] + fp16 scale (+ u8 zero) per group along K */
+    NIB_WFMT_COUNT
+} nib_wfmt;
+
+const char *nib_wfmt_name(nib_wfmt f);
+/* Parse "bf16" | "fp8" | "nvfp4" | "mxfp4" | "int4"; NIB_WFMT_COUNT when unknown. */
+nib_wfmt nib_wfmt_from_name(const char *s);
+
+/* A linear layer's weight in nib's canonical host layout (planar; what formats/ quantizers
+ * produce and what checkpoint importers convert to). Pointers are borrowed. */
+typedef struct nib_wsrc {
+    nib_wfmt fmt;
+    int64_t n, k;           /* logical shape [n][k], k contiguous */
+    const void *data;       /* BF16: u16 [n][k]; FP8: u8 [n][k]; 4-bit: u8 [n][k/2], even k low */
+    const void *scales;     /* FP8: f32 [n] or [1]; NVFP4: e4m3 [n][k/16]; MXFP4: e8m0 [n][k/32];
+                               INT4: fp16 bits [n][k/group] */
+    const uint8_t *zeros;   /* INT4 asymmetric: [n][k/group] (0..15); NULL = symmetric (zero 8) */
+    const int32_t *perm;    /* INT4 act-order: stored column j is input channel perm[j]; NULL = id */
+    float global_scale;     /* NVFP4 per-tensor scale (multiply) */
+    int group;              /* INT4 group size (128) */
+    int fp8_per_channel;    /* FP8: scales has n entries (else 1) */
+    const float *bias;      /* [n] fp32 or NULL */
+} nib_wsrc;
+
+typedef struct nib_gemm_epi {
+    int geglu;              /* fused gate|up → N_out = n/2 */
+    const float *gate;      /* [N_out] fp32 or NULL */
+    const void *residual;   /* bf16 [M][ldr] or NULL */
+    int64_t ldr;
+} nib_gemm_epi;
+
+/* Checks a weight description: shapes against the format's block size, pointers present.
+ * NIB_ERR_SHAPE / NIB_ERR_INVALID_ARG / NIB_ERR_UNSUPPORTED naming `name`. */
+nib_status nib_wsrc_validate(const nib_wsrc *w, const char *name);
+/* One row of the weight dequantized exactly into fp64, original column order (internal). */
+void nib_wsrc_dequant_row64(const nib_wsrc *w, int64_t row, double *out);
+/* Bytes of the canonical representation (elements + scales (+ zeros)): what a checkpoint holds
+ * and what "effective GB/s" counts. */
+uint64_t nib_wsrc_bytes(const nib_wsrc *w);
+/* Dequantize to fp32 [n][k] in original column order (exact: every format's dequantized value
+ * is representable in fp32). */
+nib_status nib_wsrc_dequantize(const nib_wsrc *w, float *out);
+
+/* ---- reference backend ---------------------------------------------------------------
+ * y64[M][N_out] = epilogue(X · Wᵀ) in fp64 (no bf16 rounding of the result: tests derive
+ * their thresholds from it). x is bf16 bits [m][ldx]. Also returns, when absmax_terms is not
+ * NULL, sum_k |x_mk w_nk| per output (for accumulation-error bounds). */
+nib_status nib_ref_gemm(const nib_wsrc *w, const uint16_t *x, int64_t m, int64_t ldx,
+                        const nib_gemm_epi *epi, double *y64, double *abs_terms);
+
+/* ---- CUDA backend ---------------------------------------------------------------------- */
+/* A weight repacked on the device in the kernel layout. Opaque to callers except the sizes. */
+typedef struct nib_qweight {
+    nib_wfmt fmt;
+    int64_t n, k;           /* logical */
+    int64_t n_out;          /* n, or n/2 with geglu */
+    int64_t np, kp;         /* padded to the kernel tiles */
+    int geglu;
+    int group;
+    void *w;                /* kernel-layout element plane */
+    void *s;                /* kernel-layout scale plane (NULL for FP8) */
+    float *colscale;        /* [np] fp32, repacked row order */
+    float *bias;            /* [np] fp32 or NULL */
+    int32_t *perm;          /* [k] or NULL (INT4 act-order) */
+    uint32_t scale_add;     /* per-format constant of the in-kernel scale conversion */
+    uint64_t w_bytes, s_bytes;
+    uint64_t src_bytes;     /* canonical bytes (what effective GB/s counts) */
+    void *bf16_w;           /* NIB_WFMT_BF16: the bf16 matrix itself (cuBLAS) */
+} nib_qweight;
+
+/* Bytes the repacked weight needs on the device (so a loader can size one slab). */
+nib_status nib_cuda_weight_bytes(const nib_wsrc *src, int geglu, uint64_t *bytes);
+/* Upload + repack on the GPU into memory from `alloc` (a bump arena: the weight slab).
+ * `name` names the tensor in errors. Synchronous. */
+nib_status nib_cuda_weight_load(const nib_wsrc *src, int geglu, const char *name,
+                                void *arena /* nib_dev_arena* */, nib_qweight *out);
+
+/* Split-K workspace: one fp32 slot of partial sums per K split (summed in a fixed order, so
+ * results are bitwise deterministic) and self-resetting tile counters; one workspace serves
+ * every GEMM issued in order on one stream, CUDA-graph replays included. Without a workspace
+ * (or with a small one) the planner splits K less. */
+typedef struct nib_gemm_ws {
+    float *acc;
+    int *counters;
+    uint64_t acc_elems, n_counters;
+} nib_gemm_ws;
+nib_status nib_cuda_gemm_ws_init(nib_gemm_ws *ws, int64_t max_m, int64_t max_np);
+void nib_cuda_gemm_ws_free(nib_gemm_ws *ws);
+
+/* Y = epilogue(X · Wᵀ) on `stream` (cudaStream_t or NULL). x, y, residual are device bf16. */
+nib_status nib_cuda_gemm(const nib_qweight *w, const void *x, int64_t m, int64_t ldx, void *y,
+                         int64_t ldy, const nib_gemm_epi *epi, nib_gemm_ws *ws, void *stream);
+
+/* Launch plan the CUDA GEMM would use (for the lab and tests). */
+typedef struct nib_gemm_plan {
+    int mt;        /* n-tiles of 8 tokens per M chunk (1, 2, 4, 8) */
+    int r;         /* 16-row groups per warp */
+    int wk;        /* warps along K per CTA (8 warps) */
+    int ksplit;    /* CTAs along K */
+    int row_blocks, m_chunks, ctas;
+} nib_gemm_plan;
+nib_status nib_cuda_gemm_plan(const nib_qweight *w, int64_t m, uint64_t ws_elems, nib_gemm_plan *plan);
+
+/* ---- cuBLAS / cuBLASLt baselines and the FP8 W8A8 path ------------------------------ */
+typedef struct nib_blas nib_blas; /* opaque: cuBLASLt handle + workspace */
+nib_status nib_blas_create(nib_blas **out);
+void nib_blas_free(nib_blas *b);
+/* bf16: Y[M,N] = X[M,K] · W[N,K]ᵀ (+ optional bias fp32 [N] through the cuBLASLt epilogue). */
+nib_status nib_blas_gemm_bf16(nib_blas *b, const void *x, const void *w, void *y, int64_t m,
+                              int64_t n, int64_t k, void *stream);
+/* FP8 W8A8: Xq e4m3 [M,K] with per-token scales sx[M] (or one when sx_per_token = 0),
+ * Wq e4m3 [N,K] with per-channel scales sw[N] (or one), Y bf16 [M,N]. Scales multiply. */
+nib_status nib_blas_gemm_fp8(nib_blas *b, const void *xq, const float *sx, int sx_per_token,
+                             const void *wq, const float *sw, int sw_per_channel, void *y,
+                             int64_t m, int64_t n, int64_t k, void *stream);
+/* Quantize bf16 X [M,K] to e4m3 with per-token (or per-tensor) scale = amax/448 (device). */
+nib_status nib_cuda_quantize_fp8_rows(const void *x, int64_t m, int64_t k, int per_token,
+                                      void *xq, float *scales, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

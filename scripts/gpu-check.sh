@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# gpu-check.sh — everything that needs the GPU, in one call: build, `nib doctor`, every test
+# (GPU tests included), the kernel labs, and optionally compute-sanitizer. Logs and JSON go
+# to $OUT (default ./gpu-out); a short table is printed last.
+#
+#   scripts/gpu-check.sh [build] [doctor] [tests] [gemm] [ops] [attn] [sanitize] [T=filter]
+#   (no step names = build doctor tests gemm ops attn)
+# Environment: NIB_GIT_COMMIT (recorded in the JSON), JOBS (make -j, default nproc),
+#              GEMM_ARGS (extra args for nib bench gemm).
+set -u
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+LOG=$OUT/gpu-check.log
+JOBS=${JOBS:-$(nproc)}
+steps=()
+filter=""
+for a in "$@"; do
+    case "$a" in T=*) filter=${a#T=} ;; *) steps+=("$a") ;; esac
+done
+[ ${#steps[@]} -eq 0 ] && steps=(build doctor tests gemm ops attn)
+has() { local s; for s in "${steps[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
+summary=()
+note() { summary+=("$1"); echo "== $1" | tee -a "$LOG"; }
+t0=$(date +%s)
+
+if has build; then
+    if make -j"$JOBS" >>"$LOG" 2>&1; then note "build: ok ($(( $(date +%s) - t0 )) s)"
+    else note "build: FAILED (see gpu-check.log)"; tail -40 "$LOG"; exit 1; fi
+fi
+if has doctor; then
+    ./build/nib doctor | tee -a "$LOG"
+    ./build/nib doctor --json >"$OUT/doctor.json" 2>>"$LOG" && note "doctor: $(head -c 300 "$OUT/doctor.json")"
+fi
+if has tests; then
+    ./build/nib_tests $filter >"$OUT/tests.log" 2>&1
+    rc=$?
+    grep -E "^(FAIL|  FAIL)" "$OUT/tests.log" | head -40 | tee -a "$LOG"
+    note "tests (rc $rc): $(tail -1 "$OUT/tests.log")"
+fi
+if has sanitize; then
+    for tool in memcheck racecheck synccheck initcheck; do
+        compute-sanitizer --tool $tool --error-exitcode 3 ./build/nib_tests ${filter:-gpu} >"$OUT/sanitize-$tool.log" 2>&1
+        note "compute-sanitizer $tool (rc $?): $(grep -E 'ERROR SUMMARY|passed,' "$OUT/sanitize-$tool.log" | tail -2 | tr '\n' ' ')"
+    done
+fi
+if has gemm; then
+    ./build/nib bench gemm --json "$OUT/gemm.json" ${GEMM_ARGS:-} >"$OUT/gemm.log" 2>&1
+    note "bench gemm (rc $?): $(tail -1 "$OUT/gemm.log")"
+fi
+if has ops; then
+    ./build/nib bench ops --json "$OUT/ops.json" >>"$LOG" 2>&1
+    note "bench ops (rc $?)"
+fi
+if has attn; then
+    ./build/nib bench attn --json "$OUT/attn.json" >>"$LOG" 2>&1
+    note "bench attn (rc $?)"
+fi
+note "total $(( $(date +%s) - t0 )) s"
+echo
+echo "================ summary ================"
+for s in "${summary[@]}"; do echo "$s"; done
+if [ -f "$OUT/gemm.log" ]; then
+    echo "---- gemm, M=1 and M=16 ----"
+    grep -E "^ +[0-9]+ +[0-9]+ +(1|16) " "$OUT/gemm.log" | head -80
+fi

@@ -1,0 +1,533 @@
+/* test_gemm_gpu.c — the CUDA weight GEMM (ops/cuda/gemm_lowbit.cu) and the cuBLASLt paths
+ * (ops/cuda/blas.cu) against the reference GEMM (ops/ref/gemm_ref.c: exact dequantization,
+ * fp64 accumulation).
+ *
+ * Inputs are fresh random canonical weight planes that cover the edges of each format (every
+ * E2M1 code, zero / subnormal / max E4M3 block scales, a wide E8M0 range, random INT4 zero
+ * points and act-order permutations, every non-NaN E4M3 code) and random bf16 activations.
+ * Outputs are poisoned (bf16 NaN) and surrounded by guard values before each call.
+ *
+ * Threshold (per element), derived from what the kernel does: A fragments are exact (see the
+ * kernel header) and bf16 x bf16 products are exact in fp32, so the error is fp32 accumulation
+ * plus the final bf16 rounding:
+ *     |y - ref| <= 2^-9 |ref|  +  (K + 64) * 2^-22 * sum_k |w_k x_k|  (+ epilogue terms)
+ * 2^-9 is half a bf16 ulp (RNE). The accumulation term allows one 2^-22 relative error per
+ * addition (2x the fp32 unit roundoff, because tensor-core accumulation is not IEEE
+ * round-to-nearest), with 64 extra additions for the split-K and group-scale partial sums.
+ * GeGLU propagates the gate and up errors through |gelu'| <= 1.13.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "formats/formats.h"
+#include "harness.h"
+#include "ops/gemm.h"
+#include "runtime/device.h"
+
+#define POISON 0x7FC1u /* bf16 NaN with a payload: unwritten outputs and guards */
+
+typedef struct rand_w {
+    nib_wsrc w;
+    uint8_t *data, *scales, *zeros;
+    int32_t *perm;
+    float *fscales, *bias;
+} rand_w;
+
+static void rand_w_free(rand_w *r) {
+    nib_free(r->data);
+    nib_free(r->scales);
+    nib_free(r->zeros);
+    nib_free(r->perm);
+    nib_free(r->fscales);
+    nib_free(r->bias);
+    memset(r, 0, sizeof *r);
+}
+
+/* opts: asym (INT4 zeros), act_order (INT4 perm), per_channel (FP8), with_bias */
+static int make_rand_w(nib_rng *rng, nib_wfmt f, int64_t n, int64_t k, int asym, int act_order, int per_channel,
+                       int with_bias, rand_w *o) {
+    memset(o, 0, sizeof *o);
+    nib_wsrc *w = &o->w;
+    w->fmt = f;
+    w->n = n;
+    w->k = k;
+    w->group = 128;
+    uint64_t nk = (uint64_t)n * k;
+    uint64_t eb = f == NIB_WFMT_FP8 ? nk : nk / 2;
+    o->data = nib_malloc(eb);
+    if (!o->data) return 0;
+    for (uint64_t i = 0; i < eb; i++) {
+        uint8_t b = (uint8_t)nib_rng_u64(rng);
+        if (f == NIB_WFMT_FP8 && (b & 0x7F) == 0x7F) b = (uint8_t)(b & 0xF0); /* no NaN */
+        o->data[i] = b;
+    }
+    w->data = o->data;
+    switch (f) {
+    case NIB_WFMT_NVFP4: {
+        uint64_t sb = nk / 16;
+        o->scales = nib_malloc(sb);
+        if (!o->scales) return 0;
+        for (uint64_t i = 0; i < sb; i++) {
+            uint64_t u = nib_rng_below(rng, 16);
+            /* mostly normal scales around 1, plus zero, subnormal and max edge cases */
+            o->scales[i] = u == 0 ? 0x00 : u == 1 ? (uint8_t)(1 + nib_rng_below(rng, 7))
+                           : u == 2 ? 0x7E : (uint8_t)(0x20 + nib_rng_below(rng, 0x30));
+        }
+        w->scales = o->scales;
+        w->global_scale = (float)(0.5 + nib_rng_uniform(rng)) / 448.0f;
+        break;
+    }
+    case NIB_WFMT_MXFP4: {
+        uint64_t sb = nk / 32;
+        o->scales = nib_malloc(sb);
+        if (!o->scales) return 0;
+        for (uint64_t i = 0; i < sb; i++) o->scales[i] = (uint8_t)(100 + nib_rng_below(rng, 30));
+        w->scales = o->scales;
+        break;
+    }
+    case NIB_WFMT_INT4: {
+        uint64_t ng = nk / 128;
+        o->scales = nib_malloc(ng * 2);
+        if (!o->scales) return 0;
+        for (uint64_t i = 0; i < ng; i++) {
+            uint16_t h = nib_f32_to_f16((float)(0.002 + 0.02 * nib_rng_uniform(rng)));
+            memcpy(o->scales + 2 * i, &h, 2);
+        }
+        w->scales = o->scales;
+        if (asym) {
+            o->zeros = nib_malloc(ng);
+            if (!o->zeros) return 0;
+            for (uint64_t i = 0; i < ng; i++) o->zeros[i] = (uint8_t)nib_rng_below(rng, 16);
+            w->zeros = o->zeros;
+        }
+        if (act_order) {
+            o->perm = nib_malloc((size_t)k * 4);
+            if (!o->perm) return 0;
+            for (int64_t j = 0; j < k; j++) o->perm[j] = (int32_t)j;
+            for (int64_t j = k - 1; j > 0; j--) { /* Fisher-Yates */
+                int64_t q = (int64_t)nib_rng_below(rng, (uint64_t)j + 1);
+                int32_t tmp = o->perm[j];
+                o->perm[j] = o->perm[q];
+                o->perm[q] = tmp;
+            }
+            w->perm = o->perm;
+        }
+        break;
+    }
+    case NIB_WFMT_FP8: {
+        int64_t ns = per_channel ? n : 1;
+        o->fscales = nib_malloc((size_t)ns * 4);
+        if (!o->fscales) return 0;
+        for (int64_t i = 0; i < ns; i++) o->fscales[i] = (float)(0.5 + nib_rng_uniform(rng)) / 448.0f;
+        w->scales = o->fscales;
+        w->fp8_per_channel = per_channel;
+        break;
+    }
+    default: return 0;
+    }
+    if (with_bias) {
+        o->bias = nib_malloc((size_t)n * 4);
+        if (!o->bias) return 0;
+        for (int64_t i = 0; i < n; i++) o->bias[i] = (float)(0.1 * nib_rng_normal(rng));
+        w->bias = o->bias;
+    }
+    return 1;
+}
+
+typedef struct case_opts {
+    int geglu, use_gate, use_residual, inplace;
+} case_opts;
+
+/* Runs one GEMM on the GPU and checks it. Returns the worst error/bound ratio (<= 1 passes). */
+static double run_case(nib_test_ctx *t, nib_rng *rng, const nib_wsrc *w, int64_t m, const case_opts *o,
+                       nib_gemm_ws *ws, int check_determinism) {
+    const int64_t n_out = o->geglu ? w->n / 2 : w->n, k = w->k;
+    const int64_t ldy = n_out + 8, rows = m + 2;
+    double worst = 0.0;
+    nib_dev_arena arena;
+    memset(&arena, 0, sizeof arena);
+    uint16_t *hx = nib_malloc((size_t)m * k * 2), *hy = nib_malloc((size_t)rows * ldy * 2);
+    uint16_t *hy2 = nib_malloc((size_t)rows * ldy * 2), *hr = nib_malloc((size_t)m * n_out * 2);
+    float *hg = nib_malloc((size_t)n_out * 4);
+    double *ref = nib_malloc((size_t)m * w->n * 8), *absr = nib_malloc((size_t)m * w->n * 8);
+    double *yref = nib_malloc((size_t)m * n_out * 8);
+    void *dx = NULL, *dy = NULL, *dr = NULL;
+    float *dg = NULL;
+    nib_qweight qw;
+    nib_status st;
+    if (!(hx && hy && hy2 && hr && hg && ref && absr && yref)) {
+        nib_test_fail(t, __FILE__, __LINE__, "host allocation failed");
+        goto done;
+    }
+    for (int64_t i = 0; i < m * k; i++) hx[i] = nib_f32_to_bf16((float)nib_rng_normal(rng));
+    for (int64_t i = 0; i < m * n_out; i++) hr[i] = nib_f32_to_bf16((float)nib_rng_normal(rng));
+    for (int64_t i = 0; i < n_out; i++) hg[i] = (float)(4.0 * nib_rng_uniform(rng) - 2.0);
+    uint64_t wbytes = 0;
+    CHECK_OK(nib_cuda_weight_bytes(w, o->geglu, &wbytes));
+    CHECK_OK(nib_dev_arena_init(&arena, wbytes + (1 << 16), "test weight"));
+    st = nib_cuda_weight_load(w, o->geglu, "test.weight", &arena, &qw);
+    CHECK_OK(st);
+    if (st) goto done;
+    CHECK_OK(nib_dev_malloc(&dx, (size_t)m * k * 2, "x"));
+    CHECK_OK(nib_dev_malloc(&dy, (size_t)rows * ldy * 2, "y"));
+    CHECK_OK(nib_dev_malloc(&dr, (size_t)m * n_out * 2, "residual"));
+    CHECK_OK(nib_dev_malloc((void **)&dg, (size_t)n_out * 4, "gate"));
+    CHECK_OK(nib_dev_upload(dx, hx, (size_t)m * k * 2));
+    CHECK_OK(nib_dev_upload(dr, hr, (size_t)m * n_out * 2));
+    CHECK_OK(nib_dev_upload(dg, hg, (size_t)n_out * 4));
+    for (int64_t i = 0; i < rows * ldy; i++) hy[i] = POISON;
+    if (o->inplace) /* y starts as the residual */
+        for (int64_t i = 0; i < m; i++) memcpy(hy + (i + 1) * ldy, hr + i * n_out, (size_t)n_out * 2);
+    CHECK_OK(nib_dev_upload(dy, hy, (size_t)rows * ldy * 2));
+    void *y0 = (uint16_t *)dy + ldy; /* row 0 and row m+1 are guards */
+    nib_gemm_epi epi = {o->geglu, o->use_gate ? dg : NULL,
+                        o->use_residual ? (o->inplace ? y0 : dr) : NULL, o->inplace ? ldy : n_out};
+    CHECK_OK(nib_cuda_gemm(&qw, dx, m, k, y0, ldy, &epi, ws, NULL));
+    CHECK_OK(nib_dev_sync());
+    CHECK_OK(nib_dev_download(hy, dy, (size_t)rows * ldy * 2));
+    if (check_determinism && !o->inplace) {
+        CHECK_OK(nib_cuda_gemm(&qw, dx, m, k, y0, ldy, &epi, ws, NULL));
+        CHECK_OK(nib_dev_download(hy2, dy, (size_t)rows * ldy * 2));
+        CHECK_MSG(!memcmp(hy, hy2, (size_t)rows * ldy * 2), "second call differs bitwise");
+    }
+    /* reference: pre-epilogue sums of every row (so GeGLU bounds can use gate and up) */
+    CHECK_OK(nib_ref_gemm(w, hx, m, k, NULL, ref, absr));
+    {
+        nib_gemm_epi repi = {o->geglu, o->use_gate ? hg : NULL, o->use_residual ? hr : NULL, n_out};
+        CHECK_OK(nib_ref_gemm(w, hx, m, k, &repi, yref, NULL));
+    }
+    int bad_guard = 0, nonfinite = 0, over = 0;
+    for (int64_t i = 0; i < rows; i++)
+        for (int64_t j = 0; j < ldy; j++) {
+            uint16_t v = hy[i * ldy + j];
+            int inside = i >= 1 && i <= m && j < n_out;
+            if (!inside) {
+                if (v != POISON) bad_guard++;
+                continue;
+            }
+            float yv = nib_bf16_to_f32(v);
+            if (!isfinite(yv)) {
+                nonfinite++;
+                continue;
+            }
+            int64_t mi = i - 1;
+            double yr = yref[mi * n_out + j];
+            double gam = (double)(k + 64) * 0x1p-22;
+            double ev; /* error budget of the pre-residual value */
+            if (o->geglu) {
+                double g = ref[mi * w->n + j], u = ref[mi * w->n + n_out + j];
+                double dg_ = gam * absr[mi * w->n + j] + 0x1p-23 * fabs(g);
+                double du = gam * absr[mi * w->n + n_out + j] + 0x1p-23 * fabs(u);
+                double gel = 0.5 * g * (1.0 + tanh(0.7978845608028654 * (g + 0.044715 * g * g * g)));
+                ev = 1.13 * dg_ * (fabs(u) + du) + fabs(gel) * du + 1e-5 * fabs(gel * u);
+            } else {
+                ev = gam * absr[mi * w->n + j] + 0x1p-23 * fabs(ref[mi * w->n + j]);
+            }
+            if (o->use_gate) ev *= fabs(hg[j]);
+            double bound = 0x1p-9 * fabs(yr) * 1.01 + ev * 1.01 + 1e-30;
+            if (o->use_residual) bound += 0x1p-23 * (fabs(yr) + fabs(nib_bf16_to_f32(hr[mi * n_out + j])));
+            double err = fabs((double)yv - yr), ratio = err / bound;
+            if (ratio > worst) worst = ratio;
+            if (err > bound && over++ < 5)
+                nib_test_fail(t, __FILE__, __LINE__, "%s m=%lld n=%lld: y=%.6g ref=%.6g err=%.3g bound=%.3g",
+                              nib_wfmt_name(w->fmt), (long long)mi, (long long)j, yv, yr, err, bound);
+        }
+    CHECK_MSG(bad_guard == 0, "%d guard values overwritten (out-of-bounds writes)", bad_guard);
+    CHECK_MSG(nonfinite == 0, "%d outputs NaN/Inf (unwritten or overflow)", nonfinite);
+done:
+    nib_dev_free(dx, (size_t)m * k * 2);
+    nib_dev_free(dy, (size_t)rows * ldy * 2);
+    nib_dev_free(dr, (size_t)m * n_out * 2);
+    nib_dev_free(dg, (size_t)n_out * 4);
+    nib_dev_arena_free(&arena);
+    nib_free(hx);
+    nib_free(hy);
+    nib_free(hy2);
+    nib_free(hr);
+    nib_free(hg);
+    nib_free(ref);
+    nib_free(absr);
+    nib_free(yref);
+    return worst;
+}
+
+typedef struct fmt_case {
+    const char *name;
+    nib_wfmt f;
+    int asym, act_order, per_channel;
+} fmt_case;
+
+static const fmt_case k_fmts[] = {
+    {"nvfp4", NIB_WFMT_NVFP4, 0, 0, 0},     {"mxfp4", NIB_WFMT_MXFP4, 0, 0, 0},
+    {"int4-sym", NIB_WFMT_INT4, 0, 0, 0},   {"int4-asym", NIB_WFMT_INT4, 1, 0, 0},
+    {"fp8-channel", NIB_WFMT_FP8, 0, 0, 1}, {"fp8-tensor", NIB_WFMT_FP8, 0, 0, 0},
+};
+
+static void sweep(nib_test_ctx *t, int64_t n, int64_t k, const int64_t *ms, int nm, int with_bias) {
+    nib_rng rng;
+    nib_test_rng(t, &rng);
+    nib_gemm_ws ws;
+    CHECK_OK(nib_cuda_gemm_ws_init(&ws, 1024, 4096));
+    for (size_t fi = 0; fi < NIB_ARRAY_LEN(k_fmts); fi++) {
+        const fmt_case *fc = &k_fmts[fi];
+        int64_t kk = (fc->f == NIB_WFMT_INT4 && k % 128) ? (k + 127) / 128 * 128 : k;
+        rand_w rw;
+        REQUIRE(make_rand_w(&rng, fc->f, n, kk, fc->asym, fc->act_order, fc->per_channel, with_bias, &rw));
+        for (int mi = 0; mi < nm; mi++) {
+            case_opts o = {0, 0, 0, 0};
+            double worst = run_case(t, &rng, &rw.w, ms[mi], &o, &ws, mi == 0);
+            printf("  %-12s N=%-5lld K=%-5lld M=%-4lld worst err/bound %.3f\n", fc->name, (long long)n,
+                   (long long)kk, (long long)ms[mi], worst);
+        }
+        rand_w_free(&rw);
+    }
+    nib_cuda_gemm_ws_free(&ws);
+}
+
+NIB_TEST(gemm_gpu_formats_small_awkward) {
+    NIB_REQUIRE_GPU();
+    const int64_t ms[] = {1, 3, 17, 63, 127, 532};
+    sweep(t, 40, 256, ms, 6, 0);
+}
+
+NIB_TEST(gemm_gpu_formats_medium) {
+    NIB_REQUIRE_GPU();
+    const int64_t ms[] = {1, 17, 63};
+    sweep(t, 200, 1152, ms, 3, 1);
+}
+
+NIB_TEST(gemm_gpu_formats_siglip_k4304) {
+    NIB_REQUIRE_GPU();
+    const int64_t ms[] = {1, 10};
+    sweep(t, 1040, 4304, ms, 2, 0); /* INT4 runs at K = 4352 (its group needs K % 128) */
+}
+
+NIB_TEST(gemm_gpu_split_k_deterministic) {
+    NIB_REQUIRE_GPU();
+    nib_rng rng;
+    nib_test_rng(t, &rng);
+    nib_gemm_ws ws;
+    CHECK_OK(nib_cuda_gemm_ws_init(&ws, 1024, 4096));
+    const nib_wfmt fs[] = {NIB_WFMT_NVFP4, NIB_WFMT_INT4, NIB_WFMT_FP8};
+    for (size_t i = 0; i < NIB_ARRAY_LEN(fs); i++) {
+        rand_w rw;
+        REQUIRE(make_rand_w(&rng, fs[i], 64, 16384, 1, 0, 1, 1, &rw));
+        nib_dev_arena a;
+        uint64_t b;
+        CHECK_OK(nib_cuda_weight_bytes(&rw.w, 0, &b));
+        CHECK_OK(nib_dev_arena_init(&a, b + 65536, "plan probe"));
+        nib_qweight q;
+        CHECK_OK(nib_cuda_weight_load(&rw.w, 0, "probe", &a, &q));
+        nib_gemm_plan pl;
+        CHECK_OK(nib_cuda_gemm_plan(&q, 3, ws.acc_elems, &pl));
+        CHECK_MSG(pl.ksplit > 1, "expected this shape to split K, plan has ksplit %d", pl.ksplit);
+        nib_dev_arena_free(&a);
+        const int64_t ms[] = {3, 64, 200};
+        for (int mi = 0; mi < 3; mi++) {
+            case_opts o = {0, 0, 0, 0};
+            double worst = run_case(t, &rng, &rw.w, ms[mi], &o, &ws, 1);
+            printf("  %-6s N=64 K=16384 M=%-4lld worst err/bound %.3f\n", nib_wfmt_name(fs[i]), (long long)ms[mi], worst);
+        }
+        rand_w_free(&rw);
+    }
+    nib_cuda_gemm_ws_free(&ws);
+}
+
+NIB_TEST(gemm_gpu_epilogues) {
+    NIB_REQUIRE_GPU();
+    nib_rng rng;
+    nib_test_rng(t, &rng);
+    nib_gemm_ws ws;
+    CHECK_OK(nib_cuda_gemm_ws_init(&ws, 1024, 4096));
+    const nib_wfmt fs[] = {NIB_WFMT_NVFP4, NIB_WFMT_INT4};
+    for (size_t i = 0; i < NIB_ARRAY_LEN(fs); i++) {
+        rand_w rw;
+        /* bias + residual (separate buffer), bias + gate + in-place residual */
+        REQUIRE(make_rand_w(&rng, fs[i], 200, 1152, 0, 0, 0, 1, &rw));
+        case_opts o1 = {0, 0, 1, 0}, o2 = {0, 1, 1, 1};
+        run_case(t, &rng, &rw.w, 17, &o1, &ws, 1);
+        run_case(t, &rng, &rw.w, 5, &o2, &ws, 0);
+        rand_w_free(&rw);
+        /* GeGLU over a fused gate|up weight: without and with split-K */
+        REQUIRE(make_rand_w(&rng, fs[i], 2 * 136, 1152, 1, 0, 0, 1, &rw));
+        case_opts og = {1, 0, 0, 0}, ogr = {1, 1, 1, 0};
+        run_case(t, &rng, &rw.w, 1, &og, &ws, 1);
+        run_case(t, &rng, &rw.w, 17, &ogr, &ws, 1);
+        rand_w_free(&rw);
+        REQUIRE(make_rand_w(&rng, fs[i], 2 * 64, 16384, 0, 0, 0, 0, &rw));
+        run_case(t, &rng, &rw.w, 3, &og, &ws, 1);
+        rand_w_free(&rw);
+    }
+    nib_cuda_gemm_ws_free(&ws);
+}
+
+NIB_TEST(gemm_gpu_int4_act_order) {
+    NIB_REQUIRE_GPU();
+    nib_rng rng;
+    nib_test_rng(t, &rng);
+    nib_gemm_ws ws;
+    CHECK_OK(nib_cuda_gemm_ws_init(&ws, 1024, 4096));
+    rand_w rw;
+    REQUIRE(make_rand_w(&rng, NIB_WFMT_INT4, 72, 512, 1, 1, 0, 0, &rw));
+    case_opts o = {0, 0, 0, 0};
+    run_case(t, &rng, &rw.w, 1, &o, &ws, 1);
+    run_case(t, &rng, &rw.w, 17, &o, &ws, 0);
+    rand_w_free(&rw);
+    nib_cuda_gemm_ws_free(&ws);
+}
+
+NIB_TEST(gemm_gpu_rejects_bad_weights) {
+    NIB_REQUIRE_GPU();
+    nib_rng rng;
+    nib_test_rng(t, &rng);
+    rand_w rw;
+    nib_dev_arena a;
+    CHECK_OK(nib_dev_arena_init(&a, 1 << 20, "bad weights"));
+    nib_qweight q;
+    /* NaN E4M3 block scale */
+    REQUIRE(make_rand_w(&rng, NIB_WFMT_NVFP4, 32, 256, 0, 0, 0, 0, &rw));
+    rw.scales[37] = 0x7F;
+    CHECK_ST(nib_cuda_weight_load(&rw.w, 0, "layers.3.mlp.down_proj", &a, &q), NIB_ERR_NUMERICS);
+    CHECK(strstr(nib_last_error(), "layers.3.mlp.down_proj") != NULL);
+    rand_w_free(&rw);
+    nib_dev_arena_reset(&a);
+    /* E8M0 NaN */
+    REQUIRE(make_rand_w(&rng, NIB_WFMT_MXFP4, 32, 256, 0, 0, 0, 0, &rw));
+    rw.scales[5] = 0xFF;
+    CHECK_ST(nib_cuda_weight_load(&rw.w, 0, "mx.weight", &a, &q), NIB_ERR_NUMERICS);
+    rand_w_free(&rw);
+    nib_dev_arena_reset(&a);
+    /* K not a multiple of the block */
+    REQUIRE(make_rand_w(&rng, NIB_WFMT_NVFP4, 32, 256, 0, 0, 0, 0, &rw));
+    rw.w.k = 248;
+    CHECK_ST(nib_cuda_weight_load(&rw.w, 0, "odd.weight", &a, &q), NIB_ERR_SHAPE);
+    CHECK(strstr(nib_last_error(), "odd.weight") != NULL);
+    rand_w_free(&rw);
+    nib_dev_arena_reset(&a);
+    /* an arena too small is an out-of-memory error naming the tensor, not a crash */
+    REQUIRE(make_rand_w(&rng, NIB_WFMT_INT4, 256, 1024, 0, 0, 0, 0, &rw));
+    nib_dev_arena small;
+    CHECK_OK(nib_dev_arena_init(&small, 4096, "tiny slab"));
+    CHECK_ST(nib_cuda_weight_load(&rw.w, 0, "big.weight", &small, &q), NIB_ERR_DEVICE_OOM);
+    nib_dev_arena_free(&small);
+    rand_w_free(&rw);
+    nib_dev_arena_free(&a);
+}
+
+/* cuBLASLt bf16 and FP8 W8A8 against the reference on the same inputs */
+NIB_TEST(blas_gpu_bf16_and_fp8_w8a8) {
+    NIB_REQUIRE_GPU();
+    nib_rng rng;
+    nib_test_rng(t, &rng);
+    const int64_t m = 37, n = 272, k = 1152;
+    nib_blas *b = NULL;
+    CHECK_OK(nib_blas_create(&b));
+    REQUIRE(b);
+    uint16_t *hx = nib_malloc((size_t)m * k * 2), *hw = nib_malloc((size_t)n * k * 2), *hy = nib_malloc((size_t)m * n * 2);
+    uint8_t *hwq = nib_malloc((size_t)n * k), *hxq = nib_malloc((size_t)m * k);
+    float *hsw = nib_malloc((size_t)n * 4), *hsx = nib_malloc((size_t)m * 4 + 8), *wf = nib_malloc((size_t)n * k * 4);
+    double *ref = nib_malloc((size_t)m * n * 8), *absr = nib_malloc((size_t)m * n * 8);
+    REQUIRE(hx && hw && hy && hwq && hxq && hsw && hsx && wf && ref && absr);
+    for (int64_t i = 0; i < m * k; i++) hx[i] = nib_f32_to_bf16((float)nib_rng_normal(&rng));
+    for (int64_t i = 0; i < n * k; i++) wf[i] = (float)(0.05 * nib_rng_normal(&rng));
+    for (int64_t i = 0; i < n * k; i++) hw[i] = nib_f32_to_bf16(wf[i]);
+    CHECK_OK(nib_fp8_quantize(wf, n, k, 1, hwq, hsw));
+    void *dx, *dw, *dy, *dwq, *dxq;
+    float *dsw, *dsx;
+    CHECK_OK(nib_dev_malloc(&dx, (size_t)m * k * 2, "x"));
+    CHECK_OK(nib_dev_malloc(&dw, (size_t)n * k * 2, "w"));
+    CHECK_OK(nib_dev_malloc(&dy, (size_t)m * n * 2, "y"));
+    CHECK_OK(nib_dev_malloc(&dwq, (size_t)n * k, "wq"));
+    CHECK_OK(nib_dev_malloc(&dxq, (size_t)m * k, "xq"));
+    CHECK_OK(nib_dev_malloc((void **)&dsw, (size_t)n * 4, "sw"));
+    CHECK_OK(nib_dev_malloc((void **)&dsx, (size_t)m * 4 + 8, "sx"));
+    CHECK_OK(nib_dev_upload(dx, hx, (size_t)m * k * 2));
+    CHECK_OK(nib_dev_upload(dw, hw, (size_t)n * k * 2));
+    CHECK_OK(nib_dev_upload(dwq, hwq, (size_t)n * k));
+    CHECK_OK(nib_dev_upload(dsw, hsw, (size_t)n * 4));
+
+    /* bf16: reference on the same bf16 weights */
+    nib_wsrc wb = {.fmt = NIB_WFMT_BF16, .n = n, .k = k, .data = hw};
+    CHECK_OK(nib_blas_gemm_bf16(b, dx, dw, dy, m, n, k, NULL));
+    CHECK_OK(nib_dev_download(hy, dy, (size_t)m * n * 2));
+    CHECK_OK(nib_ref_gemm(&wb, hx, m, k, NULL, ref, absr));
+    int over = 0;
+    for (int64_t i = 0; i < m * n; i++) {
+        double y = nib_bf16_to_f32(hy[i]);
+        double bound = 0x1p-9 * fabs(ref[i]) * 1.01 + (k + 64) * 0x1p-22 * absr[i];
+        if (!(fabs(y - ref[i]) <= bound) && over++ < 5)
+            nib_test_fail(t, __FILE__, __LINE__, "bf16 [%lld]: %g vs %g", (long long)i, y, ref[i]);
+    }
+    /* FP8 W8A8: X quantized per token on the GPU; the reference uses exactly those codes */
+    CHECK_OK(nib_cuda_quantize_fp8_rows(dx, m, k, 1, dxq, dsx, NULL));
+    CHECK_OK(nib_blas_gemm_fp8(b, dxq, dsx, 1, dwq, dsw, 1, dy, m, n, k, NULL));
+    CHECK_OK(nib_dev_download(hy, dy, (size_t)m * n * 2));
+    CHECK_OK(nib_dev_download(hxq, dxq, (size_t)m * k));
+    CHECK_OK(nib_dev_download(hsx, dsx, (size_t)m * 4));
+    /* the activation quantizer itself: scale = amax/448 and codes = RNE-satfinite(x/scale) */
+    int qbad = 0;
+    for (int64_t i = 0; i < m; i++) {
+        float amax = 0;
+        for (int64_t j = 0; j < k; j++) amax = fmaxf(amax, fabsf(nib_bf16_to_f32(hx[i * k + j])));
+        if (fabsf(hsx[i] - amax / 448.0f) > 1e-6f * hsx[i]) qbad++;
+        for (int64_t j = 0; j < k; j++) {
+            uint8_t want = nib_f32_to_e4m3(nib_bf16_to_f32(hx[i * k + j]) * (1.0f / hsx[i]));
+            if (want != hxq[i * k + j]) qbad++;
+        }
+    }
+    CHECK_MSG(qbad == 0, "%d per-token fp8 quantizer mismatches vs formats/ (scale or code)", qbad);
+    over = 0;
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) {
+            double s = 0, a = 0;
+            for (int64_t q = 0; q < k; q++) {
+                double tt = (double)nib_e4m3_to_f32(hxq[i * k + q]) * hsx[i] * (double)nib_e4m3_to_f32(hwq[j * k + q]) * hsw[j];
+                s += tt;
+                a += fabs(tt);
+            }
+            double y = nib_bf16_to_f32(hy[i * n + j]);
+            double bound = 0x1p-9 * fabs(s) * 1.01 + (k + 64) * 0x1p-22 * a;
+            if (!(fabs(y - s) <= bound) && over++ < 5)
+                nib_test_fail(t, __FILE__, __LINE__, "fp8 [%lld,%lld]: %g vs %g (bound %g)", (long long)i, (long long)j, y, s, bound);
+        }
+    nib_dev_free(dx, (size_t)m * k * 2);
+    nib_dev_free(dw, (size_t)n * k * 2);
+    nib_dev_free(dy, (size_t)m * n * 2);
+    nib_dev_free(dwq, (size_t)n * k);
+    nib_dev_free(dxq, (size_t)m * k);
+    nib_dev_free(dsw, (size_t)n * 4);
+    nib_dev_free(dsx, (size_t)m * 4 + 8);
+    nib_blas_free(b);
+    nib_free(hx);
+    nib_free(hw);
+    nib_free(hy);
+    nib_free(hwq);
+    nib_free(hxq);
+    nib_free(hsw);
+    nib_free(hsx);
+    nib_free(wf);
+    nib_free(ref);
+    nib_free(absr);
+}
+
+NIB_TEST(gemm_gpu_argument_errors) {
+    NIB_REQUIRE_GPU();
+    nib_rng rng;
+    nib_test_rng(t, &rng);
+    rand_w rw;
+    REQUIRE(make_rand_w(&rng, NIB_WFMT_NVFP4, 32, 256, 0, 0, 0, 0, &rw));
+    nib_dev_arena a;
+    CHECK_OK(nib_dev_arena_init(&a, 1 << 20, "args"));
+    nib_qweight q;
+    CHECK_OK(nib_cuda_weight_load(&rw.w, 0, "w", &a, &q));
+    void *dx = NULL;
+    CHECK_OK(nib_dev_malloc(&dx, 4096 * 2, "x"));
+    CHECK_ST(nib_cuda_gemm(&q, dx, 1, 100, dx, 32, NULL, NULL, NULL), NIB_ERR_SHAPE);   /* ldx < K */
+    CHECK_ST(nib_cuda_gemm(&q, dx, 1, 256, dx, 16, NULL, NULL, NULL), NIB_ERR_SHAPE);   /* ldy < N */
+    CHECK_ST(nib_cuda_gemm(&q, dx, 0, 256, dx, 32, NULL, NULL, NULL), NIB_ERR_INVALID_ARG);
+    nib_gemm_epi bad = {1, NULL, NULL, 0};
+    CHECK_ST(nib_cuda_gemm(&q, dx, 1, 256, dx, 32, &bad, NULL, NULL), NIB_ERR_INVALID_ARG);
+    nib_dev_free(dx, 4096 * 2);
+    nib_dev_arena_free(&a);
+    rand_w_free(&rw);
+}
