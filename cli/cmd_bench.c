@@ -164,6 +164,115 @@ static void print_row(const bench_row *r) {
            r->plan);
 }
 
+/* One variant of one shape: weights (rotated copies), then every M. */
+static nib_status bench_variant(const bench_cfg *cfg, variant v, gemm_ctx *g, nib_rng *r, double copy_gbps,
+                                int l2_bytes, double *bf16_us, bench_row *rows, int *nrows, int max_rows) {
+    nib_status st = NIB_OK;
+    const int64_t k = g->k, n = g->n;
+    nib_dev_arena arena;
+    memset(&arena, 0, sizeof arena);
+    void *hbufs[2] = {NULL, NULL};
+    g->v = v;
+    /* weight copies: enough to exceed 3x L2 so no call finds its weights in cache */
+    uint64_t one = 0;
+    nib_wfmt f = v == V_NVFP4 ? NIB_WFMT_NVFP4 : v == V_MXFP4 ? NIB_WFMT_MXFP4 : v == V_INT4 ? NIB_WFMT_INT4
+                                                                                          : NIB_WFMT_FP8;
+    nib_wsrc src;
+    if (v == V_BF16) one = (uint64_t)n * k * 2;
+    else if (v == V_FP8LT || v == V_W8A8) one = (uint64_t)n * k;
+    else {
+        NIB_TRY(make_random_wsrc(r, f, n, k, &src, hbufs));
+        NIB_TRY(nib_cuda_weight_bytes(&src, 0, &one));
+    }
+    int copies = (int)((3ull * (uint64_t)l2_bytes + one - 1) / one);
+    if (copies < 2) copies = 2;
+    if (copies > MAX_COPIES) copies = MAX_COPIES;
+    g->ncopies = copies;
+    NIB_TRY(nib_dev_arena_init(&arena, (size_t)(one + 4096) * copies + (size_t)n * 4 + 4096, "bench weights"));
+    uint64_t canon_bytes = 0;
+    if (v == V_BF16 || v == V_FP8LT || v == V_W8A8) {
+        /* random bf16 / e4m3 matrices filled on the host once, copied on the device */
+        size_t eb = v == V_BF16 ? 2 : 1;
+        uint8_t *hw = nib_malloc((size_t)n * k * eb);
+        if (!hw) {
+            st = NIB_ERR_OUT_OF_MEMORY;
+            goto fail;
+        }
+        for (int64_t i = 0; i < n * k; i++) {
+            if (eb == 2) ((uint16_t *)hw)[i] = nib_f32_to_bf16((float)(0.02 * nib_rng_normal(r)));
+            else hw[i] = nib_f32_to_e4m3((float)(16.0 * nib_rng_normal(r)));
+        }
+        for (int c = 0; c < copies && !st; c++) {
+            st = nib_dev_arena_alloc(&arena, (size_t)n * k * eb, &g->bw[c], "bench weight");
+            if (!st) st = nib_dev_upload(g->bw[c], hw, (size_t)n * k * eb);
+        }
+        nib_free(hw);
+        if (st) goto fail;
+        if (v != V_BF16) {
+            float *hs = nib_malloc((size_t)n * 4);
+            if (!hs) {
+                st = NIB_ERR_OUT_OF_MEMORY;
+                goto fail;
+            }
+            for (int64_t i = 0; i < n; i++) hs[i] = 0.02f / 16.0f;
+            st = nib_dev_arena_alloc(&arena, (size_t)n * 4, (void **)&g->sw, "bench sw");
+            if (!st) st = nib_dev_upload(g->sw, hs, (size_t)n * 4);
+            nib_free(hs);
+            if (st) goto fail;
+        }
+        canon_bytes = (uint64_t)n * k * eb + (v == V_BF16 ? 0 : (uint64_t)n * 4);
+    } else {
+        NIB_TRY(nib_cuda_weight_load(&src, 0, k_vname[v], &arena, &g->w[0]));
+        for (int c = 1; c < copies; c++) {
+            g->w[c] = g->w[0];
+            NIB_TRY(nib_dev_arena_alloc(&arena, g->w[0].w_bytes, &g->w[c].w, "bench weight copy"));
+            NIB_TRY(nib_dev_arena_alloc(&arena, g->w[0].s_bytes ? g->w[0].s_bytes : 1, &g->w[c].s, "bench scale copy"));
+            if (!g->w[0].s_bytes) g->w[c].s = NULL;
+            NIB_TRY(nib_dev_copy(g->w[c].w, g->w[0].w, g->w[0].w_bytes));
+            if (g->w[0].s_bytes) NIB_TRY(nib_dev_copy(g->w[c].s, g->w[0].s, g->w[0].s_bytes));
+        }
+        canon_bytes = g->w[0].src_bytes;
+        nib_free(hbufs[0]);
+        nib_free(hbufs[1]);
+        hbufs[0] = hbufs[1] = NULL;
+    }
+    for (int mi = 0; mi < cfg->nm; mi++) {
+        if (*nrows >= max_rows) break;
+        g->m = cfg->m[mi];
+        int calls = copies * ((20 + copies - 1) / copies); /* >= 20 calls, whole rotations */
+        nib_lab_timing tm;
+        NIB_TRY(nib_lab_time_graph(gemm_call, g, calls, cfg->reps, &tm));
+        bench_row *row = &rows[(*nrows)++];
+        memset(row, 0, sizeof *row);
+        row->k = k;
+        row->n = n;
+        row->m = g->m;
+        row->v = (variant)v;
+        row->us = tm.median_us;
+        row->bytes = canon_bytes;
+        row->gbps = (double)canon_bytes / (tm.median_us * 1e3);
+        row->tflops = 2.0 * (double)g->m * n * k / (tm.median_us * 1e6);
+        row->pct_bw = 100.0 * row->gbps / copy_gbps;
+        if (v == V_BF16) bf16_us[mi] = tm.median_us;
+        row->speedup = bf16_us[mi] / tm.median_us;
+        if (v >= V_NVFP4) {
+            nib_gemm_plan pl;
+            if (!nib_cuda_gemm_plan(&g->w[0], g->m, g->ws->acc_elems, &pl))
+                snprintf(row->plan, sizeof row->plan, "mt%d r%d wk%d ks%d ctas%d", pl.mt, pl.r, pl.wk,
+                         pl.ksplit, pl.ctas);
+        }
+        print_row(row);
+    }
+fail:
+    nib_dev_arena_free(&arena);
+    nib_free(hbufs[0]);
+    nib_free(hbufs[1]);
+    memset(g->w, 0, sizeof g->w);
+    memset(g->bw, 0, sizeof g->bw);
+    g->sw = NULL;
+    return st;
+}
+
 static nib_status bench_shape(const bench_cfg *cfg, int si, nib_blas *blas, nib_gemm_ws *ws, double copy_gbps,
                               int l2_bytes, bench_row *rows, int *nrows, int max_rows) {
     nib_status st = NIB_OK;
@@ -179,10 +288,7 @@ static nib_status bench_shape(const bench_cfg *cfg, int si, nib_blas *blas, nib_
     g.ws = ws;
     g.n = n;
     g.k = k;
-    nib_dev_arena arena;
-    memset(&arena, 0, sizeof arena);
     uint16_t *hx = NULL;
-    void *hbufs[2] = {NULL, NULL};
     double bf16_us[MAX_MS];
     for (int i = 0; i < MAX_MS; i++) bf16_us[i] = NAN;
 
@@ -204,106 +310,19 @@ static nib_status bench_shape(const bench_cfg *cfg, int si, nib_blas *blas, nib_
                    (long long)n, k_vname[v]);
             continue;
         }
-        g.v = (variant)v;
-        /* weight copies: enough to exceed 3x L2 so no call finds its weights in cache */
-        uint64_t one = 0;
-        nib_wfmt f = v == V_NVFP4 ? NIB_WFMT_NVFP4 : v == V_MXFP4 ? NIB_WFMT_MXFP4 : v == V_INT4 ? NIB_WFMT_INT4
-                                                                                              : NIB_WFMT_FP8;
-        nib_wsrc src;
-        if (v == V_BF16) one = (uint64_t)n * k * 2;
-        else if (v == V_FP8LT || v == V_W8A8) one = (uint64_t)n * k;
-        else {
-            NIB_TRY(make_random_wsrc(&r, f, n, k, &src, hbufs));
-            NIB_TRY(nib_cuda_weight_bytes(&src, 0, &one));
+        if (v == V_MXFP4 && k % 32) {
+            printf("%6lld %6lld     -  %-13s n/a: K is not a multiple of the MXFP4 block (32)\n", (long long)k,
+                   (long long)n, k_vname[v]);
+            continue;
         }
-        int copies = (int)((3ull * (uint64_t)l2_bytes + one - 1) / one);
-        if (copies < 2) copies = 2;
-        if (copies > MAX_COPIES) copies = MAX_COPIES;
-        g.ncopies = copies;
-        NIB_TRY(nib_dev_arena_init(&arena, (size_t)(one + 4096) * copies + (size_t)n * 4 + 4096, "bench weights"));
-        uint64_t canon_bytes = 0;
-        if (v == V_BF16 || v == V_FP8LT || v == V_W8A8) {
-            /* random bf16 / e4m3 matrices filled on the host once, copied on the device */
-            size_t eb = v == V_BF16 ? 2 : 1;
-            uint8_t *hw = nib_malloc((size_t)n * k * eb);
-            if (!hw) {
-                st = NIB_ERR_OUT_OF_MEMORY;
-                goto fail;
-            }
-            for (int64_t i = 0; i < n * k; i++) {
-                if (eb == 2) ((uint16_t *)hw)[i] = nib_f32_to_bf16((float)(0.02 * nib_rng_normal(&r)));
-                else hw[i] = nib_f32_to_e4m3((float)(16.0 * nib_rng_normal(&r)));
-            }
-            for (int c = 0; c < copies && !st; c++) {
-                st = nib_dev_arena_alloc(&arena, (size_t)n * k * eb, &g.bw[c], "bench weight");
-                if (!st) st = nib_dev_upload(g.bw[c], hw, (size_t)n * k * eb);
-            }
-            nib_free(hw);
-            if (st) goto fail;
-            if (v != V_BF16) {
-                float *hs = nib_malloc((size_t)n * 4);
-                if (!hs) {
-                    st = NIB_ERR_OUT_OF_MEMORY;
-                    goto fail;
-                }
-                for (int64_t i = 0; i < n; i++) hs[i] = 0.02f / 16.0f;
-                st = nib_dev_arena_alloc(&arena, (size_t)n * 4, (void **)&g.sw, "bench sw");
-                if (!st) st = nib_dev_upload(g.sw, hs, (size_t)n * 4);
-                nib_free(hs);
-                if (st) goto fail;
-            }
-            canon_bytes = (uint64_t)n * k * eb + (v == V_BF16 ? 0 : (uint64_t)n * 4);
-        } else {
-            NIB_TRY(nib_cuda_weight_load(&src, 0, k_vname[v], &arena, &g.w[0]));
-            for (int c = 1; c < copies; c++) {
-                g.w[c] = g.w[0];
-                NIB_TRY(nib_dev_arena_alloc(&arena, g.w[0].w_bytes, &g.w[c].w, "bench weight copy"));
-                NIB_TRY(nib_dev_arena_alloc(&arena, g.w[0].s_bytes ? g.w[0].s_bytes : 1, &g.w[c].s, "bench scale copy"));
-                if (!g.w[0].s_bytes) g.w[c].s = NULL;
-                NIB_TRY(nib_dev_copy(g.w[c].w, g.w[0].w, g.w[0].w_bytes));
-                if (g.w[0].s_bytes) NIB_TRY(nib_dev_copy(g.w[c].s, g.w[0].s, g.w[0].s_bytes));
-            }
-            canon_bytes = g.w[0].src_bytes;
-            nib_free(hbufs[0]);
-            nib_free(hbufs[1]);
-            hbufs[0] = hbufs[1] = NULL;
+        nib_status vs = bench_variant(cfg, (variant)v, &g, &r, copy_gbps, l2_bytes, bf16_us, rows, nrows, max_rows);
+        if (vs) { /* report and go on with the other variants; the command still fails at the end */
+            printf("%6lld %6lld     -  %-13s ERROR %s: %s\n", (long long)k, (long long)n, k_vname[v],
+                   nib_status_name(vs), nib_last_error());
+            st = vs;
         }
-        for (int mi = 0; mi < cfg->nm; mi++) {
-            if (*nrows >= max_rows) break;
-            g.m = cfg->m[mi];
-            int calls = copies * ((20 + copies - 1) / copies); /* >= 20 calls, whole rotations */
-            nib_lab_timing tm;
-            NIB_TRY(nib_lab_time_graph(gemm_call, &g, calls, cfg->reps, &tm));
-            bench_row *row = &rows[(*nrows)++];
-            memset(row, 0, sizeof *row);
-            row->k = k;
-            row->n = n;
-            row->m = g.m;
-            row->v = (variant)v;
-            row->us = tm.median_us;
-            row->bytes = canon_bytes;
-            row->gbps = (double)canon_bytes / (tm.median_us * 1e3);
-            row->tflops = 2.0 * (double)g.m * n * k / (tm.median_us * 1e6);
-            row->pct_bw = 100.0 * row->gbps / copy_gbps;
-            if (v == V_BF16) bf16_us[mi] = tm.median_us;
-            row->speedup = bf16_us[mi] / tm.median_us;
-            if (v >= V_NVFP4) {
-                nib_gemm_plan pl;
-                if (!nib_cuda_gemm_plan(&g.w[0], g.m, ws->acc_elems, &pl))
-                    snprintf(row->plan, sizeof row->plan, "mt%d r%d wk%d ks%d ctas%d", pl.mt, pl.r, pl.wk,
-                             pl.ksplit, pl.ctas);
-            }
-            print_row(row);
-        }
-        nib_dev_arena_free(&arena);
-        memset(g.w, 0, sizeof g.w);
-        memset(g.bw, 0, sizeof g.bw);
-        g.sw = NULL;
     }
 fail:
-    nib_dev_arena_free(&arena);
-    nib_free(hbufs[0]);
-    nib_free(hbufs[1]);
     nib_free(hx);
     nib_dev_free(g.x, (size_t)max_m * k * 2);
     nib_dev_free(g.xq, (size_t)max_m * k);

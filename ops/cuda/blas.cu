@@ -84,8 +84,11 @@ void nib_blas_free(nib_blas *b) {
     free(b);
 }
 
+/* sx/sw: the scale pointers of the first call. They are set before the heuristic runs: an
+ * FP8 algorithm chosen without scale pointers is not valid once they are set (cuBLASLt then
+ * answers NOT_SUPPORTED), and OUTER_VEC mode without pointers is rejected outright. */
 static nib_status plan_get(nib_blas *b, int kind, int64_t m, int64_t n, int64_t k, int sx_vec,
-                           int sw_vec, blas_plan **out) {
+                           int sw_vec, const float *sx, const float *sw, blas_plan **out) {
     for (int i = 0; i < NIB_BLAS_CACHE; i++) {
         blas_plan *p = &b->cache[i];
         if (p->used && p->kind == kind && p->m == m && p->n == n && p->k == k && p->sx_vec == sx_vec &&
@@ -107,6 +110,8 @@ static nib_status plan_get(nib_blas *b, int kind, int64_t m, int64_t n, int64_t 
         int32_t mb = sx_vec ? CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F : CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
         NIB_BLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &ma, sizeof ma));
         NIB_BLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mb, sizeof mb));
+        NIB_BLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sw, sizeof sw));
+        NIB_BLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sx, sizeof sx));
     }
     NIB_BLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, ab, (uint64_t)k, (uint64_t)n, k));
     NIB_BLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, ab, (uint64_t)k, (uint64_t)m, k));
@@ -138,7 +143,7 @@ static nib_status plan_get(nib_blas *b, int kind, int64_t m, int64_t n, int64_t 
 nib_status nib_blas_gemm_bf16(nib_blas *b, const void *x, const void *w, void *y, int64_t m, int64_t n,
                               int64_t k, void *stream) {
     blas_plan *p;
-    NIB_RETURN_IF_ERR(plan_get(b, 0, m, n, k, 0, 0, &p));
+    NIB_RETURN_IF_ERR(plan_get(b, 0, m, n, k, 0, 0, NULL, NULL, &p));
     float alpha = 1.f, beta = 0.f;
     NIB_BLAS_CHECK(cublasLtMatmul(b->lt, p->op, &alpha, w, p->a, x, p->b, &beta, y, p->d, y, p->d, &p->algo,
                                   b->ws, NIB_BLAS_WS_BYTES, (cudaStream_t)stream));
@@ -152,7 +157,8 @@ nib_status nib_blas_gemm_fp8(nib_blas *b, const void *xq, const float *sx, int s
         return NIB_ERR(NIB_ERR_SHAPE, "fp8 gemm: cuBLASLt FP8 needs K and N multiples of 16 (K=%lld N=%lld)",
                        (long long)k, (long long)n);
     blas_plan *p;
-    NIB_RETURN_IF_ERR(plan_get(b, 1, m, n, k, sx_per_token, sw_per_channel, &p));
+    if (!sx || !sw) return NIB_ERR(NIB_ERR_INVALID_ARG, "fp8 gemm: NULL scale pointer");
+    NIB_RETURN_IF_ERR(plan_get(b, 1, m, n, k, sx_per_token, sw_per_channel, sx, sw, &p));
     NIB_BLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sw, sizeof sw));
     NIB_BLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sx, sizeof sx));
     float alpha = 1.f, beta = 0.f;
