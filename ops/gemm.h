@@ -126,10 +126,12 @@ nib_status nib_cuda_gemm(const nib_qweight *w, const void *x, int64_t m, int64_t
 /* Launch plan the CUDA GEMM would use (for the lab and tests). */
 typedef struct nib_gemm_plan {
     int mt;        /* n-tiles of 8 tokens per M chunk (1, 2, 4, 8) */
-    int r;         /* 16-row groups per warp */
+    int r;         /* 16-row groups per warp (1) */
     int wk;        /* warps along K per CTA (8 warps) */
     int ksplit;    /* CTAs along K */
     int row_blocks, m_chunks, ctas;
+    int xw, nxb, lds, ring_bytes; /* X window (pipeline steps), X buffers, X row stride, ring bytes */
+    size_t smem;                  /* dynamic shared memory per CTA */
 } nib_gemm_plan;
 nib_status nib_cuda_gemm_plan(const nib_qweight *w, int64_t m, uint64_t ws_elems, nib_gemm_plan *plan);
 

@@ -57,6 +57,7 @@ struct GemmParams {
     long long ldx, ldy, ldr;
     int m, k, np, ng, nchunks, n_out, geglu;
     int wk, chunks_per_cta, ksplit, row_blocks;
+    int xw, nxb, lds, ring_bytes; /* X window steps, X buffers, X row stride (elements), ring size */
     uint32_t scale_add;
 };
 
@@ -67,23 +68,6 @@ template <int FMT> struct Chunk {
 
 __device__ __forceinline__ uint32_t u4get(const uint4 &v, int j) {
     return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
-}
-
-template <int FMT>
-__device__ __forceinline__ void load_chunk(Chunk<FMT> &ch, const GemmParams &p, int rg, int c,
-                                           int lane, uint64_t pol) {
-    const size_t tile = (size_t)rg * p.nchunks + c;
-    const uint8_t *base = p.w + tile * (FmtT<FMT>::PARTS * 512) + lane * 16;
-#pragma unroll
-    for (int q = 0; q < FmtT<FMT>::PARTS; q++) ch.e[q] = ldg_stream(base + q * 512, pol);
-    const int g = lane >> 2;
-    if (FMT == NIB_WFMT_NVFP4) {
-        ch.s = ldg_stream(p.s + tile * 128 + g * 16, pol);
-    } else if (FMT == NIB_WFMT_MXFP4 || FMT == NIB_WFMT_INT4) {
-        uint2 v = ldg_stream2(p.s + tile * 64 + g * 8, pol);
-        ch.s.x = v.x;
-        ch.s.y = v.y;
-    }
 }
 
 /* The A fragment of k16 step s (0..7) of a chunk, scaled (except INT4: scale later in fp32). */
@@ -184,16 +168,74 @@ __device__ __forceinline__ void compute_chunk(float (&acc)[R][MT][4], const Chun
     }
 }
 
-/* X window -> shared memory: MT*8 token rows x wk*128 columns starting at column kbase. */
+/* ---- the per-thread cp.async ring -------------------------------------------------------
+ * Every lane streams its own 16-byte pieces of the weight chunks into a private slot of shared
+ * memory and reads back only what it copied, so the weight pipeline needs no barrier: a
+ * per-thread cp.async.wait_group is enough. S stages = S-1 chunks in flight per warp. X
+ * windows ride in the same cp.async groups (one group per pipeline position), so the wait
+ * that makes a weight chunk visible also covers the X window its step needs (then one
+ * __syncthreads at each window start makes the other threads' X pieces visible). */
+template <int FMT> struct Pieces { enum { N = FmtT<FMT>::PARTS + (FMT == NIB_WFMT_FP8 ? 0 : 1) }; };
+template <int MT> struct Stages { enum { S = MT >= 8 ? 3 : (MT >= 4 ? 4 : 5) }; };
+
+__device__ __forceinline__ void cp_async16_pol(uint32_t dst, const void *src, int src_bytes, uint64_t pol) {
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;" ::"r"(dst), "l"(src),
+                 "r"(src_bytes), "l"(pol));
+}
+__device__ __forceinline__ void cp_async8(uint32_t dst, const void *src, int src_bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N));
+}
+
+__device__ __forceinline__ uint32_t ring_addr(uint32_t ring, int np, int stage, int piece) {
+    return ring + ((stage * np + piece) * (WARPS * 32) + threadIdx.x) * 16;
+}
+
+/* weight chunk c of row group rg -> ring stage (zero-filled when !ok) */
+template <int FMT>
+__device__ __forceinline__ void issue_chunk(const GemmParams &p, uint32_t ring, int stage, int rg, int c, bool ok,
+                                            int lane, uint64_t pol) {
+    constexpr int NP = Pieces<FMT>::N, PARTS = FmtT<FMT>::PARTS;
+    const size_t tile = ok ? (size_t)rg * p.nchunks + c : 0;
+    const uint8_t *base = p.w + tile * (PARTS * 512) + lane * 16;
+#pragma unroll
+    for (int q = 0; q < PARTS; q++) cp_async16_pol(ring_addr(ring, NP, stage, q), base + q * 512, ok ? 16 : 0, pol);
+    const int g = lane >> 2;
+    if (FMT == NIB_WFMT_NVFP4)
+        cp_async16_pol(ring_addr(ring, NP, stage, PARTS), p.s + tile * 128 + g * 16, ok ? 16 : 0, pol);
+    else if (FMT == NIB_WFMT_MXFP4 || FMT == NIB_WFMT_INT4)
+        cp_async8(ring_addr(ring, NP, stage, PARTS), p.s + tile * 64 + g * 8, ok ? 8 : 0);
+}
+
+template <int FMT>
+__device__ __forceinline__ void read_chunk(Chunk<FMT> &ch, const unsigned char *ring_ptr, int stage) {
+    constexpr int NP = Pieces<FMT>::N, PARTS = FmtT<FMT>::PARTS;
+#pragma unroll
+    for (int q = 0; q < PARTS; q++)
+        ch.e[q] = *(const uint4 *)(ring_ptr + ((stage * NP + q) * (WARPS * 32) + threadIdx.x) * 16);
+    if (FMT != NIB_WFMT_FP8) {
+        const unsigned char *sp = ring_ptr + ((stage * NP + PARTS) * (WARPS * 32) + threadIdx.x) * 16;
+        if (FMT == NIB_WFMT_NVFP4) {
+            ch.s = *(const uint4 *)sp;
+        } else {
+            uint2 v = *(const uint2 *)sp;
+            ch.s.x = v.x;
+            ch.s.y = v.y;
+        }
+    }
+}
+
+/* X window w -> shared buffer: MT*8 token rows x (xw*wk*128) columns from column kbase. */
 template <int MT>
-__device__ __forceinline__ void load_x_window(const GemmParams &p, __nv_bfloat16 *xs, int lds,
-                                              int m0, int kbase) {
-    const int pieces_per_row = p.wk * (KCH / 8);
+__device__ __forceinline__ void issue_x_window(const GemmParams &p, __nv_bfloat16 *xs, int m0, int kbase) {
+    const int pieces_per_row = p.xw * p.wk * (KCH / 8);
     const int total = MT * 8 * pieces_per_row;
     for (int idx = threadIdx.x; idx < total; idx += blockDim.x) {
         int row = idx / pieces_per_row, pc = idx - row * pieces_per_row;
         int col = kbase + pc * 8;
-        __nv_bfloat16 *dst = xs + row * lds + pc * 8;
+        __nv_bfloat16 *dst = xs + row * p.lds + pc * 8;
         bool ok = (m0 + row < p.m) && (col < p.k);
         if (!p.perm) {
             const __nv_bfloat16 *src = ok ? p.x + (long long)(m0 + row) * p.ldx + col : p.x;
@@ -201,8 +243,7 @@ __device__ __forceinline__ void load_x_window(const GemmParams &p, __nv_bfloat16
         } else { /* act-order INT4: gather input channels (the stored column order) */
 #pragma unroll
             for (int i = 0; i < 8; i++)
-                dst[i] = ok ? p.x[(long long)(m0 + row) * p.ldx + p.perm[col + i]]
-                            : __float2bfloat16(0.f);
+                dst[i] = ok ? p.x[(long long)(m0 + row) * p.ldx + p.perm[col + i]] : __float2bfloat16(0.f);
         }
     }
 }
@@ -220,8 +261,7 @@ __device__ __forceinline__ void epi_store(const GemmParams &p, int n, int mm, fl
 }
 
 /* Epilogue of one (row pair g, g+8; token mm) from final sums. */
-__device__ __forceinline__ void epi_pair(const GemmParams &p, int rg, int g, int mm, float a_g,
-                                         float a_g8) {
+__device__ __forceinline__ void epi_pair(const GemmParams &p, int rg, int g, int mm, float a_g, float a_g8) {
     int pr = rg * 16 + g;
     float vg = epi_val(p, pr, a_g), vg8 = epi_val(p, pr + 8, a_g8);
     if (p.geglu) {
@@ -234,7 +274,8 @@ __device__ __forceinline__ void epi_pair(const GemmParams &p, int rg, int g, int
 }
 
 template <int FMT, int MT, int R>
-__global__ void __launch_bounds__(WARPS * 32, (MT >= 8 || R > 1 ? 1 : 2)) k_gemm_lowbit(GemmParams p) {
+__global__ void __launch_bounds__(WARPS * 32, (MT >= 8 ? 1 : 2)) k_gemm_lowbit(GemmParams p) {
+    constexpr int S = Stages<MT>::S;
     extern __shared__ __align__(16) unsigned char smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int wn_count = WARPS / p.wk;
@@ -243,10 +284,10 @@ __global__ void __launch_bounds__(WARPS * 32, (MT >= 8 || R > 1 ? 1 : 2)) k_gemm
     const int m0 = blockIdx.z * MCHUNK;
     const int c_begin = blockIdx.y * p.chunks_per_cta;
     const int c_end = min(c_begin + p.chunks_per_cta, p.nchunks);
-    const int nwin = (c_end - c_begin + p.wk - 1) / p.wk;
-    const int lds = p.wk * KCH + 8; /* padded row: conflict-free ldmatrix */
-    __nv_bfloat16 *const xs0 = (__nv_bfloat16 *)smem; /* two X buffers of MT*8 x lds */
-    const int xs_stride = MT * 8 * lds;
+    const int nsteps = (c_end - c_begin + p.wk - 1) / p.wk; /* uniform across the CTA */
+    const uint32_t ring = smem_u32(smem);
+    __nv_bfloat16 *const xs0 = (__nv_bfloat16 *)(smem + p.ring_bytes);
+    const int xs_stride = MT * 8 * p.lds;
     const uint64_t pol = evict_first_policy();
 
     bool rg_ok[R];
@@ -261,47 +302,39 @@ __global__ void __launch_bounds__(WARPS * 32, (MT >= 8 || R > 1 ? 1 : 2)) k_gemm
 #pragma unroll
             for (int i = 0; i < 4; i++) acc[r][nt][i] = 0.f;
 
-    /* ldmatrix lane address: matrix q = lane/8, row lane%8, within this warp's chunk columns */
-    const int lds_bytes = lds * 2;
-    const uint32_t lane_off = ((lane & 7) * lds + wkk * KCH + (lane >> 3) * 8) * 2;
-
-    load_x_window<MT>(p, xs0, lds, m0, c_begin * KCH);
-    cp_async_commit();
-
-    Chunk<FMT> c0[R], c1[R], c2[R];
-    /* row groups past N (last row block) are never loaded: keep them zero so the branch-free
-     * inner loop computes on defined values (their results are discarded) */
+    /* pipeline position j: weight chunk of step j (+ the X window starting at step j) */
+    auto issue = [&](int j) {
+        if (j < nsteps) {
+            const int c = c_begin + j * p.wk + wkk;
+            issue_chunk<FMT>(p, ring, j % S, rg0, c, rg_ok[0] && c < c_end, lane, pol);
+            if (j % p.xw == 0) {
+                const int w = j / p.xw;
+                issue_x_window<MT>(p, xs0 + (w % p.nxb) * xs_stride, m0, (c_begin + j * p.wk) * KCH);
+            }
+        }
+        cp_async_commit();
+    };
 #pragma unroll
-    for (int r = 0; r < R; r++) c0[r] = c1[r] = c2[r] = Chunk<FMT>{};
-    {
-        int ca = c_begin + wkk, cb = ca + p.wk;
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-            if (rg_ok[r] && ca < c_end) load_chunk<FMT>(c0[r], p, rg0 + r, ca, lane, pol);
-            if (rg_ok[r] && cb < c_end) load_chunk<FMT>(c1[r], p, rg0 + r, cb, lane, pol);
+    for (int j = 0; j < S - 1; j++) issue(j);
+
+    /* ldmatrix lane address: matrix q = lane/8, row lane%8 */
+    const uint32_t lane_off = ((lane & 7) * p.lds + (lane >> 3) * 8) * 2;
+    for (int i = 0; i < nsteps; i++) {
+        cp_async_wait<S - 2>();
+        if (i % p.xw == 0) __syncthreads(); /* X window i/xw complete in every thread */
+        Chunk<FMT> ch[R];
+        read_chunk<FMT>(ch[0], smem, i % S);
+        issue(i + S - 1);
+        const int c = c_begin + i * p.wk + wkk;
+        if (c < c_end) {
+            const int w = i / p.xw;
+            const int col = ((i - w * p.xw) * p.wk + wkk) * KCH; /* this warp's chunk inside the window */
+            compute_chunk<FMT, MT, R>(acc, ch, p, smem_u32(xs0 + (w % p.nxb) * xs_stride) + lane_off + col * 2,
+                                      8 * p.lds * 2);
         }
     }
-    for (int w = 0; w < nwin; w++) {
-        const int c = c_begin + w * p.wk + wkk;
-        const int cpre = c + 2 * p.wk; /* two windows ahead */
-#pragma unroll
-        for (int r = 0; r < R; r++)
-            if (rg_ok[r] && cpre < c_end) load_chunk<FMT>(c2[r], p, rg0 + r, cpre, lane, pol);
-        cp_async_wait_all();
-        __syncthreads();
-        if (w + 1 < nwin) {
-            load_x_window<MT>(p, xs0 + ((w + 1) & 1) * xs_stride, lds, m0, (c_begin + (w + 1) * p.wk) * KCH);
-            cp_async_commit();
-        }
-        if (c < c_end)
-            compute_chunk<FMT, MT, R>(acc, c0, p, smem_u32(xs0 + (w & 1) * xs_stride) + lane_off, 8 * lds_bytes);
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-            c0[r] = c1[r];
-            c1[r] = c2[r];
-        }
-    }
-    __syncthreads(); /* all warps are done with the X buffers: reuse them for the reduction */
+    cp_async_wait<0>();
+    __syncthreads(); /* all warps are done with ring and X buffers: reuse them for the reduction */
 
     float *red = (float *)smem;
     const int frag = R * MT * 4;
@@ -788,7 +821,24 @@ void nib_cuda_gemm_ws_free(nib_gemm_ws *ws) {
 
 static int g_num_sms;
 
-static int max_wk_for_mt(int mt) { return mt >= 8 ? 2 : mt >= 4 ? 4 : 8; }
+static int stages_for_mt(int mt) { return mt >= 8 ? 3 : (mt >= 4 ? 4 : 5); } /* = Stages<MT>::S */
+static int pieces_for(nib_wfmt f) { return f == NIB_WFMT_FP8 ? 4 : 3; }           /* = Pieces<FMT>::N */
+#define X_BUDGET (48 * 1024) /* shared memory for X windows per CTA */
+
+/* X windows for `steps` pipeline steps: the largest window (in steps) whose buffers fit. */
+static int plan_x(int mt, int wk, int steps, int S, int *xw, int *nxb, int *lds) {
+    for (int w = steps; w >= 1; w--) {
+        int nb = w >= steps ? 1 : 1 + (S - 1 + w - 1) / w;
+        int l = w * wk * KCH + 8; /* +8 elements: conflict-free ldmatrix rows */
+        if ((long)nb * mt * 8 * l * 2 <= X_BUDGET) {
+            *xw = w;
+            *nxb = nb;
+            *lds = l;
+            return 1;
+        }
+    }
+    return 0;
+}
 
 nib_status nib_cuda_gemm_plan(const nib_qweight *w, int64_t m, uint64_t ws_elems, nib_gemm_plan *pl) {
     if (m < 1) return NIB_ERR(NIB_ERR_INVALID_ARG, "gemm: M = %lld", (long long)m);
@@ -799,41 +849,55 @@ nib_status nib_cuda_gemm_plan(const nib_qweight *w, int64_t m, uint64_t ws_elems
     }
     memset(pl, 0, sizeof *pl);
     pl->mt = m <= 8 ? 1 : m <= 16 ? 2 : m <= 32 ? 4 : 8;
+    pl->r = 1;
     pl->m_chunks = (int)((m + MCHUNK - 1) / MCHUNK);
     const int ng = (int)(w->np / 16), nchunks = (int)(w->kp / KCH);
-    const int target = 2 * g_num_sms; /* resident CTAs (2 per SM) */
+    const int S = stages_for_mt(pl->mt);
+    const int ring = WARPS * 32 * S * pieces_for(w->fmt) * 16;
     const uint64_t slot = (uint64_t)pl->m_chunks * w->np * MCHUNK; /* floats per split */
     int max_ks_ws = slot ? (int)(ws_elems / slot) : 0;
     if (max_ks_ws < 1) max_ks_ws = 1; /* ksplit 1 needs no workspace */
     double best = 1e30;
-    for (int r = 1; r <= (pl->mt >= 4 ? 2 : 1); r++) {
-        for (int wk = 1; wk <= max_wk_for_mt(pl->mt); wk *= 2) {
-            int wn = WARPS / wk;
-            int rb = (ng + r * wn - 1) / (r * wn);
-            int base = rb * pl->m_chunks;
-            int ks = (target + base - 1) / base;
-            int maxks = nchunks / wk > 0 ? nchunks / wk : 1;
-            if (ks > maxks) ks = maxks;
-            if (ks > max_ks_ws) ks = max_ks_ws;
-            if (ks < 1) ks = 1;
-            int cpc = (nchunks + ks - 1) / ks;
-            ks = (nchunks + cpc - 1) / cpc;
-            int ctas = base * ks;
-            /* cost model: chunk loads of the busiest SM, padded row groups, split-K traffic */
-            double waves = ceil((double)ctas / target);
-            double per_cta = (double)cpc * r * wn;
-            double idle = (double)(rb * r * wn - ng) / (rb * r * wn);
-            double cost = waves * per_cta * (1.0 + idle) + (ks > 1 ? 0.02 * ks * pl->mt * r * wn : 0);
-            if (ctas < g_num_sms) cost *= (double)g_num_sms / ctas;
-            if (cost < best - 1e-9) {
-                best = cost;
-                pl->r = r;
-                pl->wk = wk;
-                pl->ksplit = ks;
-                pl->row_blocks = rb;
-            }
+    for (int wk = 1; wk <= WARPS; wk *= 2) {
+        int wn = WARPS / wk;
+        int rb = (ng + wn - 1) / wn;
+        int base = rb * pl->m_chunks;
+        /* resident CTAs per SM from shared memory (X at its largest) and the launch bounds */
+        int occ = ring + X_BUDGET <= 110 * 1024 && pl->mt < 8 ? 2 : 1;
+        int target = occ * g_num_sms;
+        int ks = (target + base - 1) / base;
+        int maxks = nchunks / wk > 0 ? nchunks / wk : 1;
+        if (ks > maxks) ks = maxks;
+        if (ks > max_ks_ws) ks = max_ks_ws;
+        if (ks < 1) ks = 1;
+        int cpc = (nchunks + ks - 1) / ks;
+        ks = (nchunks + cpc - 1) / cpc;
+        int steps = (cpc + wk - 1) / wk;
+        int xw, nxb, lds;
+        if (!plan_x(pl->mt, wk, steps, S, &xw, &nxb, &lds)) continue;
+        int ctas = base * ks;
+        /* cost model: chunk steps of the busiest SM, padded row groups, idle warps in the last
+         * step, split-K slot traffic, window barriers */
+        double waves = ceil((double)ctas / target);
+        double idle = (double)(rb * wn - ng) / (rb * wn) + (double)(steps * wk - cpc) / (steps * wk);
+        double cost = waves * steps * (1.0 + idle) + (ks > 1 ? 0.02 * ks * pl->mt * wn : 0) +
+                      0.3 * (double)((steps + xw - 1) / xw);
+        if (ctas < g_num_sms) cost *= (double)g_num_sms / ctas;
+        if (cost < best - 1e-9) {
+            best = cost;
+            pl->wk = wk;
+            pl->ksplit = ks;
+            pl->row_blocks = rb;
+            pl->xw = xw;
+            pl->nxb = nxb;
+            pl->lds = lds;
+            pl->ring_bytes = ring;
+            size_t xs = (size_t)nxb * pl->mt * 8 * lds * 2;
+            size_t red = (size_t)(wk - 1) * wn * pl->mt * 4 * 32 * 4;
+            pl->smem = ring + xs > red ? ring + xs : red;
         }
     }
+    if (!pl->wk) return NIB_ERR(NIB_ERR_INTERNAL, "gemm: no launch plan fits shared memory (M=%lld)", (long long)m);
     pl->ctas = pl->row_blocks * pl->ksplit * pl->m_chunks;
     return NIB_OK;
 }
@@ -851,23 +915,13 @@ static nib_status launch_t(const GemmParams &p, dim3 grid, size_t smem, cudaStre
     return NIB_OK;
 }
 
-/* R = 2 (two row groups share each B fragment) only pays off when X is wide (MT >= 4). */
-template <int FMT, int MT>
-static nib_status launch_r(int r, const GemmParams &p, dim3 g, size_t smem, cudaStream_t s) {
-    if constexpr (MT < 4) {
-        (void)r;
-        return launch_t<FMT, MT, 1>(p, g, smem, s);
-    } else {
-        return r == 1 ? launch_t<FMT, MT, 1>(p, g, smem, s) : launch_t<FMT, MT, 2>(p, g, smem, s);
-    }
-}
 template <int FMT>
-static nib_status launch_mt(int mt, int r, const GemmParams &p, dim3 g, size_t smem, cudaStream_t s) {
+static nib_status launch_mt(int mt, const GemmParams &p, dim3 g, size_t smem, cudaStream_t s) {
     switch (mt) {
-    case 1: return launch_r<FMT, 1>(r, p, g, smem, s);
-    case 2: return launch_r<FMT, 2>(r, p, g, smem, s);
-    case 4: return launch_r<FMT, 4>(r, p, g, smem, s);
-    default: return launch_r<FMT, 8>(r, p, g, smem, s);
+    case 1: return launch_t<FMT, 1, 1>(p, g, smem, s);
+    case 2: return launch_t<FMT, 2, 1>(p, g, smem, s);
+    case 4: return launch_t<FMT, 4, 1>(p, g, smem, s);
+    default: return launch_t<FMT, 8, 1>(p, g, smem, s);
     }
 }
 
@@ -917,18 +971,20 @@ nib_status nib_cuda_gemm(const nib_qweight *w, const void *x, int64_t m, int64_t
     p.ksplit = pl.ksplit;
     p.chunks_per_cta = (p.nchunks + pl.ksplit - 1) / pl.ksplit;
     p.row_blocks = pl.row_blocks;
+    p.xw = pl.xw;
+    p.nxb = pl.nxb;
+    p.lds = pl.lds;
+    p.ring_bytes = pl.ring_bytes;
     p.scale_add = w->scale_add;
     if (p.res && p.ldr < p.n_out) return NIB_ERR(NIB_ERR_SHAPE, "gemm: residual ldr %lld < N_out %d", (long long)p.ldr, p.n_out);
     dim3 grid(pl.row_blocks, pl.ksplit, pl.m_chunks);
-    size_t xs_bytes = 2u * pl.mt * 8 * (pl.wk * KCH + 8) * 2;
-    size_t red_bytes = (size_t)(pl.wk - 1) * (WARPS / pl.wk) * pl.r * pl.mt * 4 * 32 * 4;
-    size_t smem = xs_bytes > red_bytes ? xs_bytes : red_bytes;
+    size_t smem = pl.smem;
     cudaStream_t s = (cudaStream_t)stream;
     switch (w->fmt) {
-    case NIB_WFMT_NVFP4: return launch_mt<NIB_WFMT_NVFP4>(pl.mt, pl.r, p, grid, smem, s);
-    case NIB_WFMT_MXFP4: return launch_mt<NIB_WFMT_MXFP4>(pl.mt, pl.r, p, grid, smem, s);
-    case NIB_WFMT_INT4: return launch_mt<NIB_WFMT_INT4>(pl.mt, pl.r, p, grid, smem, s);
-    case NIB_WFMT_FP8: return launch_mt<NIB_WFMT_FP8>(pl.mt, pl.r, p, grid, smem, s);
+    case NIB_WFMT_NVFP4: return launch_mt<NIB_WFMT_NVFP4>(pl.mt, p, grid, smem, s);
+    case NIB_WFMT_MXFP4: return launch_mt<NIB_WFMT_MXFP4>(pl.mt, p, grid, smem, s);
+    case NIB_WFMT_INT4: return launch_mt<NIB_WFMT_INT4>(pl.mt, p, grid, smem, s);
+    case NIB_WFMT_FP8: return launch_mt<NIB_WFMT_FP8>(pl.mt, p, grid, smem, s);
     default: return NIB_ERR(NIB_ERR_UNSUPPORTED, "gemm: format %d", (int)w->fmt);
     }
 }
