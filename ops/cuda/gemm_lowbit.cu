@@ -112,10 +112,11 @@ __device__ __forceinline__ void chunk_a(const Chunk<FMT> &ch, int s, uint32_t ad
     }
 }
 
+/* brow[nt]: this lane's ldmatrix row address for n-tile nt at the chunk's first column (rows
+ * of tokens past M all point at one shared zero row). */
 template <int FMT, int MT, int R>
 __device__ __forceinline__ void compute_chunk(float (&acc)[R][MT][4], const Chunk<FMT> (&ch)[R],
-                                              const GemmParams &p, uint32_t xs_lane_addr,
-                                              int lds_bytes_row8) {
+                                              const GemmParams &p, const uint32_t (&brow)[MT]) {
     uint32_t zg[R], zg8[R];
     float tmp[R][MT][4];
 #pragma unroll
@@ -134,7 +135,7 @@ __device__ __forceinline__ void compute_chunk(float (&acc)[R][MT][4], const Chun
     for (int s2 = 0; s2 < 4; s2++) {
         uint32_t b[MT][4];
 #pragma unroll
-        for (int nt = 0; nt < MT; nt++) ldmatrix_x4(b[nt], xs_lane_addr + nt * lds_bytes_row8 + s2 * 64);
+        for (int nt = 0; nt < MT; nt++) ldmatrix_x4(b[nt], brow[nt] + s2 * 64);
 #pragma unroll
         for (int ss = 0; ss < 2; ss++) {
             const int s = s2 * 2 + ss;
@@ -178,12 +179,10 @@ __device__ __forceinline__ void compute_chunk(float (&acc)[R][MT][4], const Chun
 template <int FMT> struct Pieces { enum { N = FmtT<FMT>::PARTS + (FMT == NIB_WFMT_FP8 ? 0 : 1) }; };
 template <int MT> struct Stages { enum { S = MT >= 8 ? 3 : (MT >= 4 ? 4 : 5) }; };
 
-__device__ __forceinline__ void cp_async16_pol(uint32_t dst, const void *src, int src_bytes, uint64_t pol) {
-    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;" ::"r"(dst), "l"(src),
-                 "r"(src_bytes), "l"(pol));
-}
-__device__ __forceinline__ void cp_async8(uint32_t dst, const void *src, int src_bytes) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(dst), "l"(src), "r"(src_bytes));
+/* 16-byte async copy, or a zero fill when !ok. (No L2 cache-hint and no 8-byte copies here:
+ * on sm_90 those variants raised illegal-instruction faults in this pipeline.) */
+__device__ __forceinline__ void cp_async16_ok(uint32_t dst, const void *src, bool ok) {
+    cp_async16(dst, src, ok ? 16 : 0);
 }
 template <int N> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N));
@@ -193,24 +192,19 @@ __device__ __forceinline__ uint32_t ring_addr(uint32_t ring, int np, int stage, 
     return ring + ((stage * np + piece) * (WARPS * 32) + threadIdx.x) * 16;
 }
 
-/* weight chunk c of row group rg -> ring stage (zero-filled when !ok) */
+/* One weight chunk (this lane's pieces) into ring stage `stage`. wp / sp: this lane's element
+ * and scale pointers for the chunk. Scales of MXFP4/INT4 are 8 bytes per lane group: copy the
+ * aligned 16-byte pair that holds them (same sectors), read at (g & 1) * 8. */
 template <int FMT>
-__device__ __forceinline__ void issue_chunk(const GemmParams &p, uint32_t ring, int stage, int rg, int c, bool ok,
-                                            int lane, uint64_t pol) {
+__device__ __forceinline__ void issue_chunk(uint32_t ring, int stage, const uint8_t *wp, const uint8_t *sp, bool ok) {
     constexpr int NP = Pieces<FMT>::N, PARTS = FmtT<FMT>::PARTS;
-    const size_t tile = ok ? (size_t)rg * p.nchunks + c : 0;
-    const uint8_t *base = p.w + tile * (PARTS * 512) + lane * 16;
 #pragma unroll
-    for (int q = 0; q < PARTS; q++) cp_async16_pol(ring_addr(ring, NP, stage, q), base + q * 512, ok ? 16 : 0, pol);
-    const int g = lane >> 2;
-    if (FMT == NIB_WFMT_NVFP4)
-        cp_async16_pol(ring_addr(ring, NP, stage, PARTS), p.s + tile * 128 + g * 16, ok ? 16 : 0, pol);
-    else if (FMT == NIB_WFMT_MXFP4 || FMT == NIB_WFMT_INT4)
-        cp_async8(ring_addr(ring, NP, stage, PARTS), p.s + tile * 64 + g * 8, ok ? 8 : 0);
+    for (int q = 0; q < PARTS; q++) cp_async16_ok(ring_addr(ring, NP, stage, q), wp + q * 512, ok);
+    if (FMT != NIB_WFMT_FP8) cp_async16_ok(ring_addr(ring, NP, stage, PARTS), sp, ok);
 }
 
 template <int FMT>
-__device__ __forceinline__ void read_chunk(Chunk<FMT> &ch, const unsigned char *ring_ptr, int stage) {
+__device__ __forceinline__ void read_chunk(Chunk<FMT> &ch, const unsigned char *ring_ptr, int stage, int g) {
     constexpr int NP = Pieces<FMT>::N, PARTS = FmtT<FMT>::PARTS;
 #pragma unroll
     for (int q = 0; q < PARTS; q++)
@@ -220,23 +214,23 @@ __device__ __forceinline__ void read_chunk(Chunk<FMT> &ch, const unsigned char *
         if (FMT == NIB_WFMT_NVFP4) {
             ch.s = *(const uint4 *)sp;
         } else {
-            uint2 v = *(const uint2 *)sp;
+            uint2 v = *(const uint2 *)(sp + (g & 1) * 8);
             ch.s.x = v.x;
             ch.s.y = v.y;
         }
     }
 }
 
-/* X window w -> shared buffer: MT*8 token rows x (xw*wk*128) columns from column kbase. */
-template <int MT>
-__device__ __forceinline__ void issue_x_window(const GemmParams &p, __nv_bfloat16 *xs, int m0, int kbase) {
+/* X window -> shared buffer: xrows real token rows x (xw*wk*128) columns from column kbase. */
+__device__ __forceinline__ void issue_x_window(const GemmParams &p, __nv_bfloat16 *xs, int xrows, int m0,
+                                               int kbase) {
     const int pieces_per_row = p.xw * p.wk * (KCH / 8);
-    const int total = MT * 8 * pieces_per_row;
+    const int total = xrows * pieces_per_row;
     for (int idx = threadIdx.x; idx < total; idx += blockDim.x) {
         int row = idx / pieces_per_row, pc = idx - row * pieces_per_row;
         int col = kbase + pc * 8;
         __nv_bfloat16 *dst = xs + row * p.lds + pc * 8;
-        bool ok = (m0 + row < p.m) && (col < p.k);
+        bool ok = col < p.k;
         if (!p.perm) {
             const __nv_bfloat16 *src = ok ? p.x + (long long)(m0 + row) * p.ldx + col : p.x;
             cp_async16(smem_u32(dst), src, ok ? 16 : 0);
@@ -273,8 +267,57 @@ __device__ __forceinline__ void epi_pair(const GemmParams &p, int rg, int g, int
     }
 }
 
+/* The issue side of the weight/X pipeline of one thread (see the kernel). */
+template <int FMT, int MT> struct IssueState {
+    enum { S = Stages<MT>::S, PARTS = FmtT<FMT>::PARTS };
+    const uint8_t *wp, *sp;
+    size_t wstep, sstep;
+    int j, stage, in, xb, c, kcol, nsteps, c_end, xrows, m0, xs_stride;
+    bool rg_ok;
+    __nv_bfloat16 *xs0;
+    __device__ __forceinline__ void init(const GemmParams &p, int rg0, int c_begin, int wkk, int lane, int g,
+                                         int nsteps_, int c_end_, bool rg_ok_, __nv_bfloat16 *xs0_, int xs_stride_,
+                                         int xrows_, int m0_) {
+        const int sb = FMT == NIB_WFMT_NVFP4 ? 128 : 64; /* scale bytes per (row group, chunk) */
+        const size_t tile0 = (size_t)rg0 * p.nchunks + c_begin + wkk;
+        wp = p.w + tile0 * (PARTS * 512) + lane * 16;
+        sp = FMT == NIB_WFMT_FP8 ? p.w
+             : FMT == NIB_WFMT_NVFP4 ? p.s + tile0 * 128 + g * 16 : p.s + tile0 * 64 + (g & ~1) * 8;
+        wstep = (size_t)p.wk * PARTS * 512;
+        sstep = (size_t)p.wk * sb;
+        j = stage = in = xb = 0;
+        c = c_begin + wkk;
+        kcol = c_begin * KCH;
+        nsteps = nsteps_;
+        c_end = c_end_;
+        rg_ok = rg_ok_;
+        xs0 = xs0_;
+        xs_stride = xs_stride_;
+        xrows = xrows_;
+        m0 = m0_;
+    }
+    /* issue pipeline position j (weights of step j; the X window starting at step j) */
+    __device__ __forceinline__ void step(const GemmParams &p, uint32_t ring) {
+        if (j < nsteps) {
+            issue_chunk<FMT>(ring, stage, wp, sp, rg_ok && c < c_end);
+            if (in == 0) {
+                issue_x_window(p, xs0 + xb * xs_stride, xrows, m0, kcol);
+                xb = xb + 1 == p.nxb ? 0 : xb + 1;
+            }
+            in = in + 1 == p.xw ? 0 : in + 1;
+            wp += wstep;
+            sp += sstep;
+            c += p.wk;
+            kcol += p.wk * KCH;
+        }
+        cp_async_commit();
+        j++;
+        stage = stage + 1 == S ? 0 : stage + 1;
+    }
+};
+
 template <int FMT, int MT, int R>
-__global__ void __launch_bounds__(WARPS * 32, (MT >= 8 ? 1 : 2)) k_gemm_lowbit(GemmParams p) {
+__global__ void __launch_bounds__(WARPS * 32, (MT >= 8 ? 1 : (MT >= 2 ? 2 : 3))) k_gemm_lowbit(GemmParams p) {
     constexpr int S = Stages<MT>::S;
     extern __shared__ __align__(16) unsigned char smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -287,12 +330,12 @@ __global__ void __launch_bounds__(WARPS * 32, (MT >= 8 ? 1 : 2)) k_gemm_lowbit(G
     const int nsteps = (c_end - c_begin + p.wk - 1) / p.wk; /* uniform across the CTA */
     const uint32_t ring = smem_u32(smem);
     __nv_bfloat16 *const xs0 = (__nv_bfloat16 *)(smem + p.ring_bytes);
-    const int xs_stride = MT * 8 * p.lds;
-    const uint64_t pol = evict_first_policy();
+    const int xs_stride = (min(MT * 8, p.m) + 1) * p.lds; /* real rows + the zero row */
 
     bool rg_ok[R];
 #pragma unroll
     for (int r = 0; r < R; r++) rg_ok[r] = rg0 + r < p.ng;
+    const int g = lane >> 2;
 
     float acc[R][MT][4];
 #pragma unroll
@@ -302,35 +345,46 @@ __global__ void __launch_bounds__(WARPS * 32, (MT >= 8 ? 1 : 2)) k_gemm_lowbit(G
 #pragma unroll
             for (int i = 0; i < 4; i++) acc[r][nt][i] = 0.f;
 
-    /* pipeline position j: weight chunk of step j (+ the X window starting at step j) */
-    auto issue = [&](int j) {
-        if (j < nsteps) {
-            const int c = c_begin + j * p.wk + wkk;
-            issue_chunk<FMT>(p, ring, j % S, rg0, c, rg_ok[0] && c < c_end, lane, pol);
-            if (j % p.xw == 0) {
-                const int w = j / p.xw;
-                issue_x_window<MT>(p, xs0 + (w % p.nxb) * xs_stride, m0, (c_begin + j * p.wk) * KCH);
-            }
-        }
-        cp_async_commit();
-    };
+    /* X: the real token rows of this M chunk, plus one zero row at index xrows that every
+     * token past M reads (zeroed once here; window loads never touch it) */
+    const int xrows = min(MT * 8, p.m - m0);
+    for (int idx = threadIdx.x; idx < p.nxb * p.lds; idx += blockDim.x) {
+        int b = idx / p.lds, col = idx - b * p.lds;
+        xs0[b * xs_stride + xrows * p.lds + col] = __float2bfloat16(0.f);
+    }
+    uint32_t brow[MT]; /* ldmatrix row address of this lane per n-tile, window buffer 0, column 0 */
 #pragma unroll
-    for (int j = 0; j < S - 1; j++) issue(j);
+    for (int nt = 0; nt < MT; nt++) {
+        int row = min(nt * 8 + (lane & 7), xrows);
+        brow[nt] = smem_u32(xs0) + (row * p.lds + (lane >> 3) * 8) * 2;
+    }
 
-    /* ldmatrix lane address: matrix q = lane/8, row lane%8 */
-    const uint32_t lane_off = ((lane & 7) * p.lds + (lane >> 3) * 8) * 2;
+    /* issue side of the pipeline (position j = weight chunk of step j, plus the X window that
+     * starts at step j); all counters incremental: no divisions in the loop */
+    IssueState<FMT, MT> is;
+    is.init(p, rg0, c_begin, wkk, lane, g, nsteps, c_end, rg_ok[0], xs0, xs_stride, xrows, m0);
+#pragma unroll
+    for (int j = 0; j < S - 1; j++) is.step(p, ring);
+
+    int use_stage = 0, use_in = 0, use_xb = 0, use_c = c_begin + wkk;
     for (int i = 0; i < nsteps; i++) {
         cp_async_wait<S - 2>();
-        if (i % p.xw == 0) __syncthreads(); /* X window i/xw complete in every thread */
+        if (use_in == 0) __syncthreads(); /* X window complete in every thread */
         Chunk<FMT> ch[R];
-        read_chunk<FMT>(ch[0], smem, i % S);
-        issue(i + S - 1);
-        const int c = c_begin + i * p.wk + wkk;
-        if (c < c_end) {
-            const int w = i / p.xw;
-            const int col = ((i - w * p.xw) * p.wk + wkk) * KCH; /* this warp's chunk inside the window */
-            compute_chunk<FMT, MT, R>(acc, ch, p, smem_u32(xs0 + (w % p.nxb) * xs_stride) + lane_off + col * 2,
-                                      8 * p.lds * 2);
+        read_chunk<FMT>(ch[0], smem, use_stage, g);
+        is.step(p, ring);
+        if (use_c < c_end) {
+            const uint32_t off = (uint32_t)(use_xb * xs_stride + (use_in * p.wk + wkk) * KCH) * 2;
+            uint32_t bw[MT];
+#pragma unroll
+            for (int nt = 0; nt < MT; nt++) bw[nt] = brow[nt] + off;
+            compute_chunk<FMT, MT, R>(acc, ch, p, bw);
+        }
+        use_stage = use_stage + 1 == S ? 0 : use_stage + 1;
+        use_c += p.wk;
+        if (++use_in == p.xw) {
+            use_in = 0;
+            use_xb = use_xb + 1 == p.nxb ? 0 : use_xb + 1;
         }
     }
     cp_async_wait<0>();
@@ -348,7 +402,7 @@ __global__ void __launch_bounds__(WARPS * 32, (MT >= 8 ? 1 : 2)) k_gemm_lowbit(G
                 for (int i = 0; i < 4; i++) dst[((r * MT + nt) * 4 + i) * 32 + lane] = acc[r][nt][i];
     }
     __syncthreads();
-    const int g = lane >> 2, t = lane & 3;
+    const int t = lane & 3;
     if (wkk == 0) {
         for (int q = 1; q < p.wk; q++) {
             const float *src = red + ((q - 1) * wn_count + wn) * frag * 32;
@@ -826,11 +880,11 @@ static int pieces_for(nib_wfmt f) { return f == NIB_WFMT_FP8 ? 4 : 3; }         
 #define X_BUDGET (48 * 1024) /* shared memory for X windows per CTA */
 
 /* X windows for `steps` pipeline steps: the largest window (in steps) whose buffers fit. */
-static int plan_x(int mt, int wk, int steps, int S, int *xw, int *nxb, int *lds) {
+static int plan_x(int xrows_alloc, int wk, int steps, int S, int *xw, int *nxb, int *lds) {
     for (int w = steps; w >= 1; w--) {
         int nb = w >= steps ? 1 : 1 + (S - 1 + w - 1) / w;
         int l = w * wk * KCH + 8; /* +8 elements: conflict-free ldmatrix rows */
-        if ((long)nb * mt * 8 * l * 2 <= X_BUDGET) {
+        if ((long)nb * xrows_alloc * l * 2 <= X_BUDGET) {
             *xw = w;
             *nxb = nb;
             *lds = l;
@@ -847,6 +901,9 @@ nib_status nib_cuda_gemm_plan(const nib_qweight *w, int64_t m, uint64_t ws_elems
         NIB_RETURN_IF_ERR(nib_device_require(&d));
         g_num_sms = d.sm_count;
     }
+    if (!w || w->np < 16 || w->kp < KCH || !w->w)
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "gemm: weight is not loaded (padded shape %lld x %lld)",
+                       w ? (long long)w->np : 0LL, w ? (long long)w->kp : 0LL);
     memset(pl, 0, sizeof *pl);
     pl->mt = m <= 8 ? 1 : m <= 16 ? 2 : m <= 32 ? 4 : 8;
     pl->r = 1;
@@ -854,6 +911,8 @@ nib_status nib_cuda_gemm_plan(const nib_qweight *w, int64_t m, uint64_t ws_elems
     const int ng = (int)(w->np / 16), nchunks = (int)(w->kp / KCH);
     const int S = stages_for_mt(pl->mt);
     const int ring = WARPS * 32 * S * pieces_for(w->fmt) * 16;
+    /* X rows in shared memory: the real tokens of the largest M chunk + one zero row */
+    const int xrows_alloc = (int)(m < pl->mt * 8 ? m : pl->mt * 8) + 1;
     const uint64_t slot = (uint64_t)pl->m_chunks * w->np * MCHUNK; /* floats per split */
     int max_ks_ws = slot ? (int)(ws_elems / slot) : 0;
     if (max_ks_ws < 1) max_ks_ws = 1; /* ksplit 1 needs no workspace */
@@ -862,8 +921,13 @@ nib_status nib_cuda_gemm_plan(const nib_qweight *w, int64_t m, uint64_t ws_elems
         int wn = WARPS / wk;
         int rb = (ng + wn - 1) / wn;
         int base = rb * pl->m_chunks;
-        /* resident CTAs per SM from shared memory (X at its largest) and the launch bounds */
-        int occ = ring + X_BUDGET <= 110 * 1024 && pl->mt < 8 ? 2 : 1;
+        int steps0 = (nchunks + wk - 1) / wk, xw0, nxb0, lds0; /* X at its largest (no split) */
+        if (!plan_x(xrows_alloc, wk, steps0, S, &xw0, &nxb0, &lds0)) xw0 = 1, nxb0 = S, lds0 = wk * KCH + 8;
+        /* resident CTAs per SM: registers (launch bounds) and shared memory (ring + X) */
+        int occ_regs = pl->mt == 1 ? 3 : (pl->mt <= 4 ? 2 : 1); /* = the launch bounds */
+        int occ_smem = (int)(227 * 1024 / (ring + (size_t)nxb0 * xrows_alloc * lds0 * 2 + 1024));
+        int occ = occ_regs < occ_smem ? occ_regs : occ_smem;
+        if (occ < 1) occ = 1;
         int target = occ * g_num_sms;
         int ks = (target + base - 1) / base;
         int maxks = nchunks / wk > 0 ? nchunks / wk : 1;
@@ -874,7 +938,7 @@ nib_status nib_cuda_gemm_plan(const nib_qweight *w, int64_t m, uint64_t ws_elems
         ks = (nchunks + cpc - 1) / cpc;
         int steps = (cpc + wk - 1) / wk;
         int xw, nxb, lds;
-        if (!plan_x(pl->mt, wk, steps, S, &xw, &nxb, &lds)) continue;
+        if (!plan_x(xrows_alloc, wk, steps, S, &xw, &nxb, &lds)) continue;
         int ctas = base * ks;
         /* cost model: chunk steps of the busiest SM, padded row groups, idle warps in the last
          * step, split-K slot traffic, window barriers */
@@ -892,7 +956,7 @@ nib_status nib_cuda_gemm_plan(const nib_qweight *w, int64_t m, uint64_t ws_elems
             pl->nxb = nxb;
             pl->lds = lds;
             pl->ring_bytes = ring;
-            size_t xs = (size_t)nxb * pl->mt * 8 * lds * 2;
+            size_t xs = (size_t)nxb * xrows_alloc * lds * 2;
             size_t red = (size_t)(wk - 1) * wn * pl->mt * 4 * 32 * 4;
             pl->smem = ring + xs > red ? ring + xs : red;
         }
