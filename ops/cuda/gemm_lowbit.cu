@@ -58,6 +58,7 @@ struct GemmParams {
     int m, k, np, ng, nchunks, n_out, geglu;
     int wk, chunks_per_cta, ksplit, row_blocks;
     int xw, nxb, lds, ring_bytes; /* X window steps, X buffers, X row stride (elements), ring size */
+    int cps;                      /* chunks per pipeline step (= Cps<MT>) */
     uint32_t scale_add;
 };
 
@@ -115,10 +116,11 @@ __device__ __forceinline__ void chunk_a(const Chunk<FMT> &ch, int s, uint32_t ad
 /* brow[nt]: this lane's ldmatrix row address for n-tile nt at the chunk's first column (rows
  * of tokens past M all point at one shared zero row). */
 template <int FMT, int MT, int R>
-__device__ __forceinline__ void compute_chunk(float (&acc)[R][MT][4], const Chunk<FMT> (&ch)[R],
-                                              const GemmParams &p, const uint32_t (&brow)[MT]) {
+__device__ __forceinline__ void compute_chunk(float (&acc)[R][MT][4], float (&acc2)[R][MT][4],
+                                              const Chunk<FMT> (&ch)[R], const GemmParams &p,
+                                              const uint32_t (&brow)[MT]) {
     uint32_t zg[R], zg8[R];
-    float tmp[R][MT][4];
+    float tmp[R][MT][4], tmp2[R][MT][4];
 #pragma unroll
     for (int r = 0; r < R; r++) {
         zg[r] = zg8[r] = 0;
@@ -128,7 +130,7 @@ __device__ __forceinline__ void compute_chunk(float (&acc)[R][MT][4], const Chun
 #pragma unroll
             for (int nt = 0; nt < MT; nt++)
 #pragma unroll
-                for (int i = 0; i < 4; i++) tmp[r][nt][i] = 0.f;
+                for (int i = 0; i < 4; i++) tmp[r][nt][i] = tmp2[r][nt][i] = 0.f;
         }
     }
 #pragma unroll
@@ -144,11 +146,11 @@ __device__ __forceinline__ void compute_chunk(float (&acc)[R][MT][4], const Chun
                 uint32_t a[4];
                 chunk_a<FMT>(ch[r], s, p.scale_add, zg[r], zg8[r], a);
 #pragma unroll
-                for (int nt = 0; nt < MT; nt++) {
+                for (int nt = 0; nt < MT; nt++) { /* even / odd steps into separate accumulators */
                     if (FMT == NIB_WFMT_INT4)
-                        mma_bf16(tmp[r][nt], a, b[nt][2 * ss], b[nt][2 * ss + 1]);
+                        mma_bf16(ss ? tmp2[r][nt] : tmp[r][nt], a, b[nt][2 * ss], b[nt][2 * ss + 1]);
                     else
-                        mma_bf16(acc[r][nt], a, b[nt][2 * ss], b[nt][2 * ss + 1]);
+                        mma_bf16(ss ? acc2[r][nt] : acc[r][nt], a, b[nt][2 * ss], b[nt][2 * ss + 1]);
                 }
             }
         }
@@ -160,10 +162,10 @@ __device__ __forceinline__ void compute_chunk(float (&acc)[R][MT][4], const Chun
             float sg8 = __half2float(__ushort_as_half((unsigned short)(ch[r].s.y & 0xFFFF)));
 #pragma unroll
             for (int nt = 0; nt < MT; nt++) {
-                acc[r][nt][0] += sg * tmp[r][nt][0];
-                acc[r][nt][1] += sg * tmp[r][nt][1];
-                acc[r][nt][2] += sg8 * tmp[r][nt][2];
-                acc[r][nt][3] += sg8 * tmp[r][nt][3];
+                acc[r][nt][0] += sg * (tmp[r][nt][0] + tmp2[r][nt][0]);
+                acc[r][nt][1] += sg * (tmp[r][nt][1] + tmp2[r][nt][1]);
+                acc[r][nt][2] += sg8 * (tmp[r][nt][2] + tmp2[r][nt][2]);
+                acc[r][nt][3] += sg8 * (tmp[r][nt][3] + tmp2[r][nt][3]);
             }
         }
     }
@@ -177,7 +179,9 @@ __device__ __forceinline__ void compute_chunk(float (&acc)[R][MT][4], const Chun
  * that makes a weight chunk visible also covers the X window its step needs (then one
  * __syncthreads at each window start makes the other threads' X pieces visible). */
 template <int FMT> struct Pieces { enum { N = FmtT<FMT>::PARTS + (FMT == NIB_WFMT_FP8 ? 0 : 1) }; };
-template <int MT> struct Stages { enum { S = MT >= 8 ? 3 : (MT >= 4 ? 4 : 5) }; };
+/* pipeline stages, chunks per step (amortizes the per-step work at small M) */
+template <int MT> struct Stages { enum { S = MT >= 8 ? 3 : 4 }; };
+template <int MT> struct Cps { enum { N = MT <= 2 ? 2 : 1 }; };
 
 /* 16-byte async copy, or a zero fill when !ok. (No L2 cache-hint and no 8-byte copies here:
  * on sm_90 those variants raised illegal-instruction faults in this pipeline.) */
@@ -195,22 +199,30 @@ __device__ __forceinline__ uint32_t ring_addr(uint32_t ring, int np, int stage, 
 /* One weight chunk (this lane's pieces) into ring stage `stage`. wp / sp: this lane's element
  * and scale pointers for the chunk. Scales of MXFP4/INT4 are 8 bytes per lane group: copy the
  * aligned 16-byte pair that holds them (same sectors), read at (g & 1) * 8. */
-template <int FMT>
-__device__ __forceinline__ void issue_chunk(uint32_t ring, int stage, const uint8_t *wp, const uint8_t *sp, bool ok) {
+template <int FMT, int CPS>
+__device__ __forceinline__ void issue_chunks(uint32_t ring, int stage, const uint8_t *wp, const uint8_t *sp, bool rg_ok,
+                                             int c, int c_end) {
     constexpr int NP = Pieces<FMT>::N, PARTS = FmtT<FMT>::PARTS;
+    constexpr int SB = FMT == NIB_WFMT_NVFP4 ? 128 : 64;
 #pragma unroll
-    for (int q = 0; q < PARTS; q++) cp_async16_ok(ring_addr(ring, NP, stage, q), wp + q * 512, ok);
-    if (FMT != NIB_WFMT_FP8) cp_async16_ok(ring_addr(ring, NP, stage, PARTS), sp, ok);
+    for (int cc = 0; cc < CPS; cc++) {
+        const bool ok = rg_ok && c + cc < c_end;
+#pragma unroll
+        for (int q = 0; q < PARTS; q++)
+            cp_async16_ok(ring_addr(ring, NP * CPS, stage, cc * NP + q), wp + (cc * PARTS + q) * 512, ok);
+        if (FMT != NIB_WFMT_FP8) cp_async16_ok(ring_addr(ring, NP * CPS, stage, cc * NP + PARTS), sp + cc * SB, ok);
+    }
 }
 
-template <int FMT>
-__device__ __forceinline__ void read_chunk(Chunk<FMT> &ch, const unsigned char *ring_ptr, int stage, int g) {
+template <int FMT, int CPS>
+__device__ __forceinline__ void read_chunk(Chunk<FMT> &ch, const unsigned char *ring_ptr, int stage, int cc, int g) {
     constexpr int NP = Pieces<FMT>::N, PARTS = FmtT<FMT>::PARTS;
 #pragma unroll
     for (int q = 0; q < PARTS; q++)
-        ch.e[q] = *(const uint4 *)(ring_ptr + ((stage * NP + q) * (WARPS * 32) + threadIdx.x) * 16);
+        ch.e[q] = *(const uint4 *)(ring_ptr + ((stage * NP * CPS + cc * NP + q) * (WARPS * 32) + threadIdx.x) * 16);
     if (FMT != NIB_WFMT_FP8) {
-        const unsigned char *sp = ring_ptr + ((stage * NP + PARTS) * (WARPS * 32) + threadIdx.x) * 16;
+        const unsigned char *sp =
+            ring_ptr + ((stage * NP * CPS + cc * NP + PARTS) * (WARPS * 32) + threadIdx.x) * 16;
         if (FMT == NIB_WFMT_NVFP4) {
             ch.s = *(const uint4 *)sp;
         } else {
@@ -224,7 +236,7 @@ __device__ __forceinline__ void read_chunk(Chunk<FMT> &ch, const unsigned char *
 /* X window -> shared buffer: xrows real token rows x (xw*wk*128) columns from column kbase. */
 __device__ __forceinline__ void issue_x_window(const GemmParams &p, __nv_bfloat16 *xs, int xrows, int m0,
                                                int kbase) {
-    const int pieces_per_row = p.xw * p.wk * (KCH / 8);
+    const int pieces_per_row = p.xw * p.wk * p.cps * (KCH / 8);
     const int total = xrows * pieces_per_row;
     for (int idx = threadIdx.x; idx < total; idx += blockDim.x) {
         int row = idx / pieces_per_row, pc = idx - row * pieces_per_row;
@@ -269,7 +281,7 @@ __device__ __forceinline__ void epi_pair(const GemmParams &p, int rg, int g, int
 
 /* The issue side of the weight/X pipeline of one thread (see the kernel). */
 template <int FMT, int MT> struct IssueState {
-    enum { S = Stages<MT>::S, PARTS = FmtT<FMT>::PARTS };
+    enum { S = Stages<MT>::S, PARTS = FmtT<FMT>::PARTS, CPS = Cps<MT>::N };
     const uint8_t *wp, *sp;
     size_t wstep, sstep;
     int j, stage, in, xb, c, kcol, nsteps, c_end, xrows, m0, xs_stride;
@@ -279,14 +291,14 @@ template <int FMT, int MT> struct IssueState {
                                          int nsteps_, int c_end_, bool rg_ok_, __nv_bfloat16 *xs0_, int xs_stride_,
                                          int xrows_, int m0_) {
         const int sb = FMT == NIB_WFMT_NVFP4 ? 128 : 64; /* scale bytes per (row group, chunk) */
-        const size_t tile0 = (size_t)rg0 * p.nchunks + c_begin + wkk;
+        const size_t tile0 = (size_t)rg0 * p.nchunks + c_begin + wkk * CPS;
         wp = p.w + tile0 * (PARTS * 512) + lane * 16;
         sp = FMT == NIB_WFMT_FP8 ? p.w
              : FMT == NIB_WFMT_NVFP4 ? p.s + tile0 * 128 + g * 16 : p.s + tile0 * 64 + (g & ~1) * 8;
-        wstep = (size_t)p.wk * PARTS * 512;
-        sstep = (size_t)p.wk * sb;
+        wstep = (size_t)p.wk * CPS * PARTS * 512;
+        sstep = (size_t)p.wk * CPS * sb;
         j = stage = in = xb = 0;
-        c = c_begin + wkk;
+        c = c_begin + wkk * CPS;
         kcol = c_begin * KCH;
         nsteps = nsteps_;
         c_end = c_end_;
@@ -299,7 +311,7 @@ template <int FMT, int MT> struct IssueState {
     /* issue pipeline position j (weights of step j; the X window starting at step j) */
     __device__ __forceinline__ void step(const GemmParams &p, uint32_t ring) {
         if (j < nsteps) {
-            issue_chunk<FMT>(ring, stage, wp, sp, rg_ok && c < c_end);
+            issue_chunks<FMT, CPS>(ring, stage, wp, sp, rg_ok, c, c_end);
             if (in == 0) {
                 issue_x_window(p, xs0 + xb * xs_stride, xrows, m0, kcol);
                 xb = xb + 1 == p.nxb ? 0 : xb + 1;
@@ -307,8 +319,8 @@ template <int FMT, int MT> struct IssueState {
             in = in + 1 == p.xw ? 0 : in + 1;
             wp += wstep;
             sp += sstep;
-            c += p.wk;
-            kcol += p.wk * KCH;
+            c += p.wk * CPS;
+            kcol += p.wk * CPS * KCH;
         }
         cp_async_commit();
         j++;
@@ -317,7 +329,7 @@ template <int FMT, int MT> struct IssueState {
 };
 
 template <int FMT, int MT, int R>
-__global__ void __launch_bounds__(WARPS * 32, (MT >= 8 ? 1 : (MT >= 2 ? 2 : 3))) k_gemm_lowbit(GemmParams p) {
+__global__ void __launch_bounds__(WARPS * 32, (MT >= 8 ? 1 : 2)) k_gemm_lowbit(GemmParams p) {
     constexpr int S = Stages<MT>::S;
     extern __shared__ __align__(16) unsigned char smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -327,7 +339,8 @@ __global__ void __launch_bounds__(WARPS * 32, (MT >= 8 ? 1 : (MT >= 2 ? 2 : 3)))
     const int m0 = blockIdx.z * MCHUNK;
     const int c_begin = blockIdx.y * p.chunks_per_cta;
     const int c_end = min(c_begin + p.chunks_per_cta, p.nchunks);
-    const int nsteps = (c_end - c_begin + p.wk - 1) / p.wk; /* uniform across the CTA */
+    constexpr int CPS = Cps<MT>::N;
+    const int nsteps = (c_end - c_begin + p.wk * CPS - 1) / (p.wk * CPS); /* uniform across the CTA */
     const uint32_t ring = smem_u32(smem);
     __nv_bfloat16 *const xs0 = (__nv_bfloat16 *)(smem + p.ring_bytes);
     const int xs_stride = (min(MT * 8, p.m) + 1) * p.lds; /* real rows + the zero row */
@@ -337,13 +350,13 @@ __global__ void __launch_bounds__(WARPS * 32, (MT >= 8 ? 1 : (MT >= 2 ? 2 : 3)))
     for (int r = 0; r < R; r++) rg_ok[r] = rg0 + r < p.ng;
     const int g = lane >> 2;
 
-    float acc[R][MT][4];
+    float acc[R][MT][4], acc2[R][MT][4];
 #pragma unroll
     for (int r = 0; r < R; r++)
 #pragma unroll
         for (int nt = 0; nt < MT; nt++)
 #pragma unroll
-            for (int i = 0; i < 4; i++) acc[r][nt][i] = 0.f;
+            for (int i = 0; i < 4; i++) acc[r][nt][i] = acc2[r][nt][i] = 0.f;
 
     /* X: the real token rows of this M chunk, plus one zero row at index xrows that every
      * token past M reads (zeroed once here; window loads never touch it) */
@@ -366,28 +379,39 @@ __global__ void __launch_bounds__(WARPS * 32, (MT >= 8 ? 1 : (MT >= 2 ? 2 : 3)))
 #pragma unroll
     for (int j = 0; j < S - 1; j++) is.step(p, ring);
 
-    int use_stage = 0, use_in = 0, use_xb = 0, use_c = c_begin + wkk;
+    int use_stage = 0, use_in = 0, use_xb = 0, use_c = c_begin + wkk * CPS;
     for (int i = 0; i < nsteps; i++) {
         cp_async_wait<S - 2>();
         if (use_in == 0) __syncthreads(); /* X window complete in every thread */
-        Chunk<FMT> ch[R];
-        read_chunk<FMT>(ch[0], smem, use_stage, g);
-        is.step(p, ring);
-        if (use_c < c_end) {
-            const uint32_t off = (uint32_t)(use_xb * xs_stride + (use_in * p.wk + wkk) * KCH) * 2;
-            uint32_t bw[MT];
+        Chunk<FMT> ch[CPS][R];
 #pragma unroll
-            for (int nt = 0; nt < MT; nt++) bw[nt] = brow[nt] + off;
-            compute_chunk<FMT, MT, R>(acc, ch, p, bw);
+        for (int cc = 0; cc < CPS; cc++) read_chunk<FMT, CPS>(ch[cc][0], smem, use_stage, cc, g);
+        is.step(p, ring);
+#pragma unroll
+        for (int cc = 0; cc < CPS; cc++) {
+            if (use_c + cc < c_end) {
+                const uint32_t off =
+                    (uint32_t)(use_xb * xs_stride + ((use_in * p.wk + wkk) * CPS + cc) * KCH) * 2;
+                uint32_t bw[MT];
+#pragma unroll
+                for (int nt = 0; nt < MT; nt++) bw[nt] = brow[nt] + off;
+                compute_chunk<FMT, MT, R>(acc, acc2, ch[cc], p, bw);
+            }
         }
         use_stage = use_stage + 1 == S ? 0 : use_stage + 1;
-        use_c += p.wk;
+        use_c += p.wk * CPS;
         if (++use_in == p.xw) {
             use_in = 0;
             use_xb = use_xb + 1 == p.nxb ? 0 : use_xb + 1;
         }
     }
     cp_async_wait<0>();
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int nt = 0; nt < MT; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[r][nt][i] += acc2[r][nt][i];
     __syncthreads(); /* all warps are done with ring and X buffers: reuse them for the reduction */
 
     float *red = (float *)smem;
@@ -875,16 +899,17 @@ void nib_cuda_gemm_ws_free(nib_gemm_ws *ws) {
 
 static int g_num_sms;
 
-static int stages_for_mt(int mt) { return mt >= 8 ? 3 : (mt >= 4 ? 4 : 5); } /* = Stages<MT>::S */
+static int stages_for_mt(int mt) { return mt >= 8 ? 3 : 4; } /* = Stages<MT>::S */
+static int cps_for_mt(int mt) { return mt <= 2 ? 2 : 1; }     /* = Cps<MT>::N */
 static int pieces_for(nib_wfmt f) { return f == NIB_WFMT_FP8 ? 4 : 3; }           /* = Pieces<FMT>::N */
 #define X_BUDGET (48 * 1024) /* shared memory for X windows per CTA */
 
 /* X windows for `steps` pipeline steps: the largest window (in steps) whose buffers fit. */
-static int plan_x(int xrows_alloc, int wk, int steps, int S, int *xw, int *nxb, int *lds) {
+static int plan_x(int xrows_alloc, int wk, int cps, int steps, int S, int budget, int *xw, int *nxb, int *lds) {
     for (int w = steps; w >= 1; w--) {
         int nb = w >= steps ? 1 : 1 + (S - 1 + w - 1) / w;
-        int l = w * wk * KCH + 8; /* +8 elements: conflict-free ldmatrix rows */
-        if ((long)nb * xrows_alloc * l * 2 <= X_BUDGET) {
+        int l = w * wk * cps * KCH + 8; /* +8 elements: conflict-free ldmatrix rows */
+        if ((long)nb * xrows_alloc * l * 2 <= budget) {
             *xw = w;
             *nxb = nb;
             *lds = l;
@@ -909,8 +934,10 @@ nib_status nib_cuda_gemm_plan(const nib_qweight *w, int64_t m, uint64_t ws_elems
     pl->r = 1;
     pl->m_chunks = (int)((m + MCHUNK - 1) / MCHUNK);
     const int ng = (int)(w->np / 16), nchunks = (int)(w->kp / KCH);
-    const int S = stages_for_mt(pl->mt);
-    const int ring = WARPS * 32 * S * pieces_for(w->fmt) * 16;
+    const int S = stages_for_mt(pl->mt), cps = cps_for_mt(pl->mt);
+    const int ring = WARPS * 32 * S * pieces_for(w->fmt) * cps * 16;
+    /* M chunks of 64 tokens run one CTA per SM: they may use more shared memory for X */
+    const int xbudget = pl->mt >= 8 ? 2 * X_BUDGET : X_BUDGET;
     /* X rows in shared memory: the real tokens of the largest M chunk + one zero row */
     const int xrows_alloc = (int)(m < pl->mt * 8 ? m : pl->mt * 8) + 1;
     const uint64_t slot = (uint64_t)pl->m_chunks * w->np * MCHUNK; /* floats per split */
@@ -921,29 +948,30 @@ nib_status nib_cuda_gemm_plan(const nib_qweight *w, int64_t m, uint64_t ws_elems
         int wn = WARPS / wk;
         int rb = (ng + wn - 1) / wn;
         int base = rb * pl->m_chunks;
-        int steps0 = (nchunks + wk - 1) / wk, xw0, nxb0, lds0; /* X at its largest (no split) */
-        if (!plan_x(xrows_alloc, wk, steps0, S, &xw0, &nxb0, &lds0)) xw0 = 1, nxb0 = S, lds0 = wk * KCH + 8;
+        int steps0 = (nchunks + wk * cps - 1) / (wk * cps), xw0, nxb0, lds0; /* X at its largest (no split) */
+        if (!plan_x(xrows_alloc, wk, cps, steps0, S, xbudget, &xw0, &nxb0, &lds0))
+            xw0 = 1, nxb0 = S, lds0 = wk * cps * KCH + 8;
         /* resident CTAs per SM: registers (launch bounds) and shared memory (ring + X) */
-        int occ_regs = pl->mt == 1 ? 3 : (pl->mt <= 4 ? 2 : 1); /* = the launch bounds */
+        int occ_regs = pl->mt <= 4 ? 2 : 1; /* = the launch bounds */
         int occ_smem = (int)(227 * 1024 / (ring + (size_t)nxb0 * xrows_alloc * lds0 * 2 + 1024));
         int occ = occ_regs < occ_smem ? occ_regs : occ_smem;
         if (occ < 1) occ = 1;
         int target = occ * g_num_sms;
         int ks = (target + base - 1) / base;
-        int maxks = nchunks / wk > 0 ? nchunks / wk : 1;
+        int maxks = nchunks / (wk * cps) > 0 ? nchunks / (wk * cps) : 1;
         if (ks > maxks) ks = maxks;
         if (ks > max_ks_ws) ks = max_ks_ws;
         if (ks < 1) ks = 1;
         int cpc = (nchunks + ks - 1) / ks;
         ks = (nchunks + cpc - 1) / cpc;
-        int steps = (cpc + wk - 1) / wk;
+        int steps = (cpc + wk * cps - 1) / (wk * cps);
         int xw, nxb, lds;
-        if (!plan_x(xrows_alloc, wk, steps, S, &xw, &nxb, &lds)) continue;
+        if (!plan_x(xrows_alloc, wk, cps, steps, S, xbudget, &xw, &nxb, &lds)) continue;
         int ctas = base * ks;
         /* cost model: chunk steps of the busiest SM, padded row groups, idle warps in the last
          * step, split-K slot traffic, window barriers */
         double waves = ceil((double)ctas / target);
-        double idle = (double)(rb * wn - ng) / (rb * wn) + (double)(steps * wk - cpc) / (steps * wk);
+        double idle = (double)(rb * wn - ng) / (rb * wn) + (double)(steps * wk * cps - cpc) / (steps * wk * cps);
         double cost = waves * steps * (1.0 + idle) + (ks > 1 ? 0.02 * ks * pl->mt * wn : 0) +
                       0.3 * (double)((steps + xw - 1) / xw);
         if (ctas < g_num_sms) cost *= (double)g_num_sms / ctas;
@@ -1039,6 +1067,7 @@ nib_status nib_cuda_gemm(const nib_qweight *w, const void *x, int64_t m, int64_t
     p.nxb = pl.nxb;
     p.lds = pl.lds;
     p.ring_bytes = pl.ring_bytes;
+    p.cps = cps_for_mt(pl.mt);
     p.scale_add = w->scale_add;
     if (p.res && p.ldr < p.n_out) return NIB_ERR(NIB_ERR_SHAPE, "gemm: residual ldr %lld < N_out %d", (long long)p.ldr, p.n_out);
     dim3 grid(pl.row_blocks, pl.ksplit, pl.m_chunks);
