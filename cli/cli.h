@@ -20,10 +20,15 @@ extern const nib_cli_command nib_cli_commands[];
 int nib_cmd_doctor(int argc, char **argv);
 int nib_cmd_formats(int argc, char **argv);
 int nib_cmd_inspect(int argc, char **argv);
+int nib_cmd_quantize(int argc, char **argv);
 int nib_cmd_bench(int argc, char **argv);
+int nib_cmd_run(int argc, char **argv);
+int nib_cmd_demo(int argc, char **argv);
+int nib_cmd_accuracy(int argc, char **argv);
 /* labs wired into `nib bench <lab>` (each in its own cli/bench_<lab>.c) */
 int nib_bench_ops(int argc, char **argv);  /* norms, rope, activations, qkv epilogue */
 int nib_bench_attn(int argc, char **argv); /* attention kernels */
+int nib_bench_pi05(int argc, char **argv); /* Pi0.5 end to end (cli/cmd_pi05.c) */
 
 /* Print "nib <cmd>: <status name>: <last error>" to stderr and return 1. */
 int nib_cli_fail(const char *cmd, nib_status st);

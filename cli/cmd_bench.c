@@ -481,12 +481,14 @@ int nib_cmd_bench(int argc, char **argv) {
         printf("usage: nib bench <lab> [options]   (all labs need a GPU)\n"
                "  gemm   weight-GEMM kernel lab (nib bench gemm --help)\n"
                "  ops    norms, RoPE, activations, fused QKV epilogue (nib bench ops --help)\n"
-               "  attn   attention kernels (nib bench attn --help)\n");
+               "  attn   attention kernels (nib bench attn --help)\n"
+               "  pi05   Pi0.5 end-to-end latency (nib bench pi05 --help)\n");
         return argc < 2 ? 2 : 0;
     }
     if (!strcmp(argv[1], "gemm")) return bench_gemm(argc - 1, argv + 1);
     if (!strcmp(argv[1], "ops")) return nib_bench_ops(argc - 1, argv + 1);
     if (!strcmp(argv[1], "attn")) return nib_bench_attn(argc - 1, argv + 1);
-    fprintf(stderr, "nib bench: unknown lab '%s' (available: gemm, ops, attn)\n", argv[1]);
+    if (!strcmp(argv[1], "pi05")) return nib_bench_pi05(argc - 1, argv + 1);
+    fprintf(stderr, "nib bench: unknown lab '%s' (available: gemm, ops, attn, pi05)\n", argv[1]);
     return 2;
 }

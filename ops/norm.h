@@ -35,7 +35,7 @@
  * Shapes and strides (elements): dim is a multiple of 8 in [8, 8192] (1024: Gemma-300M,
  * 1152: SigLIP, 2048: Gemma-2B). Row strides ld* >= dim. On the GPU the bf16 row strides must
  * be multiples of 8 and the bf16 pointers 16-byte aligned (16-byte vector loads); ldq a
- * multiple of 8 and y_q 8-byte aligned.
+ * multiple of 8 and y_q 8-byte aligned; the fp32 vectors w, b, scale, shift 16-byte aligned.
  * Aliasing: y may be x (in place, ldy == ldx); h_out may be x (ldh == ldx). y must not overlap
  * the h destination; nothing else may overlap.
  * Rows: the call covers `rows` rows (the buffers' capacity); with n_valid, rows >= *n_valid are

@@ -492,6 +492,25 @@ NIB_TEST(blas_gpu_bf16_and_fp8_w8a8) {
             if (!(fabs(y - s) <= bound) && over++ < 5)
                 nib_test_fail(t, __FILE__, __LINE__, "fp8 [%lld,%lld]: %g vs %g (bound %g)", (long long)i, (long long)j, y, s, bound);
         }
+    /* FP8 with scalar (per-tensor) scales, as used by the peak-throughput lab: same codes,
+     * the first row's and the first channel's scales for the whole tensor */
+    CHECK_OK(nib_blas_gemm_fp8(b, dxq, dsx, 0, dwq, dsw, 0, dy, m, n, k, NULL));
+    CHECK_OK(nib_dev_download(hy, dy, (size_t)m * n * 2));
+    over = 0;
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) {
+            double s = 0, a = 0;
+            for (int64_t q = 0; q < k; q++) {
+                double tt = (double)nib_e4m3_to_f32(hxq[i * k + q]) * hsx[0] * (double)nib_e4m3_to_f32(hwq[j * k + q]) * hsw[0];
+                s += tt;
+                a += fabs(tt);
+            }
+            double y = nib_bf16_to_f32(hy[i * n + j]);
+            double bound = 0x1p-8 * fabs(s) * 1.01 + (k + 64) * 0x1p-22 * a;
+            if (!(fabs(y - s) <= bound) && over++ < 5)
+                nib_test_fail(t, __FILE__, __LINE__, "fp8 scalar [%lld,%lld]: %g vs %g (bound %g)", (long long)i,
+                              (long long)j, y, s, bound);
+        }
     nib_dev_free(dx, (size_t)m * k * 2);
     nib_dev_free(dw, (size_t)n * k * 2);
     nib_dev_free(dy, (size_t)m * n * 2);

@@ -1,0 +1,472 @@
+/* cmd_pi05.c — `nib demo`, `nib accuracy pi05` and `nib bench pi05`.
+ *
+ * demo      the README's main job: a full-size synthetic Pi0.5 (seeded random weights of realistic
+ *           scale) through the bf16 and fast presets on the GPU: per-stage breakdown, Hz, and the
+ *           accuracy of fast against bf16. Without a GPU: the fp32 reference on the tiny config.
+ * accuracy  the same inputs through the fp32 reference (CPU) and GPU presets: cosine and relative
+ *           L2 of the prefix K/V of every layer and of the actions.
+ * bench     graph-replay latency for {1,2,3} cameras x H in {10,50} x {bf16, fast}, 20 text tokens,
+ *           with the per-stage breakdown and each stage's floor (bytes / copy bandwidth, FLOPs /
+ *           peak, from the ceilings measured in the same run).
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "base/rng.h"
+#include "cli/cli.h"
+#include "cli/pi05_cli.h"
+#include "models/pi05.h"
+#include "runtime/device.h"
+#include "runtime/timing.h"
+
+typedef struct demo_in {
+    float *img, *noise;
+    int32_t ids[512];
+    nib_pi05_inputs in;
+} demo_in;
+
+static nib_status make_inputs(const nib_pi05_config *c, int cams, int ntext, int H, uint64_t seed, demo_in *d) {
+    memset(d, 0, sizeof *d);
+    if (ntext > 512) ntext = 512;
+    nib_rng r;
+    nib_rng_seed(&r, seed);
+    size_t ie = (size_t)c->v_channels * c->v_image * c->v_image;
+    d->img = nib_malloc((size_t)cams * ie * 4 + 4);
+    d->noise = nib_malloc((size_t)H * c->action_dim * 4);
+    if (!d->img || !d->noise) return NIB_ERR_OUT_OF_MEMORY;
+    /* smooth random images in [-1, 1] (not white noise: closer to camera frames) */
+    for (int i = 0; i < cams; i++) {
+        double fx = 1 + 4 * nib_rng_uniform(&r), fy = 1 + 4 * nib_rng_uniform(&r), ph = 6.28 * nib_rng_uniform(&r);
+        for (size_t j = 0; j < ie; j++) {
+            size_t ch = j / ((size_t)c->v_image * c->v_image), yx = j % ((size_t)c->v_image * c->v_image);
+            double y = (double)(yx / c->v_image) / c->v_image, x = (double)(yx % c->v_image) / c->v_image;
+            double v = 0.7 * sin(6.28 * (fx * x + fy * y) + ph + ch) + 0.3 * (2 * nib_rng_uniform(&r) - 1);
+            d->img[i * ie + j] = (float)(v > 1 ? 1 : v < -1 ? -1 : v);
+        }
+    }
+    for (int i = 0; i < ntext; i++) d->ids[i] = (int32_t)nib_rng_below(&r, (uint64_t)c->vocab);
+    for (int i = 0; i < H * c->action_dim; i++) d->noise[i] = (float)nib_rng_normal(&r);
+    d->in = (nib_pi05_inputs){cams, d->img, NULL, NULL, d->ids, ntext, H, d->noise, seed};
+    return NIB_OK;
+}
+static void free_inputs(demo_in *d) {
+    nib_free(d->img);
+    nib_free(d->noise);
+}
+
+typedef struct cmp {
+    double cos, rel;
+} cmp;
+static cmp compare(const float *a, const float *b, size_t n) {
+    double d = 0, na = 0, nb = 0, dot = 0;
+    for (size_t i = 0; i < n; i++) {
+        d += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        na += (double)a[i] * a[i], nb += (double)b[i] * b[i], dot += (double)a[i] * b[i];
+    }
+    cmp r = {na > 0 && nb > 0 ? dot / sqrt(na * nb) : (na == nb ? 1 : 0), nb > 0 ? sqrt(d / nb) : sqrt(d)};
+    return r;
+}
+/* compare the model's update (actions - noise): the noise dominates the actions' magnitude */
+static cmp compare_update(const float *a, const float *b, const float *noise, size_t n) {
+    float *x = nib_malloc(n * 4), *y = nib_malloc(n * 4);
+    cmp r = {0, 0};
+    if (x && y) {
+        for (size_t i = 0; i < n; i++) x[i] = a[i] - noise[i], y[i] = b[i] - noise[i];
+        r = compare(x, y, n);
+    }
+    nib_free(x);
+    nib_free(y);
+    return r;
+}
+
+static const char *tmp_ckpt_path(const char *name) {
+    static char p[512];
+    const char *t = getenv("TMPDIR");
+    snprintf(p, sizeof p, "%s/%s", t && *t ? t : "/tmp", name);
+    return p;
+}
+
+/* ---- demo ---------------------------------------------------------------------------------- */
+static void print_timing(const char *label, const nib_pi05_timing *t) {
+    double steps = 0;
+    for (int s = 0; s < t->steps; s++) steps += t->step_ms[s];
+    printf("  %-6s vision %7.3f ms | prefix %7.3f ms | %d steps %7.3f ms (%.3f each) | total %7.3f ms = %6.1f Hz\n",
+           label, t->vision_ms, t->prefix_ms, t->steps, steps, t->steps ? steps / t->steps : 0, t->total_ms,
+           t->total_ms > 0 ? 1000.0 / t->total_ms : 0);
+}
+
+int nib_cmd_demo(int argc, char **argv) {
+    const char *ckpt = NULL;
+    int cams = 2, ntext = 20, H = 10, reps = 20;
+    uint64_t seed = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (nib_cli_is_help(a)) {
+            printf("usage: nib demo [--checkpoint MODEL.safetensors] [--cameras N] [--text L] [--horizon H] [--seed S]\n"
+                   "Runs Pi0.5 end to end. Without --checkpoint it synthesizes a full-size Pi0.5 with seeded\n"
+                   "random weights of realistic scale (written once to $TMPDIR/nib-demo-pi05.safetensors,\n"
+                   "6.7 GB, reused by later runs). On a GPU it loads the bf16 and fast presets, runs the same\n"
+                   "inputs (N cameras, L random text tokens, horizon H) and prints the per-stage breakdown\n"
+                   "(median of 20 graph replays), the rate in Hz, and how close fast is to bf16. Without a GPU\n"
+                   "it runs the fp32 CPU reference on a tiny config and says so.\n");
+            return 0;
+        } else if (!strcmp(a, "--checkpoint") && v) ckpt = v, i++;
+        else if (!strcmp(a, "--cameras") && v) cams = atoi(v), i++;
+        else if (!strcmp(a, "--text") && v) ntext = atoi(v), i++;
+        else if (!strcmp(a, "--horizon") && v) H = atoi(v), i++;
+        else if (!strcmp(a, "--seed") && v) seed = strtoull(v, NULL, 0), i++;
+        else {
+            fprintf(stderr, "nib demo: unknown or incomplete option '%s' (see nib demo --help)\n", a);
+            return 2;
+        }
+    }
+    nib_status st;
+    int gpu = nib_device_available();
+    if (!gpu) {
+        nib_clear_error();
+        printf("nib demo: no usable CUDA device, so this runs the fp32 CPU reference backend on a TINY Pi0.5\n"
+               "config (SigLIP 96 wide x 2 layers, Gemma 256 wide x 2 layers; the real model needs a GPU).\n");
+        nib_pi05_config c;
+        nib_pi05_config_tiny(&c);
+        const char *path = tmp_ckpt_path("nib-demo-pi05-tiny.safetensors");
+        if ((st = nib_pi05_synth_checkpoint(path, &c, seed))) return nib_cli_fail("demo", st);
+        nib_st_file *f;
+        nib_pi05 *m;
+        if (H > c.max_horizon) H = c.max_horizon;
+        if (ntext > c.max_text) ntext = c.max_text;
+        if (cams > c.max_cameras) cams = c.max_cameras;
+        if ((st = nib_cli_pi05_open(path, "ref", NULL, 0, H, &f, &m, 1))) return nib_cli_fail("demo", st);
+        demo_in d;
+        float *act = nib_malloc((size_t)H * c.action_dim * 4);
+        nib_pi05_timing tm;
+        st = make_inputs(&c, cams, ntext, H, seed, &d);
+        if (!st && !act) st = NIB_ERR_OUT_OF_MEMORY;
+        if (!st) st = nib_pi05_run(m, &d.in, act, &tm);
+        if (!st) {
+            printf("  %d cameras, %d text tokens, horizon %d, %d steps: %.1f ms on the CPU reference\n", cams, ntext, H,
+                   tm.steps, tm.total_ms);
+            printf("  actions[0][0..5] = %.4f %.4f %.4f %.4f %.4f %.4f\n", act[0], act[1], act[2], act[3], act[4], act[5]);
+        }
+        free_inputs(&d);
+        nib_free(act);
+        nib_pi05_free(m);
+        nib_st_close(f);
+        unlink(path);
+        return st ? nib_cli_fail("demo", st) : 0;
+    }
+    if (!ckpt) {
+        ckpt = tmp_ckpt_path("nib-demo-pi05.safetensors");
+        struct stat sb;
+        if (stat(ckpt, &sb) != 0) {
+            nib_pi05_config c;
+            nib_pi05_config_full(&c);
+            printf("synthesizing a full-size Pi0.5 checkpoint (3.35 B parameters, bf16) at %s ...\n", ckpt);
+            fflush(stdout);
+            double t0 = nib_now_s();
+            if ((st = nib_pi05_synth_checkpoint(ckpt, &c, seed))) return nib_cli_fail("demo", st);
+            printf("  done in %.1f s\n", nib_now_s() - t0);
+        }
+    }
+    const char *presets[2] = {"bf16", "fast"};
+    float *acts[2] = {NULL, NULL};
+    demo_in d;
+    memset(&d, 0, sizeof d);
+    st = NIB_OK;
+    for (int p = 0; p < 2 && !st; p++) {
+        nib_st_file *f = NULL;
+        nib_pi05 *m = NULL;
+        st = nib_cli_pi05_open(ckpt, presets[p], NULL, 0, H, &f, &m, 1);
+        if (st) break;
+        const nib_pi05_config *c = nib_pi05_cfg(m);
+        if (!d.img) st = make_inputs(c, cams, ntext, H, seed, &d);
+        acts[p] = nib_malloc((size_t)H * c->action_dim * 4);
+        if (!st && !acts[p]) st = NIB_ERR_OUT_OF_MEMORY;
+        nib_pi05_timing tm, all[64];
+        for (int r = 0; r < reps && !st; r++) st = nib_pi05_run(m, &d.in, acts[p], &all[r % 64]);
+        if (!st) {
+            /* median by total */
+            for (int i = 0; i < reps; i++)
+                for (int j = i + 1; j < reps; j++)
+                    if (all[j].total_ms < all[i].total_ms) {
+                        nib_pi05_timing x = all[i];
+                        all[i] = all[j], all[j] = x;
+                    }
+            tm = all[reps / 2];
+            if (p == 0) printf("Pi0.5, %d cameras, %d text tokens, horizon %d, %d steps (median of %d CUDA-graph replays):\n",
+                               cams, ntext, H, tm.steps, reps);
+            print_timing(presets[p], &tm);
+        }
+        nib_pi05_free(m);
+        nib_st_close(f);
+    }
+    if (!st) {
+        size_t n = (size_t)H * 32;
+        cmp a = compare(acts[1], acts[0], n), u = compare_update(acts[1], acts[0], d.noise, n);
+        printf("  fast vs bf16: actions cosine %.6f (rel L2 %.2e); update (actions - noise) cosine %.6f (rel L2 %.2e)\n",
+               a.cos, a.rel, u.cos, u.rel);
+        printf("  (nib accuracy pi05 compares both with the fp32 reference; nib bench pi05 times every shape)\n");
+    }
+    nib_free(acts[0]);
+    nib_free(acts[1]);
+    free_inputs(&d);
+    return st ? nib_cli_fail("demo", st) : 0;
+}
+
+/* ---- accuracy ------------------------------------------------------------------------------ */
+int nib_cmd_accuracy(int argc, char **argv) {
+    const char *ckpt = NULL, *presets = "bf16,fast", *json = NULL;
+    int cams = 2, ntext = 20, H = 10;
+    uint64_t seed = 1;
+    if (argc >= 2 && !strcmp(argv[1], "pi05")) argc--, argv++;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (nib_cli_is_help(a)) {
+            printf("usage: nib accuracy pi05 [--checkpoint M] [--presets bf16,fast] [--cameras N] [--text L]\n"
+                   "                         [--horizon H] [--seed S] [--json FILE]\n"
+                   "Runs the same inputs through the fp32 reference backend (CPU) and each GPU preset and\n"
+                   "prints, per preset, the cosine and relative L2 against the reference of the prefix K and V\n"
+                   "of every layer (valid tokens) and of the actions and the action update (actions - noise).\n"
+                   "Without --checkpoint it uses the demo's synthetic full-size checkpoint. A preset may carry\n"
+                   "overrides after a colon: fast:kv=fp8.\n");
+            return 0;
+        } else if (!strcmp(a, "--checkpoint") && v) ckpt = v, i++;
+        else if (!strcmp(a, "--presets") && v) presets = v, i++;
+        else if (!strcmp(a, "--cameras") && v) cams = atoi(v), i++;
+        else if (!strcmp(a, "--text") && v) ntext = atoi(v), i++;
+        else if (!strcmp(a, "--horizon") && v) H = atoi(v), i++;
+        else if (!strcmp(a, "--seed") && v) seed = strtoull(v, NULL, 0), i++;
+        else if (!strcmp(a, "--json") && v) json = v, i++;
+        else {
+            fprintf(stderr, "nib accuracy: unknown or incomplete option '%s'\n", a);
+            return 2;
+        }
+    }
+    nib_status st = NIB_OK;
+    if (!ckpt) {
+        ckpt = tmp_ckpt_path("nib-demo-pi05.safetensors");
+        struct stat sb;
+        if (stat(ckpt, &sb) != 0) {
+            nib_pi05_config c;
+            nib_pi05_config_full(&c);
+            printf("synthesizing a full-size Pi0.5 checkpoint at %s ...\n", ckpt);
+            if ((st = nib_pi05_synth_checkpoint(ckpt, &c, seed))) return nib_cli_fail("accuracy", st);
+        }
+    }
+    /* reference first: its actions and prefix K/V */
+    nib_st_file *f = NULL;
+    nib_pi05 *m = NULL;
+    double t0 = nib_now_s();
+    if ((st = nib_cli_pi05_open(ckpt, "ref", NULL, 0, H, &f, &m, 1))) return nib_cli_fail("accuracy", st);
+    const nib_pi05_config c = *nib_pi05_cfg(m);
+    demo_in d;
+    st = make_inputs(&c, cams, ntext, H, seed, &d);
+    const int S = cams * c.v_tokens + ntext, L = c.layers, hd = c.head_dim;
+    size_t kvn = (size_t)S * hd, an = (size_t)H * c.action_dim;
+    float *ref_act = nib_malloc(an * 4), *ref_kv = nib_malloc(2 * L * kvn * 4), *act = nib_malloc(an * 4), *kv = nib_malloc(kvn * 4);
+    if (!st && (!ref_act || !ref_kv || !act || !kv)) st = NIB_ERR_OUT_OF_MEMORY;
+    if (!st) st = nib_pi05_run(m, &d.in, ref_act, NULL);
+    for (int l = 0; l < L && !st; l++)
+        for (int w = 0; w < 2 && !st; w++) {
+            int32_t P;
+            st = nib_pi05_prefix_kv(m, l, w, ref_kv + (size_t)(2 * l + w) * kvn, S, &P);
+        }
+    nib_pi05_free(m);
+    nib_st_close(f);
+    m = NULL, f = NULL;
+    if (!st) printf("reference (fp32, CPU): %.1f s\n", nib_now_s() - t0);
+    FILE *jf = NULL;
+    if (!st && json) {
+        jf = fopen(json, "w");
+        if (!jf) st = NIB_ERR(NIB_ERR_IO, "cannot write '%s'", json);
+        else {
+            char date[64];
+            time_t now = time(NULL);
+            strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
+            const char *commit = getenv("NIB_GIT_COMMIT");
+            fprintf(jf, "{\n  \"check\": \"pi05 accuracy vs the fp32 reference\", \"date\": \"%s\", \"git_commit\": \"%s\",\n"
+                        "  \"checkpoint\": \"%s\", \"cameras\": %d, \"text\": %d, \"horizon\": %d, \"seed\": %llu,\n"
+                        "  \"targets\": {\"bf16_actions_cosine\": 0.9999, \"fast_actions_cosine\": 0.999},\n  \"presets\": [",
+                    date, commit && *commit ? commit : "unknown", ckpt, cams, ntext, H, (unsigned long long)seed);
+        }
+    }
+    char list[256];
+    snprintf(list, sizeof list, "%s", presets);
+    int first = 1;
+    for (char *tok = strtok(list, ","); tok && !st; tok = strtok(NULL, ",")) {
+        char *colon = strchr(tok, ':');
+        const char *over = NULL;
+        if (colon) *colon = '\0', over = colon + 1;
+        st = nib_cli_pi05_open(ckpt, tok, over, 0, H, &f, &m, 1);
+        if (st) break;
+        st = nib_pi05_run(m, &d.in, act, NULL);
+        double kmin = 1, vmin = 1, kmax_rel = 0, vmax_rel = 0, lcos[2][64];
+        for (int l = 0; l < L && !st; l++)
+            for (int w = 0; w < 2 && !st; w++) {
+                int32_t P;
+                st = nib_pi05_prefix_kv(m, l, w, kv, S, &P);
+                cmp r = compare(kv, ref_kv + (size_t)(2 * l + w) * kvn, kvn);
+                if (l < 64) lcos[w][l] = r.cos;
+                if (w == 0) kmin = fmin(kmin, r.cos), kmax_rel = fmax(kmax_rel, r.rel);
+                else vmin = fmin(vmin, r.cos), vmax_rel = fmax(vmax_rel, r.rel);
+                if (!st && (l == 0 || l == L - 1 || l == L / 2))
+                    printf("  %-5s layer %2d %s: cosine %.6f rel L2 %.2e\n", tok, l, w ? "V" : "K", r.cos, r.rel);
+            }
+        if (!st) {
+            cmp a = compare(act, ref_act, an), u = compare_update(act, ref_act, d.noise, an);
+            printf("  %-5s (%s): prefix K min cosine %.6f (max rel %.2e), V min cosine %.6f (max rel %.2e)\n", tok,
+                   over ? over : "preset", kmin, kmax_rel, vmin, vmax_rel);
+            printf("  %-5s actions cosine %.7f rel L2 %.2e | update cosine %.6f rel L2 %.2e\n", tok, a.cos, a.rel, u.cos, u.rel);
+            if (jf) {
+                fprintf(jf, "%s\n    {\"preset\": \"%s\", \"overrides\": \"%s\", \"actions_cosine\": %.8f, \"actions_rel_l2\": %.3e, "
+                            "\"update_cosine\": %.8f, \"update_rel_l2\": %.3e, \"prefix_k_min_cosine\": %.8f, \"prefix_v_min_cosine\": %.8f",
+                        first ? "" : ",", tok, over ? over : "", a.cos, a.rel, u.cos, u.rel, kmin, vmin);
+                for (int w = 0; w < 2; w++) {
+                    fprintf(jf, ",\n     \"prefix_%s_cosine_per_layer\": [", w ? "v" : "k");
+                    for (int l = 0; l < L && l < 64; l++) fprintf(jf, "%s%.6f", l ? ", " : "", lcos[w][l]);
+                    fprintf(jf, "]");
+                }
+                fprintf(jf, "}");
+            }
+            first = 0;
+        }
+        nib_pi05_free(m);
+        nib_st_close(f);
+        m = NULL, f = NULL;
+    }
+    if (jf) {
+        fprintf(jf, "\n  ]\n}\n");
+        fclose(jf);
+    }
+    nib_free(ref_act), nib_free(ref_kv), nib_free(act), nib_free(kv);
+    free_inputs(&d);
+    return st ? nib_cli_fail("accuracy", st) : 0;
+}
+
+/* ---- bench --------------------------------------------------------------------------------- */
+int nib_bench_pi05(int argc, char **argv) {
+    const char *ckpt = NULL, *json = NULL;
+    int reps = 100, ntext = 20;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (nib_cli_is_help(a)) {
+            printf("usage: nib bench pi05 [--checkpoint M] [--reps N] [--text L] [--json FILE]\n"
+                   "Graph-replay latency of one Pi0.5 call for {1,2,3} cameras x H in {10,50} x {bf16, fast},\n"
+                   "L text tokens (20): median of N (100) calls after warm-up, timed with events inside the\n"
+                   "graph, with the per-stage breakdown and each stage's floor (weight bytes / measured copy\n"
+                   "bandwidth and FLOPs / measured cuBLASLt peak, whichever is larger).\n");
+            return 0;
+        } else if (!strcmp(a, "--checkpoint") && v) ckpt = v, i++;
+        else if (!strcmp(a, "--reps") && v) reps = atoi(v) < 5 ? 5 : atoi(v), i++;
+        else if (!strcmp(a, "--text") && v) ntext = atoi(v), i++;
+        else if (!strcmp(a, "--json") && v) json = v, i++;
+        else {
+            fprintf(stderr, "nib bench pi05: unknown or incomplete option '%s'\n", a);
+            return 2;
+        }
+    }
+    nib_device_info dev;
+    nib_status st = nib_device_require(&dev);
+    if (st) return nib_cli_fail("bench pi05", st);
+    if (!ckpt) {
+        ckpt = tmp_ckpt_path("nib-demo-pi05.safetensors");
+        struct stat sb;
+        if (stat(ckpt, &sb) != 0) {
+            nib_pi05_config c;
+            nib_pi05_config_full(&c);
+            printf("synthesizing a full-size Pi0.5 checkpoint at %s ...\n", ckpt);
+            if ((st = nib_pi05_synth_checkpoint(ckpt, &c, 1))) return nib_cli_fail("bench pi05", st);
+        }
+    }
+    double bw = 0, pk_bf16 = 0, pk_fp8 = 0;
+    if (!st) st = nib_lab_copy_bandwidth((uint64_t)16 * dev.l2_bytes, &bw);
+    if (!st) st = nib_lab_peak_tflops(0, 8192, &pk_bf16);
+    if (!st) st = nib_lab_peak_tflops(1, 8192, &pk_fp8);
+    if (st) return nib_cli_fail("bench pi05", st);
+    printf("%s: copy %.0f GB/s, cuBLASLt bf16 %.0f / fp8 %.0f TFLOP/s\n", dev.name, bw, pk_bf16, pk_fp8);
+    printf("%-5s %4s %3s %9s %9s %9s %9s %9s | floors: %8s %8s %8s %9s\n", "preset", "cams", "H", "total", "vision",
+           "prefix", "step", "wall", "vision", "prefix", "step", "total");
+    FILE *jf = NULL;
+    if (json) {
+        jf = fopen(json, "w");
+        if (!jf) return nib_cli_fail("bench pi05", NIB_ERR(NIB_ERR_IO, "cannot write '%s'", json));
+        char date[64];
+        time_t now = time(NULL);
+        strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
+        const char *commit = getenv("NIB_GIT_COMMIT");
+        fprintf(jf, "{\n  \"bench\": \"pi05\", \"date\": \"%s\", \"git_commit\": \"%s\", \"device\": \"%s\",\n"
+                    "  \"driver_version\": %d, \"command\": \"nib bench pi05\", \"copy_gbps\": %.1f, \"bf16_tflops\": %.1f, \"fp8_tflops\": %.1f,\n"
+                    "  \"timing\": \"median over reps of the in-graph event time of one call; wall = host time per call incl. upload/download\",\n  \"rows\": [",
+                date, commit && *commit ? commit : "unknown", dev.name, dev.driver_version, bw, pk_bf16, pk_fp8);
+    }
+    const char *presets[2] = {"bf16", "fast"};
+    int first = 1;
+    for (int p = 0; p < 2 && !st; p++) {
+        nib_st_file *f = NULL;
+        nib_pi05 *m = NULL;
+        st = nib_cli_pi05_open(ckpt, presets[p], NULL, 0, 50, &f, &m, 1);
+        if (st) break;
+        const nib_pi05_config *c = nib_pi05_cfg(m);
+        for (int cams = 1; cams <= 3 && !st; cams++)
+            for (int hi = 0; hi < 2 && !st; hi++) {
+                int H = hi ? 50 : 10;
+                demo_in d;
+                st = make_inputs(c, cams, ntext, H, 7, &d);
+                float *act = nib_malloc((size_t)H * c->action_dim * 4);
+                nib_pi05_timing *tms = nib_calloc((size_t)reps, sizeof *tms);
+                double *wall = nib_calloc((size_t)reps, sizeof *wall);
+                if (!st && (!act || !tms || !wall)) st = NIB_ERR_OUT_OF_MEMORY;
+                for (int w = 0; w < 3 && !st; w++) st = nib_pi05_run(m, &d.in, act, NULL); /* capture + warm-up */
+                for (int r = 0; r < reps && !st; r++) {
+                    double t0 = nib_now_s();
+                    st = nib_pi05_run(m, &d.in, act, &tms[r]);
+                    wall[r] = 1e3 * (nib_now_s() - t0);
+                }
+                if (!st) {
+                    for (int i = 0; i < reps; i++)
+                        for (int j = i + 1; j < reps; j++) {
+                            if (tms[j].total_ms < tms[i].total_ms) {
+                                nib_pi05_timing x = tms[i];
+                                tms[i] = tms[j], tms[j] = x;
+                            }
+                            if (wall[j] < wall[i]) {
+                                double x = wall[i];
+                                wall[i] = wall[j], wall[j] = x;
+                            }
+                        }
+                    nib_pi05_timing t = tms[reps / 2];
+                    double steps = 0;
+                    for (int s = 0; s < t.steps; s++) steps += t.step_ms[s];
+                    nib_pi05_cost k;
+                    nib_pi05_cost_of(m, cams, ntext, H, &k);
+                    int vf8 = p == 1, pf8 = p == 1;
+                    double fv = fmax(k.vision_bytes / (bw * 1e6), k.vision_flops / ((vf8 ? pk_fp8 : pk_bf16) * 1e9));
+                    double fp = fmax(k.prefix_bytes / (bw * 1e6), k.prefix_flops / ((pf8 ? pk_fp8 : pk_bf16) * 1e9));
+                    double fs = fmax(k.step_bytes / (bw * 1e6), k.step_flops / (pk_bf16 * 1e9));
+                    double ft = fv + fp + c->steps * fs;
+                    printf("%-5s %4d %3d %7.3fms %7.3fms %7.3fms %7.3fms %7.3fms | %6.3fms %6.3fms %6.3fms %7.3fms\n",
+                           presets[p], cams, H, t.total_ms, t.vision_ms, t.prefix_ms, steps / t.steps, wall[reps / 2], fv, fp,
+                           fs, ft);
+                    if (jf)
+                        fprintf(jf, "%s\n    {\"preset\": \"%s\", \"cameras\": %d, \"horizon\": %d, \"text\": %d, \"total_ms\": %.4f, "
+                                    "\"vision_ms\": %.4f, \"prefix_ms\": %.4f, \"step_ms\": %.4f, \"wall_ms\": %.4f, "
+                                    "\"floor_vision_ms\": %.4f, \"floor_prefix_ms\": %.4f, \"floor_step_ms\": %.4f, \"floor_total_ms\": %.4f}",
+                                first ? "" : ",", presets[p], cams, H, ntext, t.total_ms, t.vision_ms, t.prefix_ms,
+                                steps / t.steps, wall[reps / 2], fv, fp, fs, ft);
+                    first = 0;
+                }
+                nib_free(act), nib_free(tms), nib_free(wall);
+                free_inputs(&d);
+            }
+        nib_pi05_free(m);
+        nib_st_close(f);
+    }
+    if (jf) {
+        fprintf(jf, "\n  ]\n}\n");
+        fclose(jf);
+    }
+    return st ? nib_cli_fail("bench pi05", st) : 0;
+}

@@ -1,0 +1,1138 @@
+/* pi05.c — Pi0.5 load (name mapping, folding, per-component formats) and forward pass, written
+ * once against runtime/backend.h. See models/pi05.h for the folding and the exact skips.
+ *
+ * Buffers (activation dtype unless noted; rows are maxima, valid counts per call):
+ *   vision  patches [Vmax*T][Kp]  vx, vy [Vmax*T][Wv]  vqkv [..][3Wv]  vattn [..][Wv]  vmlp [..][Fv]
+ *   prefix  px, py [Smax][W]  pqkv [Smax][(h+2)hd]  pattn [Smax][h*hd]  pmlp [Smax][F]
+ *   expert  ex, ey [Hmax][We]  eqkv [Hmax][(he+2)hd]  eq, eattn [Hmax][he*hd]  emlp [Hmax][Fe]
+ *           eout [Hmax][A]  xt fp32 [Hmax][A]  xt_act [Hmax][A]
+ *   KV      one layer per prefix layer, t_max = Smax + Hmax slots: prefix tokens at 0..P-1, the
+ *           expert's own H tokens at P..P+H-1 (rewritten by every step)
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "base/rng.h"
+#include "formats/formats.h"
+#include "models/pi05.h"
+#include "models/pi05_keys.h"
+
+#define MAX_GRAPHS 8
+
+typedef struct vis_layer {
+    float *ln1_w, *ln1_b, *ln2_w, *ln2_b;
+    nib_be_linear qkv, o, fc1, fc2;
+} vis_layer;
+typedef struct lm_layer {
+    nib_be_linear qkv, o, gu, down;
+} lm_layer;
+
+typedef struct graph_entry {
+    int used, V, L, H, u8;
+    nib_be_graph *g;
+    uint64_t last_use;
+} graph_entry;
+
+struct nib_pi05 {
+    nib_pi05_config c;
+    nib_pi05_precision prec;
+    nib_be be;
+    int kpatch; /* padded patch K (multiple of 16) */
+    /* weights */
+    nib_be_linear patch, proj, ain, aout;
+    void *posemb; /* act [T][Wv] */
+    void *embed;  /* act [vocab][W] */
+    float *post_w, *post_b;
+    vis_layer *vl;
+    lm_layer *pl, *el;
+    float *mods; /* [steps][2L+1][3][We] */
+    float *inv_freq;
+    nib_kv_layer *kv;
+    /* buffers */
+    void *patches, *vx, *vy, *vqkv, *vattn, *vmlp;
+    void *px, *py, *pqkv, *pattn, *pmlp;
+    void *ex, *ey, *eqkv, *eq, *eattn, *emlp, *eout, *xt_act;
+    float *xt;
+    int32_t *ints; /* [0] S valid, [1] T valid (P + H), [2] P (slot base of the expert tokens) */
+    int32_t *pos_prefix, *pos_suffix, *ids;
+    void *img; /* fp32 NCHW or u8 NHWC of the valid cameras */
+    /* graphs and stage events */
+    graph_entry graphs[MAX_GRAPHS];
+    uint64_t clock;
+    nib_be_event *ev[2 + 64 + 1];
+    int n_ev;
+    int32_t last_P;
+};
+
+const nib_pi05_config *nib_pi05_cfg(const nib_pi05 *m) { return &m->c; }
+
+/* ---- host-side tensor conversion --------------------------------------------------------- */
+static nib_status to_f32(const nib_st_tensor *t, float *out) {
+    uint64_t n = t->numel;
+    switch (t->dtype) {
+    case NIB_DTYPE_F32: memcpy(out, t->data, n * 4); break;
+    case NIB_DTYPE_BF16:
+        for (uint64_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, (const uint8_t *)t->data + 2 * i, 2);
+            out[i] = nib_bf16_to_f32(h);
+        }
+        break;
+    case NIB_DTYPE_F16:
+        for (uint64_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, (const uint8_t *)t->data + 2 * i, 2);
+            out[i] = nib_f16_to_f32(h);
+        }
+        break;
+    default: return NIB_ERR(NIB_ERR_FORMAT, "tensor '%s': dtype %s is not a float type", t->name, nib_dtype_name(t->dtype));
+    }
+    for (uint64_t i = 0; i < n; i++)
+        if (!isfinite(out[i]))
+            return NIB_ERR(NIB_ERR_NUMERICS, "tensor '%s': element %llu is %s", t->name, (unsigned long long)i,
+                           isnan(out[i]) ? "NaN" : "Inf");
+    return NIB_OK;
+}
+
+/* fetch a float tensor of the given shape into a new fp32 host buffer */
+static nib_status fetch(const nib_st_file *f, const char *name, int ndim, const int64_t *shape, float **out) {
+    const nib_st_tensor *t;
+    *out = NULL;
+    NIB_RETURN_IF_ERR(nib_pi05_need(f, name, ndim, shape, &t));
+    float *buf = nib_malloc((size_t)t->numel * 4 + 4);
+    if (!buf) return NIB_ERR_OUT_OF_MEMORY;
+    nib_status st = to_f32(t, buf);
+    if (st) {
+        nib_free(buf);
+        return st;
+    }
+    *out = buf;
+    return NIB_OK;
+}
+
+static nib_status fetchf(const nib_st_file *f, int ndim, const int64_t *shape, float **out, const char *fmt, ...)
+    NIB_PRINTF(5, 6);
+static nib_status fetchf(const nib_st_file *f, int ndim, const int64_t *shape, float **out, const char *fmt, ...) {
+    char name[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    return fetch(f, name, ndim, shape, out);
+}
+
+/* ---- quantize a folded fp32 weight to the component's format and load it ------------------ */
+typedef struct qjob {
+    nib_wfmt f;
+    const float *w;
+    int64_t r0, r1, k;
+    void *data, *scales;
+    float global;
+    nib_status st;
+} qjob;
+
+static void *qworker(void *arg) {
+    qjob *j = (qjob *)arg;
+    int64_t rows = j->r1 - j->r0;
+    const float *w = j->w + j->r0 * j->k;
+    switch (j->f) {
+    case NIB_WFMT_BF16:
+        for (int64_t i = 0; i < rows * j->k; i++) ((uint16_t *)j->data)[j->r0 * j->k + i] = nib_f32_to_bf16(w[i]);
+        break;
+    case NIB_WFMT_FP8:
+        j->st = nib_fp8_quantize(w, rows, j->k, 1, (uint8_t *)j->data + j->r0 * j->k, (float *)j->scales + j->r0);
+        break;
+    case NIB_WFMT_NVFP4:
+        j->st = nib_nvfp4_quantize_global(w, rows, j->k, (uint8_t *)j->data + j->r0 * j->k / 2,
+                                          (uint8_t *)j->scales + j->r0 * j->k / 16, j->global);
+        break;
+    case NIB_WFMT_MXFP4:
+        j->st = nib_mxfp4_quantize(w, rows, j->k, NIB_MXFP4_SCALE_DEFAULT, (uint8_t *)j->data + j->r0 * j->k / 2,
+                                   (uint8_t *)j->scales + j->r0 * j->k / 32);
+        break;
+    default: j->st = NIB_ERR(NIB_ERR_INTERNAL, "qworker: format %d", (int)j->f);
+    }
+    return NULL;
+}
+
+/* w: [n][k] fp32 (folded). Quantizes on all cores (rows are independent once the NVFP4 global
+ * is fixed from the whole tensor), then loads into the backend. */
+static nib_status load_linear(nib_pi05 *m, const char *name, nib_wfmt fmt, const float *w, int64_t n, int64_t k,
+                              const float *bias, int geglu, int w8a8, nib_be_linear *out) {
+    nib_status st = NIB_OK;
+    nib_wsrc src;
+    memset(&src, 0, sizeof src);
+    src.n = n, src.k = k, src.bias = bias, src.group = 128;
+    void *data = NULL, *scales = NULL;
+    nib_int4_weight i4;
+    memset(&i4, 0, sizeof i4);
+    if (m->prec.backend == NIB_BE_REF && fmt == NIB_WFMT_BF16) {
+        /* the reference keeps the (folded) checkpoint values in fp32; with a low-bit format it
+         * takes the quantized weight below and dequantizes it exactly */
+        memset(out, 0, sizeof *out);
+        out->n = n, out->k = k, out->n_out = geglu ? n / 2 : n, out->geglu = geglu, out->fmt = NIB_WFMT_BF16;
+        NIB_TRY(nib_be_alloc_weight(&m->be, (uint64_t)n * k * 4, (void **)&out->w32, name));
+        memcpy(out->w32, w, (size_t)n * k * 4);
+        if (bias) {
+            NIB_TRY(nib_be_alloc_weight(&m->be, (uint64_t)n * 4, (void **)&out->bias, name));
+            memcpy(out->bias, bias, (size_t)n * 4);
+        }
+        return NIB_OK;
+    }
+    src.fmt = fmt;
+    if (fmt == NIB_WFMT_INT4) {
+        NIB_TRY(nib_int4_quantize(w, n, k, 128, 0, NULL, &i4));
+        src.data = i4.packed, src.scales = i4.scales, src.zeros = i4.zeros, src.perm = i4.perm;
+    } else {
+        uint64_t nk = (uint64_t)n * k;
+        uint64_t db = fmt == NIB_WFMT_BF16 ? nk * 2 : fmt == NIB_WFMT_FP8 ? nk : nk / 2;
+        uint64_t sb = fmt == NIB_WFMT_FP8 ? (uint64_t)n * 4 : fmt == NIB_WFMT_NVFP4 ? nk / 16 : fmt == NIB_WFMT_MXFP4 ? nk / 32 : 0;
+        if ((fmt == NIB_WFMT_NVFP4 && k % 16) || (fmt == NIB_WFMT_MXFP4 && k % 32) || (fmt == NIB_WFMT_FP8 && k % 16)) {
+            st = NIB_ERR(NIB_ERR_SHAPE, "%s: K = %lld does not fit the %s block", name, (long long)k, nib_wfmt_name(fmt));
+            goto fail;
+        }
+        data = nib_malloc(db + 16);
+        scales = nib_malloc(sb + 16);
+        if (!data || !scales) {
+            st = NIB_ERR_OUT_OF_MEMORY;
+            goto fail;
+        }
+        float global = 1.f;
+        if (fmt == NIB_WFMT_NVFP4) {
+            float amax = 0.f;
+            for (uint64_t i = 0; i < nk; i++) amax = fmaxf(amax, fabsf(w[i]));
+            global = nib_nvfp4_global_for_amax(amax);
+        }
+        int threads = m->be.threads > 0 ? m->be.threads : 8;
+        if (threads > 32) threads = 32;
+        qjob jobs[32];
+        pthread_t tid[32];
+        int64_t per = (n + threads - 1) / threads;
+        int nt = 0;
+        for (int t = 0; t < threads && t * per < n; t++) {
+            jobs[t] = (qjob){fmt, w, t * per, (t + 1) * per < n ? (t + 1) * per : n, k, data, scales, global, NIB_OK};
+            if (pthread_create(&tid[t], NULL, qworker, &jobs[t]) != 0) {
+                qworker(&jobs[t]);
+                tid[t] = 0;
+            }
+            nt = t + 1;
+        }
+        for (int t = 0; t < nt; t++) {
+            if (tid[t]) pthread_join(tid[t], NULL);
+            if (jobs[t].st && !st) st = nib_error_context(jobs[t].st, "quantizing %s", name);
+        }
+        if (st) goto fail;
+        src.data = data, src.scales = scales, src.global_scale = global, src.fp8_per_channel = 1;
+    }
+    st = nib_be_linear_load(&m->be, &src, geglu, w8a8, name, out);
+fail:
+    nib_free(data);
+    nib_free(scales);
+    nib_int4_free(&i4);
+    return st;
+}
+
+/* ---- sizes ---------------------------------------------------------------------------------- */
+static uint64_t al256(uint64_t x) { return (x + 255) / 256 * 256; }
+
+static uint64_t lin_bytes(const nib_pi05 *m, nib_wfmt f, int64_t n, int64_t k, int geglu, int w8a8) {
+    (void)geglu, (void)w8a8;
+    if (m->prec.backend == NIB_BE_REF) return al256((uint64_t)n * k * 4) + al256((uint64_t)n * 4);
+    if (f == NIB_WFMT_BF16) return al256((uint64_t)n * k * 2 + 256) + al256((uint64_t)n * 4);
+    if (f == NIB_WFMT_FP8 && w8a8) return al256((uint64_t)n * k) + 2 * al256((uint64_t)n * 4);
+    nib_wsrc s;
+    memset(&s, 0, sizeof s);
+    s.fmt = f, s.n = n, s.k = k, s.group = 128;
+    uint64_t b = 0;
+    nib_cuda_weight_bytes(&s, geglu, &b);
+    return b + 4096;
+}
+
+/* ---- load --------------------------------------------------------------------------------- */
+static void fold_cols(float *w, int64_t n, int64_t k, const float *g /* (1 + g) */) {
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t j = 0; j < k; j++) w[r * k + j] *= 1.0f + g[j];
+}
+
+static nib_status load_vision(nib_pi05 *m, const nib_st_file *f) {
+    nib_status st = NIB_OK;
+    const nib_pi05_config *c = &m->c;
+    const int64_t W = c->v_width, F = c->v_mlp, kp = (int64_t)c->v_channels * c->v_patch * c->v_patch;
+    float *a = NULL, *b = NULL, *q = NULL, *tmp = NULL, *bias = NULL;
+    const nib_wfmt fmt = m->prec.vision;
+    const int w8a8 = fmt == NIB_WFMT_FP8;
+    /* patch embedding: Conv2d [W][C][p][p] -> [W][Kp] padded with zero columns */
+    int64_t s4[4] = {W, c->v_channels, c->v_patch, c->v_patch}, s1[1] = {W}, s2[2];
+    NIB_TRY(fetch(f, PI05_VP ".embeddings.patch_embedding.weight", 4, s4, &a));
+    NIB_TRY(fetch(f, PI05_VP ".embeddings.patch_embedding.bias", 1, s1, &b));
+    tmp = nib_calloc((size_t)(W * m->kpatch), 4);
+    if (!tmp) {
+        st = NIB_ERR_OUT_OF_MEMORY;
+        goto fail;
+    }
+    for (int64_t r = 0; r < W; r++) memcpy(tmp + r * m->kpatch, a + r * kp, (size_t)kp * 4);
+    NIB_TRY(load_linear(m, "vision.patch_embedding", NIB_WFMT_BF16, tmp, W, m->kpatch, b, 0, 0, &m->patch));
+    nib_free(a), nib_free(b), nib_free(tmp);
+    a = b = tmp = NULL;
+    s2[0] = c->v_tokens, s2[1] = W;
+    NIB_TRY(fetch(f, PI05_VP ".embeddings.position_embedding.weight", 2, s2, &a));
+    NIB_TRY(nib_be_alloc_weight(&m->be, (uint64_t)c->v_tokens * W * m->be.act_size, &m->posemb, "position embedding"));
+    NIB_TRY(nib_be_upload_act(&m->be, m->posemb, a, (uint64_t)c->v_tokens * W));
+    nib_free(a);
+    a = NULL;
+    const float qs = 1.0f / sqrtf((float)c->v_head_dim);
+    for (int l = 0; l < c->v_layers; l++) {
+        vis_layer *L = &m->vl[l];
+        char nm[256];
+        float **norms[4] = {&L->ln1_w, &L->ln1_b, &L->ln2_w, &L->ln2_b};
+        const char *nn[4] = {"layer_norm1.weight", "layer_norm1.bias", "layer_norm2.weight", "layer_norm2.bias"};
+        for (int i = 0; i < 4; i++) {
+            NIB_TRY(fetchf(f, 1, s1, &a, PI05_VP ".encoder.layers.%d.%s", l, nn[i]));
+            NIB_TRY(nib_be_alloc_weight(&m->be, (uint64_t)W * 4, (void **)norms[i], "layernorm"));
+            NIB_TRY(nib_be_upload(&m->be, *norms[i], a, (uint64_t)W * 4));
+            nib_free(a);
+            a = NULL;
+        }
+        /* fused QKV [3W][W] + bias, q rows and bias scaled by 1/sqrt(head_dim) */
+        q = nib_malloc((size_t)(3 * W * W) * 4);
+        bias = nib_malloc((size_t)(3 * W) * 4);
+        if (!q || !bias) {
+            st = NIB_ERR_OUT_OF_MEMORY;
+            goto fail;
+        }
+        const char *pr[3] = {"q_proj", "k_proj", "v_proj"};
+        s2[0] = W, s2[1] = W;
+        for (int i = 0; i < 3; i++) {
+            NIB_TRY(fetchf(f, 2, s2, &a, PI05_VP ".encoder.layers.%d.self_attn.%s.weight", l, pr[i]));
+            NIB_TRY(fetchf(f, 1, s1, &b, PI05_VP ".encoder.layers.%d.self_attn.%s.bias", l, pr[i]));
+            float sc = i == 0 ? qs : 1.0f;
+            for (int64_t j = 0; j < W * W; j++) q[i * W * W + j] = a[j] * sc;
+            for (int64_t j = 0; j < W; j++) bias[i * W + j] = b[j] * sc;
+            nib_free(a), nib_free(b);
+            a = b = NULL;
+        }
+        snprintf(nm, sizeof nm, "vision.layers.%d.qkv", l);
+        NIB_TRY(load_linear(m, nm, fmt, q, 3 * W, W, bias, 0, w8a8, &L->qkv));
+        nib_free(q), nib_free(bias);
+        q = bias = NULL;
+        struct {
+            const char *key, *nm;
+            int64_t n, k;
+            nib_be_linear *out;
+        } lin[3] = {{"self_attn.out_proj", "o", W, W, &L->o}, {"mlp.fc1", "fc1", F, W, &L->fc1}, {"mlp.fc2", "fc2", W, F, &L->fc2}};
+        for (int i = 0; i < 3; i++) {
+            int64_t ws[2] = {lin[i].n, lin[i].k}, bs[1] = {lin[i].n};
+            NIB_TRY(fetchf(f, 2, ws, &a, PI05_VP ".encoder.layers.%d.%s.weight", l, lin[i].key));
+            NIB_TRY(fetchf(f, 1, bs, &b, PI05_VP ".encoder.layers.%d.%s.bias", l, lin[i].key));
+            snprintf(nm, sizeof nm, "vision.layers.%d.%s", l, lin[i].nm);
+            NIB_TRY(load_linear(m, nm, fmt, a, lin[i].n, lin[i].k, b, 0, w8a8, lin[i].out));
+            nib_free(a), nib_free(b);
+            a = b = NULL;
+        }
+    }
+    NIB_TRY(fetch(f, PI05_VP ".post_layernorm.weight", 1, s1, &a));
+    NIB_TRY(fetch(f, PI05_VP ".post_layernorm.bias", 1, s1, &b));
+    NIB_TRY(nib_be_alloc_weight(&m->be, (uint64_t)W * 4, (void **)&m->post_w, "post layernorm"));
+    NIB_TRY(nib_be_alloc_weight(&m->be, (uint64_t)W * 4, (void **)&m->post_b, "post layernorm"));
+    NIB_TRY(nib_be_upload(&m->be, m->post_w, a, (uint64_t)W * 4));
+    NIB_TRY(nib_be_upload(&m->be, m->post_b, b, (uint64_t)W * 4));
+    nib_free(a), nib_free(b);
+    a = b = NULL;
+    int64_t ps[2] = {c->width, W}, pb[1] = {c->width};
+    NIB_TRY(fetch(f, PI05_PROJ ".weight", 2, ps, &a));
+    NIB_TRY(fetch(f, PI05_PROJ ".bias", 1, pb, &b));
+    NIB_TRY(load_linear(m, "multi_modal_projector", NIB_WFMT_BF16, a, c->width, W, b, 0, 0, &m->proj));
+fail:
+    nib_free(a), nib_free(b), nib_free(q), nib_free(bias), nib_free(tmp);
+    return st;
+}
+
+/* Gemma-style layer weights of the prefix (expert == 0) or the action expert (expert == 1). */
+static nib_status load_lm(nib_pi05 *m, const nib_st_file *f, int expert) {
+    nib_status st = NIB_OK;
+    const nib_pi05_config *c = &m->c;
+    const char *P = expert ? PI05_EP : PI05_LP;
+    const int64_t W = expert ? c->e_width : c->width, F = expert ? c->e_mlp : c->mlp;
+    const int64_t hd = c->head_dim, nh = expert ? c->e_heads : c->heads, nkv = c->kv_heads;
+    const nib_wfmt fmt = expert ? m->prec.expert : m->prec.prefix;
+    const int w8a8 = !expert && fmt == NIB_WFMT_FP8; /* the prefix is compute-bound: W8A8 */
+    lm_layer *layers = expert ? m->el : m->pl;
+    float *a = NULL, *g = NULL, *cat = NULL;
+    for (int l = 0; l < c->layers; l++) {
+        lm_layer *L = &layers[l];
+        const int last_prefix = !expert && l == c->layers - 1; /* K/V only */
+        char nm[256];
+        int64_t s1[1] = {W};
+        /* RMSNorm (1 + w) of the prefix folds into QKV and gate|up; adaRMS has no weight */
+        if (!expert) NIB_TRY(fetchf(f, 1, s1, &g, "%s.layers.%d.input_layernorm.weight", P, l));
+        const int64_t qrows = last_prefix ? 0 : nh * hd, rows = qrows + 2 * nkv * hd;
+        cat = nib_malloc((size_t)(rows * W) * 4);
+        if (!cat) {
+            st = NIB_ERR_OUT_OF_MEMORY;
+            goto fail;
+        }
+        int64_t off = 0;
+        const char *pr[3] = {"q_proj", "k_proj", "v_proj"};
+        for (int i = last_prefix ? 1 : 0; i < 3; i++) {
+            int64_t r = i == 0 ? nh * hd : nkv * hd, ws[2] = {r, W};
+            NIB_TRY(fetchf(f, 2, ws, &a, "%s.layers.%d.self_attn.%s.weight", P, l, pr[i]));
+            float sc = i == 0 ? 1.0f / sqrtf((float)hd) : 1.0f; /* exact for head_dim 256 (1/16) */
+            for (int64_t j = 0; j < r * W; j++) cat[off * W + j] = a[j] * sc;
+            off += r;
+            nib_free(a);
+            a = NULL;
+        }
+        if (g) fold_cols(cat, rows, W, g);
+        snprintf(nm, sizeof nm, "%s.layers.%d.qkv", expert ? "expert" : "prefix", l);
+        NIB_TRY(load_linear(m, nm, fmt, cat, rows, W, NULL, 0, w8a8, &L->qkv));
+        nib_free(cat), nib_free(g);
+        cat = g = NULL;
+        if (last_prefix) continue;
+        int64_t os[2] = {W, nh * hd};
+        NIB_TRY(fetchf(f, 2, os, &a, "%s.layers.%d.self_attn.o_proj.weight", P, l));
+        snprintf(nm, sizeof nm, "%s.layers.%d.o_proj", expert ? "expert" : "prefix", l);
+        NIB_TRY(load_linear(m, nm, fmt, a, W, nh * hd, NULL, 0, w8a8, &L->o));
+        nib_free(a);
+        a = NULL;
+        if (!expert) NIB_TRY(fetchf(f, 1, s1, &g, "%s.layers.%d.post_attention_layernorm.weight", P, l));
+        cat = nib_malloc((size_t)(2 * F * W) * 4);
+        if (!cat) {
+            st = NIB_ERR_OUT_OF_MEMORY;
+            goto fail;
+        }
+        int64_t gs[2] = {F, W};
+        NIB_TRY(fetchf(f, 2, gs, &a, "%s.layers.%d.mlp.gate_proj.weight", P, l));
+        memcpy(cat, a, (size_t)(F * W) * 4);
+        nib_free(a);
+        a = NULL;
+        NIB_TRY(fetchf(f, 2, gs, &a, "%s.layers.%d.mlp.up_proj.weight", P, l));
+        memcpy(cat + F * W, a, (size_t)(F * W) * 4);
+        nib_free(a);
+        a = NULL;
+        if (g) fold_cols(cat, 2 * F, W, g);
+        snprintf(nm, sizeof nm, "%s.layers.%d.gate_up", expert ? "expert" : "prefix", l);
+        NIB_TRY(load_linear(m, nm, fmt, cat, 2 * F, W, NULL, 1, w8a8, &L->gu));
+        nib_free(cat), nib_free(g);
+        cat = g = NULL;
+        int64_t ds[2] = {W, F};
+        NIB_TRY(fetchf(f, 2, ds, &a, "%s.layers.%d.mlp.down_proj.weight", P, l));
+        snprintf(nm, sizeof nm, "%s.layers.%d.down_proj", expert ? "expert" : "prefix", l);
+        NIB_TRY(load_linear(m, nm, fmt, a, W, F, NULL, 0, w8a8, &L->down));
+        nib_free(a);
+        a = NULL;
+    }
+fail:
+    nib_free(a), nib_free(g), nib_free(cat);
+    return st;
+}
+
+static float swishf(float x) { return x / (1.0f + expf(-x)); }
+
+/* time MLP and the 2L+1 adaRMS modulations for every step (host fp64 sums), and the folded
+ * action heads */
+static nib_status load_expert_heads(nib_pi05 *m, const nib_st_file *f) {
+    nib_status st = NIB_OK;
+    const nib_pi05_config *c = &m->c;
+    const int64_t We = c->e_width, A = c->action_dim, nmod = 2 * (int64_t)c->e_layers + 1;
+    float *ti_w = NULL, *ti_b = NULL, *to_w = NULL, *to_b = NULL, *mw = NULL, *mb = NULL, *mods = NULL, *a = NULL, *b = NULL;
+    float *conds = NULL, *emb = NULL, *h = NULL;
+    int64_t s2[2] = {We, We}, s1[1] = {We}, m2[2] = {3 * We, We}, m1[1] = {3 * We};
+    NIB_TRY(fetch(f, "time_mlp_in.weight", 2, s2, &ti_w));
+    NIB_TRY(fetch(f, "time_mlp_in.bias", 1, s1, &ti_b));
+    NIB_TRY(fetch(f, "time_mlp_out.weight", 2, s2, &to_w));
+    NIB_TRY(fetch(f, "time_mlp_out.bias", 1, s1, &to_b));
+    mods = nib_calloc((size_t)(c->steps * nmod * 3 * We), 4);
+    conds = nib_malloc((size_t)(c->steps * We) * 4);
+    emb = nib_malloc((size_t)We * 4);
+    h = nib_malloc((size_t)We * 4);
+    if (!mods || !conds || !emb || !h) {
+        st = NIB_ERR_OUT_OF_MEMORY;
+        goto fail;
+    }
+    {
+        /* t = 1, 1 + dt, ... accumulated in fp32 as openpi does (pi05.md §2.6) */
+        float t = 1.0f;
+        const float dt = -1.0f / (float)c->steps;
+        const int64_t half = We / 2;
+        for (int s = 0; s < c->steps; s++) {
+            /* sinusoidal embedding (pi05.md §2.2), computed in fp64, stored fp32 */
+            for (int64_t i = 0; i < half; i++) {
+                double frac = half > 1 ? (double)i / (double)(half - 1) : 0.0;
+                double period = 4e-3 * pow(4.0 / 4e-3, frac);
+                double phi = (double)t * 2.0 * M_PI / period;
+                emb[i] = (float)sin(phi);
+                emb[half + i] = (float)cos(phi);
+            }
+            /* cond = swish(time_mlp_out(swish(time_mlp_in(emb)))) with fp64 sums */
+            for (int64_t r = 0; r < We; r++) {
+                double acc = ti_b[r];
+                for (int64_t j = 0; j < We; j++) acc += (double)ti_w[r * We + j] * emb[j];
+                h[r] = swishf((float)acc);
+            }
+            for (int64_t r = 0; r < We; r++) {
+                double acc = to_b[r];
+                for (int64_t j = 0; j < We; j++) acc += (double)to_w[r * We + j] * h[j];
+                conds[(int64_t)s * We + r] = swishf((float)acc);
+            }
+            t = t + dt;
+        }
+    }
+    /* every adaRMS norm n (2l: layer l pre-attention, 2l+1: pre-FFW, 2L: final):
+     * mods[s][n] = [scale | shift | gate] = W_n cond_s + b_n */
+    for (int64_t n = 0; n < nmod; n++) {
+        char name[256];
+        if (n == nmod - 1) snprintf(name, sizeof name, PI05_EP ".norm.dense");
+        else snprintf(name, sizeof name, PI05_EP ".layers.%d.%s.dense", (int)(n / 2),
+                      n % 2 ? "post_attention_layernorm" : "input_layernorm");
+        NIB_TRY(fetchf(f, 2, m2, &mw, "%s.weight", name));
+        NIB_TRY(fetchf(f, 1, m1, &mb, "%s.bias", name));
+        for (int s = 0; s < c->steps; s++) {
+            const float *cond = conds + (int64_t)s * We;
+            float *dst = mods + ((int64_t)s * nmod + n) * 3 * We;
+            for (int64_t r = 0; r < 3 * We; r++) {
+                double acc = mb[r];
+                for (int64_t j = 0; j < We; j++) acc += (double)mw[r * We + j] * cond[j];
+                dst[r] = (float)acc;
+            }
+        }
+        nib_free(mw), nib_free(mb);
+        mw = mb = NULL;
+    }
+    NIB_TRY(nib_be_alloc_weight(&m->be, (uint64_t)c->steps * nmod * 3 * We * 4, (void **)&m->mods, "adaRMS modulations"));
+    NIB_TRY(nib_be_upload(&m->be, m->mods, mods, (uint64_t)c->steps * nmod * 3 * We * 4));
+    /* action heads: in 32 -> We; out We -> 32 with dt folded */
+    {
+        int64_t is[2] = {We, A}, ib[1] = {We}, os[2] = {A, We}, ob[1] = {A};
+        NIB_TRY(fetch(f, "action_in_proj.weight", 2, is, &a));
+        NIB_TRY(fetch(f, "action_in_proj.bias", 1, ib, &b));
+        NIB_TRY(load_linear(m, "action_in_proj", NIB_WFMT_BF16, a, We, A, b, 0, 0, &m->ain));
+        nib_free(a), nib_free(b);
+        a = b = NULL;
+        NIB_TRY(fetch(f, "action_out_proj.weight", 2, os, &a));
+        NIB_TRY(fetch(f, "action_out_proj.bias", 1, ob, &b));
+        const float dt = -1.0f / (float)c->steps;
+        for (int64_t i = 0; i < A * We; i++) a[i] *= dt;
+        for (int64_t i = 0; i < A; i++) b[i] *= dt;
+        NIB_TRY(load_linear(m, "action_out_proj", NIB_WFMT_BF16, a, A, We, b, 0, 0, &m->aout));
+    }
+fail:
+    nib_free(ti_w), nib_free(ti_b), nib_free(to_w), nib_free(to_b), nib_free(mw), nib_free(mb), nib_free(mods);
+    nib_free(a), nib_free(b), nib_free(conds), nib_free(emb), nib_free(h);
+    return st;
+}
+
+/* ---- plan: sizes of the weight slab and the activation arena ------------------------------ */
+static void plan_sizes(const nib_pi05 *m, nib_be_sizes *sz) {
+    const nib_pi05_config *c = &m->c;
+    const int64_t W = c->width, We = c->e_width, Wv = c->v_width, hd = c->head_dim, nkv = c->kv_heads;
+    const int64_t Vt = (int64_t)c->max_cameras * c->v_tokens, S = Vt + c->max_text, H = c->max_horizon;
+    const int64_t nmod = 2 * (int64_t)c->e_layers + 1;
+    const nib_wfmt vf = m->prec.vision, pf = m->prec.prefix, ef = m->prec.expert;
+    uint64_t wb = 0;
+    wb += lin_bytes(m, NIB_WFMT_BF16, Wv, m->kpatch, 0, 0) + lin_bytes(m, NIB_WFMT_BF16, W, Wv, 0, 0);
+    wb += al256((uint64_t)c->v_tokens * Wv * m->be.act_size) + 2 * al256((uint64_t)Wv * 4);
+    for (int l = 0; l < c->v_layers; l++)
+        wb += 4 * al256((uint64_t)Wv * 4) + lin_bytes(m, vf, 3 * Wv, Wv, 0, vf == NIB_WFMT_FP8) +
+              lin_bytes(m, vf, Wv, Wv, 0, vf == NIB_WFMT_FP8) + lin_bytes(m, vf, c->v_mlp, Wv, 0, vf == NIB_WFMT_FP8) +
+              lin_bytes(m, vf, Wv, c->v_mlp, 0, vf == NIB_WFMT_FP8);
+    wb += al256((uint64_t)c->vocab * W * m->be.act_size);
+    for (int l = 0; l < c->layers; l++) {
+        int last = l == c->layers - 1;
+        int pw = pf == NIB_WFMT_FP8;
+        wb += lin_bytes(m, pf, (last ? 0 : c->heads * hd) + 2 * nkv * hd, W, 0, pw);
+        if (!last)
+            wb += lin_bytes(m, pf, W, c->heads * hd, 0, pw) + lin_bytes(m, pf, 2 * (int64_t)c->mlp, W, 1, pw) +
+                  lin_bytes(m, pf, W, c->mlp, 0, pw);
+        wb += lin_bytes(m, ef, (c->e_heads + 2 * nkv) * hd, We, 0, 0) + lin_bytes(m, ef, We, c->e_heads * hd, 0, 0) +
+              lin_bytes(m, ef, 2 * (int64_t)c->e_mlp, We, 1, 0) + lin_bytes(m, ef, We, c->e_mlp, 0, 0);
+    }
+    wb += lin_bytes(m, NIB_WFMT_BF16, We, c->action_dim, 0, 0) + lin_bytes(m, NIB_WFMT_BF16, c->action_dim, We, 0, 0);
+    wb += al256((uint64_t)c->steps * nmod * 3 * We * 4) + al256((uint64_t)hd * 4);
+    sz->weight_bytes = wb + (1 << 20);
+
+    const uint64_t a = m->be.act_size;
+    const int64_t Fv = c->v_mlp, F = c->mlp, Fe = c->e_mlp;
+    uint64_t ab = 0;
+    ab += al256(Vt * m->kpatch * a) + 2 * al256(Vt * Wv * a) + al256(Vt * 3 * Wv * a) + al256(Vt * Wv * a) + al256(Vt * Fv * a);
+    ab += 2 * al256(S * W * a) + al256(S * (c->heads + 2 * nkv) * hd * a) + al256(S * c->heads * hd * a) + al256(S * F * a);
+    ab += 2 * al256(H * We * a) + al256(H * (c->e_heads + 2 * nkv) * hd * a) + 2 * al256(H * c->e_heads * hd * a) +
+          al256(H * Fe * a) + 2 * al256(H * c->action_dim * a) + al256(H * c->action_dim * 4);
+    for (int l = 0; l < c->layers; l++) ab += nib_kv_layer_bytes(m->prec.kv, (int32_t)(S + H), (int32_t)nkv, (int32_t)hd) + 256;
+    ab += al256(16 * 4) + al256(S * 4) + al256(H * 4) + al256((uint64_t)c->max_text * 4);
+    ab += al256((uint64_t)c->max_cameras * c->v_channels * c->v_image * c->v_image * 4);
+    sz->act_bytes = ab + (1 << 20);
+
+    /* GEMM scratch: the widest output x the most rows (the cuBLAS epilogue path) */
+    int64_t max_n = 3 * Wv;
+    if (Fv > max_n) max_n = Fv;
+    if (2 * F > max_n) max_n = 2 * F;
+    if ((c->heads + 2 * nkv) * hd > max_n) max_n = (c->heads + 2 * nkv) * hd;
+    if (2 * Fe > max_n) max_n = 2 * Fe;
+    sz->max_n = max_n;
+    sz->max_m = S > Vt ? S : Vt;
+    int64_t max_k = Wv > W ? Wv : W;
+    if (Fv > max_k) max_k = Fv;
+    if (F > max_k) max_k = F;
+    if (c->heads * hd > max_k) max_k = c->heads * hd;
+    sz->max_k = max_k;
+    sz->attn_ws_bytes = 0;
+}
+
+/* workspace for the attention calls (CUDA). The split count is planned from each call's own
+ * sizes, so the workspace need is not monotone in them: take the maximum over every shape a
+ * forward can issue (camera count, prefix length, horizon). Plans are host arithmetic only;
+ * strides are those of forward()'s buffers. */
+static nib_status attn_ws_bytes(const nib_pi05 *m, uint64_t *out) {
+    const nib_pi05_config *c = &m->c;
+    uint64_t best = 0, b = 0;
+    nib_attn_prefix_args pa;
+    memset(&pa, 0, sizeof pa);
+    pa.n_heads = pa.n_kv_heads = c->v_heads, pa.head_dim = c->v_head_dim;
+    pa.q_tok = pa.k_tok = pa.v_tok = pa.o_tok = (int64_t)c->v_heads * c->v_head_dim;
+    for (int v = 1; v <= c->max_cameras; v++) {
+        pa.n_seq = v, pa.s_max = c->v_tokens;
+        NIB_RETURN_IF_ERR(nib_cuda_attn_prefix_ws_bytes(&pa, &b));
+        if (b > best) best = b;
+    }
+    memset(&pa, 0, sizeof pa);
+    pa.n_seq = 1, pa.n_heads = c->heads, pa.n_kv_heads = c->kv_heads, pa.head_dim = c->head_dim;
+    pa.q_tok = pa.o_tok = (int64_t)c->heads * c->head_dim, pa.k_tok = pa.v_tok = (int64_t)c->kv_heads * c->head_dim;
+    for (int64_t s = 1; s <= (int64_t)c->max_cameras * c->v_tokens + c->max_text; s++) {
+        pa.s_max = (int32_t)s;
+        NIB_RETURN_IF_ERR(nib_cuda_attn_prefix_ws_bytes(&pa, &b));
+        if (b > best) best = b;
+    }
+    nib_attn_cache_args ca;
+    memset(&ca, 0, sizeof ca);
+    ca.n_heads = c->e_heads, ca.q_tok = ca.o_tok = (int64_t)c->e_heads * c->head_dim;
+    ca.kv.dtype = m->prec.kv, ca.kv.t_max = (int32_t)c->max_cameras * c->v_tokens + c->max_text + c->max_horizon;
+    ca.kv.n_kv_heads = c->kv_heads, ca.kv.head_dim = c->head_dim;
+    for (int h = 1; h <= c->max_horizon; h++) {
+        ca.nq = h;
+        NIB_RETURN_IF_ERR(nib_cuda_attn_cache_ws_bytes(&ca, &b));
+        if (b > best) best = b;
+    }
+    *out = best;
+    return NIB_OK;
+}
+
+static nib_status alloc_act(nib_pi05 *m, void **p, int64_t elems, const char *what) {
+    return nib_be_alloc_act(&m->be, (uint64_t)elems * m->be.act_size, p, what);
+}
+
+static nib_status alloc_buffers(nib_pi05 *m) {
+    const nib_pi05_config *c = &m->c;
+    const int64_t W = c->width, We = c->e_width, Wv = c->v_width, hd = c->head_dim, nkv = c->kv_heads;
+    const int64_t Vt = (int64_t)c->max_cameras * c->v_tokens, S = Vt + c->max_text, H = c->max_horizon, A = c->action_dim;
+    NIB_RETURN_IF_ERR(alloc_act(m, &m->patches, Vt * m->kpatch, "patches"));
+    NIB_RETURN_IF_ERR(alloc_act(m, &m->vx, Vt * Wv, "vision x"));
+    NIB_RETURN_IF_ERR(alloc_act(m, &m->vy, Vt * Wv, "vision y"));
+    NIB_RETURN_IF_ERR(alloc_act(m, &m->vqkv, Vt * 3 * Wv, "vision qkv"));
+    NIB_RETURN_IF_ERR(alloc_act(m, &m->vattn, Vt * Wv, "vision attention"));
+    NIB_RETURN_IF_ERR(alloc_act(m, &m->vmlp, Vt * c->v_mlp, "vision mlp"));
+    NIB_RETURN_IF_ERR(alloc_act(m, &m->px, S * W, "prefix x"));
+    NIB_RETURN_IF_ERR(alloc_act(m, &m->py, S * W, "prefix y"));
+    NIB_RETURN_IF_ERR(alloc_act(m, &m->pqkv, S * (c->heads + 2 * nkv) * hd, "prefix qkv"));
+    NIB_RETURN_IF_ERR(alloc_act(m, &m->pattn, S * c->heads * hd, "prefix attention"));
+    NIB_RETURN_IF_ERR(alloc_act(m, &m->pmlp, S * c->mlp, "prefix mlp"));
+    NIB_RETURN_IF_ERR(alloc_act(m, &m->ex, H * We, "expert x"));
+    NIB_RETURN_IF_ERR(alloc_act(m, &m->ey, H * We, "expert y"));
+    NIB_RETURN_IF_ERR(alloc_act(m, &m->eqkv, H * (c->e_heads + 2 * nkv) * hd, "expert qkv"));
+    NIB_RETURN_IF_ERR(alloc_act(m, &m->eq, H * c->e_heads * hd, "expert q"));
+    NIB_RETURN_IF_ERR(alloc_act(m, &m->eattn, H * c->e_heads * hd, "expert attention"));
+    NIB_RETURN_IF_ERR(alloc_act(m, &m->emlp, H * c->e_mlp, "expert mlp"));
+    NIB_RETURN_IF_ERR(alloc_act(m, &m->eout, H * A, "expert out"));
+    NIB_RETURN_IF_ERR(alloc_act(m, &m->xt_act, H * A, "x_t act"));
+    NIB_RETURN_IF_ERR(nib_be_alloc_act(&m->be, (uint64_t)H * A * 4, (void **)&m->xt, "x_t"));
+    m->kv = nib_calloc((size_t)c->layers, sizeof *m->kv);
+    if (!m->kv) return NIB_ERR_OUT_OF_MEMORY;
+    for (int l = 0; l < c->layers; l++) {
+        void *p;
+        uint64_t b = nib_kv_layer_bytes(m->prec.kv, (int32_t)(S + H), (int32_t)nkv, (int32_t)hd);
+        NIB_RETURN_IF_ERR(nib_be_alloc_act(&m->be, b, &p, "KV cache"));
+        NIB_RETURN_IF_ERR(nib_kv_layer_map(&m->kv[l], m->prec.kv, (int32_t)(S + H), (int32_t)nkv, (int32_t)hd, p));
+    }
+    NIB_RETURN_IF_ERR(nib_be_alloc_act(&m->be, 16 * 4, (void **)&m->ints, "valid lengths"));
+    NIB_RETURN_IF_ERR(nib_be_alloc_act(&m->be, (uint64_t)S * 4, (void **)&m->pos_prefix, "prefix positions"));
+    NIB_RETURN_IF_ERR(nib_be_alloc_act(&m->be, (uint64_t)H * 4, (void **)&m->pos_suffix, "suffix positions"));
+    NIB_RETURN_IF_ERR(nib_be_alloc_act(&m->be, (uint64_t)c->max_text * 4, (void **)&m->ids, "text ids"));
+    NIB_RETURN_IF_ERR(nib_be_alloc_act(&m->be, (uint64_t)c->max_cameras * c->v_channels * c->v_image * c->v_image * 4,
+                                       &m->img, "images"));
+    return NIB_OK;
+}
+
+static nib_status needf(const nib_st_file *f, int nd, const int64_t *shape, const char *fmt, ...) NIB_PRINTF(4, 5);
+static nib_status needf(const nib_st_file *f, int nd, const int64_t *shape, const char *fmt, ...) {
+    char n[512];
+    const nib_st_tensor *t;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(n, sizeof n, fmt, ap);
+    va_end(ap);
+    return nib_pi05_need(f, n, nd, shape, &t);
+}
+
+/* Every tensor the architecture defines must be present with its shape, also those inference
+ * never reads (the last prefix layer's attention output and MLP, the final norms): a checkpoint
+ * missing them is truncated or mislabeled, and that is reported before anything is loaded. */
+static nib_status check_all_tensors(const nib_st_file *f, const nib_pi05_config *c) {
+    const int64_t Wv = c->v_width, W = c->width, We = c->e_width, hd = c->head_dim, nkv = c->kv_heads;
+    for (int l = 0; l < c->v_layers; l++) {
+        const char *V = PI05_VP ".encoder.layers";
+        const char *ln[4] = {"layer_norm1.weight", "layer_norm1.bias", "layer_norm2.weight", "layer_norm2.bias"};
+        for (int i = 0; i < 4; i++) NIB_RETURN_IF_ERR(needf(f, 1, (int64_t[]){Wv}, "%s.%d.%s", V, l, ln[i]));
+        const char *pr[4] = {"q_proj", "k_proj", "v_proj", "out_proj"};
+        for (int i = 0; i < 4; i++) {
+            NIB_RETURN_IF_ERR(needf(f, 2, (int64_t[]){Wv, Wv}, "%s.%d.self_attn.%s.weight", V, l, pr[i]));
+            NIB_RETURN_IF_ERR(needf(f, 1, (int64_t[]){Wv}, "%s.%d.self_attn.%s.bias", V, l, pr[i]));
+        }
+        NIB_RETURN_IF_ERR(needf(f, 2, (int64_t[]){c->v_mlp, Wv}, "%s.%d.mlp.fc1.weight", V, l));
+        NIB_RETURN_IF_ERR(needf(f, 1, (int64_t[]){c->v_mlp}, "%s.%d.mlp.fc1.bias", V, l));
+        NIB_RETURN_IF_ERR(needf(f, 2, (int64_t[]){Wv, c->v_mlp}, "%s.%d.mlp.fc2.weight", V, l));
+        NIB_RETURN_IF_ERR(needf(f, 1, (int64_t[]){Wv}, "%s.%d.mlp.fc2.bias", V, l));
+    }
+    for (int e = 0; e < 2; e++) {
+        const char *P = e ? PI05_EP : PI05_LP;
+        const int64_t w = e ? We : W, fm = e ? c->e_mlp : c->mlp, nh = e ? c->e_heads : c->heads;
+        for (int l = 0; l < c->layers; l++) {
+            if (e) {
+                NIB_RETURN_IF_ERR(needf(f, 2, (int64_t[]){3 * We, We}, "%s.layers.%d.input_layernorm.dense.weight", P, l));
+                NIB_RETURN_IF_ERR(needf(f, 1, (int64_t[]){3 * We}, "%s.layers.%d.input_layernorm.dense.bias", P, l));
+                NIB_RETURN_IF_ERR(needf(f, 2, (int64_t[]){3 * We, We}, "%s.layers.%d.post_attention_layernorm.dense.weight", P, l));
+                NIB_RETURN_IF_ERR(needf(f, 1, (int64_t[]){3 * We}, "%s.layers.%d.post_attention_layernorm.dense.bias", P, l));
+            } else {
+                NIB_RETURN_IF_ERR(needf(f, 1, (int64_t[]){W}, "%s.layers.%d.input_layernorm.weight", P, l));
+                NIB_RETURN_IF_ERR(needf(f, 1, (int64_t[]){W}, "%s.layers.%d.post_attention_layernorm.weight", P, l));
+            }
+            NIB_RETURN_IF_ERR(needf(f, 2, (int64_t[]){nh * hd, w}, "%s.layers.%d.self_attn.q_proj.weight", P, l));
+            NIB_RETURN_IF_ERR(needf(f, 2, (int64_t[]){nkv * hd, w}, "%s.layers.%d.self_attn.k_proj.weight", P, l));
+            NIB_RETURN_IF_ERR(needf(f, 2, (int64_t[]){nkv * hd, w}, "%s.layers.%d.self_attn.v_proj.weight", P, l));
+            NIB_RETURN_IF_ERR(needf(f, 2, (int64_t[]){w, nh * hd}, "%s.layers.%d.self_attn.o_proj.weight", P, l));
+            NIB_RETURN_IF_ERR(needf(f, 2, (int64_t[]){fm, w}, "%s.layers.%d.mlp.gate_proj.weight", P, l));
+            NIB_RETURN_IF_ERR(needf(f, 2, (int64_t[]){fm, w}, "%s.layers.%d.mlp.up_proj.weight", P, l));
+            NIB_RETURN_IF_ERR(needf(f, 2, (int64_t[]){w, fm}, "%s.layers.%d.mlp.down_proj.weight", P, l));
+        }
+    }
+    NIB_RETURN_IF_ERR(needf(f, 1, (int64_t[]){W}, PI05_LP ".norm.weight"));
+    NIB_RETURN_IF_ERR(needf(f, 2, (int64_t[]){3 * We, We}, PI05_EP ".norm.dense.weight"));
+    NIB_RETURN_IF_ERR(needf(f, 1, (int64_t[]){3 * We}, PI05_EP ".norm.dense.bias"));
+    return NIB_OK;
+}
+
+nib_status nib_pi05_load(const nib_st_file *f, const nib_pi05_config *cfg, const nib_pi05_precision *prec,
+                         nib_pi05 **out) {
+    nib_status st = NIB_OK;
+    *out = NULL;
+    nib_pi05 *m = nib_calloc(1, sizeof *m);
+    if (!m) return NIB_ERR_OUT_OF_MEMORY;
+    m->c = *cfg;
+    m->prec = *prec;
+    const nib_pi05_config *c = &m->c;
+    if (c->max_cameras < 1 || c->max_cameras > 8 || c->max_text < 0 || c->max_horizon < 1 || c->steps < 1 || c->steps > 64) {
+        st = NIB_ERR(NIB_ERR_INVALID_ARG, "pi05: maxima cameras %d, text %d, horizon %d, steps %d out of range",
+                     c->max_cameras, c->max_text, c->max_horizon, c->steps);
+        goto fail;
+    }
+    NIB_TRY(check_all_tensors(f, c));
+    m->kpatch = (c->v_channels * c->v_patch * c->v_patch + 15) / 16 * 16;
+    m->be.act_size = prec->backend == NIB_BE_REF ? 4 : 2; /* for plan_sizes before init */
+    m->be.kind = prec->backend;
+    {
+        nib_be_sizes sz;
+        memset(&sz, 0, sizeof sz);
+        plan_sizes(m, &sz);
+        if (prec->backend == NIB_BE_CUDA) NIB_TRY(attn_ws_bytes(m, &sz.attn_ws_bytes));
+        NIB_TRY(nib_be_init(&m->be, prec->backend, &sz));
+    }
+    m->vl = nib_calloc((size_t)c->v_layers, sizeof *m->vl);
+    m->pl = nib_calloc((size_t)c->layers, sizeof *m->pl);
+    m->el = nib_calloc((size_t)c->e_layers, sizeof *m->el);
+    if (!m->vl || !m->pl || !m->el) {
+        st = NIB_ERR_OUT_OF_MEMORY;
+        goto fail;
+    }
+    NIB_TRY(load_vision(m, f));
+    {
+        /* token embedding (tied lm_head), in the activation dtype */
+        const nib_st_tensor *t;
+        int64_t es[2] = {c->vocab, c->width};
+        NIB_TRY(nib_pi05_need(f, PI05_EMBED, 2, es, &t));
+        NIB_TRY(nib_be_alloc_weight(&m->be, (uint64_t)c->vocab * c->width * m->be.act_size, &m->embed, "token embedding"));
+        if (m->be.kind == NIB_BE_CUDA && t->dtype == NIB_DTYPE_BF16) {
+            NIB_TRY(nib_be_upload(&m->be, m->embed, t->data, t->nbytes));
+        } else {
+            /* row blocks through an fp32 buffer (the table can be GBs) */
+            const int64_t rows = 4096;
+            float *buf = nib_malloc((size_t)(rows * c->width) * 4);
+            if (!buf) {
+                st = NIB_ERR_OUT_OF_MEMORY;
+                goto fail;
+            }
+            for (int64_t r0 = 0; r0 < c->vocab && !st; r0 += rows) {
+                int64_t nr = r0 + rows < c->vocab ? rows : c->vocab - r0;
+                nib_st_tensor part = *t;
+                part.numel = (uint64_t)(nr * c->width);
+                part.data = (const uint8_t *)t->data + (uint64_t)r0 * c->width * nib_dtype_size(t->dtype);
+                st = to_f32(&part, buf);
+                if (!st) st = nib_be_upload_act(&m->be, (uint8_t *)m->embed + (uint64_t)r0 * c->width * m->be.act_size,
+                                                buf, (uint64_t)(nr * c->width));
+            }
+            nib_free(buf);
+            if (st) goto fail;
+        }
+    }
+    NIB_TRY(load_lm(m, f, 0));
+    NIB_TRY(load_lm(m, f, 1));
+    NIB_TRY(load_expert_heads(m, f));
+    {
+        float *inv = nib_malloc((size_t)c->head_dim / 2 * 4 + 4);
+        if (!inv) {
+            st = NIB_ERR_OUT_OF_MEMORY;
+            goto fail;
+        }
+        st = nib_rope_inv_freq(NIB_ROPE_THETA, c->head_dim, inv);
+        if (!st) st = nib_be_alloc_weight(&m->be, (uint64_t)c->head_dim / 2 * 4, (void **)&m->inv_freq, "rope inv_freq");
+        if (!st) st = nib_be_upload(&m->be, m->inv_freq, inv, (uint64_t)c->head_dim / 2 * 4);
+        nib_free(inv);
+        if (st) goto fail;
+    }
+    NIB_TRY(alloc_buffers(m));
+    NIB_TRY(nib_be_sync(&m->be));
+    *out = m;
+    return NIB_OK;
+fail:
+    nib_pi05_free(m);
+    return st;
+}
+
+void nib_pi05_free(nib_pi05 *m) {
+    if (!m) return;
+    for (int i = 0; i < MAX_GRAPHS; i++) nib_be_graph_free(m->graphs[i].g);
+    for (int i = 0; i < m->n_ev; i++) nib_be_event_free(m->ev[i]);
+    nib_be_free(&m->be);
+    nib_free(m->vl);
+    nib_free(m->pl);
+    nib_free(m->el);
+    nib_free(m->kv);
+    nib_free(m);
+}
+
+/* ---- forward ------------------------------------------------------------------------------ */
+typedef struct call_shape {
+    int32_t V, L, S, H, u8;
+} call_shape;
+
+#define ACT(p, off) ((void *)((uint8_t *)(p) + (uint64_t)(off) * m->be.act_size))
+
+static nib_status rec_event(nib_pi05 *m, int i) {
+    if (m->be.kind != NIB_BE_CUDA || i >= m->n_ev) return NIB_OK;
+    return nib_be_event_record(&m->be, m->ev[i]);
+}
+
+static nib_status fwd_vision(nib_pi05 *m, const call_shape *cs) {
+    const nib_pi05_config *c = &m->c;
+    const int64_t T = c->v_tokens, Wv = c->v_width, Vt = (int64_t)cs->V * T;
+    nib_be *be = &m->be;
+    nib_im2patch_args ip = {m->img, cs->u8, cs->V, c->v_channels, c->v_image, c->v_patch, m->patches, m->kpatch};
+    NIB_RETURN_IF_ERR(nib_be_im2patch(be, &ip));
+    for (int i = 0; i < cs->V; i++) { /* + position embedding as the residual of each image */
+        nib_gemm_epi e = {0, NULL, m->posemb, Wv};
+        NIB_RETURN_IF_ERR(nib_be_gemm(be, &m->patch, ACT(m->patches, i * T * m->kpatch), T, m->kpatch,
+                                        ACT(m->vx, i * T * Wv), Wv, &e));
+    }
+    for (int l = 0; l < c->v_layers; l++) {
+        const vis_layer *L = &m->vl[l];
+        nib_norm_args n1 = {.kind = NIB_NORM_LAYER, .rows = Vt, .dim = Wv, .eps = NIB_NORM_EPS, .x = m->vx, .ldx = Wv,
+                            .w = L->ln1_w, .b = L->ln1_b, .y = m->vy, .ldy = Wv};
+        NIB_RETURN_IF_ERR(nib_be_norm(be, &n1));
+        NIB_RETURN_IF_ERR(nib_be_gemm(be, &L->qkv, m->vy, Vt, Wv, m->vqkv, 3 * Wv, NULL));
+        nib_attn_prefix_args at;
+        memset(&at, 0, sizeof at);
+        at.q = m->vqkv, at.k = ACT(m->vqkv, Wv), at.v = ACT(m->vqkv, 2 * Wv), at.o = m->vattn;
+        at.q_tok = at.k_tok = at.v_tok = 3 * Wv, at.o_tok = Wv;
+        at.q_seq = at.k_seq = at.v_seq = T * 3 * Wv, at.o_seq = T * Wv;
+        at.n_seq = cs->V, at.s_max = (int32_t)T, at.n_heads = c->v_heads, at.n_kv_heads = c->v_heads;
+        at.head_dim = c->v_head_dim;
+        NIB_RETURN_IF_ERR(nib_be_attn_prefix(be, &at));
+        nib_gemm_epi res = {0, NULL, m->vx, Wv};
+        NIB_RETURN_IF_ERR(nib_be_gemm(be, &L->o, m->vattn, Vt, Wv, m->vx, Wv, &res));
+        nib_norm_args n2 = n1;
+        n2.w = L->ln2_w, n2.b = L->ln2_b;
+        NIB_RETURN_IF_ERR(nib_be_norm(be, &n2));
+        NIB_RETURN_IF_ERR(nib_be_gemm(be, &L->fc1, m->vy, Vt, Wv, m->vmlp, c->v_mlp, NULL));
+        nib_act_args g = {NIB_ACT_GELU_TANH, Vt, NULL, c->v_mlp, m->vmlp, c->v_mlp, m->vmlp, c->v_mlp};
+        NIB_RETURN_IF_ERR(nib_be_act(be, &g));
+        NIB_RETURN_IF_ERR(nib_be_gemm(be, &L->fc2, m->vmlp, Vt, c->v_mlp, m->vx, Wv, &res));
+    }
+    nib_norm_args pn = {.kind = NIB_NORM_LAYER, .rows = Vt, .dim = Wv, .eps = NIB_NORM_EPS, .x = m->vx, .ldx = Wv,
+                        .w = m->post_w, .b = m->post_b, .y = m->vy, .ldy = Wv};
+    NIB_RETURN_IF_ERR(nib_be_norm(be, &pn));
+    /* image tokens: rows [0, V*T) of the prefix */
+    return nib_be_gemm(be, &m->proj, m->vy, Vt, Wv, m->px, c->width, NULL);
+}
+
+static nib_status fwd_prefix(nib_pi05 *m, const call_shape *cs) {
+    const nib_pi05_config *c = &m->c;
+    nib_be *be = &m->be;
+    const int64_t W = c->width, hd = c->head_dim, nh = c->heads, nkv = c->kv_heads, S = cs->S;
+    const int64_t Vt = (int64_t)cs->V * c->v_tokens;
+    /* text tokens after the image tokens: embedding * sqrt(width) (openpi PyTorch: fp32 sqrt) */
+    nib_embed_args ea = {m->embed, c->vocab, W, m->ids, cs->L, sqrtf((float)W), ACT(m->px, Vt * W), W};
+    NIB_RETURN_IF_ERR(nib_be_embed(be, &ea));
+    for (int l = 0; l < c->layers; l++) {
+        const lm_layer *L = &m->pl[l];
+        const int last = l == c->layers - 1;
+        const int64_t qh = last ? 0 : nh, ld = (qh + 2 * nkv) * hd;
+        nib_norm_args n1 = {.kind = NIB_NORM_RMS, .rows = S, .dim = W, .eps = NIB_NORM_EPS, .x = m->px, .ldx = W,
+                            .y = m->py, .ldy = W};
+        NIB_RETURN_IF_ERR(nib_be_norm(be, &n1));
+        NIB_RETURN_IF_ERR(nib_be_gemm(be, &L->qkv, m->py, S, W, m->pqkv, ld, NULL));
+        /* RoPE on q and k heads in place (q is pre-scaled through the weights), then K/V to the
+         * cache; the prefix attention reads the exact bf16 k/v from pqkv */
+        nib_rope_args ro = {NIB_ROPE_HALF, 0, S, NULL, (int32_t)(qh + nkv), (int32_t)hd, (int32_t)hd, m->pos_prefix,
+                            m->inv_freq, m->pqkv, ld};
+        NIB_RETURN_IF_ERR(nib_be_rope(be, &ro));
+        nib_kv_write_args kw = {S, NULL, ACT(m->pqkv, qh * hd), ld, ACT(m->pqkv, (qh + nkv) * hd), ld, &m->kv[l], 0, NULL};
+        NIB_RETURN_IF_ERR(nib_be_kv_write(be, &kw));
+        if (last) break; /* the last layer's output is never used: K/V only */
+        nib_attn_prefix_args at;
+        memset(&at, 0, sizeof at);
+        at.q = m->pqkv, at.k = ACT(m->pqkv, nh * hd), at.v = ACT(m->pqkv, (nh + nkv) * hd), at.o = m->pattn;
+        at.q_tok = at.k_tok = at.v_tok = ld, at.o_tok = nh * hd;
+        at.n_seq = 1, at.s_max = (int32_t)S, at.n_heads = (int32_t)nh, at.n_kv_heads = (int32_t)nkv, at.head_dim = (int32_t)hd;
+        NIB_RETURN_IF_ERR(nib_be_attn_prefix(be, &at));
+        nib_gemm_epi res = {0, NULL, m->px, W};
+        NIB_RETURN_IF_ERR(nib_be_gemm(be, &L->o, m->pattn, S, nh * hd, m->px, W, &res));
+        NIB_RETURN_IF_ERR(nib_be_norm(be, &n1));
+        nib_gemm_epi gg = {1, NULL, NULL, 0};
+        NIB_RETURN_IF_ERR(nib_be_gemm(be, &L->gu, m->py, S, W, m->pmlp, c->mlp, &gg));
+        NIB_RETURN_IF_ERR(nib_be_gemm(be, &L->down, m->pmlp, S, c->mlp, m->px, W, &res));
+    }
+    return NIB_OK;
+}
+
+static nib_status fwd_step(nib_pi05 *m, const call_shape *cs, int s) {
+    const nib_pi05_config *c = &m->c;
+    nib_be *be = &m->be;
+    const int64_t We = c->e_width, hd = c->head_dim, nh = c->e_heads, nkv = c->kv_heads, H = cs->H, A = c->action_dim;
+    const int64_t ld = (nh + 2 * nkv) * hd, nmod = 2 * (int64_t)c->e_layers + 1;
+    const float *mods = m->mods + (int64_t)s * nmod * 3 * We;
+    NIB_RETURN_IF_ERR(nib_be_f32_to_act(be, m->xt, H, A, A, m->xt_act, A));
+    NIB_RETURN_IF_ERR(nib_be_gemm(be, &m->ain, m->xt_act, H, A, m->ex, We, NULL));
+    for (int l = 0; l < c->e_layers; l++) {
+        const lm_layer *L = &m->el[l];
+        const float *ma = mods + (int64_t)(2 * l) * 3 * We, *mf = mods + (int64_t)(2 * l + 1) * 3 * We;
+        nib_norm_args n1 = {.kind = NIB_NORM_ADARMS, .rows = H, .dim = We, .eps = NIB_NORM_EPS, .x = m->ex, .ldx = We,
+                            .scale = ma, .shift = ma + We, .y = m->ey, .ldy = We};
+        NIB_RETURN_IF_ERR(nib_be_norm(be, &n1));
+        NIB_RETURN_IF_ERR(nib_be_gemm(be, &L->qkv, m->ey, H, We, m->eqkv, ld, NULL));
+        /* RoPE at positions P + j, q out, K/V into cache slots P .. P + H - 1 */
+        nib_qkv_args qa = {H, NULL, (int32_t)nh, (int32_t)nkv, (int32_t)hd, m->eqkv, ld, m->pos_suffix, m->inv_freq,
+                           1.0f, m->eq, nh * hd, &m->kv[l], 0, m->ints + 2};
+        NIB_RETURN_IF_ERR(nib_be_qkv(be, &qa));
+        nib_attn_cache_args ca;
+        memset(&ca, 0, sizeof ca);
+        ca.q = m->eq, ca.o = m->eattn, ca.q_tok = ca.o_tok = nh * hd, ca.nq = (int32_t)H, ca.n_heads = (int32_t)nh;
+        ca.kv = m->kv[l], ca.t_valid = m->ints + 1;
+        NIB_RETURN_IF_ERR(nib_be_attn_cache(be, &ca));
+        nib_gemm_epi ga = {0, ma + 2 * We, m->ex, We}; /* gated residual */
+        NIB_RETURN_IF_ERR(nib_be_gemm(be, &L->o, m->eattn, H, nh * hd, m->ex, We, &ga));
+        nib_norm_args n2 = n1;
+        n2.scale = mf, n2.shift = mf + We;
+        NIB_RETURN_IF_ERR(nib_be_norm(be, &n2));
+        nib_gemm_epi gg = {1, NULL, NULL, 0};
+        NIB_RETURN_IF_ERR(nib_be_gemm(be, &L->gu, m->ey, H, We, m->emlp, c->e_mlp, &gg));
+        nib_gemm_epi gf = {0, mf + 2 * We, m->ex, We};
+        NIB_RETURN_IF_ERR(nib_be_gemm(be, &L->down, m->emlp, H, c->e_mlp, m->ex, We, &gf));
+    }
+    const float *mfin = mods + (nmod - 1) * 3 * We;
+    nib_norm_args nf = {.kind = NIB_NORM_ADARMS, .rows = H, .dim = We, .eps = NIB_NORM_EPS, .x = m->ex, .ldx = We,
+                        .scale = mfin, .shift = mfin + We, .y = m->ey, .ldy = We};
+    NIB_RETURN_IF_ERR(nib_be_norm(be, &nf));
+    NIB_RETURN_IF_ERR(nib_be_gemm(be, &m->aout, m->ey, H, We, m->eout, A, NULL)); /* dt folded */
+    return nib_be_axpy_f32(be, m->xt, H, A, A, m->eout, A);
+}
+
+static nib_status forward(nib_pi05 *m, const call_shape *cs) {
+    NIB_RETURN_IF_ERR(rec_event(m, 0));
+    if (cs->V > 0) NIB_RETURN_IF_ERR(fwd_vision(m, cs));
+    NIB_RETURN_IF_ERR(rec_event(m, 1));
+    NIB_RETURN_IF_ERR(fwd_prefix(m, cs));
+    NIB_RETURN_IF_ERR(rec_event(m, 2));
+    for (int s = 0; s < m->c.steps; s++) {
+        NIB_RETURN_IF_ERR(fwd_step(m, cs, s));
+        NIB_RETURN_IF_ERR(rec_event(m, 3 + s));
+    }
+    return NIB_OK;
+}
+
+/* ---- run ------------------------------------------------------------------------------------ */
+static nib_status upload_inputs(nib_pi05 *m, const nib_pi05_inputs *in, call_shape *cs) {
+    const nib_pi05_config *c = &m->c;
+    nib_status st = NIB_OK;
+    if (!in || (in->n_cameras > 0 && !in->images_f32 && !in->images_u8))
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "pi05 inputs: %d cameras but no images", in ? in->n_cameras : 0);
+    if (in->n_cameras < 0 || in->n_cameras > c->max_cameras)
+        return NIB_ERR(NIB_ERR_SHAPE, "pi05 inputs: %d cameras (this model was planned for at most %d)", in->n_cameras,
+                       c->max_cameras);
+    if (in->n_text < 0 || in->n_text > c->max_text)
+        return NIB_ERR(NIB_ERR_SHAPE, "pi05 inputs: %d text tokens (planned maximum %d)", in->n_text, c->max_text);
+    if (in->horizon < 1 || in->horizon > c->max_horizon)
+        return NIB_ERR(NIB_ERR_SHAPE, "pi05 inputs: horizon %d outside 1..%d", in->horizon, c->max_horizon);
+    for (int32_t i = 0; i < in->n_text; i++)
+        if (in->text_ids[i] < 0 || in->text_ids[i] >= c->vocab)
+            return NIB_ERR(NIB_ERR_INVALID_ARG, "pi05 inputs: text id %d at position %d outside the vocabulary of %lld",
+                           in->text_ids[i], i, (long long)c->vocab);
+    const int u8 = in->images_u8 != NULL;
+    const uint64_t img_elems = (uint64_t)c->v_channels * c->v_image * c->v_image, esz = u8 ? 1 : 4;
+    int32_t V = 0;
+    for (int32_t i = 0; i < in->n_cameras; i++) {
+        if (in->image_mask && !in->image_mask[i]) continue; /* masked cameras are skipped (exact) */
+        const void *src = u8 ? (const void *)(in->images_u8 + i * img_elems) : (const void *)(in->images_f32 + i * img_elems);
+        if (!u8)
+            for (uint64_t j = 0; j < img_elems; j++)
+                if (!isfinite(in->images_f32[i * img_elems + j]))
+                    return NIB_ERR(NIB_ERR_NUMERICS, "pi05 inputs: image %d has a non-finite value at element %llu", i,
+                                   (unsigned long long)j);
+        NIB_RETURN_IF_ERR(nib_be_upload(&m->be, (uint8_t *)m->img + V * img_elems * esz, src, img_elems * esz));
+        V++;
+    }
+    cs->V = V, cs->L = in->n_text, cs->H = in->horizon, cs->u8 = u8;
+    cs->S = V * c->v_tokens + in->n_text;
+    if (cs->S < 1) return NIB_ERR(NIB_ERR_INVALID_ARG, "pi05 inputs: no valid camera and no text: the prefix is empty");
+    int32_t *pos = nib_malloc((size_t)(cs->S + cs->H) * 4);
+    float *noise = nib_malloc((size_t)cs->H * c->action_dim * 4);
+    if (!pos || !noise) {
+        nib_free(pos), nib_free(noise);
+        return NIB_ERR_OUT_OF_MEMORY;
+    }
+    for (int32_t i = 0; i < cs->S + cs->H; i++) pos[i] = i; /* valid tokens keep their positions */
+    if (in->noise) {
+        memcpy(noise, in->noise, (size_t)cs->H * c->action_dim * 4);
+        for (int64_t i = 0; i < (int64_t)cs->H * c->action_dim; i++)
+            if (!isfinite(noise[i])) {
+                st = NIB_ERR(NIB_ERR_NUMERICS, "pi05 inputs: noise element %lld is not finite", (long long)i);
+                break;
+            }
+    } else {
+        nib_rng r;
+        nib_rng_seed(&r, in->seed);
+        for (int64_t i = 0; i < (int64_t)cs->H * c->action_dim; i++) noise[i] = (float)nib_rng_normal(&r);
+    }
+    int32_t ints[16] = {cs->S, cs->S + cs->H, cs->S};
+    if (!st) st = nib_be_upload(&m->be, m->pos_prefix, pos, (uint64_t)cs->S * 4);
+    if (!st) st = nib_be_upload(&m->be, m->pos_suffix, pos + cs->S, (uint64_t)cs->H * 4);
+    if (!st && cs->L) st = nib_be_upload(&m->be, m->ids, in->text_ids, (uint64_t)cs->L * 4);
+    if (!st) st = nib_be_upload(&m->be, m->ints, ints, sizeof ints);
+    if (!st) st = nib_be_upload(&m->be, m->xt, noise, (uint64_t)cs->H * c->action_dim * 4);
+    nib_free(pos), nib_free(noise);
+    m->last_P = cs->S;
+    return st;
+}
+
+static nib_status get_graph(nib_pi05 *m, const call_shape *cs, nib_be_graph **out) {
+    graph_entry *lru = &m->graphs[0];
+    m->clock++;
+    for (int i = 0; i < MAX_GRAPHS; i++) {
+        graph_entry *g = &m->graphs[i];
+        if (g->used && g->V == cs->V && g->L == cs->L && g->H == cs->H && g->u8 == cs->u8) {
+            g->last_use = m->clock;
+            *out = g->g;
+            return NIB_OK;
+        }
+        if (!g->used || g->last_use < lru->last_use) lru = g;
+    }
+    nib_be_graph_free(lru->g);
+    memset(lru, 0, sizeof *lru);
+    /* first run of this shape eagerly (per-kernel first-launch costs stay out of the graph) */
+    NIB_RETURN_IF_ERR(forward(m, cs));
+    NIB_RETURN_IF_ERR(nib_be_sync(&m->be));
+    NIB_RETURN_IF_ERR(nib_be_capture_begin(&m->be));
+    nib_status st = forward(m, cs);
+    if (st) {
+        nib_be_capture_abort(&m->be);
+        return st;
+    }
+    NIB_RETURN_IF_ERR(nib_be_capture_end(&m->be, &lru->g));
+    lru->used = 1, lru->V = cs->V, lru->L = cs->L, lru->H = cs->H, lru->u8 = cs->u8, lru->last_use = m->clock;
+    *out = lru->g;
+    return NIB_OK;
+}
+
+nib_status nib_pi05_run(nib_pi05 *m, const nib_pi05_inputs *in, float *actions, nib_pi05_timing *timing) {
+    call_shape cs;
+    memset(&cs, 0, sizeof cs);
+    NIB_RETURN_IF_ERR(upload_inputs(m, in, &cs));
+    if (timing) memset(timing, 0, sizeof *timing);
+    if (m->be.kind == NIB_BE_REF) {
+        double t0 = nib_now_s();
+        NIB_RETURN_IF_ERR(forward(m, &cs));
+        if (timing) timing->total_ms = 1e3 * (nib_now_s() - t0), timing->steps = m->c.steps;
+    } else {
+        if (!m->n_ev) {
+            for (int i = 0; i < 3 + m->c.steps; i++) NIB_RETURN_IF_ERR(nib_be_event_create(&m->ev[m->n_ev++]));
+        }
+        nib_be_graph *g;
+        NIB_RETURN_IF_ERR(get_graph(m, &cs, &g));
+        /* get_graph may have run the model eagerly for a new shape: restore x_t = noise */
+        NIB_RETURN_IF_ERR(upload_inputs(m, in, &cs));
+        NIB_RETURN_IF_ERR(nib_be_graph_launch(&m->be, g));
+        NIB_RETURN_IF_ERR(nib_be_sync(&m->be));
+        if (timing) {
+            float ms;
+            NIB_RETURN_IF_ERR(nib_be_event_ms(m->ev[0], m->ev[1], &ms));
+            timing->vision_ms = ms;
+            NIB_RETURN_IF_ERR(nib_be_event_ms(m->ev[1], m->ev[2], &ms));
+            timing->prefix_ms = ms;
+            for (int s = 0; s < m->c.steps; s++) {
+                NIB_RETURN_IF_ERR(nib_be_event_ms(m->ev[2 + s], m->ev[3 + s], &ms));
+                timing->step_ms[s] = ms;
+            }
+            NIB_RETURN_IF_ERR(nib_be_event_ms(m->ev[0], m->ev[2 + m->c.steps], &ms));
+            timing->total_ms = ms;
+            timing->steps = m->c.steps;
+        }
+    }
+    return nib_be_download(&m->be, actions, m->xt, (uint64_t)cs.H * m->c.action_dim * 4);
+}
+
+nib_status nib_pi05_prefix_kv(nib_pi05 *m, int layer, int which, float *out, int32_t max_tokens, int32_t *p) {
+    if (layer < 0 || layer >= m->c.layers || (which != 0 && which != 1))
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "prefix_kv: layer %d / which %d", layer, which);
+    int32_t P = m->last_P < max_tokens ? m->last_P : max_tokens;
+    *p = P;
+    if (P <= 0) return NIB_OK;
+    const uint64_t n = (uint64_t)P * m->c.kv_heads * m->c.head_dim;
+    nib_kv_read_args r = {&m->kv[layer], which, 0, P, NULL, NIB_DTYPE_F32};
+    if (m->be.kind == NIB_BE_REF) {
+        r.out = out;
+        return nib_ref_kv_read(&r);
+    }
+    if (n * 4 > m->be.gemm_tmp_bytes) return NIB_ERR(NIB_ERR_SHAPE, "prefix_kv: %u tokens exceed the scratch", (unsigned)P);
+    r.out = m->be.gemm_tmp;
+    NIB_RETURN_IF_ERR(nib_cuda_kv_read(&r, m->be.stream));
+    return nib_be_download(&m->be, out, m->be.gemm_tmp, n * 4);
+}
+
+void nib_pi05_cost_of(const nib_pi05 *m, int32_t cameras, int32_t n_text, int32_t horizon, nib_pi05_cost *k) {
+    const nib_pi05_config *c = &m->c;
+    memset(k, 0, sizeof *k);
+    const double Wv = c->v_width, Fv = c->v_mlp, W = c->width, F = c->mlp, We = c->e_width, Fe = c->e_mlp;
+    const double hd = c->head_dim, nh = c->heads, eh = c->e_heads, nkv = c->kv_heads;
+    const double T = c->v_tokens, S = cameras * T + n_text, H = horizon;
+    /* parameters of each stage's linears (weights read once per call / per step) */
+    double vp = c->v_layers * (4 * Wv * Wv + 2 * Wv * Fv) + W * Wv + Wv * m->kpatch;
+    double pp = (c->layers - 1) * ((nh + 2 * nkv) * hd * W + W * nh * hd + 3 * W * F) + 2 * nkv * hd * W;
+    double ep = c->e_layers * ((eh + 2 * nkv) * hd * We + We * eh * hd + 3 * We * Fe) + 2 * We * c->action_dim;
+    double bpp[NIB_WFMT_COUNT] = {2, 1, 0.5625, 0.53125, 0.53125};
+    k->vision_bytes = vp * bpp[m->prec.vision];
+    k->prefix_bytes = pp * bpp[m->prec.prefix];
+    k->step_bytes = ep * bpp[m->prec.expert];
+    /* FLOPs: 2 per weight per token, plus attention */
+    k->vision_flops = 2 * vp * cameras * T + c->v_layers * cameras * 4.0 * T * T * Wv;
+    k->prefix_flops = 2 * pp * S + (c->layers - 1) * 4.0 * S * S * nh * hd;
+    k->step_flops = 2 * ep * H + c->e_layers * 4.0 * H * (S + H) * eh * hd;
+    k->prefix_tokens = (int32_t)S;
+}

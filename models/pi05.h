@@ -1,0 +1,124 @@
+/* pi05.h — the Pi0.5 policy: SigLIP vision -> Gemma-2B prefix (fills a KV cache) -> Gemma-300M
+ * action expert run for N flow-matching Euler steps. The exact model is
+ * ../shared/reference/pi05.md; this file is the engine's internal API (cli/ and tests use it).
+ *
+ * Written once against runtime/backend.h: the same code runs on the reference backend (fp32, CPU)
+ * and on the CUDA backend (bf16 activations, low-bit weights, one CUDA graph per call shape).
+ *
+ * Load-time folding (exact rewrites of the model, done in fp32 before any quantization):
+ *   - Gemma RMSNorm (1 + w) folded into the columns of the following QKV and gate|up weights;
+ *   - the attention q scale folded into the q rows (Gemma: 1/16, exact; SigLIP: 1/sqrt(72));
+ *   - fused QKV and gate|up weights;
+ *   - the time MLP and all adaRMS modulations (scale, shift, gate) precomputed for the N steps;
+ *   - dt = -1/N folded into action_out_proj, so each step is x += out.
+ * Exact skips: masked cameras are not run; only the valid text tokens enter the prefix (the
+ * positions of valid tokens are unchanged, pi05.md §1.5); the last prefix layer computes K/V only.
+ */
+#ifndef NIB_MODELS_PI05_H
+#define NIB_MODELS_PI05_H
+
+#include <stdint.h>
+
+#include "base/base.h"
+#include "io/safetensors.h"
+#include "ops/gemm.h"
+#include "ops/kvcache.h"
+#include "runtime/backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct nib_pi05_config {
+    /* SigLIP */
+    int32_t v_width, v_layers, v_heads, v_head_dim, v_mlp, v_patch, v_image, v_channels, v_tokens;
+    /* Gemma-2B prefix ("expert 0") */
+    int32_t width, layers, heads, kv_heads, head_dim, mlp;
+    int64_t vocab;
+    /* Gemma-300M action expert ("expert 1") */
+    int32_t e_width, e_layers, e_heads, e_mlp;
+    int32_t action_dim;
+    /* run-time maxima (plan sizes) */
+    int32_t max_cameras, max_text, max_horizon, steps;
+} nib_pi05_config;
+
+/* Per-component weight format and KV-cache dtype. */
+typedef struct nib_pi05_precision {
+    nib_be_kind backend;   /* REF: fp32 reference; the formats below are then ignored */
+    nib_wfmt vision, prefix, expert;
+    nib_kv_dtype kv;
+} nib_pi05_precision;
+
+/* "bf16": everything bf16, BF16 KV. "fast": FP8 (W8A8) vision and prefix, NVFP4 expert, BF16 KV.
+ * "ref": the fp32 reference backend. */
+nib_status nib_pi05_preset(const char *name, nib_pi05_precision *out);
+/* "vision=fp8,prefix=bf16,expert=int4,kv=fp8" overrides on top of a preset; "backend=ref" runs
+ * the fp32 reference with the preset's quantized weights (exactly dequantized) and KV dtype: the
+ * precision-matched reference of a GPU preset. */
+nib_status nib_pi05_precision_override(nib_pi05_precision *p, const char *spec);
+const char *nib_pi05_precision_str(const nib_pi05_precision *p, char *buf, size_t n);
+
+/* Dimensions from a checkpoint (shapes, plus the "nib.pi05.config" JSON metadata entry when
+ * present). Accepts openpi-converted key names with or without a "model." prefix. */
+nib_status nib_pi05_config_from_file(const nib_st_file *f, nib_pi05_config *cfg);
+/* Parse a JSON config object (the metadata entry) into cfg fields present in it. */
+nib_status nib_pi05_config_parse_json(const char *json, size_t len, nib_pi05_config *cfg);
+
+typedef struct nib_pi05 nib_pi05;
+
+/* Load and fold a checkpoint for `prec`; sizes every buffer for the config's maxima. */
+nib_status nib_pi05_load(const nib_st_file *f, const nib_pi05_config *cfg, const nib_pi05_precision *prec,
+                         nib_pi05 **out);
+void nib_pi05_free(nib_pi05 *m);
+const nib_pi05_config *nib_pi05_cfg(const nib_pi05 *m);
+
+typedef struct nib_pi05_inputs {
+    int32_t n_cameras;          /* cameras given (<= max_cameras) */
+    const float *images_f32;    /* [n][3][224][224] in [-1, 1], or NULL */
+    const uint8_t *images_u8;   /* [n][224][224][3], or NULL */
+    const uint8_t *image_mask;  /* [n] 0/1 or NULL (all valid); masked cameras are skipped */
+    const int32_t *text_ids;    /* [n_text] */
+    int32_t n_text;
+    int32_t horizon;            /* H (<= max_horizon) */
+    const float *noise;         /* [H][action_dim] or NULL: seeded N(0, 1) from `seed` */
+    uint64_t seed;
+} nib_pi05_inputs;
+
+typedef struct nib_pi05_timing {
+    double vision_ms, prefix_ms, step_ms[64], total_ms;
+    int steps;
+} nib_pi05_timing;
+
+/* One policy call. actions: [H][action_dim] fp32. On CUDA the call is captured once per call
+ * shape (cameras, text bucket, H) and replayed; timing (optional) is the per-stage breakdown
+ * of this call measured with events inside the graph. */
+nib_status nib_pi05_run(nib_pi05 *m, const nib_pi05_inputs *in, float *actions, nib_pi05_timing *timing);
+
+/* After a run: layer l's prefix K (which = 0) or V (1) for the valid prefix tokens, dequantized
+ * to fp32 [P][head_dim] (the accuracy tool compares these across backends). P is returned. */
+nib_status nib_pi05_prefix_kv(nib_pi05 *m, int layer, int which, float *out, int32_t max_tokens, int32_t *p);
+
+/* Accounting for the bench: bytes of weights read per stage and FLOPs per stage for a call
+ * shape. */
+typedef struct nib_pi05_cost {
+    double vision_bytes, prefix_bytes, step_bytes;
+    double vision_flops, prefix_flops, step_flops;
+    int32_t prefix_tokens;
+} nib_pi05_cost;
+void nib_pi05_cost_of(const nib_pi05 *m, int32_t cameras, int32_t n_text, int32_t horizon, nib_pi05_cost *c);
+
+/* A synthetic checkpoint with seeded random weights of realistic scale (linears N(0, 0.02),
+ * norm weights near 0, adaRMS small), written to `path` as openpi-converted key names (bf16).
+ * cfg gives the dimensions (full size or reduced); its JSON goes into the metadata. */
+nib_status nib_pi05_synth_checkpoint(const char *path, const nib_pi05_config *cfg, uint64_t seed);
+/* unit_gain = 1: for tests, weights N(0, 1/fan_in) and adaRMS gates near 1, so every layer
+ * contributes to the actions at order one (the realistic init leaves the layers' share tiny). */
+nib_status nib_pi05_synth_checkpoint_ex(const char *path, const nib_pi05_config *cfg, uint64_t seed, int unit_gain);
+/* The full-size Pi0.5 config and a reduced one for CPU tests. */
+void nib_pi05_config_full(nib_pi05_config *cfg);
+void nib_pi05_config_tiny(nib_pi05_config *cfg);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

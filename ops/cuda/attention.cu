@@ -1,0 +1,369 @@
+/* attention.cu — softmax attention on tensor cores (see ops/attention.h for the contract):
+ *   prefix self-attention (Gemma prefix: MQA 8 x 1 heads, D 256; SigLIP: MHA 16 heads, D 72,
+ *   batched over images) and attention over one layer's KV cache (Pi0.5 suffix, decoding) with
+ *   the cache in BF16, FP8 (e4m3 + per-(token, head) scale) or NVFP4 (e2m1 + e4m3 block scale
+ *   per 16 + per-(token, head) fp32 global).
+ *
+ * One kernel template does all of it (flash-attention 2 style, mma.sync m16n8k16 bf16 -> fp32):
+ *   - A CTA owns a block of query ROWS of one (sequence, KV head): row r is (token r / group,
+ *     query head kvh * group + r % group), so with MQA the 8 heads of a token are 8 rows that
+ *     share every K/V tile: each K/V byte is brought into shared memory once per row block
+ *     (one row block covers all rows of the suffix at H <= 8; H = 10 -> 80 rows -> 1 block).
+ *   - ... and one SPLIT of the key axis (flash-decoding): split s covers the keys
+ *     nib_attn_split_range(T, n_splits, TK, s) with T read on the device, so a graph captured
+ *     at the maximum sizes spreads any valid length over all splits.
+ *   - Warps = WR row groups (16 rows each) x WT token groups; a K/V tile holds TK = WT*KW*16
+ *     keys; warp (wr, wt) runs an online softmax for its 16 rows over its KW*16 keys of every
+ *     tile. WT > 1 (decoding: one row group) merges the token groups through shared memory.
+ *   - Pipeline: ST stages of cp.async (16-byte, zero-fill past the split end), one
+ *     __syncthreads per tile (two for low-bit). BF16 tiles land in the padded layout the MMAs
+ *     read (ldmatrix for K, ldmatrix.trans for V). FP8/NVFP4 tiles land raw and are decoded
+ *     exactly into a bf16 tile (+ per-token fp32 scale arrays) before the MMAs.
+ *   - Per tile and warp: S = Q K^T (fp32), x = S [* k_scale] * log2(e), masked keys -> -inf,
+ *     m' = max(m, rowmax x), p = 2^(x - m'), l = l 2^(m - m') + sum p (fp32, lane-partial),
+ *     O = O 2^(m - m') + bf16(p [* v_scale]) V.
+ *   - n_splits = 1: o = O / l written as bf16. n_splits > 1: (m, l, O / l) fp32 to the
+ *     workspace, then k_attn_merge combines the splits in split order (deterministic).
+ * Head dims: 72 (and any multiple of 8 up to 80) run padded to 80, others up to 256 padded to
+ * 256; the cache path needs D = 256. Variants (FMT x config), picked by rows per KV group:
+ *   dec  WR1 x WT2, TK 32, 64 threads, 2-3 CTAs/SM (rows <= 16: decode, small suffix)
+ *   r4   WR4 x WT1, TK 64, 128 threads              (rows <= 64)
+ *   r8   WR8 x WT1, TK 64, 256 threads, 1 CTA/SM    (prefix, suffix with H >= 9)
+ *   d80  WR4 x WT1, TK 64, head_dim <= 80, bf16     (SigLIP)
+ * Tested by tests/test_attention_gpu.c (`build/nib_tests attn_gpu`), timed by `nib bench attn`.
+ */
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops/attention.h"
+#include "ops/cuda/attention.cuh"
+#include "runtime/cuda_check.h"
+#include "runtime/device.h"
+
+using namespace nib;
+
+/* ======================================================================================
+ * Host side: variant table, planner, launchers.
+ * ====================================================================================== */
+typedef void (*attn_kernel_t)(AttnParams);
+
+struct KInfo {
+    attn_kernel_t kern;
+    int fmt, dp, wr, wt, tk, threads, smem;
+    const char *name;
+    int ready, occ; /* attributes set, CTAs per SM */
+};
+
+#define KI(F, DP, WR, WT, KW, ST, NAME)                                                        \
+    {k_attn<F, DP, WR, WT, KW, ST>, F, DP, WR, WT, Cfg<F, DP, WR, WT, KW, ST>::TK,            \
+     Cfg<F, DP, WR, WT, KW, ST>::NT, Cfg<F, DP, WR, WT, KW, ST>::SMEM, NAME, 0, 0}
+
+enum { V_DEC = 0, V_R4 = 1, V_R8 = 2, V_PER_FMT = 3 };
+static KInfo g_kinfo[] = {
+    KI(F_BF16, 256, 1, 2, 1, 3, "dec"),  KI(F_BF16, 256, 4, 1, 4, 2, "r4"),  KI(F_BF16, 256, 8, 1, 4, 2, "r8"),
+    KI(F_FP8, 256, 1, 2, 1, 4, "dec"),   KI(F_FP8, 256, 4, 1, 4, 2, "r4"),   KI(F_FP8, 256, 8, 1, 4, 2, "r8"),
+    KI(F_NVFP4, 256, 1, 2, 1, 3, "dec"), KI(F_NVFP4, 256, 4, 1, 4, 2, "r4"), KI(F_NVFP4, 256, 8, 1, 4, 2, "r8"),
+    KI(F_BF16, 80, 4, 1, 4, 2, "d80"),
+};
+#define K_D80 (3 * V_PER_FMT)
+
+static int g_sms;
+
+/* NIB_ATTN_VARIANT=dec|r4|r8 forces the head_dim-256 variant (a lab knob for measuring the
+ * alternatives; every variant is correct for every shape). */
+static int pick_variant(int fmt, int dp, int64_t rows) {
+    static int forced = -2;
+    if (forced == -2) {
+        const char *e = getenv("NIB_ATTN_VARIANT");
+        forced = !e ? -1 : !strcmp(e, "dec") ? V_DEC : !strcmp(e, "r4") ? V_R4 : !strcmp(e, "r8") ? V_R8 : -1;
+        if (e && forced < 0) NIB_LOGW("NIB_ATTN_VARIANT='%s' ignored (dec, r4 or r8)", e);
+    }
+    if (dp == 80) return K_D80;
+    int v = forced >= 0 ? forced : rows <= 16 ? V_DEC : rows <= 64 ? V_R4 : V_R8;
+    return fmt * V_PER_FMT + v;
+}
+
+static nib_status kinfo_ready(KInfo *k) {
+    if (k->ready) return NIB_OK;
+    if (!g_sms) {
+        nib_device_info d;
+        NIB_RETURN_IF_ERR(nib_device_require(&d));
+        g_sms = d.sm_count;
+    }
+    NIB_CUDA_CHECK(cudaFuncSetAttribute(k->kern, cudaFuncAttributeMaxDynamicSharedMemorySize, k->smem));
+    int occ = 0;
+    NIB_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, k->kern, k->threads, (size_t)k->smem));
+    if (occ < 1)
+        return NIB_ERR(NIB_ERR_UNSUPPORTED_DEVICE, "attention kernel %s: does not fit on an SM (%d bytes of shared memory)",
+                       k->name, k->smem);
+    k->occ = occ;
+    k->ready = 1;
+    return NIB_OK;
+}
+
+struct Plan {
+    int ki;
+    int row_blocks, n_splits, z, sl_log2;
+    uint64_t ws_bytes, ws_o_elems, ws_ml_elems;
+};
+
+/* Splits so that the busiest SM streams the fewest tiles: cost(s) = waves(s) * ceil(tiles / s)
+ * + (s > 1: one tile's worth for the partial write + merge); ties keep fewer splits. */
+static nib_status make_plan(int fmt, int dp, int64_t rows_max, int64_t t_max, int64_t z, int d, Plan *pl) {
+    memset(pl, 0, sizeof *pl);
+    pl->ki = pick_variant(fmt, dp, rows_max);
+    KInfo *k = &g_kinfo[pl->ki];
+    NIB_RETURN_IF_ERR(kinfo_ready(k));
+    const int64_t rows_cta = 16 * k->wr;
+    const int64_t rb = (rows_max + rows_cta - 1) / rows_cta;
+    if (rb > 0x7FFFFFFF || z > 65535)
+        return NIB_ERR(NIB_ERR_UNSUPPORTED, "attention: %lld row blocks x %lld (sequence, KV head) pairs exceed the grid",
+                       (long long)rb, (long long)z);
+    const int64_t tiles = t_max > 0 ? (t_max + k->tk - 1) / k->tk : 1;
+    const int64_t slots = (int64_t)g_sms * k->occ;
+    double best = 1e300;
+    int bs = 1;
+    for (int64_t s = 1; s <= tiles && s <= MAX_SPLITS; s++) {
+        double waves = (double)((rb * z * s + slots - 1) / slots);
+        double cost = waves * (double)((tiles + s - 1) / s) + (s > 1 ? 1.0 : 0.0);
+        if (cost < best - 1e-9) {
+            best = cost;
+            bs = (int)s;
+        }
+    }
+    pl->row_blocks = (int)rb;
+    pl->n_splits = bs;
+    pl->z = (int)z;
+    int sl = 0; /* merge: split lanes so each thread sums at most 8 splits (<= 32 lanes) */
+    while ((1 << sl) < 32 && (1 << sl) * 8 < bs) sl++;
+    pl->sl_log2 = sl;
+    if (bs > 1) {
+        pl->ws_o_elems = (uint64_t)z * bs * rows_max * d;
+        pl->ws_ml_elems = (uint64_t)z * bs * rows_max;
+        uint64_t o_bytes = (pl->ws_o_elems * 4 + 255) / 256 * 256, ml_bytes = (pl->ws_ml_elems * 4 + 255) / 256 * 256;
+        pl->ws_bytes = o_bytes + 2 * ml_bytes;
+    }
+    return NIB_OK;
+}
+
+static void fill_plan_out(const Plan &pl, nib_attn_plan *o) {
+    const KInfo &k = g_kinfo[pl.ki];
+    memset(o, 0, sizeof *o);
+    snprintf(o->kernel, sizeof o->kernel, "%s d%d %s tk%d", nib_kv_dtype_name((nib_kv_dtype)k.fmt), k.dp, k.name, k.tk);
+    o->rows_per_cta = 16 * k.wr;
+    o->warps = k.wr * k.wt;
+    o->tile_tokens = k.tk;
+    o->n_splits = pl.n_splits;
+    o->row_blocks = pl.row_blocks;
+    o->z = pl.z;
+    o->ctas = pl.row_blocks * pl.n_splits * pl.z;
+    o->ctas_per_sm = k.occ;
+    o->smem_bytes = (uint64_t)k.smem;
+    o->ws_bytes = pl.ws_bytes;
+}
+
+static nib_status launch(AttnParams p, const Plan &pl, void *ws, cudaStream_t stream) {
+    const KInfo &k = g_kinfo[pl.ki];
+    if (pl.ws_bytes && !ws)
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "attention: this shape splits the keys %d ways and needs a workspace of "
+                       "%llu bytes (nib_cuda_attn_*_ws_bytes); ws is NULL",
+                       pl.n_splits, (unsigned long long)pl.ws_bytes);
+    if (ws && ((uintptr_t)ws % 256)) return NIB_ERR(NIB_ERR_SHAPE, "attention: workspace must be 256-byte aligned");
+    p.n_splits = pl.n_splits;
+    if (pl.n_splits > 1) {
+        uint8_t *w = (uint8_t *)ws;
+        uint64_t o_bytes = (pl.ws_o_elems * 4 + 255) / 256 * 256, ml_bytes = (pl.ws_ml_elems * 4 + 255) / 256 * 256;
+        p.ws_o = (float *)w;
+        p.ws_m = (float *)(w + o_bytes);
+        p.ws_l = (float *)(w + o_bytes + ml_bytes);
+    }
+    dim3 grid((unsigned)pl.row_blocks, (unsigned)pl.n_splits, (unsigned)pl.z);
+    void *args[] = {&p};
+    NIB_CUDA_CHECK(cudaLaunchKernel((const void *)k.kern, grid, dim3((unsigned)k.threads), args, (size_t)k.smem, stream));
+    NIB_LAUNCH_CHECK("k_attn");
+    if (pl.n_splits > 1) {
+        MergeParams m;
+        m.ws_o = p.ws_o;
+        m.ws_m = p.ws_m;
+        m.ws_l = p.ws_l;
+        m.o = p.o;
+        m.o_tok = p.o_tok;
+        m.o_seq = p.o_seq;
+        m.t_valid = p.t_valid;
+        m.nq_valid = p.nq_valid;
+        m.nseq_valid = p.nseq_valid;
+        m.t_max = p.t_max;
+        m.nq_max = p.nq_max;
+        m.n_seq = p.n_seq;
+        m.n_kv = p.n_kv;
+        m.group = p.group;
+        m.d = p.d;
+        m.rows_max = p.rows_max;
+        m.n_splits = pl.n_splits;
+        m.tk = k.tk;
+        m.sl_log2 = pl.sl_log2;
+        long long threads = (long long)p.rows_max * (p.d / 4) << pl.sl_log2;
+        long long blocks = (threads + 255) / 256;
+        if (blocks > 0x7FFFFFFF) return NIB_ERR(NIB_ERR_UNSUPPORTED, "attention merge: %lld blocks", blocks);
+        void *margs[] = {&m};
+        NIB_CUDA_CHECK(cudaLaunchKernel((const void *)k_attn_merge, dim3((unsigned)blocks, (unsigned)pl.z), dim3(256),
+                                        margs, 0, stream));
+        NIB_LAUNCH_CHECK("k_attn_merge");
+    }
+    return NIB_OK;
+}
+
+/* ---- prefix ------------------------------------------------------------------------------ */
+
+static nib_status prefix_check(const nib_attn_prefix_args *a, int *dp) {
+    if (!a) return NIB_ERR(NIB_ERR_INVALID_ARG, "attention prefix: NULL args");
+    if (a->n_heads < 1 || a->n_kv_heads < 1 || a->n_heads % a->n_kv_heads || a->n_seq < 1 || a->s_max < 1)
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "attention prefix: %d heads / %d KV heads (must divide), n_seq %d, s_max %d",
+                       a->n_heads, a->n_kv_heads, a->n_seq, a->s_max);
+    if (a->head_dim < 8 || a->head_dim > 256 || a->head_dim % 8)
+        return NIB_ERR(NIB_ERR_UNSUPPORTED, "attention prefix: head_dim %d (CUDA: a multiple of 8, at most 256)",
+                       a->head_dim);
+    const int64_t d = a->head_dim;
+    if (a->q_tok < a->n_heads * d || a->o_tok < a->n_heads * d || a->k_tok < a->n_kv_heads * d ||
+        a->v_tok < a->n_kv_heads * d || a->q_seq < 0 || a->k_seq < 0 || a->v_seq < 0 || a->o_seq < 0)
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "attention prefix: token strides must cover the heads, sequence strides >= 0");
+    if ((a->q_tok | a->k_tok | a->v_tok | a->o_tok | a->q_seq | a->k_seq | a->v_seq | a->o_seq) % 8)
+        return NIB_ERR(NIB_ERR_SHAPE, "attention prefix: strides must be multiples of 8 elements (16-byte rows)");
+    *dp = a->head_dim <= 80 ? 80 : 256;
+    return NIB_OK;
+}
+
+nib_status nib_cuda_attn_prefix_plan(const nib_attn_prefix_args *a, nib_attn_plan *out) {
+    int dp = 0;
+    NIB_RETURN_IF_ERR(prefix_check(a, &dp));
+    Plan pl;
+    NIB_RETURN_IF_ERR(make_plan(F_BF16, dp, (int64_t)a->s_max * (a->n_heads / a->n_kv_heads), a->s_max,
+                                (int64_t)a->n_seq * a->n_kv_heads, a->head_dim, &pl));
+    if (out) fill_plan_out(pl, out);
+    return NIB_OK;
+}
+
+nib_status nib_cuda_attn_prefix_ws_bytes(const nib_attn_prefix_args *a, uint64_t *bytes) {
+    nib_attn_plan p;
+    NIB_RETURN_IF_ERR(nib_cuda_attn_prefix_plan(a, &p));
+    *bytes = p.ws_bytes;
+    return NIB_OK;
+}
+
+nib_status nib_cuda_attn_prefix(const nib_attn_prefix_args *a, void *ws, void *stream) {
+    int dp = 0;
+    NIB_RETURN_IF_ERR(prefix_check(a, &dp));
+    if (!a->q || !a->k || !a->v || !a->o) return NIB_ERR(NIB_ERR_INVALID_ARG, "attention prefix: NULL q, k, v or o");
+    if (((uintptr_t)a->q | (uintptr_t)a->k | (uintptr_t)a->v | (uintptr_t)a->o) % 16)
+        return NIB_ERR(NIB_ERR_SHAPE, "attention prefix: q, k, v and o must be 16-byte aligned");
+    const int group = a->n_heads / a->n_kv_heads;
+    Plan pl;
+    NIB_RETURN_IF_ERR(make_plan(F_BF16, dp, (int64_t)a->s_max * group, a->s_max, (int64_t)a->n_seq * a->n_kv_heads,
+                                a->head_dim, &pl));
+    AttnParams p;
+    memset(&p, 0, sizeof p);
+    p.q = (const __nv_bfloat16 *)a->q;
+    p.o = (__nv_bfloat16 *)a->o;
+    p.q_tok = a->q_tok;
+    p.o_tok = a->o_tok;
+    p.q_seq = a->q_seq;
+    p.o_seq = a->o_seq;
+    p.k = (const uint8_t *)a->k;
+    p.v = (const uint8_t *)a->v;
+    p.k_tok = a->k_tok * 2;
+    p.v_tok = a->v_tok * 2;
+    p.k_seq = a->k_seq * 2;
+    p.v_seq = a->v_seq * 2;
+    p.kv_head = (long long)a->head_dim * 2;
+    p.t_valid = a->s_valid; /* the prefix's keys and queries are the same tokens */
+    p.nq_valid = a->s_valid;
+    p.nseq_valid = a->n_seq_valid;
+    p.t_max = a->s_max;
+    p.nq_max = a->s_max;
+    p.n_seq = a->n_seq;
+    p.n_kv = a->n_kv_heads;
+    p.group = group;
+    p.d = a->head_dim;
+    p.rows_max = a->s_max * group;
+    return launch(p, pl, ws, (cudaStream_t)stream);
+}
+
+/* ---- cache ------------------------------------------------------------------------------- */
+
+static nib_status cache_check(const nib_attn_cache_args *a) {
+    if (!a) return NIB_ERR(NIB_ERR_INVALID_ARG, "attention cache: NULL args");
+    const nib_kv_layer *kv = &a->kv;
+    if ((unsigned)kv->dtype >= NIB_KV_COUNT)
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "attention cache: KV dtype %d", (int)kv->dtype);
+    if (a->n_heads < 1 || kv->n_kv_heads < 1 || a->n_heads % kv->n_kv_heads || a->nq < 1 || kv->t_max < 0)
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "attention cache: %d heads / %d KV heads (must divide), nq %d, t_max %d",
+                       a->n_heads, kv->n_kv_heads, a->nq, kv->t_max);
+    if (kv->head_dim != 256)
+        return NIB_ERR(NIB_ERR_UNSUPPORTED, "attention cache: head_dim %d (the CUDA kernels support 256)", kv->head_dim);
+    if (a->q_tok < (int64_t)a->n_heads * 256 || a->o_tok < (int64_t)a->n_heads * 256 || (a->q_tok | a->o_tok) % 8)
+        return NIB_ERR(NIB_ERR_SHAPE, "attention cache: q_tok %lld / o_tok %lld must cover %d heads of 256 and be "
+                       "multiples of 8", (long long)a->q_tok, (long long)a->o_tok, a->n_heads);
+    return NIB_OK;
+}
+
+nib_status nib_cuda_attn_cache_plan(const nib_attn_cache_args *a, nib_attn_plan *out) {
+    NIB_RETURN_IF_ERR(cache_check(a));
+    Plan pl;
+    NIB_RETURN_IF_ERR(make_plan((int)a->kv.dtype, 256, (int64_t)a->nq * (a->n_heads / a->kv.n_kv_heads), a->kv.t_max,
+                                a->kv.n_kv_heads, 256, &pl));
+    if (out) fill_plan_out(pl, out);
+    return NIB_OK;
+}
+
+nib_status nib_cuda_attn_cache_ws_bytes(const nib_attn_cache_args *a, uint64_t *bytes) {
+    nib_attn_plan p;
+    NIB_RETURN_IF_ERR(nib_cuda_attn_cache_plan(a, &p));
+    *bytes = p.ws_bytes;
+    return NIB_OK;
+}
+
+nib_status nib_cuda_attn_cache(const nib_attn_cache_args *a, void *ws, void *stream) {
+    NIB_RETURN_IF_ERR(cache_check(a));
+    const nib_kv_layer *kv = &a->kv;
+    if (!a->q || !a->o || !a->t_valid || !kv->k || !kv->v || (kv->dtype != NIB_KV_BF16 && (!kv->ks || !kv->vs)) ||
+        (kv->dtype == NIB_KV_NVFP4 && (!kv->kb || !kv->vb)))
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "attention cache: NULL q, o, t_valid or %s cache plane",
+                       nib_kv_dtype_name(kv->dtype));
+    if (((uintptr_t)a->q | (uintptr_t)a->o | (uintptr_t)kv->k | (uintptr_t)kv->v | (uintptr_t)kv->kb |
+         (uintptr_t)kv->vb) % 16 ||
+        ((uintptr_t)kv->ks | (uintptr_t)kv->vs) % 4)
+        return NIB_ERR(NIB_ERR_SHAPE, "attention cache: q, o and the cache planes must be 16-byte aligned "
+                       "(nib_kv_layer_map aligns planes to 256)");
+    const int group = a->n_heads / kv->n_kv_heads;
+    Plan pl;
+    NIB_RETURN_IF_ERR(make_plan((int)kv->dtype, 256, (int64_t)a->nq * group, kv->t_max, kv->n_kv_heads, 256, &pl));
+    const long long rowb = kv->dtype == NIB_KV_BF16 ? 512 : kv->dtype == NIB_KV_FP8 ? 256 : 128;
+    AttnParams p;
+    memset(&p, 0, sizeof p);
+    p.q = (const __nv_bfloat16 *)a->q;
+    p.o = (__nv_bfloat16 *)a->o;
+    p.q_tok = a->q_tok;
+    p.o_tok = a->o_tok;
+    p.k = (const uint8_t *)kv->k;
+    p.v = (const uint8_t *)kv->v;
+    p.k_tok = p.v_tok = rowb * kv->n_kv_heads;
+    p.kv_head = rowb;
+    p.kb = kv->kb;
+    p.vb = kv->vb;
+    p.ks = kv->ks;
+    p.vs = kv->vs;
+    p.t_valid = a->t_valid;
+    p.nq_valid = a->nq_valid;
+    p.t_max = kv->t_max;
+    p.nq_max = a->nq;
+    p.n_seq = 1;
+    p.n_kv = kv->n_kv_heads;
+    p.group = group;
+    p.d = 256;
+    p.rows_max = a->nq * group;
+    return launch(p, pl, ws, (cudaStream_t)stream);
+}

@@ -1,0 +1,492 @@
+/* attention.cuh — device side of ops/cuda/attention.cu: the parameter blocks, the PTX helpers
+ * the attention kernels add to gemm_lowbit.cuh's, the attention kernel template and the split
+ * merge kernel. See attention.cu for the design; ops/attention.h for the contract. */
+#ifndef NIB_ATTENTION_CUH
+#define NIB_ATTENTION_CUH
+
+#include <cuda_bf16.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "ops/attention.h"
+#include "ops/cuda/gemm_lowbit.cuh"
+
+namespace nib {
+
+enum { F_BF16 = NIB_KV_BF16, F_FP8 = NIB_KV_FP8, F_NVFP4 = NIB_KV_NVFP4 };
+
+#define LOG2E_F 1.4426950408889634f
+#define MAX_SPLITS 512
+
+struct AttnParams {
+    const __nv_bfloat16 *q;
+    __nv_bfloat16 *o;
+    long long q_tok, o_tok, q_seq, o_seq;     /* elements */
+    const uint8_t *k, *v;                     /* element planes */
+    long long k_tok, v_tok, k_seq, v_seq;     /* bytes between tokens / sequences */
+    long long kv_head;                        /* bytes between KV heads within a token */
+    const uint8_t *kb, *vb;                   /* NVFP4 block scales [t][n_kv][D/16] */
+    const float *ks, *vs;                     /* FP8 scales / NVFP4 globals [t][n_kv] */
+    const int *t_valid, *nq_valid, *nseq_valid; /* device ints or NULL (= max) */
+    int t_max, nq_max, n_seq, n_kv, group, d, rows_max, n_splits;
+    float *ws_o, *ws_m, *ws_l;                /* [z][split][row][d], [z][split][row] x 2 */
+};
+
+/* Compile-time shape of one variant and its shared-memory map (bytes). */
+template <int FMT, int DP, int WR, int WT, int KW, int ST> struct Cfg {
+    static constexpr int NW = WR * WT, NT = NW * 32;
+    static constexpr int TK = WT * KW * 16;   /* keys per tile */
+    static constexpr int ROWS = 16 * WR;      /* query rows per CTA */
+    static constexpr int LDS = DP + 8;        /* bf16 elements per smem row (conflict-free ldmatrix) */
+    static constexpr int KROW = FMT == F_BF16 ? DP * 2 : FMT == F_FP8 ? DP : DP / 2; /* raw bytes/key */
+    static constexpr int BROW = FMT == F_NVFP4 ? DP / 16 : 0;                      /* block-scale bytes/key */
+    static constexpr int Q_BYTES = ROWS * LDS * 2;
+    static constexpr int TILE_BYTES = 2 * TK * LDS * 2;                 /* bf16 K and V tiles */
+    static constexpr int SCALE_BYTES = FMT == F_BF16 ? 0 : 2 * TK * 4;  /* decoded per-key scales */
+    static constexpr int RAW_STAGE = FMT == F_BF16 ? 0 : TK * (2 * KROW + 2 * BROW + 8);
+    static constexpr int MAIN_BYTES = FMT == F_BF16 ? Q_BYTES + ST * TILE_BYTES
+                                                    : Q_BYTES + TILE_BYTES + SCALE_BYTES + ST * RAW_STAGE;
+    static constexpr int RED_LD = DP + 8;                               /* fp32 row of the WT merge */
+    static constexpr int EPI_BYTES = WT > 1 ? WT * ROWS * (RED_LD + 2) * 4 : 0;
+    static constexpr int SMEM = MAIN_BYTES > EPI_BYTES ? MAIN_BYTES : EPI_BYTES;
+    static constexpr int MINB = NW == 8 ? 1 : DP <= 80 ? 3 : NW == 2 ? 2 : 1;
+    static_assert(DP % 16 == 0 && KW >= 1 && ST >= 2, "shape");
+    static_assert(FMT == F_BF16 || DP == 256, "low-bit caches need head_dim 256");
+    static_assert(Q_BYTES % 16 == 0 && TILE_BYTES % 16 == 0 && RAW_STAGE % 16 == 0, "16-byte regions");
+};
+
+/* ---- PTX wrappers (beyond gemm_lowbit.cuh's) ---- */
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void *src, int src_bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t smem_addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr));
+}
+/* ---- end of PTX wrappers ---- */
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi); /* .x (low half) = lo */
+    return *reinterpret_cast<uint32_t *>(&h);
+}
+__device__ __forceinline__ int read_len(const int *p, int max) {
+    int v = p ? *p : max;
+    return v < 0 ? 0 : v > max ? max : v;
+}
+
+/* Two e4m3 bytes of w (selected into the high byte of each 16-bit half by prmt `sel`) ->
+ * bf16x2 of their exact values: dec_e4m3_hi gives value * 2^-120 (a bf16 subnormal for
+ * e4m3 subnormals), the bf16 multiply by 2^120 (0x7B80) is exact. */
+__device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t w, uint32_t sel) {
+    return bf2_mul(dec_e4m3_hi(prmt(w, 0, sel)), 0x7B807B80u);
+}
+/* e4m3 byte (sign ignored: scales are positive) -> fp32: the 7 magnitude bits placed at
+ * fp32 bits 20..26 are value * 2^-120 (denormal for e4m3 subnormals; no FTZ in this build). */
+__device__ __forceinline__ float e4m3_to_f32(uint32_t c) {
+    return __uint_as_float((c & 0x7Fu) << 20) * 0x1p120f;
+}
+
+/* ---- the attention kernel ------------------------------------------------------------- */
+template <int FMT, int DP, int WR, int WT, int KW, int ST>
+__global__ void __launch_bounds__(Cfg<FMT, DP, WR, WT, KW, ST>::NT, Cfg<FMT, DP, WR, WT, KW, ST>::MINB)
+    k_attn(AttnParams p) {
+    using C = Cfg<FMT, DP, WR, WT, KW, ST>;
+    constexpr int NT = C::NT, TK = C::TK, LDS = C::LDS, ROWS = C::ROWS, KROW = C::KROW, BROW = C::BROW;
+    constexpr int NSJ = 2 * KW;  /* S n-tiles (8 keys) per warp and tile */
+    constexpr int NOJ = DP / 8;  /* O n-tiles (8 dims) */
+    extern __shared__ __align__(16) unsigned char smem[];
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wr = warp / WT, wt = warp % WT;
+    const int z = blockIdx.z, seq = z / p.n_kv, hkv = z % p.n_kv;
+    const int split = blockIdx.y, row0 = blockIdx.x * ROWS;
+
+    /* CTA-uniform early exits (before any async copy) */
+    if (seq >= read_len(p.nseq_valid, p.n_seq)) return;
+    const int T = read_len(p.t_valid, p.t_max);
+    const int rows_valid = read_len(p.nq_valid, p.nq_max) * p.group;
+    if (row0 >= rows_valid) return;
+    int t0, t1;
+    const int n_active = nib_attn_split_range(T, p.n_splits, TK, split, &t0, &t1);
+    if (split >= n_active) return;
+    const int n_tiles = (t1 - t0 + TK - 1) / TK;
+
+    __nv_bfloat16 *const Qs = (__nv_bfloat16 *)smem;
+    unsigned char *const after_q = smem + C::Q_BYTES;
+
+    /* Q rows -> smem (zero rows past the valid rows, zero columns past head_dim) */
+    {
+        constexpr int CH = DP / 8;
+        for (int i = tid; i < ROWS * CH; i += NT) {
+            int r = i / CH, c = i - r * CH, row = row0 + r;
+            bool ok = row < rows_valid && c * 8 < p.d;
+            const __nv_bfloat16 *src = p.q;
+            if (ok)
+                src = p.q + seq * p.q_seq + (long long)(row / p.group) * p.q_tok +
+                      (long long)(hkv * p.group + row % p.group) * p.d + c * 8;
+            cp_async16(smem_u32(Qs + r * LDS + c * 8), src, ok ? 16 : 0);
+        }
+    }
+    const uint8_t *const kbase = p.k + seq * p.k_seq + hkv * p.kv_head;
+    const uint8_t *const vbase = p.v + seq * p.v_seq + hkv * p.kv_head;
+
+    /* one K/V tile (keys t0 + it*TK ...) -> stage; keys >= t1 are zero-filled */
+    auto load_tile = [&](int it, int stage) {
+        const int tt0 = t0 + it * TK;
+        if constexpr (FMT == F_BF16) {
+            constexpr int CH = DP / 8;
+            __nv_bfloat16 *Ks = (__nv_bfloat16 *)(after_q + stage * C::TILE_BYTES);
+            __nv_bfloat16 *Vs = Ks + TK * LDS;
+            for (int i = tid; i < 2 * TK * CH; i += NT) {
+                int isv = i >= TK * CH, rem = i - isv * TK * CH;
+                int j = rem / CH, c = rem - j * CH, tok = tt0 + j;
+                bool ok = tok < t1 && c * 8 < p.d;
+                const uint8_t *src = isv ? vbase : kbase;
+                if (ok) src += (long long)tok * (isv ? p.v_tok : p.k_tok) + c * 16;
+                cp_async16(smem_u32((isv ? Vs : Ks) + j * LDS + c * 8), src, ok ? 16 : 0);
+            }
+        } else {
+            constexpr int CR = KROW / 16;
+            unsigned char *raw = after_q + C::TILE_BYTES + C::SCALE_BYTES + stage * C::RAW_STAGE;
+            for (int i = tid; i < 2 * TK * CR; i += NT) {
+                int isv = i >= TK * CR, rem = i - isv * TK * CR;
+                int j = rem / CR, c = rem - j * CR, tok = tt0 + j;
+                bool ok = tok < t1;
+                const uint8_t *src = isv ? vbase : kbase;
+                if (ok) src += (long long)tok * (isv ? p.v_tok : p.k_tok) + c * 16;
+                cp_async16(smem_u32(raw + (isv * TK + j) * KROW + c * 16), src, ok ? 16 : 0);
+            }
+            unsigned char *bs = raw + 2 * TK * KROW;
+            if constexpr (FMT == F_NVFP4) { /* BROW = 16: one 16-byte copy per key */
+                for (int i = tid; i < 2 * TK; i += NT) {
+                    int isv = i >= TK, j = i - isv * TK, tok = tt0 + j;
+                    bool ok = tok < t1;
+                    const uint8_t *src = isv ? p.vb : p.kb;
+                    if (ok) src += ((long long)tok * p.n_kv + hkv) * BROW;
+                    cp_async16(smem_u32(bs + (isv * TK + j) * BROW), src, ok ? 16 : 0);
+                }
+            }
+            float *sc = (float *)(bs + 2 * TK * BROW);
+            for (int i = tid; i < 2 * TK; i += NT) {
+                int isv = i >= TK, j = i - isv * TK, tok = tt0 + j;
+                bool ok = tok < t1;
+                const float *src = isv ? p.vs : p.ks;
+                if (ok) src += (long long)tok * p.n_kv + hkv;
+                cp_async4(smem_u32(sc + i), src, ok ? 4 : 0);
+            }
+        }
+    };
+
+    /* low-bit: raw stage -> bf16 K/V tile + fp32 per-key scales (exact decoding) */
+    auto dequant = [&](int stage) {
+        __nv_bfloat16 *Kt = (__nv_bfloat16 *)after_q;
+        float *scale_t = (float *)(after_q + C::TILE_BYTES);
+        const unsigned char *raw = after_q + C::TILE_BYTES + C::SCALE_BYTES + stage * C::RAW_STAGE;
+        const unsigned char *bs = raw + 2 * TK * KROW;
+        const float *sc = (const float *)(bs + 2 * TK * BROW);
+        constexpr int G = DP / 16; /* 16-element groups per key */
+        for (int i = tid; i < 2 * TK * G; i += NT) {
+            int kj = i / G, g = i - kj * G; /* kj = isv * TK + key */
+            uint32_t w[8];
+            if constexpr (FMT == F_FP8) {
+                uint4 r = *(const uint4 *)(raw + kj * KROW + g * 16);
+                const uint32_t rw[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    w[2 * q] = e4m3x2_to_bf16x2(rw[q], 0x1404u);     /* bytes 0,1 */
+                    w[2 * q + 1] = e4m3x2_to_bf16x2(rw[q], 0x3424u); /* bytes 2,3 */
+                }
+            } else {
+                uint2 r = *(const uint2 *)(raw + kj * KROW + g * 8);
+                /* factor = bf16(block scale * 2^118) in both halves; e2m1 raw below is
+                 * value * 2^-126, so the product is value * scale * 2^-8 (exact; the 2^8 is
+                 * folded into the per-key scale) */
+                float f = e4m3_to_f32(bs[kj * BROW + g]) * 0x1p118f;
+                uint32_t fb = (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(f));
+                fb |= fb << 16;
+                const uint32_t rw[2] = {r.x, r.y};
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    uint32_t ev = rw[h] & 0x0F0F0F0Fu, od = (rw[h] >> 4) & 0x0F0F0F0Fu;
+#pragma unroll
+                    for (int jj = 0; jj < 4; jj++) {
+                        /* even code of byte jj at bits 0..3, odd code at bits 16..19 */
+                        uint32_t sel = (uint32_t)(jj | (jj << 4) | ((4 + jj) << 8) | ((4 + jj) << 12));
+                        uint32_t vv = prmt(ev, od, sel);
+                        uint32_t e = ((vv << 6) & 0x01C001C0u) | ((vv << 12) & 0x80008000u);
+                        w[4 * h + jj] = bf2_mul(e, fb);
+                    }
+                }
+            }
+            uint4 *dst = (uint4 *)(Kt + kj * LDS + g * 16); /* V tile follows K: row TK + key */
+            dst[0] = make_uint4(w[0], w[1], w[2], w[3]);
+            dst[1] = make_uint4(w[4], w[5], w[6], w[7]);
+        }
+        for (int i = tid; i < 2 * TK; i += NT) scale_t[i] = FMT == F_NVFP4 ? sc[i] * 256.0f : sc[i];
+    };
+
+    /* per-warp state: rows g (i = 0) and g + 8 (i = 1) of the warp's 16 */
+    float oacc[NOJ][4];
+#pragma unroll
+    for (int n = 0; n < NOJ; n++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) oacc[n][c] = 0.f;
+    float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.f, 0.f};
+    const bool warp_active = row0 + wr * 16 < rows_valid;
+
+    const uint32_t q_addr = smem_u32(Qs + (wr * 16 + (lane & 15)) * LDS + (lane >> 4) * 8);
+    const int key_w0 = wt * KW * 16; /* this warp's first key within a tile */
+    const int k_lrow = key_w0 + (lane & 7) + ((lane >> 4) << 3), k_lcol = ((lane >> 3) & 1) * 8;
+    const int v_lrow = key_w0 + (lane & 7) + (((lane >> 3) & 1) << 3), v_lcol = (lane >> 4) * 8;
+
+#pragma unroll 1
+    for (int st = 0; st < ST - 1; st++) {
+        if (st < n_tiles) load_tile(st, st);
+        cp_async_commit(); /* group st (Q joins group 0) */
+    }
+#pragma unroll 1
+    for (int it = 0; it < n_tiles; it++) {
+        cp_async_wait<ST - 2>(); /* groups 0..it complete */
+        __syncthreads();         /* ... for every thread; and everyone finished tile it-1 */
+        if (it + ST - 1 < n_tiles) load_tile(it + ST - 1, (it + ST - 1) % ST);
+        cp_async_commit();
+        const __nv_bfloat16 *Kt, *Vt;
+        const float *ksc = nullptr, *vsc = nullptr;
+        if constexpr (FMT == F_BF16) {
+            Kt = (const __nv_bfloat16 *)(after_q + (it % ST) * C::TILE_BYTES);
+        } else {
+            dequant(it % ST);
+            __syncthreads();
+            Kt = (const __nv_bfloat16 *)after_q;
+            ksc = (const float *)(after_q + C::TILE_BYTES);
+            vsc = ksc + TK;
+        }
+        Vt = Kt + TK * LDS;
+        if (!warp_active) continue;
+
+        /* S = Q K^T for this warp's 16 rows x KW*16 keys */
+        float s[NSJ][4];
+#pragma unroll
+        for (int j = 0; j < NSJ; j++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) s[j][c] = 0.f;
+        const uint32_t k_addr = smem_u32(Kt + k_lrow * LDS + k_lcol);
+#pragma unroll
+        for (int ks = 0; ks < DP / 16; ks++) {
+            uint32_t a[4];
+            ldmatrix_x4(a, q_addr + ks * 32);
+#pragma unroll
+            for (int jp = 0; jp < KW; jp++) {
+                uint32_t b[4];
+                ldmatrix_x4(b, k_addr + (jp * 16 * LDS + ks * 16) * 2);
+                mma_bf16(s[2 * jp], a, b[0], b[1]);
+                mma_bf16(s[2 * jp + 1], a, b[2], b[3]);
+            }
+        }
+        /* scale to log2 units, mask keys past the split end, online softmax */
+        const int key_t0 = t0 + it * TK;
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int j = 0; j < NSJ; j++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                int kl = key_w0 + j * 8 + 2 * (lane & 3) + (c & 1);
+                float x = s[j][c];
+                if (FMT != F_BF16) x *= ksc[kl];
+                x = key_t0 + kl < t1 ? x * LOG2E_F : -INFINITY;
+                s[j][c] = x;
+                mx[c >> 1] = fmaxf(mx[c >> 1], x);
+            }
+        float alpha[2], mu[2];
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+            float mn = fmaxf(mrow[i], mx[i]);
+            mu[i] = mn == -INFINITY ? 0.f : mn; /* all keys so far masked: keep exp2 finite */
+            alpha[i] = exp2f(mrow[i] - mu[i]);
+            mrow[i] = mn;
+            lrow[i] *= alpha[i];
+        }
+#pragma unroll
+        for (int j = 0; j < NSJ; j++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                float pr = exp2f(s[j][c] - mu[c >> 1]);
+                lrow[c >> 1] += pr;
+                s[j][c] = pr;
+            }
+#pragma unroll
+        for (int n = 0; n < NOJ; n++) {
+            oacc[n][0] *= alpha[0];
+            oacc[n][1] *= alpha[0];
+            oacc[n][2] *= alpha[1];
+            oacc[n][3] *= alpha[1];
+        }
+        /* O += bf16(P [* v_scale]) V */
+        const uint32_t v_addr = smem_u32(Vt + v_lrow * LDS + v_lcol);
+#pragma unroll
+        for (int kk = 0; kk < KW; kk++) {
+            float p0[4], p1[4];
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                p0[c] = s[2 * kk][c];
+                p1[c] = s[2 * kk + 1][c];
+                if (FMT != F_BF16) {
+                    int kl = key_w0 + kk * 16 + 2 * (lane & 3) + (c & 1);
+                    p0[c] *= vsc[kl];
+                    p1[c] *= vsc[kl + 8];
+                }
+            }
+            uint32_t a[4] = {pack_bf16(p0[0], p0[1]), pack_bf16(p0[2], p0[3]), pack_bf16(p1[0], p1[1]),
+                             pack_bf16(p1[2], p1[3])};
+#pragma unroll
+            for (int np = 0; np < NOJ / 2; np++) {
+                uint32_t b[4];
+                ldmatrix_x4_trans(b, v_addr + (kk * 16 * LDS + np * 16) * 2);
+                mma_bf16(oacc[2 * np], a, b[0], b[1]);
+                mma_bf16(oacc[2 * np + 1], a, b[2], b[3]);
+            }
+        }
+    }
+    cp_async_wait<0>(); /* nothing may land in smem after this point */
+
+    /* full row sums (the 4 lanes of a quad hold different keys) */
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        lrow[i] += __shfl_xor_sync(0xffffffffu, lrow[i], 1);
+        lrow[i] += __shfl_xor_sync(0xffffffffu, lrow[i], 2);
+    }
+    const int g = lane >> 2, t2 = 2 * (lane & 3);
+    const size_t part0 = ((size_t)z * p.n_splits + split) * p.rows_max; /* workspace row 0 of this split */
+
+    /* the result of one row: normalized o to the output (one split) or the workspace */
+    auto emit_row_pair = [&](int row, int dim, float ox, float oy, float m, float l) {
+        float inv = l > 0.f ? 1.f / l : 0.f;
+        if (p.n_splits == 1) {
+            __nv_bfloat16 *dst = p.o + seq * p.o_seq + (long long)(row / p.group) * p.o_tok +
+                                 (long long)(hkv * p.group + row % p.group) * p.d + dim;
+            *(uint32_t *)dst = pack_bf16(ox * inv, oy * inv);
+        } else {
+            *(float2 *)(p.ws_o + (part0 + row) * p.d + dim) = make_float2(ox * inv, oy * inv);
+            if (dim == 0) {
+                p.ws_m[part0 + row] = m;
+                p.ws_l[part0 + row] = l;
+            }
+        }
+    };
+
+    if constexpr (WT == 1) {
+        if (!warp_active) return;
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            int row = row0 + wr * 16 + g + 8 * i;
+            if (row >= rows_valid) continue;
+#pragma unroll
+            for (int n = 0; n < NOJ; n++)
+                if (n * 8 < p.d) emit_row_pair(row, n * 8 + t2, oacc[n][2 * i], oacc[n][2 * i + 1], mrow[i], lrow[i]);
+        }
+        return;
+    }
+
+    /* WT > 1: the token groups of each row group merge through shared memory */
+    constexpr int RLD = C::RED_LD;
+    float *red_o = (float *)smem;              /* [WT][ROWS][RLD] */
+    float *red_m = red_o + WT * ROWS * RLD;    /* [WT][ROWS] */
+    float *red_l = red_m + WT * ROWS;
+    __syncthreads(); /* every warp is done reading the tiles */
+    if (warp_active) {
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            int rl = wr * 16 + g + 8 * i;
+            float *dst = red_o + (wt * ROWS + rl) * RLD + t2;
+#pragma unroll
+            for (int n = 0; n < NOJ; n++) *(float2 *)(dst + n * 8) = make_float2(oacc[n][2 * i], oacc[n][2 * i + 1]);
+            if ((lane & 3) == 0) {
+                red_m[wt * ROWS + rl] = mrow[i];
+                red_l[wt * ROWS + rl] = lrow[i];
+            }
+        }
+    }
+    __syncthreads();
+    for (int idx = tid; idx < ROWS * (DP / 2); idx += NT) {
+        int rl = idx / (DP / 2), dim = (idx - rl * (DP / 2)) * 2, row = row0 + rl;
+        if (row >= rows_valid || dim >= p.d) continue;
+        float m = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < WT; w++) m = fmaxf(m, red_m[w * ROWS + rl]);
+        float mu = m == -INFINITY ? 0.f : m, l = 0.f, ox = 0.f, oy = 0.f;
+#pragma unroll
+        for (int w = 0; w < WT; w++) {
+            float f = exp2f(red_m[w * ROWS + rl] - mu);
+            const float *src = red_o + (w * ROWS + rl) * RLD + dim;
+            l += f * red_l[w * ROWS + rl];
+            ox += f * src[0];
+            oy += f * src[1];
+        }
+        emit_row_pair(row, dim, ox, oy, m, l);
+    }
+}
+
+/* ---- split merge --------------------------------------------------------------------------
+ * Thread = (row r, 4 dims c, split lane sl of SL): sums splits sl, sl + SL, ... then the SL
+ * lanes (adjacent, aligned) reduce by shuffles. Grid: x over rows * d/4 * SL, y = z. */
+struct MergeParams {
+    const float *ws_o, *ws_m, *ws_l;
+    __nv_bfloat16 *o;
+    long long o_tok, o_seq;
+    const int *t_valid, *nq_valid, *nseq_valid;
+    int t_max, nq_max, n_seq, n_kv, group, d, rows_max, n_splits, tk, sl_log2;
+};
+
+__global__ void __launch_bounds__(256) k_attn_merge(MergeParams p) {
+    const int SL = 1 << p.sl_log2, c4 = p.d / 4;
+    const long long gid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const int sl = (int)(gid & (SL - 1));
+    const long long rc = gid >> p.sl_log2;
+    const int r = (int)(rc / c4), c = (int)(rc % c4);
+    const int z = blockIdx.y, seq = z / p.n_kv, hkv = z % p.n_kv;
+    /* exits are uniform over the SL lanes of a group (they share r and z) */
+    if (seq >= read_len(p.nseq_valid, p.n_seq)) return;
+    if (r >= read_len(p.nq_valid, p.nq_max) * p.group) return;
+    int t0, t1;
+    const int na = nib_attn_split_range(read_len(p.t_valid, p.t_max), p.n_splits, p.tk, 0, &t0, &t1);
+    const unsigned lane = threadIdx.x & 31;
+    const unsigned gmask = SL == 32 ? 0xffffffffu : ((1u << SL) - 1u) << (lane & ~(unsigned)(SL - 1));
+    const size_t zb = (size_t)z * p.n_splits;
+    float m = -INFINITY;
+    for (int s = sl; s < na; s += SL) m = fmaxf(m, p.ws_m[(zb + s) * p.rows_max + r]);
+    for (int off = SL >> 1; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(gmask, m, off));
+    const float mu = m == -INFINITY ? 0.f : m;
+    float l = 0.f;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int s = sl; s < na; s += SL) {
+        size_t e = (zb + s) * p.rows_max + r;
+        float w = p.ws_l[e] * exp2f(p.ws_m[e] - mu);
+        float4 v = ((const float4 *)p.ws_o)[e * c4 + c];
+        l += w;
+        acc.x += w * v.x;
+        acc.y += w * v.y;
+        acc.z += w * v.z;
+        acc.w += w * v.w;
+    }
+    for (int off = SL >> 1; off > 0; off >>= 1) {
+        l += __shfl_xor_sync(gmask, l, off);
+        acc.x += __shfl_xor_sync(gmask, acc.x, off);
+        acc.y += __shfl_xor_sync(gmask, acc.y, off);
+        acc.z += __shfl_xor_sync(gmask, acc.z, off);
+        acc.w += __shfl_xor_sync(gmask, acc.w, off);
+    }
+    if (sl) return;
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    __nv_bfloat16 *dst = p.o + seq * p.o_seq + (long long)(r / p.group) * p.o_tok +
+                         (long long)(hkv * p.group + r % p.group) * p.d + 4 * c;
+    *(uint2 *)dst = make_uint2(pack_bf16(acc.x * inv, acc.y * inv), pack_bf16(acc.z * inv, acc.w * inv));
+}
+
+} // namespace nib
+
+#endif

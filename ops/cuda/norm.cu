@@ -1,0 +1,251 @@
+/* norm.cu — RMSNorm / LayerNorm / adaRMSNorm (ops/norm.h) on bf16 rows, with the optional
+ * fused residual add (h = x + residual, stored bf16) and the optional FP8 output (e4m3 codes +
+ * per-row fp32 scale), fp32 math in exactly the order of the reference (ops/ref/norm.c).
+ *
+ * Layout: one CTA per row; thread i owns the 16-byte chunks i, i + T, ... (8 bf16 columns
+ * each, V <= 4 chunks per thread, T = min(256, dim/8 rounded up to 32) threads), loaded and
+ * stored as 16-byte vectors and kept in registers between the passes. Statistics are fp64
+ * (warp xor-shuffle tree, then a fixed-order sum of the per-warp partials, so results are
+ * deterministic); the per-column parameters are fetched before the reduction so their latency
+ * hides behind it. The amax for the FP8 scale is a float max (order-independent, exact).
+ * Every fp32 operation is an explicit __f*_rn intrinsic: nvcc never contracts them into FMAs,
+ * so the GPU performs the reference's operations one for one (see ops/norm.h on why the fp64
+ * sums make the statistic agree too).
+ * Variants: V = 1..4 chunks per thread (dim <= 2048: V = 1). Valid rows come from a device
+ * int (CTAs of rows >= *n_valid exit at once).
+ * Tested by tests/test_ops_gpu.c (`nib_tests ops_gpu_norm`), timed by `nib bench ops`.
+ */
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+#include <float.h>
+#include <stdint.h>
+
+#include "ops/norm.h"
+#include "runtime/cuda_check.h"
+
+struct NormParams {
+    int kind, dim, nch; /* nch = dim / 8 chunks */
+    const int32_t *n_valid;
+    float eps;
+    const uint16_t *x;
+    long long ldx;
+    const uint16_t *res;
+    long long ldr;
+    uint16_t *h; /* h destination (h_out or residual); NULL without a residual */
+    long long ldh;
+    const float *pa, *pb; /* RMS: w, -; LAYER: w, b; ADARMS: scale, shift (NULL = absent) */
+    uint16_t *y;
+    long long ldy;
+    uint8_t *yq;
+    long long ldq;
+    float *ys;
+};
+
+static __device__ __forceinline__ uint4 ld16(const uint16_t *p) { return *(const uint4 *)p; }
+static __device__ __forceinline__ void st16(uint16_t *p, uint4 v) { *(uint4 *)p = v; }
+
+/* 8 bf16 (element 0 in the low half of .x) <-> 8 floats */
+static __device__ __forceinline__ void unpack8(uint4 u, float (&f)[8]) {
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        f[2 * i] = __uint_as_float(w[i] << 16);
+        f[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
+    }
+}
+static __device__ __forceinline__ uint32_t bf16_bits(float f) {
+    return (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(f));
+}
+static __device__ __forceinline__ uint4 pack8(const float (&f)[8]) {
+    uint4 u;
+    u.x = bf16_bits(f[0]) | (bf16_bits(f[1]) << 16);
+    u.y = bf16_bits(f[2]) | (bf16_bits(f[3]) << 16);
+    u.z = bf16_bits(f[4]) | (bf16_bits(f[5]) << 16);
+    u.w = bf16_bits(f[6]) | (bf16_bits(f[7]) << 16);
+    return u;
+}
+static __device__ __forceinline__ void load8f(const float *p, float (&f)[8]) {
+    const float4 a = *(const float4 *)p, b = *(const float4 *)(p + 4);
+    f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+}
+
+/* Block-wide sums / max: warp xor tree, one slot per warp, then every thread adds the nw
+ * partials in the same order (deterministic, identical in all threads). blockDim.x is a
+ * multiple of 32 and every thread calls these (no early exits after the row check). */
+static __device__ __forceinline__ double block_sum(double v, double *sh, int nw) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
+    __syncthreads();
+    double s = 0.0;
+    for (int i = 0; i < nw; i++) s += sh[i];
+    return s;
+}
+static __device__ __forceinline__ float block_max(float v, float *sh, int nw) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
+    __syncthreads();
+    float m = 0.f;
+    for (int i = 0; i < nw; i++) m = fmaxf(m, sh[i]);
+    return m;
+}
+
+template <int V>
+__global__ void __launch_bounds__(256) k_norm(const NormParams p) {
+    const long long row = blockIdx.x;
+    if (p.n_valid && row >= *p.n_valid) return; /* uniform per CTA: before any barrier */
+    __shared__ double s_sum[8], s_sq[8];
+    __shared__ float s_max[8];
+    const int nw = blockDim.x >> 5;
+    float v[V][8], pa[V][8], pb[V][8];
+    double acc = 0.0;
+#pragma unroll
+    for (int i = 0; i < V; i++) {
+        const int c = threadIdx.x + i * blockDim.x;
+#pragma unroll
+        for (int k = 0; k < 8; k++) v[i][k] = pa[i][k] = pb[i][k] = 0.f;
+        if (c < p.nch) {
+            if (p.pa) load8f(p.pa + 8 * c, pa[i]);
+            if (p.pb) load8f(p.pb + 8 * c, pb[i]);
+            unpack8(ld16(p.x + row * p.ldx + 8 * c), v[i]);
+            if (p.res) {
+                float r[8];
+                unpack8(ld16(p.res + row * p.ldr + 8 * c), r);
+#pragma unroll
+                for (int k = 0; k < 8; k++) v[i][k] = __fadd_rn(v[i][k], r[k]);
+                const uint4 hu = pack8(v[i]);
+                st16(p.h + row * p.ldh + 8 * c, hu);
+                unpack8(hu, v[i]); /* normalize the stored (bf16) h */
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < 8; k++) /* inactive chunks hold zeros: they add nothing */
+            acc += p.kind == NIB_NORM_LAYER ? (double)v[i][k] : (double)v[i][k] * (double)v[i][k];
+    }
+    const double s = block_sum(acc, s_sum, nw);
+    float inv, mu = 0.f;
+    if (p.kind == NIB_NORM_LAYER) {
+        const double mean = s / (double)p.dim;
+        double acc2 = 0.0;
+#pragma unroll
+        for (int i = 0; i < V; i++)
+            if ((int)(threadIdx.x + i * blockDim.x) < p.nch) {
+#pragma unroll
+                for (int k = 0; k < 8; k++) {
+                    const double d = (double)v[i][k] - mean;
+                    acc2 += d * d;
+                }
+            }
+        const double var = block_sum(acc2, s_sq, nw) / (double)p.dim;
+        mu = __double2float_rn(mean);
+        inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__double2float_rn(var), p.eps)));
+    } else {
+        const float ms = __double2float_rn(s / (double)p.dim);
+        inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ms, p.eps)));
+    }
+    float amax = 0.f;
+#pragma unroll
+    for (int i = 0; i < V; i++) {
+        const int c = threadIdx.x + i * blockDim.x;
+        if (c >= p.nch) continue;
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            float t;
+            if (p.kind == NIB_NORM_LAYER) {
+                t = __fmul_rn(__fsub_rn(v[i][k], mu), inv);
+                if (p.pa) t = __fmul_rn(t, pa[i][k]);
+                if (p.pb) t = __fadd_rn(t, pb[i][k]);
+            } else if (p.kind == NIB_NORM_ADARMS) {
+                t = __fmul_rn(v[i][k], inv);
+                t = __fmul_rn(t, __fadd_rn(1.0f, pa[i][k]));
+                t = __fadd_rn(t, pb[i][k]);
+            } else {
+                t = __fmul_rn(v[i][k], inv);
+                if (p.pa) t = __fmul_rn(t, __fadd_rn(1.0f, pa[i][k]));
+            }
+            v[i][k] = t;
+            amax = fmaxf(amax, fabsf(t));
+        }
+        if (p.y) st16(p.y + row * p.ldy + 8 * c, pack8(v[i]));
+    }
+    if (!p.yq) return;
+    amax = block_max(amax, s_max, nw);
+    /* formats/ nib_fp8_quantize per row: scale = amax / 448 (>= FLT_MIN), 1 for all-zero */
+    float sc = 1.0f;
+    if (amax != 0.0f) {
+        sc = __fdiv_rn(amax, 448.0f);
+        sc = sc < FLT_MIN ? FLT_MIN : sc;
+    }
+    if (threadIdx.x == 0) p.ys[row] = sc;
+#pragma unroll
+    for (int i = 0; i < V; i++) {
+        const int c = threadIdx.x + i * blockDim.x;
+        if (c >= p.nch) continue;
+        uint32_t w[2] = {0u, 0u};
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const uint32_t q = __nv_cvt_float_to_fp8(__fdiv_rn(v[i][k], sc), __NV_SATFINITE, __NV_E4M3);
+            w[k >> 2] |= q << (8 * (k & 3));
+        }
+        *(uint2 *)(p.yq + row * p.ldq + 8 * c) = make_uint2(w[0], w[1]);
+    }
+}
+
+static bool al16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+nib_status nib_cuda_norm(const nib_norm_args *a, void *stream) {
+    static const char *who = "norm (cuda)";
+    NIB_RETURN_IF_ERR(nib_norm_validate(a, who));
+    const char *kn = a->kind == NIB_NORM_RMS ? "rms" : a->kind == NIB_NORM_LAYER ? "layer" : "adarms";
+    /* 16-byte vectors: bf16 rows start on 16-byte boundaries, fp32 vectors are 16-byte aligned */
+    if (a->ldx % 8 || !al16(a->x) || (a->residual && (a->ldr % 8 || !al16(a->residual))) ||
+        (a->h_out && (a->ldh % 8 || !al16(a->h_out))) || (a->y && (a->ldy % 8 || !al16(a->y))))
+        return NIB_ERR(NIB_ERR_SHAPE,
+                       "%s (%s): bf16 row strides must be multiples of 8 and pointers 16-byte aligned (ldx %lld, "
+                       "ldr %lld, ldh %lld, ldy %lld)",
+                       who, kn, (long long)a->ldx, (long long)a->ldr, (long long)a->ldh, (long long)a->ldy);
+    if (a->y_q && (a->ldq % 8 || ((uintptr_t)a->y_q & 7u)))
+        return NIB_ERR(NIB_ERR_SHAPE, "%s (%s): ldq %lld must be a multiple of 8 and y_q 8-byte aligned", who, kn,
+                       (long long)a->ldq);
+    const float *pa = a->kind == NIB_NORM_ADARMS ? a->scale : a->w;
+    const float *pb = a->kind == NIB_NORM_ADARMS ? a->shift : a->b;
+    if ((pa && !al16(pa)) || (pb && !al16(pb)))
+        return NIB_ERR(NIB_ERR_SHAPE, "%s (%s): fp32 parameter vectors must be 16-byte aligned", who, kn);
+    if (a->rows == 0) return NIB_OK;
+
+    NormParams p;
+    p.kind = (int)a->kind;
+    p.dim = (int)a->dim;
+    p.nch = (int)(a->dim / 8);
+    p.n_valid = a->n_valid;
+    p.eps = a->eps;
+    p.x = (const uint16_t *)a->x;
+    p.ldx = a->ldx;
+    p.res = (const uint16_t *)a->residual;
+    p.ldr = a->ldr;
+    p.h = a->residual ? (uint16_t *)(a->h_out ? a->h_out : a->residual) : NULL;
+    p.ldh = a->h_out ? a->ldh : a->ldr;
+    p.pa = pa;
+    p.pb = pb;
+    p.y = (uint16_t *)a->y;
+    p.ldy = a->ldy;
+    p.yq = a->y_q;
+    p.ldq = a->ldq;
+    p.ys = a->y_scale;
+
+    int threads = (p.nch + 31) / 32 * 32;
+    if (threads > 256) threads = 256;
+    const int v = (p.nch + threads - 1) / threads; /* 1..4 for dim <= 8192 */
+    const dim3 grid((unsigned)a->rows);
+    cudaStream_t s = (cudaStream_t)stream;
+    switch (v) {
+    case 1: k_norm<1><<<grid, threads, 0, s>>>(p); break;
+    case 2: k_norm<2><<<grid, threads, 0, s>>>(p); break;
+    case 3: k_norm<3><<<grid, threads, 0, s>>>(p); break;
+    default: k_norm<4><<<grid, threads, 0, s>>>(p); break;
+    }
+    NIB_LAUNCH_CHECK("k_norm");
+    return NIB_OK;
+}

@@ -1,0 +1,475 @@
+/* backend.c — the two backends of runtime/backend.h. */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "formats/formats.h"
+#include "runtime/backend.h"
+
+#ifdef NIB_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "runtime/cuda_check.h"
+#endif
+
+const char *nib_be_name(const nib_be *be) { return be->kind == NIB_BE_REF ? "reference (fp32, CPU)" : "cuda"; }
+
+/* ---- reference fp32 GEMM ---------------------------------------------------------------- */
+typedef struct sgemm_job {
+    const float *x, *w;
+    float *y;
+    int64_t m, ldx, n, k, ldy, n0, n1;
+} sgemm_job;
+
+/* 8 partial sums in a fixed order: vectorizable without reassociation, deterministic */
+static float dot8(const float *a, const float *b, int64_t k) {
+    float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t j = 0;
+    for (; j + 8 <= k; j += 8)
+        for (int q = 0; q < 8; q++) s[q] += a[j + q] * b[j + q];
+    for (; j < k; j++) s[j & 7] += a[j] * b[j];
+    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
+static void *sgemm_worker(void *arg) {
+    sgemm_job *j = (sgemm_job *)arg;
+    /* blocks of 16 weight rows stay in cache while every x row passes by */
+    for (int64_t nb = j->n0; nb < j->n1; nb += 16) {
+        int64_t ne = nb + 16 < j->n1 ? nb + 16 : j->n1;
+        for (int64_t i = 0; i < j->m; i++)
+            for (int64_t r = nb; r < ne; r++) j->y[i * j->ldy + r] = dot8(j->x + i * j->ldx, j->w + r * j->k, j->k);
+    }
+    return NULL;
+}
+
+nib_status nib_ref_sgemm(const float *x, int64_t m, int64_t ldx, const float *w, int64_t n, int64_t k, float *y,
+                         int64_t ldy, int threads) {
+    if (threads < 1) threads = 1;
+    if (threads > 64) threads = 64;
+    if ((int64_t)threads > (n + 15) / 16) threads = (int)((n + 15) / 16);
+    if (threads < 1) threads = 1;
+    sgemm_job jobs[64];
+    pthread_t tid[64];
+    int64_t per = (n + threads - 1) / threads;
+    per = (per + 15) / 16 * 16;
+    int started = 0;
+    for (int t = 0; t < threads; t++) {
+        int64_t n0 = t * per, n1 = n0 + per < n ? n0 + per : n;
+        if (n0 >= n) break;
+        jobs[t] = (sgemm_job){x, w, y, m, ldx, n, k, ldy, n0, n1};
+        if (t == 0) continue; /* run the first block on this thread */
+        if (pthread_create(&tid[t], NULL, sgemm_worker, &jobs[t]) != 0) {
+            sgemm_worker(&jobs[t]); /* no thread: do it here (same result, slower) */
+            tid[t] = 0;
+        }
+        started = t + 1;
+    }
+    sgemm_worker(&jobs[0]);
+    for (int t = 1; t < started; t++)
+        if (tid[t]) pthread_join(tid[t], NULL);
+    return NIB_OK;
+}
+
+/* ---- init / memory ------------------------------------------------------------------------ */
+nib_status nib_be_init(nib_be *be, nib_be_kind kind, const nib_be_sizes *sz) {
+#ifdef NIB_HAVE_CUDA
+    nib_status st = NIB_OK;
+#endif
+    memset(be, 0, sizeof *be);
+    be->kind = kind;
+    if (kind == NIB_BE_REF) {
+        be->act_size = 4;
+        long nc = sysconf(_SC_NPROCESSORS_ONLN);
+        be->threads = nc > 0 ? (int)nc : 1;
+        const char *env = getenv("NIB_REF_THREADS");
+        if (env && atoi(env) > 0) be->threads = atoi(env);
+        be->h_wcap = sz->weight_bytes;
+        be->h_acap = sz->act_bytes;
+        be->h_wslab = nib_calloc(be->h_wcap ? be->h_wcap : 1, 1);
+        be->h_act = nib_calloc(be->h_acap ? be->h_acap : 1, 1);
+        be->ref_tmp_elems = (size_t)(sz->max_m > 0 ? sz->max_m : 1) * (size_t)(sz->max_n > 0 ? sz->max_n : 1);
+        be->ref_tmp = nib_calloc(be->ref_tmp_elems, sizeof(float));
+        if (!be->h_wslab || !be->h_act || !be->ref_tmp) {
+            nib_be_free(be);
+            return NIB_ERR(NIB_ERR_OUT_OF_MEMORY, "reference backend: cannot allocate %llu + %llu bytes of host memory",
+                           (unsigned long long)sz->weight_bytes, (unsigned long long)sz->act_bytes);
+        }
+        return NIB_OK;
+    }
+#ifndef NIB_HAVE_CUDA
+    return NIB_ERR(NIB_ERR_NO_DEVICE, "CUDA backend: this nib build has no CUDA backend (NO_CUDA=1 or no nvcc)");
+#else
+    be->act_size = 2;
+    NIB_TRY(nib_device_require(NULL));
+    {
+        cudaStream_t s;
+        NIB_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+        be->stream = s;
+    }
+    NIB_TRY(nib_dev_arena_init(&be->wslab, sz->weight_bytes + 4096, "weight slab"));
+    NIB_TRY(nib_dev_arena_init(&be->act, sz->act_bytes + 4096, "activation arena"));
+    NIB_TRY(nib_blas_create(&be->blas));
+    NIB_TRY(nib_cuda_gemm_ws_init(&be->ws, sz->max_m, (sz->max_n + 255) / 256 * 256));
+    be->gemm_tmp_bytes = (size_t)sz->max_m * (size_t)sz->max_n * 2 + 256;
+    NIB_TRY(nib_dev_malloc(&be->gemm_tmp, be->gemm_tmp_bytes, "GEMM epilogue scratch"));
+    be->xq8_bytes = (size_t)sz->max_m * (size_t)sz->max_k + 256;
+    NIB_TRY(nib_dev_malloc(&be->xq8, be->xq8_bytes, "FP8 activation codes"));
+    NIB_TRY(nib_dev_malloc((void **)&be->xs8, (size_t)sz->max_m * 4 + 256, "FP8 activation scales"));
+    be->attn_ws_bytes = sz->attn_ws_bytes;
+    if (be->attn_ws_bytes) NIB_TRY(nib_dev_malloc(&be->attn_ws, be->attn_ws_bytes, "attention workspace"));
+    return NIB_OK;
+fail:
+    nib_be_free(be);
+    return st;
+#endif
+}
+
+void nib_be_free(nib_be *be) {
+    if (!be) return;
+    if (be->kind == NIB_BE_REF) {
+        nib_free(be->h_wslab);
+        nib_free(be->h_act);
+        nib_free(be->ref_tmp);
+    } else {
+#ifdef NIB_HAVE_CUDA
+        nib_dev_arena_free(&be->wslab);
+        nib_dev_arena_free(&be->act);
+        nib_blas_free(be->blas);
+        nib_cuda_gemm_ws_free(&be->ws);
+        nib_dev_free(be->gemm_tmp, be->gemm_tmp_bytes);
+        nib_dev_free(be->xq8, be->xq8_bytes);
+        nib_dev_free(be->xs8, 0);
+        nib_dev_free(be->attn_ws, be->attn_ws_bytes);
+        if (be->stream) cudaStreamDestroy((cudaStream_t)be->stream);
+#endif
+    }
+    memset(be, 0, sizeof *be);
+}
+
+static nib_status host_bump(uint8_t *base, size_t cap, size_t *used, uint64_t bytes, void **p, const char *what,
+                            const char *pool) {
+    uint64_t off = 0, end = 0;
+    if (nib_pad_overflow_u64(*used, 256, &off) || nib_add_overflow_u64(off, bytes, &end) || end > cap)
+        return NIB_ERR(NIB_ERR_OUT_OF_MEMORY, "reference backend: %s needs %llu bytes but the %s has %zu of %zu left",
+                       what, (unsigned long long)bytes, pool, cap - (size_t)(off < cap ? off : cap), cap);
+    *p = base + off;
+    *used = (size_t)end;
+    return NIB_OK;
+}
+
+nib_status nib_be_alloc_weight(nib_be *be, uint64_t bytes, void **p, const char *what) {
+    if (be->kind == NIB_BE_REF) return host_bump(be->h_wslab, be->h_wcap, &be->h_wused, bytes, p, what, "weight slab");
+    return nib_dev_arena_alloc(&be->wslab, (size_t)bytes, p, what);
+}
+
+nib_status nib_be_alloc_act(nib_be *be, uint64_t bytes, void **p, const char *what) {
+    if (be->kind == NIB_BE_REF) return host_bump(be->h_act, be->h_acap, &be->h_aused, bytes, p, what, "activation arena");
+    return nib_dev_arena_alloc(&be->act, (size_t)bytes, p, what);
+}
+
+nib_status nib_be_upload(nib_be *be, void *dst, const void *src, uint64_t bytes) {
+    if (be->kind == NIB_BE_REF) {
+        memcpy(dst, src, bytes);
+        return NIB_OK;
+    }
+    return nib_dev_upload(dst, src, bytes);
+}
+
+nib_status nib_be_download(nib_be *be, void *dst, const void *src, uint64_t bytes) {
+    if (be->kind == NIB_BE_REF) {
+        memcpy(dst, src, bytes);
+        return NIB_OK;
+    }
+#ifdef NIB_HAVE_CUDA
+    NIB_CUDA_CHECK(cudaStreamSynchronize((cudaStream_t)be->stream));
+#endif
+    return nib_dev_download(dst, src, bytes);
+}
+
+nib_status nib_be_upload_act(nib_be *be, void *dst, const float *src, uint64_t n) {
+    if (be->kind == NIB_BE_REF) {
+        memcpy(dst, src, n * 4);
+        return NIB_OK;
+    }
+    uint16_t *tmp = nib_malloc(n * 2 + 2);
+    if (!tmp) return NIB_ERR_OUT_OF_MEMORY;
+    for (uint64_t i = 0; i < n; i++) tmp[i] = nib_f32_to_bf16(src[i]);
+    nib_status st = nib_dev_upload(dst, tmp, n * 2);
+    nib_free(tmp);
+    return st;
+}
+
+nib_status nib_be_download_act(nib_be *be, float *dst, const void *src, uint64_t n) {
+    if (be->kind == NIB_BE_REF) {
+        memcpy(dst, src, n * 4);
+        return NIB_OK;
+    }
+    uint16_t *tmp = nib_malloc(n * 2 + 2);
+    if (!tmp) return NIB_ERR_OUT_OF_MEMORY;
+    nib_status st = nib_be_download(be, tmp, src, n * 2);
+    if (!st)
+        for (uint64_t i = 0; i < n; i++) dst[i] = nib_bf16_to_f32(tmp[i]);
+    nib_free(tmp);
+    return st;
+}
+
+nib_status nib_be_memset(nib_be *be, void *dst, int v, uint64_t bytes) {
+    if (be->kind == NIB_BE_REF) {
+        memset(dst, v, bytes);
+        return NIB_OK;
+    }
+#ifdef NIB_HAVE_CUDA
+    NIB_CUDA_CHECK(cudaMemsetAsync(dst, v, bytes, (cudaStream_t)be->stream));
+    return NIB_OK;
+#else
+    return NIB_ERR(NIB_ERR_NO_DEVICE, "memset: no CUDA backend");
+#endif
+}
+
+nib_status nib_be_sync(nib_be *be) {
+    if (be->kind == NIB_BE_REF) return NIB_OK;
+#ifdef NIB_HAVE_CUDA
+    NIB_CUDA_CHECK(cudaStreamSynchronize((cudaStream_t)be->stream));
+    return NIB_OK;
+#else
+    return NIB_ERR(NIB_ERR_NO_DEVICE, "sync: no CUDA backend");
+#endif
+}
+
+/* ---- linear ------------------------------------------------------------------------------ */
+nib_status nib_be_linear_load(nib_be *be, const nib_wsrc *src, int geglu, int w8a8, const char *name,
+                              nib_be_linear *out) {
+    nib_status st = NIB_OK;
+    memset(out, 0, sizeof *out);
+    NIB_RETURN_IF_ERR(nib_wsrc_validate(src, name));
+    if (geglu && src->n % 2) return NIB_ERR(NIB_ERR_SHAPE, "%s: GeGLU weight has an odd row count %lld", name, (long long)src->n);
+    out->n = src->n;
+    out->k = src->k;
+    out->n_out = geglu ? src->n / 2 : src->n;
+    out->geglu = geglu;
+    out->fmt = src->fmt;
+    if (be->kind == NIB_BE_REF) {
+        uint64_t bytes = (uint64_t)src->n * src->k * 4;
+        NIB_RETURN_IF_ERR(nib_be_alloc_weight(be, bytes, (void **)&out->w32, name));
+        NIB_RETURN_IF_ERR(nib_wsrc_dequantize(src, out->w32));
+        if (src->bias) {
+            NIB_RETURN_IF_ERR(nib_be_alloc_weight(be, (uint64_t)src->n * 4, (void **)&out->bias, name));
+            memcpy(out->bias, src->bias, (size_t)src->n * 4);
+        }
+        return NIB_OK;
+    }
+    if (src->fmt == NIB_WFMT_FP8 && w8a8) {
+        out->w8a8 = 1;
+        uint64_t nk = (uint64_t)src->n * src->k;
+        NIB_RETURN_IF_ERR(nib_be_alloc_weight(be, nk, &out->wq8, name));
+        NIB_RETURN_IF_ERR(nib_be_alloc_weight(be, (uint64_t)src->n * 4, (void **)&out->sw8, name));
+        NIB_RETURN_IF_ERR(nib_dev_upload(out->wq8, src->data, nk));
+        float *s = nib_malloc((size_t)src->n * 4);
+        if (!s) return NIB_ERR_OUT_OF_MEMORY;
+        for (int64_t i = 0; i < src->n; i++) s[i] = ((const float *)src->scales)[src->fp8_per_channel ? i : 0];
+        st = nib_dev_upload(out->sw8, s, (size_t)src->n * 4);
+        nib_free(s);
+        if (st) return st;
+    } else if (src->fmt == NIB_WFMT_BF16) {
+        nib_wsrc nb = *src;
+        nb.bias = NULL; /* cuBLAS path: bias in the epilogue kernel */
+        NIB_RETURN_IF_ERR(nib_cuda_weight_load(&nb, 0, name, &be->wslab, &out->q));
+    } else {
+        return nib_cuda_weight_load(src, geglu, name, &be->wslab, &out->q);
+    }
+    if (src->bias) {
+        NIB_RETURN_IF_ERR(nib_be_alloc_weight(be, (uint64_t)src->n * 4, (void **)&out->bias, name));
+        NIB_RETURN_IF_ERR(nib_dev_upload(out->bias, src->bias, (size_t)src->n * 4));
+    }
+    return NIB_OK;
+}
+
+nib_status nib_be_gemm(nib_be *be, const nib_be_linear *L, const void *x, int64_t m, int64_t ldx, void *y,
+                         int64_t ldy, const nib_gemm_epi *epi) {
+    if (m <= 0) return NIB_OK;
+    nib_gemm_epi none = {L->geglu, NULL, NULL, 0};
+    if (!epi) epi = &none;
+    if (epi->geglu != L->geglu)
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "linear: epilogue GeGLU %d but the weight was loaded with GeGLU %d",
+                       epi->geglu, L->geglu);
+    nib_epilogue_args e = {NULL, m, L->n, 0, L->bias, L->geglu, epi->gate, epi->residual, epi->ldr, y, ldy};
+    if (be->kind == NIB_BE_REF) {
+        if ((size_t)m * (size_t)L->n > be->ref_tmp_elems)
+            return NIB_ERR(NIB_ERR_SHAPE, "linear: %lld x %lld output exceeds the reference scratch", (long long)m,
+                           (long long)L->n);
+        NIB_RETURN_IF_ERR(nib_ref_sgemm((const float *)x, m, ldx, L->w32, L->n, L->k, be->ref_tmp, L->n, be->threads));
+        e.acc = be->ref_tmp;
+        e.ld_acc = L->n;
+        return nib_ref_epilogue(&e);
+    }
+    if (L->fmt != NIB_WFMT_BF16 && !L->w8a8)
+        return nib_cuda_gemm(&L->q, x, m, ldx, y, ldy, epi, &be->ws, be->stream);
+    /* cuBLAS paths: raw product into scratch, then the epilogue kernel */
+    if ((size_t)m * (size_t)L->n * 2 > be->gemm_tmp_bytes)
+        return NIB_ERR(NIB_ERR_SHAPE, "linear: %lld x %lld output exceeds the GEMM scratch", (long long)m, (long long)L->n);
+    if (ldx != L->k)
+        return NIB_ERR(NIB_ERR_SHAPE, "linear: the cuBLAS path needs ldx == K (%lld != %lld)", (long long)ldx, (long long)L->k);
+    if (L->w8a8) {
+        if ((size_t)m * (size_t)L->k > be->xq8_bytes)
+            return NIB_ERR(NIB_ERR_SHAPE, "linear: %lld x %lld activations exceed the FP8 scratch", (long long)m,
+                           (long long)L->k);
+        NIB_RETURN_IF_ERR(nib_cuda_quantize_fp8_rows(x, m, L->k, 1, be->xq8, be->xs8, be->stream));
+        NIB_RETURN_IF_ERR(nib_blas_gemm_fp8(be->blas, be->xq8, be->xs8, 1, L->wq8, L->sw8, 1, be->gemm_tmp, m, L->n,
+                                            L->k, be->stream));
+    } else {
+        NIB_RETURN_IF_ERR(nib_blas_gemm_bf16(be->blas, x, L->q.bf16_w, be->gemm_tmp, m, L->n, L->k, be->stream));
+    }
+    e.acc = be->gemm_tmp;
+    e.ld_acc = L->n;
+    return nib_cuda_epilogue(&e, be->stream);
+}
+
+/* ---- op dispatch ------------------------------------------------------------------------- */
+#define DISPATCH(ref_call, cuda_call) return be->kind == NIB_BE_REF ? (ref_call) : (cuda_call)
+
+nib_status nib_be_norm(nib_be *be, const nib_norm_args *a) { DISPATCH(nib_ref_norm(a), nib_cuda_norm(a, be->stream)); }
+nib_status nib_be_rope(nib_be *be, const nib_rope_args *a) { DISPATCH(nib_ref_rope(a), nib_cuda_rope(a, be->stream)); }
+nib_status nib_be_act(nib_be *be, const nib_act_args *a) { DISPATCH(nib_ref_act(a), nib_cuda_act(a, be->stream)); }
+nib_status nib_be_qkv(nib_be *be, const nib_qkv_args *a) { DISPATCH(nib_ref_qkv(a), nib_cuda_qkv(a, be->stream)); }
+nib_status nib_be_kv_write(nib_be *be, const nib_kv_write_args *a) {
+    DISPATCH(nib_ref_kv_write(a), nib_cuda_kv_write(a, be->stream));
+}
+nib_status nib_be_attn_prefix(nib_be *be, const nib_attn_prefix_args *a) {
+    DISPATCH(nib_ref_attn_prefix(a), nib_cuda_attn_prefix(a, be->attn_ws, be->stream));
+}
+nib_status nib_be_attn_cache(nib_be *be, const nib_attn_cache_args *a) {
+    DISPATCH(nib_ref_attn_cache(a), nib_cuda_attn_cache(a, be->attn_ws, be->stream));
+}
+nib_status nib_be_im2patch(nib_be *be, const nib_im2patch_args *a) {
+    DISPATCH(nib_ref_im2patch(a), nib_cuda_im2patch(a, be->stream));
+}
+nib_status nib_be_embed(nib_be *be, const nib_embed_args *a) { DISPATCH(nib_ref_embed(a), nib_cuda_embed(a, be->stream)); }
+nib_status nib_be_f32_to_act(nib_be *be, const float *x, int64_t rows, int64_t cols, int64_t ldx, void *y,
+                             int64_t ldy) {
+    DISPATCH(nib_ref_f32_to_act(x, rows, cols, ldx, y, ldy), nib_cuda_f32_to_act(x, rows, cols, ldx, y, ldy, be->stream));
+}
+nib_status nib_be_axpy_f32(nib_be *be, float *x, int64_t rows, int64_t cols, int64_t ldx, const void *v,
+                           int64_t ldv) {
+    DISPATCH(nib_ref_axpy_f32(x, rows, cols, ldx, v, ldv), nib_cuda_axpy_f32(x, rows, cols, ldx, v, ldv, be->stream));
+}
+
+/* ---- graphs and events ------------------------------------------------------------------- */
+#ifdef NIB_HAVE_CUDA
+struct nib_be_graph {
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+};
+struct nib_be_event {
+    cudaEvent_t e;
+};
+
+nib_status nib_be_capture_begin(nib_be *be) {
+    if (be->kind != NIB_BE_CUDA) return NIB_ERR(NIB_ERR_UNSUPPORTED, "graph capture needs the CUDA backend");
+    NIB_CUDA_CHECK(cudaStreamBeginCapture((cudaStream_t)be->stream, cudaStreamCaptureModeThreadLocal));
+    return NIB_OK;
+}
+
+void nib_be_capture_abort(nib_be *be) {
+    cudaGraph_t g = NULL;
+    if (cudaStreamEndCapture((cudaStream_t)be->stream, &g) == cudaSuccess && g) cudaGraphDestroy(g);
+    cudaGetLastError(); /* unchecked: clearing the capture error on an abort path */
+}
+
+nib_status nib_be_capture_end(nib_be *be, nib_be_graph **out) {
+    nib_status st = NIB_OK;
+    *out = NULL;
+    nib_be_graph *gr = calloc(1, sizeof *gr);
+    if (!gr) {
+        nib_be_capture_abort(be);
+        return NIB_ERR(NIB_ERR_OUT_OF_MEMORY, "graph: host allocation");
+    }
+    NIB_CUDA_TRY(cudaStreamEndCapture((cudaStream_t)be->stream, &gr->g));
+    NIB_CUDA_TRY(cudaGraphInstantiate(&gr->ge, gr->g, 0));
+    *out = gr;
+    return NIB_OK;
+fail:
+    nib_be_graph_free(gr);
+    return st;
+}
+
+nib_status nib_be_graph_launch(nib_be *be, nib_be_graph *g) {
+    NIB_CUDA_CHECK(cudaGraphLaunch(g->ge, (cudaStream_t)be->stream));
+    return NIB_OK;
+}
+
+void nib_be_graph_free(nib_be_graph *g) {
+    if (!g) return;
+    if (g->ge) cudaGraphExecDestroy(g->ge);
+    if (g->g) cudaGraphDestroy(g->g);
+    free(g);
+}
+
+nib_status nib_be_event_create(nib_be_event **e) {
+    *e = calloc(1, sizeof **e);
+    if (!*e) return NIB_ERR(NIB_ERR_OUT_OF_MEMORY, "event: host allocation");
+    cudaError_t ce = cudaEventCreate(&(*e)->e);
+    if (ce != cudaSuccess) {
+        free(*e);
+        *e = NULL;
+        return nib_cuda_status((int)ce, "cudaEventCreate", __FILE__, __LINE__);
+    }
+    return NIB_OK;
+}
+void nib_be_event_free(nib_be_event *e) {
+    if (!e) return;
+    cudaEventDestroy(e->e);
+    free(e);
+}
+nib_status nib_be_event_record(nib_be *be, nib_be_event *e) {
+    /* inside a stream capture a plain record only orders work; the External flag makes it a
+     * real event-record node, so the replayed graph stamps the event (stage timing) */
+    enum cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    NIB_CUDA_CHECK(cudaStreamIsCapturing((cudaStream_t)be->stream, &cap));
+    if (cap == cudaStreamCaptureStatusActive)
+        NIB_CUDA_CHECK(cudaEventRecordWithFlags(e->e, (cudaStream_t)be->stream, cudaEventRecordExternal));
+    else
+        NIB_CUDA_CHECK(cudaEventRecord(e->e, (cudaStream_t)be->stream));
+    return NIB_OK;
+}
+nib_status nib_be_event_ms(nib_be_event *a, nib_be_event *b, float *ms) {
+    NIB_CUDA_CHECK(cudaEventElapsedTime(ms, a->e, b->e));
+    return NIB_OK;
+}
+#else
+struct nib_be_graph {
+    int unused;
+};
+struct nib_be_event {
+    int unused;
+};
+nib_status nib_be_capture_begin(nib_be *be) {
+    (void)be;
+    return NIB_ERR(NIB_ERR_UNSUPPORTED, "graph capture needs the CUDA backend");
+}
+void nib_be_capture_abort(nib_be *be) { (void)be; }
+nib_status nib_be_capture_end(nib_be *be, nib_be_graph **out) {
+    (void)be;
+    *out = NULL;
+    return NIB_ERR(NIB_ERR_UNSUPPORTED, "graph capture needs the CUDA backend");
+}
+nib_status nib_be_graph_launch(nib_be *be, nib_be_graph *g) {
+    (void)be, (void)g;
+    return NIB_ERR(NIB_ERR_UNSUPPORTED, "graphs need the CUDA backend");
+}
+void nib_be_graph_free(nib_be_graph *g) { (void)g; }
+nib_status nib_be_event_create(nib_be_event **e) {
+    *e = NULL;
+    return NIB_ERR(NIB_ERR_UNSUPPORTED, "events need the CUDA backend");
+}
+void nib_be_event_free(nib_be_event *e) { (void)e; }
+nib_status nib_be_event_record(nib_be *be, nib_be_event *e) {
+    (void)be, (void)e;
+    return NIB_ERR(NIB_ERR_UNSUPPORTED, "events need the CUDA backend");
+}
+nib_status nib_be_event_ms(nib_be_event *a, nib_be_event *b, float *ms) {
+    (void)a, (void)b;
+    *ms = 0;
+    return NIB_ERR(NIB_ERR_UNSUPPORTED, "events need the CUDA backend");
+}
+#endif

@@ -1,0 +1,137 @@
+/* backend.h — what a model is written against. One interface, two backends:
+ *
+ *   NIB_BE_REF   host memory, float activations, ops/ref (the spec; multithreaded fp32 GEMM)
+ *   NIB_BE_CUDA  device memory, bf16 activations, ops/cuda and cuBLASLt, one stream; every
+ *                call is enqueued (nothing synchronizes, nothing allocates) so a whole model
+ *                call can be captured into one CUDA graph
+ *
+ * Memory: a weight slab and an activation arena per backend, sized by the model at plan time
+ * (bump allocation; nothing is freed individually). Pointers handed to ops are backend memory.
+ * The op wrappers take the ops' own args structs (ops/<op>.h) and dispatch to the backend's twin.
+ */
+#ifndef NIB_RUNTIME_BACKEND_H
+#define NIB_RUNTIME_BACKEND_H
+
+#include <stdint.h>
+
+#include "base/base.h"
+#include "ops/act.h"
+#include "ops/attention.h"
+#include "ops/gemm.h"
+#include "ops/kvcache.h"
+#include "ops/misc.h"
+#include "ops/norm.h"
+#include "ops/qkv.h"
+#include "ops/rope.h"
+#include "runtime/device.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum nib_be_kind { NIB_BE_REF = 0, NIB_BE_CUDA = 1 } nib_be_kind;
+
+/* A linear layer Y = X·Wᵀ (+ bias, fused epilogues) prepared for one backend. */
+typedef struct nib_be_linear {
+    int64_t n, k, n_out;
+    int geglu;
+    nib_wfmt fmt;      /* storage format (CUDA); the reference always holds fp32 */
+    int w8a8;          /* CUDA FP8: per-token activation quantization + cuBLASLt */
+    float *w32;        /* REF: [n][k] fp32 (the exactly dequantized weight) */
+    float *bias;       /* [n] fp32 or NULL (host for REF, device for CUDA) */
+    nib_qweight q;     /* CUDA low-bit (repacked) or BF16 (q.bf16_w) */
+    void *wq8;         /* CUDA W8A8: e4m3 [n][k] */
+    float *sw8;        /* CUDA W8A8: per-channel scales [n] */
+} nib_be_linear;
+
+typedef struct nib_be {
+    nib_be_kind kind;
+    size_t act_size;          /* bytes per activation element: 4 (REF) or 2 (CUDA) */
+    void *stream;             /* CUDA stream (cudaStream_t) */
+    int threads;              /* REF: worker threads for GEMMs */
+    /* memory */
+    nib_dev_arena wslab, act; /* CUDA: device arenas */
+    uint8_t *h_wslab, *h_act; /* REF: host arenas */
+    size_t h_wcap, h_wused, h_acap, h_aused;
+    /* scratch (CUDA) */
+    nib_blas *blas;
+    nib_gemm_ws ws;
+    void *gemm_tmp;           /* raw GEMM output for cuBLAS paths + epilogue */
+    size_t gemm_tmp_bytes;
+    void *xq8;                /* W8A8 activation codes */
+    float *xs8;               /* W8A8 per-token scales */
+    size_t xq8_bytes;
+    void *attn_ws;
+    uint64_t attn_ws_bytes;
+    float *ref_tmp;           /* REF: raw GEMM output */
+    size_t ref_tmp_elems;
+} nib_be;
+
+typedef struct nib_be_sizes {
+    uint64_t weight_bytes;    /* the weight slab */
+    uint64_t act_bytes;       /* activations, KV cache, model buffers */
+    int64_t max_m, max_n, max_k; /* GEMM scratch sizing (max rows, max output width, max K) */
+    uint64_t attn_ws_bytes;   /* from nib_cuda_attn_*_ws_bytes at the maximum sizes */
+} nib_be_sizes;
+
+nib_status nib_be_init(nib_be *be, nib_be_kind kind, const nib_be_sizes *sz);
+void nib_be_free(nib_be *be);
+const char *nib_be_name(const nib_be *be);
+
+/* Allocation from the slab / arena (256-byte aligned, zero-initialized on REF). */
+nib_status nib_be_alloc_weight(nib_be *be, uint64_t bytes, void **p, const char *what);
+nib_status nib_be_alloc_act(nib_be *be, uint64_t bytes, void **p, const char *what);
+/* host -> backend memory and back (synchronous) */
+nib_status nib_be_upload(nib_be *be, void *dst, const void *src, uint64_t bytes);
+nib_status nib_be_download(nib_be *be, void *dst, const void *src, uint64_t bytes);
+/* Upload host fp32 values as activations (float on REF, bf16 on CUDA) / read them back. */
+nib_status nib_be_upload_act(nib_be *be, void *dst, const float *src, uint64_t n);
+nib_status nib_be_download_act(nib_be *be, float *dst, const void *src, uint64_t n);
+nib_status nib_be_memset(nib_be *be, void *dst, int v, uint64_t bytes); /* enqueued on CUDA */
+nib_status nib_be_sync(nib_be *be);
+
+/* Prepare a linear layer from its canonical weight (ops/gemm.h). REF dequantizes exactly to
+ * fp32. CUDA: low-bit formats are repacked; BF16 goes to cuBLAS; FP8 with w8a8 = 1 goes to
+ * cuBLASLt FP8 (per-channel weight scales; per-token activation quantization at run time). */
+nib_status nib_be_linear_load(nib_be *be, const nib_wsrc *src, int geglu, int w8a8, const char *name,
+                              nib_be_linear *out);
+/* y = epilogue(x · Wᵀ) (ops/gemm.h semantics; residual may alias y). */
+nib_status nib_be_gemm(nib_be *be, const nib_be_linear *L, const void *x, int64_t m, int64_t ldx, void *y,
+                         int64_t ldy, const nib_gemm_epi *epi);
+
+nib_status nib_be_norm(nib_be *be, const nib_norm_args *a);
+nib_status nib_be_rope(nib_be *be, const nib_rope_args *a);
+nib_status nib_be_act(nib_be *be, const nib_act_args *a);
+nib_status nib_be_qkv(nib_be *be, const nib_qkv_args *a);
+nib_status nib_be_kv_write(nib_be *be, const nib_kv_write_args *a);
+nib_status nib_be_attn_prefix(nib_be *be, const nib_attn_prefix_args *a);
+nib_status nib_be_attn_cache(nib_be *be, const nib_attn_cache_args *a);
+nib_status nib_be_im2patch(nib_be *be, const nib_im2patch_args *a);
+nib_status nib_be_embed(nib_be *be, const nib_embed_args *a);
+nib_status nib_be_f32_to_act(nib_be *be, const float *x, int64_t rows, int64_t cols, int64_t ldx, void *y,
+                             int64_t ldy);
+nib_status nib_be_axpy_f32(nib_be *be, float *x, int64_t rows, int64_t cols, int64_t ldx, const void *v,
+                           int64_t ldv);
+
+/* ---- CUDA graphs and events (CUDA backend only; REF returns NIB_ERR_UNSUPPORTED) ---------- */
+typedef struct nib_be_graph nib_be_graph; /* an instantiated graph */
+nib_status nib_be_capture_begin(nib_be *be);
+nib_status nib_be_capture_end(nib_be *be, nib_be_graph **out); /* also on the error path */
+void nib_be_capture_abort(nib_be *be);
+nib_status nib_be_graph_launch(nib_be *be, nib_be_graph *g);
+void nib_be_graph_free(nib_be_graph *g);
+typedef struct nib_be_event nib_be_event;
+nib_status nib_be_event_create(nib_be_event **e);
+void nib_be_event_free(nib_be_event *e);
+nib_status nib_be_event_record(nib_be *be, nib_be_event *e); /* capturable */
+nib_status nib_be_event_ms(nib_be_event *a, nib_be_event *b, float *ms);
+
+/* Reference fp32 GEMM (multithreaded): y[m][n] = sum_k x[m][k] w[n][k], fp32 accumulation in a
+ * fixed order (deterministic). */
+nib_status nib_ref_sgemm(const float *x, int64_t m, int64_t ldx, const float *w, int64_t n, int64_t k, float *y,
+                         int64_t ldy, int threads);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
