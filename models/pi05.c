@@ -846,8 +846,7 @@ static nib_status fwd_vision(nib_pi05 *m, const call_shape *cs) {
         const vis_layer *L = &m->vl[l];
         nib_norm_args n1 = {.kind = NIB_NORM_LAYER, .rows = Vt, .dim = Wv, .eps = NIB_NORM_EPS, .x = m->vx, .ldx = Wv,
                             .w = L->ln1_w, .b = L->ln1_b, .y = m->vy, .ldy = Wv};
-        NIB_RETURN_IF_ERR(nib_be_norm(be, &n1));
-        NIB_RETURN_IF_ERR(nib_be_gemm(be, &L->qkv, m->vy, Vt, Wv, m->vqkv, 3 * Wv, NULL));
+        NIB_RETURN_IF_ERR(nib_be_norm_gemm(be, &n1, &L->qkv, m->vqkv, 3 * Wv, NULL));
         nib_attn_prefix_args at;
         memset(&at, 0, sizeof at);
         at.q = m->vqkv, at.k = ACT(m->vqkv, Wv), at.v = ACT(m->vqkv, 2 * Wv), at.o = m->vattn;
@@ -860,17 +859,15 @@ static nib_status fwd_vision(nib_pi05 *m, const call_shape *cs) {
         NIB_RETURN_IF_ERR(nib_be_gemm(be, &L->o, m->vattn, Vt, Wv, m->vx, Wv, &res));
         nib_norm_args n2 = n1;
         n2.w = L->ln2_w, n2.b = L->ln2_b;
-        NIB_RETURN_IF_ERR(nib_be_norm(be, &n2));
-        NIB_RETURN_IF_ERR(nib_be_gemm(be, &L->fc1, m->vy, Vt, Wv, m->vmlp, c->v_mlp, NULL));
+        NIB_RETURN_IF_ERR(nib_be_norm_gemm(be, &n2, &L->fc1, m->vmlp, c->v_mlp, NULL));
         nib_act_args g = {NIB_ACT_GELU_TANH, Vt, NULL, c->v_mlp, m->vmlp, c->v_mlp, m->vmlp, c->v_mlp};
         NIB_RETURN_IF_ERR(nib_be_act(be, &g));
         NIB_RETURN_IF_ERR(nib_be_gemm(be, &L->fc2, m->vmlp, Vt, c->v_mlp, m->vx, Wv, &res));
     }
     nib_norm_args pn = {.kind = NIB_NORM_LAYER, .rows = Vt, .dim = Wv, .eps = NIB_NORM_EPS, .x = m->vx, .ldx = Wv,
                         .w = m->post_w, .b = m->post_b, .y = m->vy, .ldy = Wv};
-    NIB_RETURN_IF_ERR(nib_be_norm(be, &pn));
     /* image tokens: rows [0, V*T) of the prefix */
-    return nib_be_gemm(be, &m->proj, m->vy, Vt, Wv, m->px, c->width, NULL);
+    return nib_be_norm_gemm(be, &pn, &m->proj, m->px, c->width, NULL);
 }
 
 static nib_status fwd_prefix(nib_pi05 *m, const call_shape *cs) {
@@ -887,8 +884,7 @@ static nib_status fwd_prefix(nib_pi05 *m, const call_shape *cs) {
         const int64_t qh = last ? 0 : nh, ld = (qh + 2 * nkv) * hd;
         nib_norm_args n1 = {.kind = NIB_NORM_RMS, .rows = S, .dim = W, .eps = NIB_NORM_EPS, .x = m->px, .ldx = W,
                             .y = m->py, .ldy = W};
-        NIB_RETURN_IF_ERR(nib_be_norm(be, &n1));
-        NIB_RETURN_IF_ERR(nib_be_gemm(be, &L->qkv, m->py, S, W, m->pqkv, ld, NULL));
+        NIB_RETURN_IF_ERR(nib_be_norm_gemm(be, &n1, &L->qkv, m->pqkv, ld, NULL));
         /* RoPE on q and k heads in place (q is pre-scaled through the weights), then K/V to the
          * cache; the prefix attention reads the exact bf16 k/v from pqkv */
         nib_rope_args ro = {NIB_ROPE_HALF, 0, S, NULL, (int32_t)(qh + nkv), (int32_t)hd, (int32_t)hd, m->pos_prefix,
@@ -905,9 +901,8 @@ static nib_status fwd_prefix(nib_pi05 *m, const call_shape *cs) {
         NIB_RETURN_IF_ERR(nib_be_attn_prefix(be, &at));
         nib_gemm_epi res = {0, NULL, m->px, W};
         NIB_RETURN_IF_ERR(nib_be_gemm(be, &L->o, m->pattn, S, nh * hd, m->px, W, &res));
-        NIB_RETURN_IF_ERR(nib_be_norm(be, &n1));
         nib_gemm_epi gg = {1, NULL, NULL, 0};
-        NIB_RETURN_IF_ERR(nib_be_gemm(be, &L->gu, m->py, S, W, m->pmlp, c->mlp, &gg));
+        NIB_RETURN_IF_ERR(nib_be_norm_gemm(be, &n1, &L->gu, m->pmlp, c->mlp, &gg));
         NIB_RETURN_IF_ERR(nib_be_gemm(be, &L->down, m->pmlp, S, c->mlp, m->px, W, &res));
     }
     return NIB_OK;

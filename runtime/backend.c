@@ -288,6 +288,8 @@ nib_status nib_be_linear_load(nib_be *be, const nib_wsrc *src, int geglu, int w8
 nib_status nib_be_gemm(nib_be *be, const nib_be_linear *L, const void *x, int64_t m, int64_t ldx, void *y,
                          int64_t ldy, const nib_gemm_epi *epi) {
     if (m <= 0) return NIB_OK;
+    if (!x && !(be->kind == NIB_BE_CUDA && L->w8a8))
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "linear: NULL activations (only a W8A8 layer after nib_be_norm_gemm)");
     nib_gemm_epi none = {L->geglu, NULL, NULL, 0};
     if (!epi) epi = &none;
     if (epi->geglu != L->geglu)
@@ -314,7 +316,8 @@ nib_status nib_be_gemm(nib_be *be, const nib_be_linear *L, const void *x, int64_
         if ((size_t)m * (size_t)L->k > be->xq8_bytes)
             return NIB_ERR(NIB_ERR_SHAPE, "linear: %lld x %lld activations exceed the FP8 scratch", (long long)m,
                            (long long)L->k);
-        NIB_RETURN_IF_ERR(nib_cuda_quantize_fp8_rows(x, m, L->k, 1, be->xq8, be->xs8, be->stream));
+        /* x == NULL: the codes and scales are already in xq8/xs8 (nib_be_norm_gemm) */
+        if (x) NIB_RETURN_IF_ERR(nib_cuda_quantize_fp8_rows(x, m, L->k, 1, be->xq8, be->xs8, be->stream));
         NIB_RETURN_IF_ERR(nib_blas_gemm_fp8(be->blas, be->xq8, be->xs8, 1, L->wq8, L->sw8, 1, be->gemm_tmp, m, L->n,
                                             L->k, be->stream));
     } else {
@@ -323,6 +326,27 @@ nib_status nib_be_gemm(nib_be *be, const nib_be_linear *L, const void *x, int64_
     e.acc = be->gemm_tmp;
     e.ld_acc = L->n;
     return nib_cuda_epilogue(&e, be->stream);
+}
+
+nib_status nib_be_norm_gemm(nib_be *be, const nib_norm_args *n, const nib_be_linear *L, void *y, int64_t ldy,
+                            const nib_gemm_epi *epi) {
+    if (n->dim != L->k)
+        return NIB_ERR(NIB_ERR_SHAPE, "norm+linear: norm width %lld != linear K %lld", (long long)n->dim, (long long)L->k);
+    if (be->kind == NIB_BE_CUDA && L->w8a8 && !n->n_valid) {
+        /* W8A8: the norm writes the FP8 codes and per-row scales the GEMM reads (one pass over
+         * the activations instead of norm -> bf16 -> quantize) */
+        if ((size_t)n->rows * (size_t)L->k > be->xq8_bytes)
+            return NIB_ERR(NIB_ERR_SHAPE, "norm+linear: %lld x %lld activations exceed the FP8 scratch",
+                           (long long)n->rows, (long long)L->k);
+        nib_norm_args q = *n;
+        q.y = NULL, q.ldy = 0;
+        q.y_q = (uint8_t *)be->xq8, q.ldq = L->k, q.y_scale = be->xs8;
+        NIB_RETURN_IF_ERR(nib_cuda_norm(&q, be->stream));
+        return nib_be_gemm(be, L, NULL, n->rows, L->k, y, ldy, epi);
+    }
+    if (!n->y) return NIB_ERR(NIB_ERR_INVALID_ARG, "norm+linear: the norm needs an output buffer y");
+    NIB_RETURN_IF_ERR(nib_be_norm(be, n));
+    return nib_be_gemm(be, L, n->y, n->rows, n->ldy, y, ldy, epi);
 }
 
 /* ---- op dispatch ------------------------------------------------------------------------- */

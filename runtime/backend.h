@@ -99,6 +99,10 @@ nib_status nib_be_linear_load(nib_be *be, const nib_wsrc *src, int geglu, int w8
 nib_status nib_be_gemm(nib_be *be, const nib_be_linear *L, const void *x, int64_t m, int64_t ldx, void *y,
                          int64_t ldy, const nib_gemm_epi *epi);
 
+/* norm then y = epilogue(norm(x) · Wᵀ). For a CUDA W8A8 layer the norm emits the FP8 codes and
+ * per-row scales directly (n->y is then not written); otherwise n->y holds the normed rows. */
+nib_status nib_be_norm_gemm(nib_be *be, const nib_norm_args *n, const nib_be_linear *L, void *y, int64_t ldy,
+                            const nib_gemm_epi *epi);
 nib_status nib_be_norm(nib_be *be, const nib_norm_args *a);
 nib_status nib_be_rope(nib_be *be, const nib_rope_args *a);
 nib_status nib_be_act(nib_be *be, const nib_act_args *a);

@@ -473,7 +473,7 @@ NIB_TEST(blas_gpu_bf16_and_fp8_w8a8) {
         for (int64_t j = 0; j < k; j++) amax = fmaxf(amax, fabsf(nib_bf16_to_f32(hx[i * k + j])));
         if (fabsf(hsx[i] - amax / 448.0f) > 1e-6f * hsx[i]) qbad++;
         for (int64_t j = 0; j < k; j++) {
-            uint8_t want = nib_f32_to_e4m3(nib_bf16_to_f32(hx[i * k + j]) * (1.0f / hsx[i]));
+            uint8_t want = nib_f32_to_e4m3(nib_bf16_to_f32(hx[i * k + j]) / hsx[i]);
             if (want != hxq[i * k + j]) qbad++;
         }
     }
@@ -551,4 +551,59 @@ NIB_TEST(gemm_gpu_argument_errors) {
     nib_dev_free(dx, 4096 * 2);
     nib_dev_arena_free(&a);
     rand_w_free(&rw);
+}
+
+/* The per-token FP8 activation quantizer (W8A8) against formats/ nib_fp8_quantize on the same
+ * bf16 rows, bit for bit (codes and scales), across every kernel path: register-resident vector
+ * widths 1/2/4/8 chunks per thread, the scalar fallback (K % 8 != 0, misaligned rows), an
+ * all-zero row, a row whose scale hits the FLT_MIN floor, and a row with one huge outlier. */
+NIB_TEST(blas_gpu_fp8_row_quantizer_paths) {
+    NIB_REQUIRE_GPU();
+    nib_rng rng;
+    nib_test_rng(t, &rng);
+    const int64_t ks[] = {8, 1000, 1152, 2056, 8192, 16384, 1001};
+    for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++)
+        for (int mis = 0; mis < 2; mis++) {
+            const int64_t k = ks[ki], m = 5, off = mis; /* off: 1 element = 2 bytes: misaligned rows */
+            uint16_t *hx = nib_malloc((size_t)(m * k + 1) * 2);
+            float *rowf = nib_malloc((size_t)k * 4), *hs = nib_malloc((size_t)m * 4);
+            uint8_t *hq = nib_malloc((size_t)m * k), *want = nib_malloc((size_t)k);
+            REQUIRE(hx && rowf && hs && hq && want);
+            for (int64_t i = 0; i < m * k + 1; i++) hx[i] = nib_f32_to_bf16((float)nib_rng_normal(&rng));
+            uint16_t *x = hx + off;
+            for (int64_t j = 0; j < k; j++) {
+                x[1 * k + j] = 0;                                              /* all zero */
+                x[2 * k + j] = nib_f32_to_bf16((float)(1e-37 * nib_rng_normal(&rng))); /* FLT_MIN floor */
+            }
+            x[3 * k + k / 2] = nib_f32_to_bf16(3e4f); /* outlier: every other code tiny */
+            void *dx, *dq;
+            float *ds;
+            CHECK_OK(nib_dev_malloc(&dx, (size_t)(m * k + 1) * 2, "x"));
+            CHECK_OK(nib_dev_malloc(&dq, (size_t)m * k + 16, "q"));
+            CHECK_OK(nib_dev_malloc((void **)&ds, (size_t)m * 4, "s"));
+            CHECK_OK(nib_dev_upload(dx, hx, (size_t)(m * k + 1) * 2));
+            CHECK_OK(nib_cuda_quantize_fp8_rows((uint16_t *)dx + off, m, k, 1, dq, ds, NULL));
+            CHECK_OK(nib_dev_download(hq, dq, (size_t)m * k));
+            CHECK_OK(nib_dev_download(hs, ds, (size_t)m * 4));
+            int bad = 0;
+            for (int64_t i = 0; i < m; i++) {
+                float s;
+                for (int64_t j = 0; j < k; j++) rowf[j] = nib_bf16_to_f32(x[i * k + j]);
+                CHECK_OK(nib_fp8_quantize(rowf, 1, k, 1, want, &s));
+                if (memcmp(&s, &hs[i], 4)) {
+                    if (bad++ < 3)
+                        nib_test_fail(t, __FILE__, __LINE__, "K %lld%s row %lld: scale %a, formats/ %a", (long long)k,
+                                      mis ? " (misaligned)" : "", (long long)i, hs[i], s);
+                }
+                for (int64_t j = 0; j < k; j++)
+                    if (want[j] != hq[i * k + j] && bad++ < 3)
+                        nib_test_fail(t, __FILE__, __LINE__, "K %lld%s row %lld col %lld: code 0x%02x, formats/ 0x%02x",
+                                      (long long)k, mis ? " (misaligned)" : "", (long long)i, (long long)j,
+                                      hq[i * k + j], want[j]);
+            }
+            nib_dev_free(dx, (size_t)(m * k + 1) * 2);
+            nib_dev_free(dq, (size_t)m * k + 16);
+            nib_dev_free(ds, (size_t)m * 4);
+            nib_free(hx), nib_free(rowf), nib_free(hs), nib_free(hq), nib_free(want);
+        }
 }

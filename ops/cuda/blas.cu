@@ -7,6 +7,7 @@
  * OUTER_VEC_32F scale mode (scale_A[n] * scale_B[m] multiplies D[n, m]).
  * Tested by tests/test_gemm_gpu.c (blas_*), timed by `nib bench gemm`.
  */
+#include <cfloat>
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
@@ -170,34 +171,87 @@ nib_status nib_blas_gemm_fp8(nib_blas *b, const void *xq, const float *sx, int s
     return NIB_OK;
 }
 
-/* One CTA per row: amax -> scale = amax/448 (1 for an all-zero row) -> satfinite e4m3. */
+/* Per-token FP8 activation quantization, exactly formats/ nib_fp8_quantize on each row:
+ * scale = amax/448 (1 for an all-zero row, at least FLT_MIN), code = satfinite e4m3(x / scale).
+ * One CTA per row. Vector path (K % 8 == 0, 16-byte aligned rows): each thread keeps up to VMAX
+ * 16-byte chunks in registers, so the row is read once. */
+__device__ __forceinline__ float fp8_row_scale(float amax) {
+    if (amax == 0.f) return 1.f;
+    float s = amax / 448.f;
+    return s < FLT_MIN ? FLT_MIN : s;
+}
+
+__device__ __forceinline__ float block_max_256(float v, float *red) {
+    for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        v = threadIdx.x < (blockDim.x >> 5) ? red[threadIdx.x] : 0.f;
+        for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+        if (threadIdx.x == 0) red[32] = v;
+    }
+    __syncthreads();
+    return red[32];
+}
+
+template <int VMAX>
+__global__ void __launch_bounds__(256) k_quant_fp8_rows_vec(const __nv_bfloat16 *x, int64_t k, uint8_t *xq,
+                                                             float *scales) {
+    __shared__ float red[33];
+    const uint4 *row = (const uint4 *)(x + blockIdx.x * k);
+    uint2 *qrow = (uint2 *)(xq + blockIdx.x * k);
+    const int nc = (int)(k / 8);
+    uint4 v[VMAX];
+    float amax = 0.f;
+#pragma unroll
+    for (int j = 0; j < VMAX; j++) {
+        int c = threadIdx.x + j * 256;
+        if (c < nc) {
+            v[j] = row[c];
+            const __nv_bfloat162 *h = (const __nv_bfloat162 *)&v[j];
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float2 f = __bfloat1622float2(h[e]);
+                amax = fmaxf(amax, fmaxf(fabsf(f.x), fabsf(f.y)));
+            }
+        }
+    }
+    const float sc = fp8_row_scale(block_max_256(amax, red));
+    if (threadIdx.x == 0) scales[blockIdx.x] = sc;
+#pragma unroll
+    for (int j = 0; j < VMAX; j++) {
+        int c = threadIdx.x + j * 256;
+        if (c < nc) {
+            const __nv_bfloat162 *h = (const __nv_bfloat162 *)&v[j];
+            uint32_t w[2] = {0, 0};
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float2 f = __bfloat1622float2(h[e]);
+                __nv_fp8x2_e4m3 q(make_float2(__fdiv_rn(f.x, sc), __fdiv_rn(f.y, sc))); /* satfinite, RNE */
+                w[e >> 1] |= (uint32_t)(*(const uint16_t *)&q) << (16 * (e & 1));
+            }
+            qrow[c] = make_uint2(w[0], w[1]);
+        }
+    }
+}
+
+/* scalar fallback (any K, any alignment) and the per-tensor quantization pass */
 __global__ void k_quant_fp8_rows(const __nv_bfloat16 *x, int64_t k, __nv_fp8_e4m3 *xq, float *scales,
                                  int per_token, float tensor_scale_inv) {
+    __shared__ float red[33];
     const __nv_bfloat16 *row = x + blockIdx.x * k;
     __nv_fp8_e4m3 *qrow = xq + blockIdx.x * k;
-    float inv;
     if (per_token) {
         float amax = 0.f;
         for (int64_t i = threadIdx.x; i < k; i += blockDim.x) amax = fmaxf(amax, fabsf(__bfloat162float(row[i])));
-        __shared__ float red[32];
-        for (int o = 16; o; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-        if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = amax;
-        __syncthreads();
-        if (threadIdx.x < 32) {
-            amax = threadIdx.x < (blockDim.x >> 5) ? red[threadIdx.x] : 0.f;
-            for (int o = 16; o; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-            if (threadIdx.x == 0) red[0] = amax;
-        }
-        __syncthreads();
-        amax = red[0];
-        float sc = amax > 0.f ? amax / 448.f : 1.f;
+        const float sc = fp8_row_scale(block_max_256(amax, red));
         if (threadIdx.x == 0) scales[blockIdx.x] = sc;
-        inv = 1.f / sc;
+        for (int64_t i = threadIdx.x; i < k; i += blockDim.x)
+            qrow[i] = __nv_fp8_e4m3(__fdiv_rn(__bfloat162float(row[i]), sc)); /* satfinite conversion */
     } else {
-        inv = tensor_scale_inv;
+        for (int64_t i = threadIdx.x; i < k; i += blockDim.x)
+            qrow[i] = __nv_fp8_e4m3(__bfloat162float(row[i]) * tensor_scale_inv);
     }
-    for (int64_t i = threadIdx.x; i < k; i += blockDim.x)
-        qrow[i] = __nv_fp8_e4m3(__bfloat162float(row[i]) * inv); /* satfinite conversion */
 }
 
 /* per-tensor: scale from the amax of the whole matrix (two passes) */
@@ -223,7 +277,14 @@ nib_status nib_cuda_quantize_fp8_rows(const void *x, int64_t m, int64_t k, int p
                                       float *scales, void *stream) {
     cudaStream_t s = (cudaStream_t)stream;
     if (per_token) {
-        k_quant_fp8_rows<<<(unsigned)m, 256, 0, s>>>((const __nv_bfloat16 *)x, k, (__nv_fp8_e4m3 *)xq, scales, 1, 1.f);
+        const int64_t nc = k / 8, vm = (nc + 255) / 256;
+        const int vec = k % 8 == 0 && ((uintptr_t)x | (uintptr_t)xq) % 16 == 0 && vm <= 8;
+        const __nv_bfloat16 *xb = (const __nv_bfloat16 *)x;
+        if (vec && vm <= 1) k_quant_fp8_rows_vec<1><<<(unsigned)m, 256, 0, s>>>(xb, k, (uint8_t *)xq, scales);
+        else if (vec && vm <= 2) k_quant_fp8_rows_vec<2><<<(unsigned)m, 256, 0, s>>>(xb, k, (uint8_t *)xq, scales);
+        else if (vec && vm <= 4) k_quant_fp8_rows_vec<4><<<(unsigned)m, 256, 0, s>>>(xb, k, (uint8_t *)xq, scales);
+        else if (vec) k_quant_fp8_rows_vec<8><<<(unsigned)m, 256, 0, s>>>(xb, k, (uint8_t *)xq, scales);
+        else k_quant_fp8_rows<<<(unsigned)m, 256, 0, s>>>(xb, k, (__nv_fp8_e4m3 *)xq, scales, 1, 1.f);
         NIB_LAUNCH_CHECK("k_quant_fp8_rows");
         return NIB_OK;
     }
