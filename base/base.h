@@ -95,6 +95,13 @@ char *nib_strdup(const char *s);
 /* ---- misc --------------------------------------------------------------------------------- */
 /* Monotonic clock in seconds. */
 double nib_now_s(void);
+/* Online CPUs (at least 1, at most 64). */
+int nib_cpu_count(void);
+/* Runs fn(ctx, begin, end) over [0, n) cut into at most `threads` contiguous chunks of at least
+ * `min_chunk` items, on threads (the calling thread takes one chunk); returns when all are done.
+ * threads <= 0: nib_cpu_count(). fn must not fail (collect errors in ctx). */
+void nib_parallel_for(int64_t n, int threads, int64_t min_chunk, void (*fn)(void *ctx, int64_t begin, int64_t end),
+                      void *ctx);
 /* Reads a whole small file (e.g. a config); caps the size at max_bytes. */
 nib_status nib_read_file(const char *path, size_t max_bytes, char **out, size_t *out_len);
 

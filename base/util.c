@@ -1,5 +1,7 @@
 /* util.c — host allocation with error reporting, clock, small-file reading, shape products. */
 #include <errno.h>
+#include <pthread.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,6 +55,52 @@ double nib_now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int nib_cpu_count(void) {
+    long nc = sysconf(_SC_NPROCESSORS_ONLN);
+    return nc < 1 ? 1 : nc > 64 ? 64 : (int)nc;
+}
+
+typedef struct pf_job {
+    void (*fn)(void *, int64_t, int64_t);
+    void *ctx;
+    int64_t b, e;
+} pf_job;
+
+static void *pf_worker(void *arg) {
+    pf_job *j = (pf_job *)arg;
+    j->fn(j->ctx, j->b, j->e);
+    return NULL;
+}
+
+void nib_parallel_for(int64_t n, int threads, int64_t min_chunk, void (*fn)(void *ctx, int64_t begin, int64_t end),
+                      void *ctx) {
+    if (n <= 0) return;
+    if (threads <= 0) threads = nib_cpu_count();
+    if (threads > 64) threads = 64;
+    if (min_chunk < 1) min_chunk = 1;
+    int64_t chunks = (n + min_chunk - 1) / min_chunk;
+    if (chunks > threads) chunks = threads;
+    if (chunks <= 1) {
+        fn(ctx, 0, n);
+        return;
+    }
+    pf_job jobs[64];
+    pthread_t tid[64];
+    int started[64];
+    const int64_t per = (n + chunks - 1) / chunks;
+    int nj = 0;
+    for (int64_t b = 0; b < n; b += per) {
+        jobs[nj] = (pf_job){fn, ctx, b, b + per < n ? b + per : n};
+        nj++;
+    }
+    for (int i = 1; i < nj; i++) started[i] = pthread_create(&tid[i], NULL, pf_worker, &jobs[i]) == 0;
+    pf_worker(&jobs[0]);
+    for (int i = 1; i < nj; i++) {
+        if (started[i]) pthread_join(tid[i], NULL);
+        else pf_worker(&jobs[i]); /* no thread: run it here */
+    }
 }
 
 nib_status nib_read_file(const char *path, size_t max_bytes, char **out, size_t *out_len) {

@@ -16,6 +16,7 @@
 
 #include "base/rng.h"
 #include "formats/formats.h"
+#include "io/qcheckpoint.h"
 #include "models/pi05.h"
 #include "models/pi05_keys.h"
 
@@ -27,6 +28,7 @@ typedef struct vis_layer {
 } vis_layer;
 typedef struct lm_layer {
     nib_be_linear qkv, o, gu, down;
+    float *n1w, *n2w; /* prefix, pre-quantized: the RMSNorm weights (applied as 1 + w in the norm); NULL when folded */
 } lm_layer;
 
 typedef struct graph_entry {
@@ -64,35 +66,58 @@ struct nib_pi05 {
     nib_be_event *ev[2 + 64 + 1];
     int n_ev;
     int32_t last_P;
+    int preq; /* bit 0 vision, 1 prefix, 2 expert: imported pre-quantized */
 };
 
 const nib_pi05_config *nib_pi05_cfg(const nib_pi05 *m) { return &m->c; }
 
 /* ---- host-side tensor conversion --------------------------------------------------------- */
-static nib_status to_f32(const nib_st_tensor *t, float *out) {
-    uint64_t n = t->numel;
-    switch (t->dtype) {
-    case NIB_DTYPE_F32: memcpy(out, t->data, n * 4); break;
+typedef struct conv_ctx {
+    const nib_st_tensor *t;
+    float *out;
+    pthread_mutex_t mu;
+    uint64_t first_bad; /* UINT64_MAX: none */
+} conv_ctx;
+
+static void conv_chunk(void *arg, int64_t b, int64_t e) {
+    conv_ctx *x = (conv_ctx *)arg;
+    const uint8_t *src = (const uint8_t *)x->t->data;
+    float *out = x->out;
+    switch (x->t->dtype) {
+    case NIB_DTYPE_F32: memcpy(out + b, src + 4 * b, (size_t)(e - b) * 4); break;
     case NIB_DTYPE_BF16:
-        for (uint64_t i = 0; i < n; i++) {
+        for (int64_t i = b; i < e; i++) {
             uint16_t h;
-            memcpy(&h, (const uint8_t *)t->data + 2 * i, 2);
+            memcpy(&h, src + 2 * i, 2);
             out[i] = nib_bf16_to_f32(h);
         }
         break;
-    case NIB_DTYPE_F16:
-        for (uint64_t i = 0; i < n; i++) {
+    default: /* F16 */
+        for (int64_t i = b; i < e; i++) {
             uint16_t h;
-            memcpy(&h, (const uint8_t *)t->data + 2 * i, 2);
+            memcpy(&h, src + 2 * i, 2);
             out[i] = nib_f16_to_f32(h);
         }
         break;
-    default: return NIB_ERR(NIB_ERR_FORMAT, "tensor '%s': dtype %s is not a float type", t->name, nib_dtype_name(t->dtype));
     }
-    for (uint64_t i = 0; i < n; i++)
-        if (!isfinite(out[i]))
-            return NIB_ERR(NIB_ERR_NUMERICS, "tensor '%s': element %llu is %s", t->name, (unsigned long long)i,
-                           isnan(out[i]) ? "NaN" : "Inf");
+    for (int64_t i = b; i < e; i++)
+        if (!isfinite(out[i])) {
+            pthread_mutex_lock(&x->mu);
+            if ((uint64_t)i < x->first_bad) x->first_bad = (uint64_t)i;
+            pthread_mutex_unlock(&x->mu);
+            break;
+        }
+}
+
+/* float tensor -> fp32 (all cores for large tensors), rejecting NaN/Inf with the element named */
+static nib_status to_f32(const nib_st_tensor *t, float *out) {
+    if (t->dtype != NIB_DTYPE_F32 && t->dtype != NIB_DTYPE_BF16 && t->dtype != NIB_DTYPE_F16)
+        return NIB_ERR(NIB_ERR_FORMAT, "tensor '%s': dtype %s is not a float type", t->name, nib_dtype_name(t->dtype));
+    conv_ctx x = {t, out, PTHREAD_MUTEX_INITIALIZER, UINT64_MAX};
+    nib_parallel_for((int64_t)t->numel, 0, 1 << 20, conv_chunk, &x);
+    if (x.first_bad != UINT64_MAX)
+        return NIB_ERR(NIB_ERR_NUMERICS, "tensor '%s': element %llu is %s", t->name, (unsigned long long)x.first_bad,
+                       isnan(out[x.first_bad]) ? "NaN" : "Inf");
     return NIB_OK;
 }
 
@@ -234,6 +259,211 @@ fail:
     return st;
 }
 
+/* ---- linears from float tensors (folded here) or pre-quantized sets (imported as stored) ---- */
+typedef struct fold_ctx {
+    float *w;
+    int64_t k;
+    const float *g;
+} fold_ctx;
+static void fold_chunk(void *arg, int64_t b, int64_t e) {
+    fold_ctx *x = (fold_ctx *)arg;
+    for (int64_t r = b; r < e; r++)
+        for (int64_t j = 0; j < x->k; j++) x->w[r * x->k + j] *= 1.0f + x->g[j];
+}
+static void fold_cols(float *w, int64_t n, int64_t k, const float *g /* (1 + g) */) {
+    fold_ctx x = {w, k, g};
+    nib_parallel_for(n, 0, (1 << 20) / (k > 0 ? k : 1) + 1, fold_chunk, &x);
+}
+
+enum { COMP_VISION = 0, COMP_PREFIX = 1, COMP_EXPERT = 2 };
+static const char *const k_comp_name[3] = {"vision", "prefix", "expert"};
+
+typedef struct fused_spec {
+    const char *name;      /* nib's name in messages, e.g. "prefix.layers.3.qkv" */
+    int comp;              /* COMP_* */
+    int nparts;            /* row blocks stacked in this order */
+    char bases[3][256];    /* checkpoint base names (no ".weight") */
+    int64_t rows[3];
+    int64_t k;
+    float qscale;          /* rows of part 0 (and its bias) times this; 1 = none */
+    const float *fold;     /* float path: columns times (1 + fold[j]); NULL = none. A
+                              pre-quantized set is not folded: the caller applies the norm weight */
+    int bias, geglu, w8a8;
+} fused_spec;
+
+/* Multiply the scales of rows [0, rows0) of an imported weight by s without requantizing:
+ * FP8 (fp32 scales; per tensor is made per channel), and for a power-of-two s: NVFP4 (E4M3
+ * block scales), MXFP4 (E8M0 exponents), INT4 (fp16 group scales) when every new scale is
+ * exact, else NIB_ERR_UNSUPPORTED naming the weight. *owned receives the new scale plane. */
+static nib_status scale_rows(nib_wsrc *w, int64_t rows0, float s, const char *name, void **owned) {
+    int e2 = 0;
+    const int pow2 = frexpf(s, &e2) == 0.5f;
+    *owned = NULL;
+    if (w->fmt == NIB_WFMT_FP8) {
+        float *sc = nib_malloc((size_t)w->n * 4);
+        if (!sc) return NIB_ERR_OUT_OF_MEMORY;
+        for (int64_t r = 0; r < w->n; r++) {
+            float v = ((const float *)w->scales)[w->fp8_per_channel ? r : 0];
+            sc[r] = r < rows0 ? v * s : v;
+        }
+        w->scales = sc, w->fp8_per_channel = 1, *owned = sc;
+        return NIB_OK;
+    }
+    if (!pow2)
+        return NIB_ERR(NIB_ERR_UNSUPPORTED, "%s: the query scale %g cannot be folded into pre-quantized %s scales without "
+                       "requantizing (only FP8 takes any scale); quantize this component to fp8 or load it from float weights",
+                       name, (double)s, nib_wfmt_name(w->fmt));
+    const int64_t per = w->fmt == NIB_WFMT_NVFP4 ? w->k / 16 : w->fmt == NIB_WFMT_MXFP4 ? w->k / 32
+                      : w->fmt == NIB_WFMT_INT4 && w->group > 0 ? w->k / w->group : -1;
+    if (per < 0) return NIB_ERR(NIB_ERR_UNSUPPORTED, "%s: cannot scale a pre-quantized %s weight", name, nib_wfmt_name(w->fmt));
+    const size_t esz = w->fmt == NIB_WFMT_INT4 ? 2 : 1, total = (size_t)(w->n * per);
+    uint8_t *sc = nib_malloc(total * esz + 16);
+    if (!sc) return NIB_ERR_OUT_OF_MEMORY;
+    memcpy(sc, w->scales, total * esz);
+    for (size_t i = 0; i < (size_t)(rows0 * per); i++) {
+        int bad = 0;
+        float before = 0, after = 0;
+        if (w->fmt == NIB_WFMT_NVFP4) {
+            before = nib_e4m3_to_f32(sc[i]), after = before * s;
+            uint8_t c = nib_f32_to_e4m3(after);
+            bad = nib_e4m3_to_f32(c) != after;
+            sc[i] = c;
+        } else if (w->fmt == NIB_WFMT_MXFP4) {
+            int ne = (int)sc[i] + (e2 - 1);
+            before = nib_e8m0_to_f32(sc[i]), after = before * s;
+            bad = ne < 0 || ne > 254;
+            sc[i] = (uint8_t)(bad ? 0 : ne);
+        } else {
+            uint16_t h;
+            memcpy(&h, sc + 2 * i, 2);
+            before = nib_f16_to_f32(h), after = before * s;
+            uint16_t h2 = nib_f32_to_f16(after);
+            bad = nib_f16_to_f32(h2) != after || (h2 & 0x7C00) == 0; /* fp16 subnormals lose bits */
+            memcpy(sc + 2 * i, &h2, 2);
+        }
+        if (bad) {
+            nib_free(sc);
+            return NIB_ERR(NIB_ERR_UNSUPPORTED, "%s: pre-quantized %s scale %zu (row %lld) is %g; times the query scale %g it "
+                           "is not exact in the scale format, so folding would requantize; quantize this component to "
+                           "fp8 or load it from float weights", name, nib_wfmt_name(w->fmt), i, (long long)(i / (size_t)per),
+                           (double)before, (double)s);
+        }
+    }
+    w->scales = sc, *owned = sc;
+    return NIB_OK;
+}
+
+static nib_status load_fused(nib_pi05 *m, const nib_st_file *f, const fused_spec *sp, nib_be_linear *out) {
+    nib_status st = NIB_OK;
+    const nib_wfmt fmt = sp->comp == COMP_VISION ? m->prec.vision : sp->comp == COMP_PREFIX ? m->prec.prefix : m->prec.expert;
+    const int preq = (m->preq >> sp->comp) & 1;
+    int64_t n = 0;
+    float *cat = NULL, *a = NULL, *bias = NULL;
+    void *owned = NULL;
+    nib_qlinear parts[3], fused;
+    memset(parts, 0, sizeof parts);
+    memset(&fused, 0, sizeof fused);
+    for (int i = 0; i < sp->nparts; i++) n += sp->rows[i];
+    for (int i = 0; i < sp->nparts; i++) {
+        nib_pi05_lin li;
+        NIB_TRY(nib_pi05_linear(f, sp->bases[i], &li));
+        if (li.n != sp->rows[i] || li.k != sp->k) {
+            st = NIB_ERR(NIB_ERR_SHAPE, "checkpoint: linear '%s' is [%lld, %lld], expected [%lld, %lld]", sp->bases[i],
+                         (long long)li.n, (long long)li.k, (long long)sp->rows[i], (long long)sp->k);
+            goto fail;
+        }
+        if (li.prequant != preq || (preq && li.fmt != fmt)) {
+            st = NIB_ERR(NIB_ERR_FORMAT, "checkpoint: linear '%s' is %s %s, but the %s component's first linear is %s %s: "
+                         "a component must be all float or all pre-quantized in one format", sp->bases[i],
+                         li.prequant ? "pre-quantized" : "float", li.prequant ? nib_wfmt_name(li.fmt) : "",
+                         k_comp_name[sp->comp], preq ? "pre-quantized" : "float", preq ? nib_wfmt_name(fmt) : "");
+            goto fail;
+        }
+    }
+    if (sp->bias) {
+        bias = nib_malloc((size_t)n * 4 + 4);
+        if (!bias) {
+            st = NIB_ERR_OUT_OF_MEMORY;
+            goto fail;
+        }
+        int64_t off = 0;
+        for (int i = 0; i < sp->nparts; i++) {
+            int64_t bs[1] = {sp->rows[i]};
+            NIB_TRY(fetchf(f, 1, bs, &a, "%s.bias", sp->bases[i]));
+            const float sc = i == 0 ? sp->qscale : 1.0f;
+            for (int64_t j = 0; j < sp->rows[i]; j++) bias[off + j] = a[j] * sc;
+            off += sp->rows[i];
+            nib_free(a);
+            a = NULL;
+        }
+    }
+    if (!preq) {
+        cat = nib_malloc((size_t)(n * sp->k) * 4 + 4);
+        if (!cat) {
+            st = NIB_ERR_OUT_OF_MEMORY;
+            goto fail;
+        }
+        int64_t off = 0;
+        for (int i = 0; i < sp->nparts; i++) {
+            int64_t ws[2] = {sp->rows[i], sp->k};
+            NIB_TRY(fetchf(f, 2, ws, &a, "%s.weight", sp->bases[i]));
+            const float sc = i == 0 ? sp->qscale : 1.0f;
+            if (sc != 1.0f)
+                for (int64_t j = 0; j < sp->rows[i] * sp->k; j++) a[j] *= sc;
+            memcpy(cat + off * sp->k, a, (size_t)(sp->rows[i] * sp->k) * 4);
+            off += sp->rows[i];
+            nib_free(a);
+            a = NULL;
+        }
+        if (sp->fold) fold_cols(cat, n, sp->k, sp->fold);
+        NIB_TRY(load_linear(m, sp->name, fmt, cat, n, sp->k, bias, sp->geglu, sp->w8a8, out));
+    } else {
+        for (int i = 0; i < sp->nparts; i++) {
+            nib_pi05_lin li;
+            NIB_TRY(nib_pi05_linear(f, sp->bases[i], &li));
+            NIB_TRY(nib_qckpt_get_linear(f, li.base, &parts[i]));
+        }
+        const nib_qlinear *q = &parts[0];
+        if (sp->nparts > 1) {
+            NIB_TRY(nib_qlinear_concat_rows(parts, (size_t)sp->nparts, sp->name, &fused));
+            q = &fused;
+        }
+        nib_wsrc src = q->w;
+        src.bias = bias;
+        if (sp->qscale != 1.0f) NIB_TRY(scale_rows(&src, sp->rows[0], sp->qscale, sp->name, &owned));
+        NIB_TRY(nib_be_linear_load(&m->be, &src, sp->geglu, sp->w8a8, sp->name, out));
+    }
+fail:
+    for (int i = 0; i < 3; i++) nib_qlinear_free(&parts[i]);
+    nib_qlinear_free(&fused);
+    nib_free(owned), nib_free(cat), nib_free(a), nib_free(bias);
+    return st;
+}
+
+/* Which components the checkpoint holds pre-quantized (decided by layer 0's q_proj; every
+ * other linear is checked against it as it loads). A pre-quantized component runs in its
+ * stored format whatever the preset says. */
+static nib_status resolve_formats(nib_pi05 *m, const nib_st_file *f) {
+    const char *probe[3] = {PI05_VP ".encoder.layers.0.self_attn.q_proj", PI05_LP ".layers.0.self_attn.q_proj",
+                            PI05_EP ".layers.0.self_attn.q_proj"};
+    nib_wfmt *slot[3] = {&m->prec.vision, &m->prec.prefix, &m->prec.expert};
+    m->preq = 0;
+    for (int c = 0; c < 3; c++) {
+        nib_pi05_lin li;
+        NIB_RETURN_IF_ERR(nib_pi05_linear(f, probe[c], &li));
+        if (!li.prequant) continue;
+        if (*slot[c] != li.fmt && m->prec.backend == NIB_BE_CUDA)
+            nib_log(NIB_LOG_INFO, "pi05: %s is pre-quantized as %s in the checkpoint; running it as stored (the preset "
+                    "asked for %s)", k_comp_name[c], nib_wfmt_name(li.fmt), nib_wfmt_name(*slot[c]));
+        *slot[c] = li.fmt;
+        m->preq |= 1 << c;
+    }
+    return NIB_OK;
+}
+
+const nib_pi05_precision *nib_pi05_prec(const nib_pi05 *m) { return &m->prec; }
+int nib_pi05_prequantized(const nib_pi05 *m) { return m->preq; }
+
 /* ---- sizes ---------------------------------------------------------------------------------- */
 static uint64_t al256(uint64_t x) { return (x + 255) / 256 * 256; }
 
@@ -251,18 +481,13 @@ static uint64_t lin_bytes(const nib_pi05 *m, nib_wfmt f, int64_t n, int64_t k, i
 }
 
 /* ---- load --------------------------------------------------------------------------------- */
-static void fold_cols(float *w, int64_t n, int64_t k, const float *g /* (1 + g) */) {
-    for (int64_t r = 0; r < n; r++)
-        for (int64_t j = 0; j < k; j++) w[r * k + j] *= 1.0f + g[j];
-}
 
 static nib_status load_vision(nib_pi05 *m, const nib_st_file *f) {
     nib_status st = NIB_OK;
     const nib_pi05_config *c = &m->c;
     const int64_t W = c->v_width, F = c->v_mlp, kp = (int64_t)c->v_channels * c->v_patch * c->v_patch;
-    float *a = NULL, *b = NULL, *q = NULL, *tmp = NULL, *bias = NULL;
-    const nib_wfmt fmt = m->prec.vision;
-    const int w8a8 = fmt == NIB_WFMT_FP8;
+    float *a = NULL, *b = NULL, *tmp = NULL;
+    const int w8a8 = m->prec.vision == NIB_WFMT_FP8;
     /* patch embedding: Conv2d [W][C][p][p] -> [W][Kp] padded with zero columns */
     int64_t s4[4] = {W, c->v_channels, c->v_patch, c->v_patch}, s1[1] = {W}, s2[2];
     NIB_TRY(fetch(f, PI05_VP ".embeddings.patch_embedding.weight", 4, s4, &a));
@@ -296,40 +521,28 @@ static nib_status load_vision(nib_pi05 *m, const nib_st_file *f) {
             a = NULL;
         }
         /* fused QKV [3W][W] + bias, q rows and bias scaled by 1/sqrt(head_dim) */
-        q = nib_malloc((size_t)(3 * W * W) * 4);
-        bias = nib_malloc((size_t)(3 * W) * 4);
-        if (!q || !bias) {
-            st = NIB_ERR_OUT_OF_MEMORY;
-            goto fail;
-        }
-        const char *pr[3] = {"q_proj", "k_proj", "v_proj"};
-        s2[0] = W, s2[1] = W;
-        for (int i = 0; i < 3; i++) {
-            NIB_TRY(fetchf(f, 2, s2, &a, PI05_VP ".encoder.layers.%d.self_attn.%s.weight", l, pr[i]));
-            NIB_TRY(fetchf(f, 1, s1, &b, PI05_VP ".encoder.layers.%d.self_attn.%s.bias", l, pr[i]));
-            float sc = i == 0 ? qs : 1.0f;
-            for (int64_t j = 0; j < W * W; j++) q[i * W * W + j] = a[j] * sc;
-            for (int64_t j = 0; j < W; j++) bias[i * W + j] = b[j] * sc;
-            nib_free(a), nib_free(b);
-            a = b = NULL;
-        }
+        fused_spec sp;
+        memset(&sp, 0, sizeof sp);
         snprintf(nm, sizeof nm, "vision.layers.%d.qkv", l);
-        NIB_TRY(load_linear(m, nm, fmt, q, 3 * W, W, bias, 0, w8a8, &L->qkv));
-        nib_free(q), nib_free(bias);
-        q = bias = NULL;
+        sp.name = nm, sp.comp = COMP_VISION, sp.nparts = 3, sp.k = W, sp.qscale = qs, sp.bias = 1, sp.w8a8 = w8a8;
+        const char *pr[3] = {"q_proj", "k_proj", "v_proj"};
+        for (int i = 0; i < 3; i++) {
+            snprintf(sp.bases[i], sizeof sp.bases[i], PI05_VP ".encoder.layers.%d.self_attn.%s", l, pr[i]);
+            sp.rows[i] = W;
+        }
+        NIB_TRY(load_fused(m, f, &sp, &L->qkv));
         struct {
             const char *key, *nm;
             int64_t n, k;
             nib_be_linear *out;
         } lin[3] = {{"self_attn.out_proj", "o", W, W, &L->o}, {"mlp.fc1", "fc1", F, W, &L->fc1}, {"mlp.fc2", "fc2", W, F, &L->fc2}};
         for (int i = 0; i < 3; i++) {
-            int64_t ws[2] = {lin[i].n, lin[i].k}, bs[1] = {lin[i].n};
-            NIB_TRY(fetchf(f, 2, ws, &a, PI05_VP ".encoder.layers.%d.%s.weight", l, lin[i].key));
-            NIB_TRY(fetchf(f, 1, bs, &b, PI05_VP ".encoder.layers.%d.%s.bias", l, lin[i].key));
+            memset(&sp, 0, sizeof sp);
             snprintf(nm, sizeof nm, "vision.layers.%d.%s", l, lin[i].nm);
-            NIB_TRY(load_linear(m, nm, fmt, a, lin[i].n, lin[i].k, b, 0, w8a8, lin[i].out));
-            nib_free(a), nib_free(b);
-            a = b = NULL;
+            sp.name = nm, sp.comp = COMP_VISION, sp.nparts = 1, sp.k = lin[i].k, sp.qscale = 1, sp.bias = 1, sp.w8a8 = w8a8;
+            snprintf(sp.bases[0], sizeof sp.bases[0], PI05_VP ".encoder.layers.%d.%s", l, lin[i].key);
+            sp.rows[0] = lin[i].n;
+            NIB_TRY(load_fused(m, f, &sp, lin[i].out));
         }
     }
     NIB_TRY(fetch(f, PI05_VP ".post_layernorm.weight", 1, s1, &a));
@@ -345,7 +558,7 @@ static nib_status load_vision(nib_pi05 *m, const nib_st_file *f) {
     NIB_TRY(fetch(f, PI05_PROJ ".bias", 1, pb, &b));
     NIB_TRY(load_linear(m, "multi_modal_projector", NIB_WFMT_BF16, a, c->width, W, b, 0, 0, &m->proj));
 fail:
-    nib_free(a), nib_free(b), nib_free(q), nib_free(bias), nib_free(tmp);
+    nib_free(a), nib_free(b), nib_free(tmp);
     return st;
 }
 
@@ -359,76 +572,94 @@ static nib_status load_lm(nib_pi05 *m, const nib_st_file *f, int expert) {
     const nib_wfmt fmt = expert ? m->prec.expert : m->prec.prefix;
     const int w8a8 = !expert && fmt == NIB_WFMT_FP8; /* the prefix is compute-bound: W8A8 */
     lm_layer *layers = expert ? m->el : m->pl;
-    float *a = NULL, *g = NULL, *cat = NULL;
+    const int preq = (m->preq >> (expert ? COMP_EXPERT : COMP_PREFIX)) & 1;
+    const char *tag = expert ? "expert" : "prefix";
+    float *g = NULL, *g2 = NULL;
     for (int l = 0; l < c->layers; l++) {
         lm_layer *L = &layers[l];
         const int last_prefix = !expert && l == c->layers - 1; /* K/V only */
         char nm[256];
         int64_t s1[1] = {W};
-        /* RMSNorm (1 + w) of the prefix folds into QKV and gate|up; adaRMS has no weight */
-        if (!expert) NIB_TRY(fetchf(f, 1, s1, &g, "%s.layers.%d.input_layernorm.weight", P, l));
-        const int64_t qrows = last_prefix ? 0 : nh * hd, rows = qrows + 2 * nkv * hd;
-        cat = nib_malloc((size_t)(rows * W) * 4);
-        if (!cat) {
-            st = NIB_ERR_OUT_OF_MEMORY;
-            goto fail;
+        /* RMSNorm (1 + w) of the prefix: folded into QKV and gate|up from float weights; applied
+         * by the norm for a pre-quantized prefix. adaRMS has no weight. */
+        if (!expert) {
+            NIB_TRY(fetchf(f, 1, s1, &g, "%s.layers.%d.input_layernorm.weight", P, l));
+            NIB_TRY(fetchf(f, 1, s1, &g2, "%s.layers.%d.post_attention_layernorm.weight", P, l));
+            if (preq) {
+                NIB_TRY(nib_be_alloc_weight(&m->be, (uint64_t)W * 4, (void **)&L->n1w, "rmsnorm weight"));
+                NIB_TRY(nib_be_upload(&m->be, L->n1w, g, (uint64_t)W * 4));
+                NIB_TRY(nib_be_alloc_weight(&m->be, (uint64_t)W * 4, (void **)&L->n2w, "rmsnorm weight"));
+                NIB_TRY(nib_be_upload(&m->be, L->n2w, g2, (uint64_t)W * 4));
+            }
         }
-        int64_t off = 0;
+        fused_spec sp;
+        memset(&sp, 0, sizeof sp);
+        snprintf(nm, sizeof nm, "%s.layers.%d.qkv", tag, l);
+        /* the prefix folds the query scale 1/sqrt(head_dim) (exact for 256: 1/16) into Wq; the
+         * expert applies it in the fused QKV epilogue */
+        sp.name = nm, sp.comp = expert ? COMP_EXPERT : COMP_PREFIX, sp.k = W, sp.w8a8 = w8a8;
+        sp.qscale = expert || last_prefix ? 1.0f : 1.0f / sqrtf((float)hd);
+        sp.fold = preq ? NULL : g;
         const char *pr[3] = {"q_proj", "k_proj", "v_proj"};
         for (int i = last_prefix ? 1 : 0; i < 3; i++) {
-            int64_t r = i == 0 ? nh * hd : nkv * hd, ws[2] = {r, W};
-            NIB_TRY(fetchf(f, 2, ws, &a, "%s.layers.%d.self_attn.%s.weight", P, l, pr[i]));
-            float sc = i == 0 ? 1.0f / sqrtf((float)hd) : 1.0f; /* exact for head_dim 256 (1/16) */
-            for (int64_t j = 0; j < r * W; j++) cat[off * W + j] = a[j] * sc;
-            off += r;
-            nib_free(a);
-            a = NULL;
+            snprintf(sp.bases[sp.nparts], sizeof sp.bases[0], "%s.layers.%d.self_attn.%s", P, l, pr[i]);
+            sp.rows[sp.nparts++] = i == 0 ? nh * hd : nkv * hd;
         }
-        if (g) fold_cols(cat, rows, W, g);
-        snprintf(nm, sizeof nm, "%s.layers.%d.qkv", expert ? "expert" : "prefix", l);
-        NIB_TRY(load_linear(m, nm, fmt, cat, rows, W, NULL, 0, w8a8, &L->qkv));
-        nib_free(cat), nib_free(g);
-        cat = g = NULL;
-        if (last_prefix) continue;
-        int64_t os[2] = {W, nh * hd};
-        NIB_TRY(fetchf(f, 2, os, &a, "%s.layers.%d.self_attn.o_proj.weight", P, l));
-        snprintf(nm, sizeof nm, "%s.layers.%d.o_proj", expert ? "expert" : "prefix", l);
-        NIB_TRY(load_linear(m, nm, fmt, a, W, nh * hd, NULL, 0, w8a8, &L->o));
-        nib_free(a);
-        a = NULL;
-        if (!expert) NIB_TRY(fetchf(f, 1, s1, &g, "%s.layers.%d.post_attention_layernorm.weight", P, l));
-        cat = nib_malloc((size_t)(2 * F * W) * 4);
-        if (!cat) {
-            st = NIB_ERR_OUT_OF_MEMORY;
-            goto fail;
+        NIB_TRY(load_fused(m, f, &sp, &L->qkv));
+        if (last_prefix) {
+            nib_free(g), nib_free(g2);
+            g = g2 = NULL;
+            continue;
         }
-        int64_t gs[2] = {F, W};
-        NIB_TRY(fetchf(f, 2, gs, &a, "%s.layers.%d.mlp.gate_proj.weight", P, l));
-        memcpy(cat, a, (size_t)(F * W) * 4);
-        nib_free(a);
-        a = NULL;
-        NIB_TRY(fetchf(f, 2, gs, &a, "%s.layers.%d.mlp.up_proj.weight", P, l));
-        memcpy(cat + F * W, a, (size_t)(F * W) * 4);
-        nib_free(a);
-        a = NULL;
-        if (g) fold_cols(cat, 2 * F, W, g);
-        snprintf(nm, sizeof nm, "%s.layers.%d.gate_up", expert ? "expert" : "prefix", l);
-        NIB_TRY(load_linear(m, nm, fmt, cat, 2 * F, W, NULL, 1, w8a8, &L->gu));
-        nib_free(cat), nib_free(g);
-        cat = g = NULL;
-        int64_t ds[2] = {W, F};
-        NIB_TRY(fetchf(f, 2, ds, &a, "%s.layers.%d.mlp.down_proj.weight", P, l));
-        snprintf(nm, sizeof nm, "%s.layers.%d.down_proj", expert ? "expert" : "prefix", l);
-        NIB_TRY(load_linear(m, nm, fmt, a, W, F, NULL, 0, w8a8, &L->down));
-        nib_free(a);
-        a = NULL;
+        memset(&sp, 0, sizeof sp);
+        snprintf(nm, sizeof nm, "%s.layers.%d.o_proj", tag, l);
+        sp.name = nm, sp.comp = expert ? COMP_EXPERT : COMP_PREFIX, sp.k = nh * hd, sp.w8a8 = w8a8, sp.qscale = 1;
+        snprintf(sp.bases[0], sizeof sp.bases[0], "%s.layers.%d.self_attn.o_proj", P, l);
+        sp.rows[0] = W, sp.nparts = 1;
+        NIB_TRY(load_fused(m, f, &sp, &L->o));
+        memset(&sp, 0, sizeof sp);
+        snprintf(nm, sizeof nm, "%s.layers.%d.gate_up", tag, l);
+        sp.name = nm, sp.comp = expert ? COMP_EXPERT : COMP_PREFIX, sp.k = W, sp.w8a8 = w8a8, sp.qscale = 1;
+        sp.geglu = 1, sp.fold = preq ? NULL : g2, sp.nparts = 2;
+        snprintf(sp.bases[0], sizeof sp.bases[0], "%s.layers.%d.mlp.gate_proj", P, l);
+        snprintf(sp.bases[1], sizeof sp.bases[1], "%s.layers.%d.mlp.up_proj", P, l);
+        sp.rows[0] = sp.rows[1] = F;
+        NIB_TRY(load_fused(m, f, &sp, &L->gu));
+        memset(&sp, 0, sizeof sp);
+        snprintf(nm, sizeof nm, "%s.layers.%d.down_proj", tag, l);
+        sp.name = nm, sp.comp = expert ? COMP_EXPERT : COMP_PREFIX, sp.k = F, sp.w8a8 = w8a8, sp.qscale = 1;
+        snprintf(sp.bases[0], sizeof sp.bases[0], "%s.layers.%d.mlp.down_proj", P, l);
+        sp.rows[0] = W, sp.nparts = 1;
+        NIB_TRY(load_fused(m, f, &sp, &L->down));
+        nib_free(g), nib_free(g2);
+        g = g2 = NULL;
     }
 fail:
-    nib_free(a), nib_free(g), nib_free(cat);
+    nib_free(g), nib_free(g2);
     return st;
 }
 
 static float swishf(float x) { return x / (1.0f + expf(-x)); }
+
+/* mods[s][n][r] = b[r] + W[r] . cond_s (fp64 sums), rows [b, e) for every step */
+typedef struct mod_ctx {
+    const float *mw, *mb, *conds;
+    float *mods;
+    int64_t We, n, nmod;
+    int steps;
+} mod_ctx;
+static void mod_chunk(void *arg, int64_t b, int64_t e) {
+    const mod_ctx *x = (const mod_ctx *)arg;
+    for (int s = 0; s < x->steps; s++) {
+        const float *cond = x->conds + (int64_t)s * x->We;
+        float *dst = x->mods + ((int64_t)s * x->nmod + x->n) * 3 * x->We;
+        for (int64_t r = b; r < e; r++) {
+            double acc = x->mb[r];
+            for (int64_t j = 0; j < x->We; j++) acc += (double)x->mw[r * x->We + j] * cond[j];
+            dst[r] = (float)acc;
+        }
+    }
+}
 
 /* time MLP and the 2L+1 adaRMS modulations for every step (host fp64 sums), and the folded
  * action heads */
@@ -488,15 +719,8 @@ static nib_status load_expert_heads(nib_pi05 *m, const nib_st_file *f) {
                       n % 2 ? "post_attention_layernorm" : "input_layernorm");
         NIB_TRY(fetchf(f, 2, m2, &mw, "%s.weight", name));
         NIB_TRY(fetchf(f, 1, m1, &mb, "%s.bias", name));
-        for (int s = 0; s < c->steps; s++) {
-            const float *cond = conds + (int64_t)s * We;
-            float *dst = mods + ((int64_t)s * nmod + n) * 3 * We;
-            for (int64_t r = 0; r < 3 * We; r++) {
-                double acc = mb[r];
-                for (int64_t j = 0; j < We; j++) acc += (double)mw[r * We + j] * cond[j];
-                dst[r] = (float)acc;
-            }
-        }
+        mod_ctx x = {mw, mb, conds, mods, We, n, nmod, c->steps};
+        nib_parallel_for(3 * We, 0, 64, mod_chunk, &x);
         nib_free(mw), nib_free(mb);
         mw = mb = NULL;
     }
@@ -542,6 +766,7 @@ static void plan_sizes(const nib_pi05 *m, nib_be_sizes *sz) {
         int last = l == c->layers - 1;
         int pw = pf == NIB_WFMT_FP8;
         wb += lin_bytes(m, pf, (last ? 0 : c->heads * hd) + 2 * nkv * hd, W, 0, pw);
+        wb += 2 * al256((uint64_t)W * 4); /* RMSNorm weights of a pre-quantized prefix */
         if (!last)
             wb += lin_bytes(m, pf, W, c->heads * hd, 0, pw) + lin_bytes(m, pf, 2 * (int64_t)c->mlp, W, 1, pw) +
                   lin_bytes(m, pf, W, c->mlp, 0, pw);
@@ -674,6 +899,23 @@ static nib_status needf(const nib_st_file *f, int nd, const int64_t *shape, cons
     return nib_pi05_need(f, n, nd, shape, &t);
 }
 
+/* a linear "<base>", float or pre-quantized, of logical shape [n][k] */
+static nib_status needlin(const nib_st_file *f, int64_t n, int64_t k, const char *fmt, ...) NIB_PRINTF(4, 5);
+static nib_status needlin(const nib_st_file *f, int64_t n, int64_t k, const char *fmt, ...) {
+    char b[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(b, sizeof b, fmt, ap);
+    va_end(ap);
+    nib_pi05_lin li;
+    NIB_RETURN_IF_ERR(nib_pi05_linear(f, b, &li));
+    if (li.n != n || li.k != k)
+        return NIB_ERR(NIB_ERR_SHAPE, "checkpoint: tensor '%s.weight' has shape [%lld, %lld]%s, expected [%lld, %lld]", b,
+                       (long long)li.n, (long long)li.k, li.prequant ? " (logical, of its quantized tensors)" : "",
+                       (long long)n, (long long)k);
+    return NIB_OK;
+}
+
 /* Every tensor the architecture defines must be present with its shape, also those inference
  * never reads (the last prefix layer's attention output and MLP, the final norms): a checkpoint
  * missing them is truncated or mislabeled, and that is reported before anything is loaded. */
@@ -685,12 +927,12 @@ static nib_status check_all_tensors(const nib_st_file *f, const nib_pi05_config 
         for (int i = 0; i < 4; i++) NIB_RETURN_IF_ERR(needf(f, 1, (int64_t[]){Wv}, "%s.%d.%s", V, l, ln[i]));
         const char *pr[4] = {"q_proj", "k_proj", "v_proj", "out_proj"};
         for (int i = 0; i < 4; i++) {
-            NIB_RETURN_IF_ERR(needf(f, 2, (int64_t[]){Wv, Wv}, "%s.%d.self_attn.%s.weight", V, l, pr[i]));
+            NIB_RETURN_IF_ERR(needlin(f, Wv, Wv, "%s.%d.self_attn.%s", V, l, pr[i]));
             NIB_RETURN_IF_ERR(needf(f, 1, (int64_t[]){Wv}, "%s.%d.self_attn.%s.bias", V, l, pr[i]));
         }
-        NIB_RETURN_IF_ERR(needf(f, 2, (int64_t[]){c->v_mlp, Wv}, "%s.%d.mlp.fc1.weight", V, l));
+        NIB_RETURN_IF_ERR(needlin(f, c->v_mlp, Wv, "%s.%d.mlp.fc1", V, l));
         NIB_RETURN_IF_ERR(needf(f, 1, (int64_t[]){c->v_mlp}, "%s.%d.mlp.fc1.bias", V, l));
-        NIB_RETURN_IF_ERR(needf(f, 2, (int64_t[]){Wv, c->v_mlp}, "%s.%d.mlp.fc2.weight", V, l));
+        NIB_RETURN_IF_ERR(needlin(f, Wv, c->v_mlp, "%s.%d.mlp.fc2", V, l));
         NIB_RETURN_IF_ERR(needf(f, 1, (int64_t[]){Wv}, "%s.%d.mlp.fc2.bias", V, l));
     }
     for (int e = 0; e < 2; e++) {
@@ -706,13 +948,13 @@ static nib_status check_all_tensors(const nib_st_file *f, const nib_pi05_config 
                 NIB_RETURN_IF_ERR(needf(f, 1, (int64_t[]){W}, "%s.layers.%d.input_layernorm.weight", P, l));
                 NIB_RETURN_IF_ERR(needf(f, 1, (int64_t[]){W}, "%s.layers.%d.post_attention_layernorm.weight", P, l));
             }
-            NIB_RETURN_IF_ERR(needf(f, 2, (int64_t[]){nh * hd, w}, "%s.layers.%d.self_attn.q_proj.weight", P, l));
-            NIB_RETURN_IF_ERR(needf(f, 2, (int64_t[]){nkv * hd, w}, "%s.layers.%d.self_attn.k_proj.weight", P, l));
-            NIB_RETURN_IF_ERR(needf(f, 2, (int64_t[]){nkv * hd, w}, "%s.layers.%d.self_attn.v_proj.weight", P, l));
-            NIB_RETURN_IF_ERR(needf(f, 2, (int64_t[]){w, nh * hd}, "%s.layers.%d.self_attn.o_proj.weight", P, l));
-            NIB_RETURN_IF_ERR(needf(f, 2, (int64_t[]){fm, w}, "%s.layers.%d.mlp.gate_proj.weight", P, l));
-            NIB_RETURN_IF_ERR(needf(f, 2, (int64_t[]){fm, w}, "%s.layers.%d.mlp.up_proj.weight", P, l));
-            NIB_RETURN_IF_ERR(needf(f, 2, (int64_t[]){w, fm}, "%s.layers.%d.mlp.down_proj.weight", P, l));
+            NIB_RETURN_IF_ERR(needlin(f, nh * hd, w, "%s.layers.%d.self_attn.q_proj", P, l));
+            NIB_RETURN_IF_ERR(needlin(f, nkv * hd, w, "%s.layers.%d.self_attn.k_proj", P, l));
+            NIB_RETURN_IF_ERR(needlin(f, nkv * hd, w, "%s.layers.%d.self_attn.v_proj", P, l));
+            NIB_RETURN_IF_ERR(needlin(f, w, nh * hd, "%s.layers.%d.self_attn.o_proj", P, l));
+            NIB_RETURN_IF_ERR(needlin(f, fm, w, "%s.layers.%d.mlp.gate_proj", P, l));
+            NIB_RETURN_IF_ERR(needlin(f, fm, w, "%s.layers.%d.mlp.up_proj", P, l));
+            NIB_RETURN_IF_ERR(needlin(f, w, fm, "%s.layers.%d.mlp.down_proj", P, l));
         }
     }
     NIB_RETURN_IF_ERR(needf(f, 1, (int64_t[]){W}, PI05_LP ".norm.weight"));
@@ -736,6 +978,7 @@ nib_status nib_pi05_load(const nib_st_file *f, const nib_pi05_config *cfg, const
         goto fail;
     }
     NIB_TRY(check_all_tensors(f, c));
+    NIB_TRY(resolve_formats(m, f));
     m->kpatch = (c->v_channels * c->v_patch * c->v_patch + 15) / 16 * 16;
     m->be.act_size = prec->backend == NIB_BE_REF ? 4 : 2; /* for plan_sizes before init */
     m->be.kind = prec->backend;
@@ -883,7 +1126,7 @@ static nib_status fwd_prefix(nib_pi05 *m, const call_shape *cs) {
         const int last = l == c->layers - 1;
         const int64_t qh = last ? 0 : nh, ld = (qh + 2 * nkv) * hd;
         nib_norm_args n1 = {.kind = NIB_NORM_RMS, .rows = S, .dim = W, .eps = NIB_NORM_EPS, .x = m->px, .ldx = W,
-                            .y = m->py, .ldy = W};
+                            .w = L->n1w, .y = m->py, .ldy = W};
         NIB_RETURN_IF_ERR(nib_be_norm_gemm(be, &n1, &L->qkv, m->pqkv, ld, NULL));
         /* RoPE on q and k heads in place (q is pre-scaled through the weights), then K/V to the
          * cache; the prefix attention reads the exact bf16 k/v from pqkv */
@@ -902,7 +1145,9 @@ static nib_status fwd_prefix(nib_pi05 *m, const call_shape *cs) {
         nib_gemm_epi res = {0, NULL, m->px, W};
         NIB_RETURN_IF_ERR(nib_be_gemm(be, &L->o, m->pattn, S, nh * hd, m->px, W, &res));
         nib_gemm_epi gg = {1, NULL, NULL, 0};
-        NIB_RETURN_IF_ERR(nib_be_norm_gemm(be, &n1, &L->gu, m->pmlp, c->mlp, &gg));
+        nib_norm_args n2 = n1;
+        n2.w = L->n2w;
+        NIB_RETURN_IF_ERR(nib_be_norm_gemm(be, &n2, &L->gu, m->pmlp, c->mlp, &gg));
         NIB_RETURN_IF_ERR(nib_be_gemm(be, &L->down, m->pmlp, S, c->mlp, m->px, W, &res));
     }
     return NIB_OK;
@@ -925,7 +1170,7 @@ static nib_status fwd_step(nib_pi05 *m, const call_shape *cs, int s) {
         NIB_RETURN_IF_ERR(nib_be_gemm(be, &L->qkv, m->ey, H, We, m->eqkv, ld, NULL));
         /* RoPE at positions P + j, q out, K/V into cache slots P .. P + H - 1 */
         nib_qkv_args qa = {H, NULL, (int32_t)nh, (int32_t)nkv, (int32_t)hd, m->eqkv, ld, m->pos_suffix, m->inv_freq,
-                           1.0f, m->eq, nh * hd, &m->kv[l], 0, m->ints + 2};
+                           1.0f / sqrtf((float)hd), m->eq, nh * hd, &m->kv[l], 0, m->ints + 2};
         NIB_RETURN_IF_ERR(nib_be_qkv(be, &qa));
         nib_attn_cache_args ca;
         memset(&ca, 0, sizeof ca);

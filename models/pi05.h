@@ -71,6 +71,11 @@ nib_status nib_pi05_load(const nib_st_file *f, const nib_pi05_config *cfg, const
                          nib_pi05 **out);
 void nib_pi05_free(nib_pi05 *m);
 const nib_pi05_config *nib_pi05_cfg(const nib_pi05 *m);
+/* The precision the model runs at: the preset, except that a component the checkpoint holds
+ * pre-quantized (nib quantize, ModelOpt, GPTQ/AWQ) runs in its stored format. */
+const nib_pi05_precision *nib_pi05_prec(const nib_pi05 *m);
+/* Bit 0 vision, bit 1 prefix, bit 2 expert: imported pre-quantized (no quantization at load). */
+int nib_pi05_prequantized(const nib_pi05 *m);
 
 typedef struct nib_pi05_inputs {
     int32_t n_cameras;          /* cameras given (<= max_cameras) */

@@ -1,9 +1,11 @@
 /* pi05_config.c — Pi0.5 dimensions from a checkpoint, precision presets, named configs. */
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "io/json.h"
+#include "io/qcheckpoint.h"
 #include "models/pi05.h"
 #include "models/pi05_keys.h"
 
@@ -123,6 +125,57 @@ nib_status nib_pi05_need(const nib_st_file *f, const char *name, int ndim, const
     return NIB_OK;
 }
 
+nib_status nib_pi05_linear(const nib_st_file *f, const char *base, nib_pi05_lin *out) {
+    memset(out, 0, sizeof *out);
+    for (int pass = 0; pass < 2; pass++) {
+        char full[256];
+        int len = snprintf(full, sizeof full, "%s%s", pass ? "model." : "", base);
+        if (len < 0 || (size_t)len >= sizeof full) return NIB_ERR(NIB_ERR_INVALID_ARG, "checkpoint: name '%s' too long", base);
+        nib_qckpt_info info;
+        nib_status st = nib_qckpt_detect(f, full, NULL, &info);
+        if (st == NIB_ERR_NOT_FOUND) {
+            nib_clear_error();
+            continue;
+        }
+        if (st) return nib_error_context(st, "checkpoint: linear '%s'", base);
+        out->n = info.n, out->k = info.k;
+        out->prequant = info.layout != NIB_QCKPT_FLOAT;
+        out->fmt = out->prequant ? info.fmt : NIB_WFMT_BF16;
+        memcpy(out->base, full, (size_t)len + 1);
+        return NIB_OK;
+    }
+    return NIB_ERR(NIB_ERR_NOT_FOUND, "checkpoint: tensor '%s.weight' is missing (nor a pre-quantized '%s.qweight' or "
+                   "'.weight_packed')", base, base);
+}
+
+/* the first dimension (N) of a linear, float or pre-quantized; -1 when absent. A set the
+ * importer rejects falls back to the 2-D ".weight" shape: the load reports the problem. */
+static int64_t lin_n(const nib_st_file *f, const char *base) {
+    nib_pi05_lin l;
+    if (!nib_pi05_linear(f, base, &l)) return l.n;
+    nib_clear_error();
+    char name[300];
+    snprintf(name, sizeof name, "%s.weight", base);
+    const nib_st_tensor *t = nib_pi05_find(f, name);
+    return t && t->ndim == 2 ? t->shape[0] : -1;
+}
+
+/* a model dimension from a header or the metadata: 0 .. 2^24 */
+static nib_status dim_ok(int64_t v, const char *what) {
+    if (v < 0 || v > (1 << 24)) return NIB_ERR(NIB_ERR_SHAPE, "checkpoint: %s = %lld is out of range (0 .. 2^24)", what, (long long)v);
+    return NIB_OK;
+}
+
+static int count_linears(const nib_st_file *f, const char *fmt) {
+    char name[512];
+    int n = 0;
+    for (;;) {
+        snprintf(name, sizeof name, fmt, n);
+        if (lin_n(f, name) < 0) return n;
+        n++;
+    }
+}
+
 static int count_layers(const nib_st_file *f, const char *fmt) {
     char name[512];
     int n = 0;
@@ -195,54 +248,74 @@ nib_status nib_pi05_config_from_file(const nib_st_file *f, nib_pi05_config *c) {
     if (!t || t->ndim != 4)
         return NIB_ERR(NIB_ERR_NOT_FOUND, "checkpoint: '%s' missing or not 4-D: is this an openpi Pi0.5 checkpoint?",
                        PI05_VP ".embeddings.patch_embedding.weight");
-    c->v_width = (int32_t)t->shape[0], c->v_channels = (int32_t)t->shape[1], c->v_patch = (int32_t)t->shape[2];
+    /* every dimension is range-checked before it is narrowed to int32 (a header may hold any
+     * int64 shape, and products below must not overflow) */
+    int64_t v[3] = {t->shape[0], t->shape[1], t->shape[2]};
+    NIB_RETURN_IF_ERR(dim_ok(v[0], "SigLIP width (patch_embedding dim 0)"));
+    NIB_RETURN_IF_ERR(dim_ok(v[1], "image channels (patch_embedding dim 1)"));
+    NIB_RETURN_IF_ERR(dim_ok(v[2], "patch size (patch_embedding dim 2)"));
+    c->v_width = (int32_t)v[0], c->v_channels = (int32_t)v[1], c->v_patch = (int32_t)v[2];
     t = nib_pi05_find(f, PI05_VP ".embeddings.position_embedding.weight");
     if (!t || t->ndim != 2) return NIB_ERR(NIB_ERR_NOT_FOUND, "checkpoint: position embedding missing or not 2-D");
+    NIB_RETURN_IF_ERR(dim_ok(t->shape[0], "vision tokens (position_embedding dim 0)"));
     c->v_tokens = (int32_t)t->shape[0];
-    int grid = (int)lround(sqrt((double)c->v_tokens));
+    const int64_t grid = llround(sqrt((double)c->v_tokens));
     if (grid * grid != c->v_tokens)
         return NIB_ERR(NIB_ERR_SHAPE, "checkpoint: %d vision tokens is not a square grid", c->v_tokens);
-    c->v_image = grid * c->v_patch;
+    NIB_RETURN_IF_ERR(dim_ok(grid * c->v_patch, "image size (grid x patch)"));
+    c->v_image = (int32_t)(grid * c->v_patch);
     c->v_layers = count_layers(f, PI05_VP ".encoder.layers.%d.layer_norm1.weight");
-    t = nib_pi05_find(f, PI05_VP ".encoder.layers.0.mlp.fc1.weight");
-    if (!t || t->ndim != 2) return NIB_ERR(NIB_ERR_NOT_FOUND, "checkpoint: SigLIP fc1 missing");
-    c->v_mlp = (int32_t)t->shape[0];
+    int64_t n = lin_n(f, PI05_VP ".encoder.layers.0.mlp.fc1");
+    if (n < 0) return NIB_ERR(NIB_ERR_NOT_FOUND, "checkpoint: SigLIP fc1 missing");
+    NIB_RETURN_IF_ERR(dim_ok(n, "SigLIP MLP width"));
+    c->v_mlp = (int32_t)n;
     t = nib_pi05_find(f, PI05_EMBED);
     if (!t || t->ndim != 2) return NIB_ERR(NIB_ERR_NOT_FOUND, "checkpoint: '%s' (the token embedding) missing", PI05_EMBED);
+    if (t->shape[0] < 1 || t->shape[0] > INT32_MAX)
+        return NIB_ERR(NIB_ERR_SHAPE, "checkpoint: vocabulary of %lld tokens (1 .. 2^31-1)", (long long)t->shape[0]);
+    NIB_RETURN_IF_ERR(dim_ok(t->shape[1], "language model width (embedding dim 1)"));
     c->vocab = t->shape[0], c->width = (int32_t)t->shape[1];
-    c->layers = count_layers(f, PI05_LP ".layers.%d.self_attn.q_proj.weight");
-    t = nib_pi05_find(f, PI05_LP ".layers.0.self_attn.k_proj.weight");
-    if (!t || t->ndim != 2) return NIB_ERR(NIB_ERR_NOT_FOUND, "checkpoint: language model k_proj missing");
-    c->head_dim = (int32_t)t->shape[0]; /* MQA: one KV head */
-    t = nib_pi05_find(f, PI05_LP ".layers.0.self_attn.q_proj.weight");
-    c->heads = t ? (int32_t)(t->shape[0] / (c->head_dim ? c->head_dim : 1)) : 0;
-    t = nib_pi05_find(f, PI05_LP ".layers.0.mlp.gate_proj.weight");
-    if (!t) return NIB_ERR(NIB_ERR_NOT_FOUND, "checkpoint: language model gate_proj missing");
-    c->mlp = (int32_t)t->shape[0];
+    c->layers = count_linears(f, PI05_LP ".layers.%d.self_attn.q_proj");
+    if ((n = lin_n(f, PI05_LP ".layers.0.self_attn.k_proj")) < 0)
+        return NIB_ERR(NIB_ERR_NOT_FOUND, "checkpoint: language model k_proj missing");
+    NIB_RETURN_IF_ERR(dim_ok(n, "head dim (k_proj rows)"));
+    c->head_dim = (int32_t)n; /* MQA: one KV head */
+    n = lin_n(f, PI05_LP ".layers.0.self_attn.q_proj");
+    NIB_RETURN_IF_ERR(dim_ok(n, "language model q_proj rows"));
+    c->heads = (int32_t)(n / (c->head_dim ? c->head_dim : 1));
+    if ((n = lin_n(f, PI05_LP ".layers.0.mlp.gate_proj")) < 0)
+        return NIB_ERR(NIB_ERR_NOT_FOUND, "checkpoint: language model gate_proj missing");
+    NIB_RETURN_IF_ERR(dim_ok(n, "language model MLP width"));
+    c->mlp = (int32_t)n;
     t = nib_pi05_find(f, "action_in_proj.weight");
     if (!t || t->ndim != 2) return NIB_ERR(NIB_ERR_NOT_FOUND, "checkpoint: action_in_proj.weight missing");
+    NIB_RETURN_IF_ERR(dim_ok(t->shape[0], "expert width (action_in_proj dim 0)"));
+    NIB_RETURN_IF_ERR(dim_ok(t->shape[1], "action dim (action_in_proj dim 1)"));
     c->e_width = (int32_t)t->shape[0], c->action_dim = (int32_t)t->shape[1];
-    c->e_layers = count_layers(f, PI05_EP ".layers.%d.self_attn.q_proj.weight");
-    t = nib_pi05_find(f, PI05_EP ".layers.0.self_attn.q_proj.weight");
-    if (!t) return NIB_ERR(NIB_ERR_NOT_FOUND, "checkpoint: action expert q_proj missing");
-    c->e_heads = (int32_t)(t->shape[0] / (c->head_dim ? c->head_dim : 1));
-    t = nib_pi05_find(f, PI05_EP ".layers.0.mlp.gate_proj.weight");
-    if (!t) return NIB_ERR(NIB_ERR_NOT_FOUND, "checkpoint: action expert gate_proj missing");
-    c->e_mlp = (int32_t)t->shape[0];
+    c->e_layers = count_linears(f, PI05_EP ".layers.%d.self_attn.q_proj");
+    if ((n = lin_n(f, PI05_EP ".layers.0.self_attn.q_proj")) < 0)
+        return NIB_ERR(NIB_ERR_NOT_FOUND, "checkpoint: action expert q_proj missing");
+    NIB_RETURN_IF_ERR(dim_ok(n, "expert q_proj rows"));
+    c->e_heads = (int32_t)(n / (c->head_dim ? c->head_dim : 1));
+    if ((n = lin_n(f, PI05_EP ".layers.0.mlp.gate_proj")) < 0)
+        return NIB_ERR(NIB_ERR_NOT_FOUND, "checkpoint: action expert gate_proj missing");
+    NIB_RETURN_IF_ERR(dim_ok(n, "expert MLP width"));
+    c->e_mlp = (int32_t)n;
     c->v_head_dim = c->v_heads ? c->v_width / c->v_heads : 0;
     const nib_st_kv *meta = nib_st_metadata_find(f, "nib.pi05.config");
     if (meta) {
         nib_status st = nib_pi05_config_parse_json(meta->value, meta->value_len, c);
         if (st) return nib_error_context(st, "checkpoint metadata 'nib.pi05.config'");
-        if (!c->v_head_dim || c->v_head_dim * c->v_heads != c->v_width) c->v_head_dim = c->v_width / (c->v_heads ? c->v_heads : 1);
+        if (!c->v_head_dim || (int64_t)c->v_head_dim * c->v_heads != c->v_width)
+            c->v_head_dim = c->v_width / (c->v_heads > 0 ? c->v_heads : 1);
     }
-    /* consistency: what the model code relies on */
+    /* consistency: what the model code relies on (products in int64, divisors checked first) */
     if (c->v_layers < 1 || c->layers < 2 || c->e_layers != c->layers)
         return NIB_ERR(NIB_ERR_SHAPE, "checkpoint: %d vision, %d language and %d expert layers (the expert must have as "
                        "many layers as the language model, at least 2)", c->v_layers, c->layers, c->e_layers);
-    if (c->v_heads < 1 || c->v_head_dim * c->v_heads != c->v_width)
+    if (c->v_heads < 1 || (int64_t)c->v_head_dim * c->v_heads != c->v_width)
         return NIB_ERR(NIB_ERR_SHAPE, "checkpoint: SigLIP width %d is not %d heads x %d", c->v_width, c->v_heads, c->v_head_dim);
-    if (c->heads < 1 || c->e_heads < 1 || c->heads % c->kv_heads || c->e_heads % c->kv_heads)
+    if (c->kv_heads < 1 || c->heads < 1 || c->e_heads < 1 || c->heads % c->kv_heads || c->e_heads % c->kv_heads)
         return NIB_ERR(NIB_ERR_SHAPE, "checkpoint: %d / %d query heads do not group over %d KV heads", c->heads, c->e_heads,
                        c->kv_heads);
     if (c->steps < 1 || c->steps > 64) return NIB_ERR(NIB_ERR_SHAPE, "config: %d flow-matching steps (1..64)", c->steps);

@@ -3,8 +3,14 @@
 # (GPU tests included), the kernel labs, and optionally compute-sanitizer. Logs and JSON go
 # to $OUT (default ./gpu-out); a short table is printed last.
 #
-#   scripts/gpu-check.sh [build] [doctor] [tests] [gemm] [ops] [attn] [sanitize] [T=filter]
-#   (no step names = build doctor tests gemm ops attn)
+#   scripts/gpu-check.sh [build] [doctor] [tests] [gemm] [ops] [attn] [demo] [pi05] [accuracy]
+#                        [load] [sanitize] [T=filter]
+#   (no step names = build doctor tests gemm ops attn demo pi05 accuracy load)
+#   demo      nib demo (synthesizes the full-size checkpoint in $TMPDIR once)
+#   pi05      nib bench pi05 --json pi05.json
+#   accuracy  nib accuracy pi05 --json pi05-accuracy.json
+#   load      nib quantize --pi05 fast of the synthetic checkpoint, then nib run --timing on it:
+#             time from file to the first call done
 # Environment: NIB_GIT_COMMIT (recorded in the JSON), JOBS (make -j, default nproc),
 #              GEMM_ARGS (extra args for nib bench gemm).
 set -u
@@ -17,7 +23,7 @@ filter=""
 for a in "$@"; do
     case "$a" in T=*) filter=${a#T=} ;; *) steps+=("$a") ;; esac
 done
-[ ${#steps[@]} -eq 0 ] && steps=(build doctor tests gemm ops attn)
+[ ${#steps[@]} -eq 0 ] && steps=(build doctor tests gemm ops attn demo pi05 accuracy load)
 has() { local s; for s in "${steps[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 summary=()
 note() { summary+=("$1"); echo "== $1" | tee -a "$LOG"; }
@@ -54,6 +60,32 @@ fi
 if has attn; then
     ./build/nib bench attn --json "$OUT/attn.json" >>"$LOG" 2>&1
     note "bench attn (rc $?)"
+fi
+CKPT=${TMPDIR:-/tmp}/nib-demo-pi05.safetensors
+if has demo; then
+    ./build/nib demo >"$OUT/demo.log" 2>&1
+    note "demo (rc $?): $(grep -E '^  (bf16|fast) ' "$OUT/demo.log" | tr -s ' ' | tr '\n' ';')"
+fi
+if has pi05; then
+    ./build/nib bench pi05 --json "$OUT/pi05.json" >"$OUT/pi05.log" 2>&1
+    note "bench pi05 (rc $?): $(grep -E '^(bf16|fast) +2 +10 ' "$OUT/pi05.log" | tr -s ' ' | tr '\n' ';')"
+fi
+if has accuracy; then
+    ./build/nib accuracy pi05 --json "$OUT/pi05-accuracy.json" >"$OUT/accuracy.log" 2>&1
+    note "accuracy pi05 (rc $?): $(grep -E 'actions cosine' "$OUT/accuracy.log" | tr -s ' ' | tr '\n' ';')"
+fi
+if has load; then
+    [ -f "$CKPT" ] || ./build/nib demo >/dev/null 2>&1
+    Q=${TMPDIR:-/tmp}/nib-demo-pi05-fast.safetensors
+    IN=${TMPDIR:-/tmp}/nib-pi05-inputs.safetensors
+    tq=$(date +%s)
+    ./build/nib quantize "$CKPT" "$Q" --pi05 fast --force -q >"$OUT/quantize.log" 2>&1
+    note "quantize --pi05 fast (rc $?, $(( $(date +%s) - tq )) s): $(tail -1 "$OUT/quantize.log")"
+    python3 scripts/pi05_inputs.py "$IN" --cameras 2 --text 20 >/dev/null
+    ./build/nib run pi05 --checkpoint "$Q" --inputs "$IN" --out "$OUT/actions.safetensors" --preset fast --timing \
+        >"$OUT/load.log" 2>&1
+    note "load (rc $?): $(grep -E 'loaded|file to first' "$OUT/load.log" | tr '\n' ' ')"
+    rm -f "$Q"
 fi
 note "total $(( $(date +%s) - t0 )) s"
 echo

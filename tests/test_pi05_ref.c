@@ -497,3 +497,161 @@ NIB_TEST(pi05_ref_checkpoint_errors_name_the_tensor) {
         nib_st_close(f);
     }
 }
+
+/* ---- pre-quantized checkpoints (nib quantize / ModelOpt / GPTQ layouts) --------------------- */
+#include "cli/cli.h"
+#include "io/qcheckpoint.h"
+
+static int run_quantize(const char *in, const char *out, const char *fmt, const char *const *incl, int n_incl) {
+    char *argv[32];
+    int argc = 0;
+    argv[argc++] = (char *)"quantize", argv[argc++] = (char *)in, argv[argc++] = (char *)out;
+    argv[argc++] = (char *)"--format", argv[argc++] = (char *)fmt, argv[argc++] = (char *)"--force";
+    argv[argc++] = (char *)"-q";
+    if (!strcmp(fmt, "fp8")) argv[argc++] = (char *)"--fp8-per-channel";
+    for (int i = 0; i < n_incl; i++) argv[argc++] = (char *)"--include", argv[argc++] = (char *)incl[i];
+    argv[argc] = NULL;
+    return nib_cmd_quantize(argc, argv);
+}
+
+/* Write every quantized linear of src as an F32 ".weight" holding its exact dequantization (its
+ * bias and every other tensor copied): the float checkpoint the pre-quantized one stands for. */
+static int write_dequantized(const char *src, const char *dst) {
+    nib_st_file *f = NULL;
+    nib_qckpt_index *ix = NULL;
+    nib_st_writer *w = NULL;
+    int ok = 0;
+    size_t n = 0;
+    nib_qlinear *q = NULL;
+    if (nib_st_open(src, &f) || nib_qckpt_index_build(f, NULL, &ix) || nib_st_writer_create(dst, &w)) goto out;
+    n = nib_st_count(f);
+    q = calloc(n, sizeof *q);
+    if (!q) goto out;
+    const nib_st_kv *meta = nib_st_metadata_find(f, "nib.pi05.config");
+    if (meta && nib_st_writer_set_metadata(w, "nib.pi05.config", meta->value)) goto out;
+    for (int pass = 0; pass < 2; pass++)
+        for (size_t i = 0; i < n; i++) {
+            const nib_st_tensor *t = nib_st_tensor_at(f, i);
+            const nib_qckpt_entry *e = nib_qckpt_index_owner(ix, i);
+            const size_t bl = e ? strlen(e->base) : 0;
+            const int is_bias = e && !strcmp(t->name + bl, ".bias");
+            if (e && !is_bias && t != e->info.parts[0]) continue; /* scales, globals, zeros */
+            if (e && !is_bias) {
+                char name[300];
+                snprintf(name, sizeof name, "%s.weight", e->base);
+                if (pass == 0) {
+                    nib_qckpt_opts o = {NIB_QCKPT_WANT_F32, NULL};
+                    if (nib_qckpt_get_linear_ex(f, e->base, &o, &q[i]) || !q[i].f32) goto out;
+                    int64_t shape[2] = {e->info.n, e->info.k};
+                    if (nib_st_writer_declare(w, name, NIB_DTYPE_F32, 2, shape)) goto out;
+                } else if (nib_st_writer_write(w, q[i].f32, (size_t)(e->info.n * e->info.k) * 4)) {
+                    goto out;
+                }
+            } else if (pass == 0 ? nib_st_writer_declare(w, t->name, t->dtype, t->ndim, t->shape)
+                                 : nib_st_writer_write(w, t->data, t->nbytes)) {
+                goto out;
+            }
+        }
+    ok = nib_st_writer_finish(w) == NIB_OK;
+    w = NULL;
+out:
+    if (w) nib_st_writer_abort(w);
+    for (size_t i = 0; q && i < n; i++) nib_qlinear_free(&q[i]);
+    free(q);
+    nib_qckpt_index_free(ix);
+    nib_st_close(f);
+    return ok;
+}
+
+static nib_status load_run(const char *path, const char *preset, float *act, int *preq, nib_pi05_precision *eff) {
+    nib_st_file *f = NULL;
+    nib_pi05 *m = NULL;
+    nib_pi05_config c;
+    nib_pi05_precision pr;
+    nib_status st = nib_st_open(path, &f);
+    if (!st) st = nib_pi05_config_from_file(f, &c);
+    if (!st) st = nib_pi05_preset(preset, &pr);
+    if (!st) st = nib_pi05_load(f, &c, &pr, &m);
+    if (!st && act) {
+        nib_rng r;
+        nib_rng_seed(&r, 77);
+        const int H = 10, L = 7;
+        size_t ie = (size_t)c.v_channels * c.v_image * c.v_image;
+        float *img = malloc(2 * ie * 4);
+        int32_t ids[7];
+        if (!img) st = NIB_ERR_OUT_OF_MEMORY;
+        if (!st) {
+            rand_images(&r, img, 2, &c);
+            for (int i = 0; i < L; i++) ids[i] = (int32_t)nib_rng_below(&r, (uint64_t)c.vocab);
+            nib_pi05_inputs in = {2, img, NULL, NULL, ids, L, H, NULL, 5};
+            st = nib_pi05_run(m, &in, act, NULL);
+        }
+        free(img);
+    }
+    if (m && preq) *preq = nib_pi05_prequantized(m);
+    if (m && eff) *eff = *nib_pi05_prec(m);
+    nib_pi05_free(m);
+    nib_st_close(f);
+    return st;
+}
+
+/* A checkpoint quantized offline (expert NVFP4, then vision and prefix FP8 per channel) loads as
+ * stored: every component is flagged pre-quantized and runs in the file's format whatever the
+ * preset says, and the reference backend's actions match those of a float checkpoint holding
+ * exactly the dequantized weights. The float path folds RMSNorm (1 + w) and the query scales
+ * into the weights in fp32; the pre-quantized path applies (1 + w) in the norm, scales the FP8
+ * per-channel scales (vision 1/sqrt(72): one fp32 rounding; prefix 1/16: exact) and applies the
+ * expert's 1/16 after RoPE. The two differ only by fp32 rounding order, so the bound is a few
+ * hundred fp32 ulps of the action update (2^-24 x 2^8 x the depth of 9 layers ~ 2^-13). */
+NIB_TEST(pi05_ref_prequantized_checkpoint_loads_as_stored) {
+    const char *p = tiny_ckpt();
+    REQUIRE(p);
+    char q1[600], q2[600], dq[600];
+    snprintf(q1, sizeof q1, "%s/pi05_pq1.safetensors", nib_test_tmpdir());
+    snprintf(q2, sizeof q2, "%s/pi05_pq2.safetensors", nib_test_tmpdir());
+    snprintf(dq, sizeof dq, "%s/pi05_pq_deq.safetensors", nib_test_tmpdir());
+    const char *ex[1] = {"*gemma_expert*layers.*_proj.weight"};
+    const char *vp[2] = {"*vision_model.encoder.layers.*.weight", "*language_model.layers.*_proj.weight"};
+    REQUIRE(run_quantize(p, q1, "nvfp4", ex, 1) == 0);
+    REQUIRE(run_quantize(q1, q2, "fp8", vp, 2) == 0);
+    REQUIRE(write_dequantized(q2, dq));
+    nib_pi05_config c;
+    nib_pi05_config_tiny(&c);
+    const size_t na = (size_t)10 * c.action_dim;
+    float *a_q = malloc(na * 4), *a_d = malloc(na * 4);
+    REQUIRE(a_q && a_d);
+    int preq = 0;
+    nib_pi05_precision eff;
+    CHECK_OK(load_run(q2, "ref", a_q, &preq, &eff));
+    CHECK_MSG(preq == 7, "pre-quantized components: mask %d, want 7 (vision, prefix, expert)", preq);
+    CHECK_MSG(eff.vision == NIB_WFMT_FP8 && eff.prefix == NIB_WFMT_FP8 && eff.expert == NIB_WFMT_NVFP4,
+              "effective formats %s/%s/%s, want fp8/fp8/nvfp4 (the file's)", nib_wfmt_name(eff.vision),
+              nib_wfmt_name(eff.prefix), nib_wfmt_name(eff.expert));
+    preq = -1;
+    CHECK_OK(load_run(dq, "ref", a_d, &preq, NULL));
+    CHECK_MSG(preq == 0, "the dequantized float file loaded as pre-quantized (mask %d)", preq);
+    double d = 0, nrm = 0;
+    for (size_t i = 0; i < na; i++) d += ((double)a_q[i] - a_d[i]) * ((double)a_q[i] - a_d[i]), nrm += (double)a_d[i] * a_d[i];
+    const double rel = sqrt(d / nrm);
+    printf("  pre-quantized vs its dequantized float twin: actions rel L2 %.3g (bound 2^-13)\n", rel);
+    CHECK_MSG(rel <= 0x1p-13, "actions rel L2 %.3g > 2^-13: the import is not the stored weights", rel);
+    free(a_q), free(a_d);
+}
+
+/* What the loader cannot take exactly is refused with the weight named: SigLIP's query scale
+ * 1/sqrt(72) cannot be folded into NVFP4 scales; a component mixing float and pre-quantized
+ * layers is ambiguous. */
+NIB_TEST(pi05_ref_prequantized_rejects_what_it_cannot_load_exactly) {
+    const char *p = tiny_ckpt();
+    REQUIRE(p);
+    char q[600];
+    snprintf(q, sizeof q, "%s/pi05_pq_bad.safetensors", nib_test_tmpdir());
+    const char *vis[1] = {"*vision_model.encoder.layers.*.weight"};
+    REQUIRE(run_quantize(p, q, "nvfp4", vis, 1) == 0);
+    CHECK_ST(load_run(q, "ref", NULL, NULL, NULL), NIB_ERR_UNSUPPORTED);
+    CHECK_MSG(strstr(nib_last_error(), "vision.layers.0.qkv") != NULL, "message: %s", nib_last_error());
+    const char *one[1] = {"*language_model.layers.0.*_proj.weight"};
+    REQUIRE(run_quantize(p, q, "fp8", one, 1) == 0);
+    CHECK_ST(load_run(q, "ref", NULL, NULL, NULL), NIB_ERR_FORMAT);
+    CHECK_MSG(strstr(nib_last_error(), "language_model.layers.1.") != NULL, "message: %s", nib_last_error());
+}
