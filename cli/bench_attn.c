@@ -11,6 +11,8 @@
  *           than 3x L2, so every call reads its KV from DRAM; "hot": one cache, L2-resident (as
  *           the Pi0.5 prefix KV of 18 layers, ~10 MB, is in practice).
  *   decode  1 query x 8 heads over T = 1024 .. 32768 slots, each dtype, cold (rotating caches).
+ * --variants auto,dec,r4,r8 repeats the cache and decode sections with the kernel variant forced
+ * (NIB_ATTN_VARIANT; "auto" = the planner's choice), to measure the alternatives in one run.
  * KV bytes = what one call must read: element planes + block scales + per-(token, head) scales
  * of the T visible slots. FLOPs = 4 x rows x T x D (Q.K and P.V).
  */
@@ -28,10 +30,10 @@
 
 #define PEAK_BF16_TFLOPS 790.0
 #define MAX_COPIES 1024
-#define MAX_ROWS 128
+#define MAX_ROWS 256
 
 typedef struct attn_row {
-    char section[8], name[48], dtype[8], l2[8];
+    char section[8], name[48], dtype[8], l2[8], variant[8];
     int s, p, h, t, images;
     double us, gbps, pct_bw, tflops, pct_peak, floor_us;
     uint64_t kv_bytes;
@@ -62,7 +64,7 @@ static void fill_random_bf16(nib_rng *r, uint16_t *h, size_t n, double scale) {
 }
 
 static void print_row(const attn_row *r) {
-    printf("%-7s %-30s %-5s %-4s %9.2f %10llu %8.0f %6.1f%% %8.2f %6.1f%% %8.2f  %s\n", r->section, r->name, r->dtype,
+    printf("%-7s %-34s %-5s %-4s %9.2f %10llu %8.0f %6.1f%% %8.2f %6.1f%% %8.2f  %s\n", r->section, r->name, r->dtype,
            r->l2, r->us, (unsigned long long)r->kv_bytes, r->gbps, r->pct_bw, r->tflops, r->pct_peak, r->floor_us,
            r->plan);
 }
@@ -118,6 +120,7 @@ static nib_status bench_prefix(bench_state *b, const char *name, int n_img, int 
         snprintf(x->name, sizeof x->name, "%s S=%d x%d H=%d KV=%d D=%d", name, S, n_img, H, KV, D);
         snprintf(x->dtype, sizeof x->dtype, "bf16");
         snprintf(x->l2, sizeof x->l2, "hot");
+        snprintf(x->variant, sizeof x->variant, "auto");
         x->s = S;
         x->images = n_img;
         x->h = H;
@@ -249,6 +252,7 @@ static nib_status bench_cache(bench_state *b, const char *section, nib_kv_dtype 
         else snprintf(x->name, sizeof x->name, "T=%d", T);
         snprintf(x->dtype, sizeof x->dtype, "%s", nib_kv_dtype_name(dt));
         snprintf(x->l2, sizeof x->l2, "%s", cold ? "cold" : "hot");
+        snprintf(x->variant, sizeof x->variant, "%s", getenv("NIB_ATTN_VARIANT") ? getenv("NIB_ATTN_VARIANT") : "auto");
         x->p = nq > 1 ? T - nq : 0;
         x->h = nq;
         x->t = T;
@@ -315,11 +319,11 @@ static nib_status write_json(const char *path, const nib_device_info *d, const b
     for (int i = 0; i < b->nrows; i++) {
         const attn_row *r = &b->rows[i];
         fprintf(f,
-                "    {\"section\": \"%s\", \"name\": \"%s\", \"dtype\": \"%s\", \"l2\": \"%s\", \"s\": %d, \"images\": "
+                "    {\"section\": \"%s\", \"variant\": \"%s\", \"name\": \"%s\", \"dtype\": \"%s\", \"l2\": \"%s\", \"s\": %d, \"images\": "
                 "%d, \"p\": %d, \"h\": %d, \"t\": %d, \"us\": %.3f, \"kv_bytes\": %llu, \"gbps\": %.1f, "
                 "\"pct_copy_bw\": %.1f, \"flops\": %.0f, \"tflops\": %.2f, \"pct_peak_bf16\": %.1f, \"floor_us\": "
                 "%.3f, \"plan\": ",
-                r->section, r->name, r->dtype, r->l2, r->s, r->images, r->p, r->h, r->t, r->us,
+                r->section, r->variant, r->name, r->dtype, r->l2, r->s, r->images, r->p, r->h, r->t, r->us,
                 (unsigned long long)r->kv_bytes, r->gbps, r->pct_bw, r->flops, r->tflops, r->pct_peak, r->floor_us);
         json_string(f, r->plan);
         fprintf(f, "}%s\n", i + 1 < b->nrows ? "," : "");
@@ -332,10 +336,12 @@ static nib_status write_json(const char *path, const nib_device_info *d, const b
 int nib_bench_attn(int argc, char **argv) {
     const char *json = NULL;
     int reps = 15, do_prefix = 1, do_cache = 1, do_decode = 1;
+    const char *variants = "auto";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (nib_cli_is_help(a)) {
-            printf("usage: nib bench attn [--sections prefix,cache,decode] [--reps N] [--json FILE]\n"
+            printf("usage: nib bench attn [--sections prefix,cache,decode] [--variants auto,dec,r4,r8] [--reps N]\n"
+                   "                      [--json FILE]\n"
                    "The attention kernel lab: prefix self-attention (Gemma S = 532, 968; SigLIP 1..3 images),\n"
                    "the Pi0.5 suffix over the KV cache (P = 532, 768, 1024 x H = 10, 50 x bf16/fp8/nvfp4, cold\n"
                    "and hot L2) and decoding (T = 1024 .. 32768 x each dtype, cold). Each row: median us per\n"
@@ -349,6 +355,9 @@ int nib_bench_attn(int argc, char **argv) {
         } else if (!strcmp(a, "--reps") && val) {
             reps = atoi(val);
             if (reps < 3) reps = 3;
+            i++;
+        } else if (!strcmp(a, "--variants") && val) {
+            variants = val;
             i++;
         } else if (!strcmp(a, "--sections") && val) {
             do_prefix = strstr(val, "prefix") != NULL;
@@ -378,7 +387,7 @@ int nib_bench_attn(int argc, char **argv) {
     }
     printf("device %s (cc %d.%d, %d SMs, L2 %.0f MB); copy bandwidth %.0f GB/s (read+write); bf16 peak %.0f TFLOP/s\n",
            d.name, d.cc_major, d.cc_minor, d.sm_count, d.l2_bytes / 1e6, b->copy_gbps, PEAK_BF16_TFLOPS);
-    printf("%-7s %-30s %-5s %-4s %9s %10s %8s %7s %8s %7s %8s  %s\n", "section", "shape", "kv", "L2", "us", "KV bytes",
+    printf("%-7s %-34s %-5s %-4s %9s %10s %8s %7s %8s %7s %8s  %s\n", "section", "shape", "kv", "L2", "us", "KV bytes",
            "GB/s", "%copy", "TFLOP/s", "%peak", "floor us", "plan");
     double t0 = nib_now_s();
     nib_status first = NIB_OK;
@@ -395,19 +404,30 @@ int nib_bench_attn(int argc, char **argv) {
         RUN(bench_prefix(b, "gemma", 1, 968, 8, 1, 256));
         for (int n = 1; n <= 3; n++) RUN(bench_prefix(b, "siglip", n, 256, 16, 16, 72));
     }
-    if (do_cache) {
-        const int Ps[] = {532, 768, 1024}, Hs[] = {10, 50};
-        for (int cold = 1; cold >= 0; cold--)
-            for (int pi = 0; pi < 3; pi++)
-                for (int hi = 0; hi < 2; hi++)
-                    for (int dt = 0; dt < NIB_KV_COUNT; dt++)
-                        RUN(bench_cache(b, "cache", (nib_kv_dtype)dt, Ps[pi] + Hs[hi], Hs[hi], cold));
+    char vbuf[64];
+    snprintf(vbuf, sizeof vbuf, "%s", variants);
+    for (char *save = NULL, *v = strtok_r(vbuf, ",", &save); v; v = strtok_r(NULL, ",", &save)) {
+        if (!strcmp(v, "auto")) unsetenv("NIB_ATTN_VARIANT");
+        else if (!strcmp(v, "dec") || !strcmp(v, "r4") || !strcmp(v, "r8")) setenv("NIB_ATTN_VARIANT", v, 1);
+        else {
+            printf("  unknown variant '%s' skipped (auto, dec, r4, r8)\n", v);
+            continue;
+        }
+        if (do_cache) {
+            const int Ps[] = {532, 768, 1024}, Hs[] = {10, 50};
+            for (int cold = 1; cold >= 0; cold--)
+                for (int pi = 0; pi < 3; pi++)
+                    for (int hi = 0; hi < 2; hi++)
+                        for (int dt = 0; dt < NIB_KV_COUNT; dt++)
+                            RUN(bench_cache(b, "cache", (nib_kv_dtype)dt, Ps[pi] + Hs[hi], Hs[hi], cold));
+        }
+        if (do_decode) {
+            const int Ts[] = {1024, 4096, 16384, 32768};
+            for (int ti = 0; ti < 4; ti++)
+                for (int dt = 0; dt < NIB_KV_COUNT; dt++) RUN(bench_cache(b, "decode", (nib_kv_dtype)dt, Ts[ti], 1, 1));
+        }
     }
-    if (do_decode) {
-        const int Ts[] = {1024, 4096, 16384, 32768};
-        for (int ti = 0; ti < 4; ti++)
-            for (int dt = 0; dt < NIB_KV_COUNT; dt++) RUN(bench_cache(b, "decode", (nib_kv_dtype)dt, Ts[ti], 1, 1));
-    }
+    unsetenv("NIB_ATTN_VARIANT");
 #undef RUN
     st = first;
     if (json) {

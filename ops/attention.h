@@ -32,11 +32,12 @@
  *   CUDA: bf16 tensor-core MMAs (mma.sync m16n8k16) with fp32 accumulation. Logits, running max,
  *   exp (exp2 of log2e-scaled logits) and sums are fp32. The probabilities are rounded to bf16
  *   for the P.V product (the row sum uses the unrounded fp32 values); o is rounded to bf16.
- *   Low-bit K/V are decoded exactly to bf16 in shared memory (FP8: the e4m3 value; NVFP4:
- *   e2m1 * e4m3 block scale * 2^-8, both exact in bf16); the per-(token, head) fp32 scale is
- *   applied in fp32 to the logit column (K) and to the probability before its bf16 rounding (V).
- *   So a low-bit cache adds no error beyond what the BF16 cache has: the GPU is compared with
- *   the reference on the same stored bits with the same thresholds.
+ *   Low-bit K/V are decoded in shared memory: K exactly to bf16 (FP8: the e4m3 value; NVFP4:
+ *   e2m1 * e4m3 block scale * 2^-8) with the per-(token, head) fp32 scale applied to the logit
+ *   in fp32, so logits are as exact as with a BF16 cache; V as bf16(decoded value * scale), one
+ *   RNE rounding per element, i.e. exactly as if the cache held the dequantized V in bf16. The
+ *   GPU is compared with the reference on the same stored bits; its error is that of a bf16
+ *   attention over the dequantized cache (test threshold: one more 2^-8 term for V).
  *
  * Split-KV (CUDA). The visible keys are cut into n_splits chunks (n_splits chosen at plan time
  * from the MAXIMUM sizes and the SM count; the chunk length is recomputed on the device from the
@@ -108,7 +109,9 @@ nib_status nib_ref_attn_prefix(const nib_attn_prefix_args *a);
 nib_status nib_ref_attn_cache(const nib_attn_cache_args *a);
 
 /* ---- CUDA backend ------------------------------------------------------------------------
- * Enqueue on `stream` (cudaStream_t or NULL); asynchronous; capturable into a CUDA graph.
+ * Enqueue on `stream` (cudaStream_t or NULL); asynchronous; capturable into a CUDA graph. The
+ * first plan of each kernel variant (any of the calls below) queries the device and sets the
+ * kernel's shared-memory attribute: make one ws_bytes/plan query per shape before capturing.
  * Errors: NIB_ERR_INVALID_ARG, NIB_ERR_SHAPE (alignment / stride rules above),
  * NIB_ERR_UNSUPPORTED (head_dim), NIB_ERR_NO_DEVICE (CPU-only build), NIB_ERR_CUDA. */
 nib_status nib_cuda_attn_prefix(const nib_attn_prefix_args *a, void *ws, void *stream);
@@ -119,7 +122,7 @@ nib_status nib_cuda_attn_cache_ws_bytes(const nib_attn_cache_args *a, uint64_t *
 
 /* The launch plan a call would use (for the lab and tests). */
 typedef struct nib_attn_plan {
-    char kernel[48];        /* e.g. "bf16 d256 r8x1 tk64" */
+    char kernel[48];        /* "<kv dtype> d<padded head_dim> <variant dec|r4|r8> tk<tile keys>" */
     int rows_per_cta;       /* query rows (token x head of one KV group) per CTA */
     int warps;              /* warps per CTA: row groups x token groups */
     int tile_tokens;        /* keys per pipeline tile */

@@ -17,11 +17,14 @@
  *     tile. WT > 1 (decoding: one row group) merges the token groups through shared memory.
  *   - Pipeline: ST stages of cp.async (16-byte, zero-fill past the split end), one
  *     __syncthreads per tile (two for low-bit). BF16 tiles land in the padded layout the MMAs
- *     read (ldmatrix for K, ldmatrix.trans for V). FP8/NVFP4 tiles land raw and are decoded
- *     exactly into a bf16 tile (+ per-token fp32 scale arrays) before the MMAs.
+ *     read (ldmatrix for K, ldmatrix.trans for V). FP8/NVFP4 tiles land raw and are decoded into
+ *     a bf16 tile before the MMAs: K exactly (e4m3, or e2m1 * e4m3 * 2^-8) with its per-key
+ *     scale kept in fp32 for the logits; V as bf16(decoded value * per-key scale), one rounding
+ *     per element (like a bf16 cache of the dequantized V; folding the V scale into P instead
+ *     would share one rounding across a whole output row when one key dominates).
  *   - Per tile and warp: S = Q K^T (fp32), x = S [* k_scale] * log2(e), masked keys -> -inf,
  *     m' = max(m, rowmax x), p = 2^(x - m'), l = l 2^(m - m') + sum p (fp32, lane-partial),
- *     O = O 2^(m - m') + bf16(p [* v_scale]) V.
+ *     O = O 2^(m - m') + bf16(p) V.
  *   - n_splits = 1: o = O / l written as bf16. n_splits > 1: (m, l, O / l) fp32 to the
  *     workspace, then k_attn_merge combines the splits in split order (deterministic).
  * Head dims: 72 (and any multiple of 8 up to 80) run padded to 80, others up to 256 padded to
@@ -67,23 +70,24 @@ static KInfo g_kinfo[] = {
     KI(F_BF16, 256, 1, 2, 1, 3, "dec"),  KI(F_BF16, 256, 4, 1, 4, 2, "r4"),  KI(F_BF16, 256, 8, 1, 4, 2, "r8"),
     KI(F_FP8, 256, 1, 2, 1, 4, "dec"),   KI(F_FP8, 256, 4, 1, 4, 2, "r4"),   KI(F_FP8, 256, 8, 1, 4, 2, "r8"),
     KI(F_NVFP4, 256, 1, 2, 1, 3, "dec"), KI(F_NVFP4, 256, 4, 1, 4, 2, "r4"), KI(F_NVFP4, 256, 8, 1, 4, 2, "r8"),
-    KI(F_BF16, 80, 4, 1, 4, 2, "d80"),
+    KI(F_BF16, 80, 4, 1, 4, 2, "r4"),
 };
 #define K_D80 (3 * V_PER_FMT)
 
 static int g_sms;
 
 /* NIB_ATTN_VARIANT=dec|r4|r8 forces the head_dim-256 variant (a lab knob for measuring the
- * alternatives; every variant is correct for every shape). */
-static int pick_variant(int fmt, int dp, int64_t rows) {
-    static int forced = -2;
-    if (forced == -2) {
-        const char *e = getenv("NIB_ATTN_VARIANT");
-        forced = !e ? -1 : !strcmp(e, "dec") ? V_DEC : !strcmp(e, "r4") ? V_R4 : !strcmp(e, "r8") ? V_R8 : -1;
-        if (e && forced < 0) NIB_LOGW("NIB_ATTN_VARIANT='%s' ignored (dec, r4 or r8)", e);
-    }
+ * alternatives; every variant is correct for every shape). Read at every plan (host side only;
+ * a captured graph keeps the plan it was captured with). */
+/* Cache path (Pi0.5 suffix) with up to 128 rows (H <= 16 tokens x 8 heads): the 16-row dec
+ * variant. Measured on H100 with the Pi0.5 expert step (H = 10, ~540 keys, 18 layers):
+ * 1.25 ms per step with r8 (one 80-row block, few CTAs) vs 1.10 ms with dec (more CTAs; the
+ * small KV stays in L2, so re-reading it per row block is cheap). */
+static int pick_variant(int fmt, int dp, int64_t rows, int cache) {
+    const char *e = getenv("NIB_ATTN_VARIANT");
+    int forced = !e || !*e ? -1 : !strcmp(e, "dec") ? V_DEC : !strcmp(e, "r4") ? V_R4 : !strcmp(e, "r8") ? V_R8 : -1;
     if (dp == 80) return K_D80;
-    int v = forced >= 0 ? forced : rows <= 16 ? V_DEC : rows <= 64 ? V_R4 : V_R8;
+    int v = forced >= 0 ? forced : rows <= 16 || (cache && rows <= 128) ? V_DEC : rows <= 64 ? V_R4 : V_R8;
     return fmt * V_PER_FMT + v;
 }
 
@@ -113,9 +117,9 @@ struct Plan {
 
 /* Splits so that the busiest SM streams the fewest tiles: cost(s) = waves(s) * ceil(tiles / s)
  * + (s > 1: one tile's worth for the partial write + merge); ties keep fewer splits. */
-static nib_status make_plan(int fmt, int dp, int64_t rows_max, int64_t t_max, int64_t z, int d, Plan *pl) {
+static nib_status make_plan(int fmt, int dp, int64_t rows_max, int64_t t_max, int64_t z, int d, int cache, Plan *pl) {
     memset(pl, 0, sizeof *pl);
-    pl->ki = pick_variant(fmt, dp, rows_max);
+    pl->ki = pick_variant(fmt, dp, rows_max, cache);
     KInfo *k = &g_kinfo[pl->ki];
     NIB_RETURN_IF_ERR(kinfo_ready(k));
     const int64_t rows_cta = 16 * k->wr;
@@ -242,7 +246,7 @@ nib_status nib_cuda_attn_prefix_plan(const nib_attn_prefix_args *a, nib_attn_pla
     NIB_RETURN_IF_ERR(prefix_check(a, &dp));
     Plan pl;
     NIB_RETURN_IF_ERR(make_plan(F_BF16, dp, (int64_t)a->s_max * (a->n_heads / a->n_kv_heads), a->s_max,
-                                (int64_t)a->n_seq * a->n_kv_heads, a->head_dim, &pl));
+                                (int64_t)a->n_seq * a->n_kv_heads, a->head_dim, 0, &pl));
     if (out) fill_plan_out(pl, out);
     return NIB_OK;
 }
@@ -263,7 +267,7 @@ nib_status nib_cuda_attn_prefix(const nib_attn_prefix_args *a, void *ws, void *s
     const int group = a->n_heads / a->n_kv_heads;
     Plan pl;
     NIB_RETURN_IF_ERR(make_plan(F_BF16, dp, (int64_t)a->s_max * group, a->s_max, (int64_t)a->n_seq * a->n_kv_heads,
-                                a->head_dim, &pl));
+                                a->head_dim, 0, &pl));
     AttnParams p;
     memset(&p, 0, sizeof p);
     p.q = (const __nv_bfloat16 *)a->q;
@@ -314,7 +318,7 @@ nib_status nib_cuda_attn_cache_plan(const nib_attn_cache_args *a, nib_attn_plan 
     NIB_RETURN_IF_ERR(cache_check(a));
     Plan pl;
     NIB_RETURN_IF_ERR(make_plan((int)a->kv.dtype, 256, (int64_t)a->nq * (a->n_heads / a->kv.n_kv_heads), a->kv.t_max,
-                                a->kv.n_kv_heads, 256, &pl));
+                                a->kv.n_kv_heads, 256, 1, &pl));
     if (out) fill_plan_out(pl, out);
     return NIB_OK;
 }
@@ -340,7 +344,7 @@ nib_status nib_cuda_attn_cache(const nib_attn_cache_args *a, void *ws, void *str
                        "(nib_kv_layer_map aligns planes to 256)");
     const int group = a->n_heads / kv->n_kv_heads;
     Plan pl;
-    NIB_RETURN_IF_ERR(make_plan((int)kv->dtype, 256, (int64_t)a->nq * group, kv->t_max, kv->n_kv_heads, 256, &pl));
+    NIB_RETURN_IF_ERR(make_plan((int)kv->dtype, 256, (int64_t)a->nq * group, kv->t_max, kv->n_kv_heads, 256, 1, &pl));
     const long long rowb = kv->dtype == NIB_KV_BF16 ? 512 : kv->dtype == NIB_KV_FP8 ? 256 : 128;
     AttnParams p;
     memset(&p, 0, sizeof p);

@@ -42,7 +42,7 @@ template <int FMT, int DP, int WR, int WT, int KW, int ST> struct Cfg {
     static constexpr int BROW = FMT == F_NVFP4 ? DP / 16 : 0;                      /* block-scale bytes/key */
     static constexpr int Q_BYTES = ROWS * LDS * 2;
     static constexpr int TILE_BYTES = 2 * TK * LDS * 2;                 /* bf16 K and V tiles */
-    static constexpr int SCALE_BYTES = FMT == F_BF16 ? 0 : 2 * TK * 4;  /* decoded per-key scales */
+    static constexpr int SCALE_BYTES = FMT == F_BF16 ? 0 : TK * 4;      /* decoded per-key K scales */
     static constexpr int RAW_STAGE = FMT == F_BF16 ? 0 : TK * (2 * KROW + 2 * BROW + 8);
     static constexpr int MAIN_BYTES = FMT == F_BF16 ? Q_BYTES + ST * TILE_BYTES
                                                     : Q_BYTES + TILE_BYTES + SCALE_BYTES + ST * RAW_STAGE;
@@ -82,6 +82,10 @@ __device__ __forceinline__ int read_len(const int *p, int max) {
  * e4m3 subnormals), the bf16 multiply by 2^120 (0x7B80) is exact. */
 __device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t w, uint32_t sel) {
     return bf2_mul(dec_e4m3_hi(prmt(w, 0, sel)), 0x7B807B80u);
+}
+/* bf16x2 times an fp32 scale, each product rounded to bf16 (RNE) on its own */
+__device__ __forceinline__ uint32_t bf16x2_scale(uint32_t w, float s) {
+    return pack_bf16(__uint_as_float(w << 16) * s, __uint_as_float(w & 0xFFFF0000u) * s);
 }
 /* e4m3 byte (sign ignored: scales are positive) -> fp32: the 7 magnitude bits placed at
  * fp32 bits 20..26 are value * 2^-120 (denormal for e4m3 subnormals; no FTZ in this build). */
@@ -221,11 +225,16 @@ __global__ void __launch_bounds__(Cfg<FMT, DP, WR, WT, KW, ST>::NT, Cfg<FMT, DP,
                     }
                 }
             }
+            if (kj >= TK) { /* V: apply the key's fp32 scale per element, round each to bf16 */
+                const float vs = FMT == F_NVFP4 ? sc[kj] * 256.0f : sc[kj];
+#pragma unroll
+                for (int q = 0; q < 8; q++) w[q] = bf16x2_scale(w[q], vs);
+            }
             uint4 *dst = (uint4 *)(Kt + kj * LDS + g * 16); /* V tile follows K: row TK + key */
             dst[0] = make_uint4(w[0], w[1], w[2], w[3]);
             dst[1] = make_uint4(w[4], w[5], w[6], w[7]);
         }
-        for (int i = tid; i < 2 * TK; i += NT) scale_t[i] = FMT == F_NVFP4 ? sc[i] * 256.0f : sc[i];
+        for (int i = tid; i < TK; i += NT) scale_t[i] = FMT == F_NVFP4 ? sc[i] * 256.0f : sc[i]; /* K */
     };
 
     /* per-warp state: rows g (i = 0) and g + 8 (i = 1) of the warp's 16 */
@@ -254,7 +263,7 @@ __global__ void __launch_bounds__(Cfg<FMT, DP, WR, WT, KW, ST>::NT, Cfg<FMT, DP,
         if (it + ST - 1 < n_tiles) load_tile(it + ST - 1, (it + ST - 1) % ST);
         cp_async_commit();
         const __nv_bfloat16 *Kt, *Vt;
-        const float *ksc = nullptr, *vsc = nullptr;
+        const float *ksc = nullptr;
         if constexpr (FMT == F_BF16) {
             Kt = (const __nv_bfloat16 *)(after_q + (it % ST) * C::TILE_BYTES);
         } else {
@@ -262,7 +271,6 @@ __global__ void __launch_bounds__(Cfg<FMT, DP, WR, WT, KW, ST>::NT, Cfg<FMT, DP,
             __syncthreads();
             Kt = (const __nv_bfloat16 *)after_q;
             ksc = (const float *)(after_q + C::TILE_BYTES);
-            vsc = ksc + TK;
         }
         Vt = Kt + TK * LDS;
         if (!warp_active) continue;
@@ -326,21 +334,11 @@ __global__ void __launch_bounds__(Cfg<FMT, DP, WR, WT, KW, ST>::NT, Cfg<FMT, DP,
             oacc[n][2] *= alpha[1];
             oacc[n][3] *= alpha[1];
         }
-        /* O += bf16(P [* v_scale]) V */
+        /* O += bf16(P) V */
         const uint32_t v_addr = smem_u32(Vt + v_lrow * LDS + v_lcol);
 #pragma unroll
         for (int kk = 0; kk < KW; kk++) {
-            float p0[4], p1[4];
-#pragma unroll
-            for (int c = 0; c < 4; c++) {
-                p0[c] = s[2 * kk][c];
-                p1[c] = s[2 * kk + 1][c];
-                if (FMT != F_BF16) {
-                    int kl = key_w0 + kk * 16 + 2 * (lane & 3) + (c & 1);
-                    p0[c] *= vsc[kl];
-                    p1[c] *= vsc[kl + 8];
-                }
-            }
+            const float(&p0)[4] = s[2 * kk], (&p1)[4] = s[2 * kk + 1];
             uint32_t a[4] = {pack_bf16(p0[0], p0[1]), pack_bf16(p0[2], p0[3]), pack_bf16(p1[0], p1[1]),
                              pack_bf16(p1[2], p1[3])};
 #pragma unroll
