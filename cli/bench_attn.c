@@ -28,7 +28,6 @@
 #include "runtime/device.h"
 #include "runtime/timing.h"
 
-#define PEAK_BF16_TFLOPS 790.0
 #define MAX_COPIES 1024
 #define MAX_ROWS 256
 
@@ -43,6 +42,7 @@ typedef struct attn_row {
 
 typedef struct bench_state {
     double copy_gbps;
+    double peak_tflops; /* cuBLASLt bf16, measured in the same run */
     int l2_bytes, reps;
     attn_row rows[MAX_ROWS];
     int nrows;
@@ -131,8 +131,8 @@ static nib_status bench_prefix(bench_state *b, const char *name, int n_img, int 
         x->pct_bw = 100.0 * x->gbps / b->copy_gbps;
         x->flops = 4.0 * (double)S * S * D * H * n_img;
         x->tflops = x->flops / (tm.median_us * 1e6);
-        x->pct_peak = 100.0 * x->tflops / PEAK_BF16_TFLOPS;
-        x->floor_us = x->flops / (PEAK_BF16_TFLOPS * 1e6);
+        x->pct_peak = 100.0 * x->tflops / b->peak_tflops;
+        x->floor_us = x->flops / (b->peak_tflops * 1e6);
         snprintf(x->plan, sizeof x->plan, "%s, %d splits x %d x %d = %d CTAs", pl.kernel, pl.n_splits, pl.row_blocks,
                  pl.z, pl.ctas);
         print_row(x);
@@ -262,7 +262,7 @@ static nib_status bench_cache(bench_state *b, const char *section, nib_kv_dtype 
         x->pct_bw = 100.0 * x->gbps / b->copy_gbps;
         x->flops = 4.0 * nq * H * (double)T * D;
         x->tflops = x->flops / (tm.median_us * 1e6);
-        x->pct_peak = 100.0 * x->tflops / PEAK_BF16_TFLOPS;
+        x->pct_peak = 100.0 * x->tflops / b->peak_tflops;
         x->floor_us = (double)x->kv_bytes / (b->copy_gbps * 1e3);
         snprintf(x->plan, sizeof x->plan, "%s, %d splits x %d = %d CTAs, %d caches", pl.kernel, pl.n_splits,
                  pl.row_blocks, pl.ctas, c->copies);
@@ -281,41 +281,14 @@ fail:
 }
 
 /* ---- JSON ------------------------------------------------------------------------------- */
-static void json_string(FILE *f, const char *s) {
-    fputc('"', f);
-    for (; *s; s++) {
-        if (*s == '"' || *s == '\\') fputc('\\', f);
-        if ((unsigned char)*s < 0x20) fprintf(f, "\\u%04x", (unsigned char)*s);
-        else fputc(*s, f);
-    }
-    fputc('"', f);
-}
-
 static nib_status write_json(const char *path, const nib_device_info *d, const bench_state *b, int argc, char **argv) {
     FILE *f = fopen(path, "w");
     if (!f) return NIB_ERR(NIB_ERR_IO, "cannot write '%s'", path);
-    char date[64];
-    time_t now = time(NULL);
-    strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
-    const char *commit = getenv("NIB_GIT_COMMIT");
-    fprintf(f, "{\n  \"bench\": \"attn\",\n  \"date\": \"%s\",\n  \"git_commit\": ", date);
-    json_string(f, commit && *commit ? commit : "unknown");
-    fprintf(f, ",\n  \"command\": \"");
-    for (int i = 0; i < argc; i++) {
-        if (i) fputc(' ', f);
-        for (const char *a = argv[i]; *a; a++) {
-            if (*a == '"' || *a == '\\') fputc('\\', f);
-            fputc(*a, f);
-        }
-    }
-    fprintf(f, "\",\n  \"device\": ");
-    json_string(f, d->name);
-    fprintf(f, ",\n  \"cc\": \"%d.%d\",\n  \"driver_version\": %d,\n  \"runtime_version\": %d,\n", d->cc_major,
-            d->cc_minor, d->driver_version, d->runtime_version);
+    nib_cli_json_head(f, "attn", "nib bench", argc, argv, d);
     fprintf(f,
             "  \"copy_gbps\": %.1f,\n  \"peak_bf16_tflops\": %.0f,\n  \"timing\": \"median over reps of CUDA-graph "
             "replay time / calls; cold = caches rotated over copies > 3x L2, hot = one cache\",\n  \"rows\": [\n",
-            b->copy_gbps, PEAK_BF16_TFLOPS);
+            b->copy_gbps, b->peak_tflops);
     for (int i = 0; i < b->nrows; i++) {
         const attn_row *r = &b->rows[i];
         fprintf(f,
@@ -325,7 +298,7 @@ static nib_status write_json(const char *path, const nib_device_info *d, const b
                 "%.3f, \"plan\": ",
                 r->section, r->variant, r->name, r->dtype, r->l2, r->s, r->images, r->p, r->h, r->t, r->us,
                 (unsigned long long)r->kv_bytes, r->gbps, r->pct_bw, r->flops, r->tflops, r->pct_peak, r->floor_us);
-        json_string(f, r->plan);
+        nib_cli_json_string(f, r->plan);
         fprintf(f, "}%s\n", i + 1 < b->nrows ? "," : "");
     }
     fprintf(f, "  ]\n}\n");
@@ -346,8 +319,8 @@ int nib_bench_attn(int argc, char **argv) {
                    "the Pi0.5 suffix over the KV cache (P = 532, 768, 1024 x H = 10, 50 x bf16/fp8/nvfp4, cold\n"
                    "and hot L2) and decoding (T = 1024 .. 32768 x each dtype, cold). Each row: median us per\n"
                    "call (CUDA-graph replay), KV bytes read, GB/s, %% of the copy bandwidth measured in this\n"
-                   "run, FLOPs, TFLOP/s (%% of %.0f bf16), the floor (bytes / copy bw or FLOPs / peak), the plan.\n",
-                   PEAK_BF16_TFLOPS);
+                   "run, FLOPs, TFLOP/s (%% of the cuBLASLt bf16 peak measured in this run), the floor (bytes /\n"
+                   "copy bw or FLOPs / peak), the plan.\n");
             return 0;
         } else if (!strcmp(a, "--json") && val) {
             json = val;
@@ -381,12 +354,13 @@ int nib_bench_attn(int argc, char **argv) {
     b->reps = reps;
     b->l2_bytes = d.l2_bytes;
     st = nib_lab_copy_bandwidth((uint64_t)16 * (uint64_t)d.l2_bytes, &b->copy_gbps);
+    if (!st) st = nib_lab_peak_tflops(0, 8192, &b->peak_tflops);
     if (st) {
         nib_free(b);
         return nib_cli_fail("bench attn", st);
     }
-    printf("device %s (cc %d.%d, %d SMs, L2 %.0f MB); copy bandwidth %.0f GB/s (read+write); bf16 peak %.0f TFLOP/s\n",
-           d.name, d.cc_major, d.cc_minor, d.sm_count, d.l2_bytes / 1e6, b->copy_gbps, PEAK_BF16_TFLOPS);
+    printf("device %s (cc %d.%d, %d SMs, L2 %.0f MB); copy bandwidth %.0f GB/s (read+write); cuBLASLt bf16 %.0f TFLOP/s (measured)\n",
+           d.name, d.cc_major, d.cc_minor, d.sm_count, d.l2_bytes / 1e6, b->copy_gbps, b->peak_tflops);
     printf("%-7s %-34s %-5s %-4s %9s %10s %8s %7s %8s %7s %8s  %s\n", "section", "shape", "kv", "L2", "us", "KV bytes",
            "GB/s", "%copy", "TFLOP/s", "%peak", "floor us", "plan");
     double t0 = nib_now_s();

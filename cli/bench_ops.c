@@ -272,38 +272,11 @@ static int parse_list(const char *s, int64_t *out, int max) {
     return *s ? -1 : n;
 }
 
-static void json_string(FILE *f, const char *s) {
-    fputc('"', f);
-    for (; *s; s++) {
-        if (*s == '"' || *s == '\\') fputc('\\', f);
-        if ((unsigned char)*s < 0x20) fprintf(f, "\\u%04x", (unsigned char)*s);
-        else fputc(*s, f);
-    }
-    fputc('"', f);
-}
-
 static nib_status write_json(const char *path, const nib_device_info *d, double copy_gbps, const bench_row *rows,
                              int nrows, int argc, char **argv) {
     FILE *f = fopen(path, "w");
     if (!f) return NIB_ERR(NIB_ERR_IO, "cannot write '%s'", path);
-    char date[64];
-    time_t now = time(NULL);
-    strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
-    const char *commit = getenv("NIB_GIT_COMMIT");
-    fprintf(f, "{\n  \"bench\": \"ops\",\n  \"date\": \"%s\",\n  \"git_commit\": ", date);
-    json_string(f, commit && *commit ? commit : "unknown");
-    fprintf(f, ",\n  \"command\": \"nib bench");
-    for (int i = 0; i < argc; i++) {
-        fputc(' ', f);
-        for (const char *a = argv[i]; *a; a++) {
-            if (*a == '"' || *a == '\\') fputc('\\', f);
-            fputc(*a, f);
-        }
-    }
-    fprintf(f, "\",\n  \"device\": ");
-    json_string(f, d->name);
-    fprintf(f, ",\n  \"cc\": \"%d.%d\",\n  \"driver_version\": %d,\n  \"runtime_version\": %d,\n  \"l2_bytes\": %d,\n",
-            d->cc_major, d->cc_minor, d->driver_version, d->runtime_version, d->l2_bytes);
+    nib_cli_json_head(f, "ops", "nib bench", argc, argv, d);
     fprintf(f, "  \"copy_gbps\": %.1f,\n  \"timing\": \"median over reps of CUDA-graph replay time / calls; hot = one "
                "buffer set (L2-resident, as in the model), cold = buffer sets rotated over > 3x L2 when 64 copies "
                "allow (exceeds_l2 says); bytes = inputs read once + outputs written once; floor_us = bytes / "

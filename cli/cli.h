@@ -35,4 +35,13 @@ int nib_cli_fail(const char *cmd, nib_status st);
 /* 1 if a is "-h" or "--help". */
 int nib_cli_is_help(const char *a);
 
+/* Benchmark JSON (bench/results/): a JSON string literal, and the common head of a lab's file:
+ * '{' then bench, date (UTC), git_commit ($NIB_GIT_COMMIT or "unknown"), command (cmd_prefix
+ * followed by argv, space-separated), device, cc, driver/runtime versions and L2 bytes, each
+ * line ending with ",\n" so the caller continues with its own fields. */
+struct nib_device_info;
+void nib_cli_json_string(FILE *f, const char *s);
+void nib_cli_json_head(FILE *f, const char *bench, const char *cmd_prefix, int argc, char **argv,
+                       const struct nib_device_info *d);
+
 #endif

@@ -331,39 +331,11 @@ fail:
     return st;
 }
 
-static void json_string(FILE *f, const char *s) {
-    fputc('"', f);
-    for (; *s; s++) {
-        if (*s == '"' || *s == '\\') fputc('\\', f);
-        if ((unsigned char)*s < 0x20) fprintf(f, "\\u%04x", (unsigned char)*s);
-        else fputc(*s, f);
-    }
-    fputc('"', f);
-}
-
 static nib_status write_json(const char *path, const nib_device_info *d, double copy_gbps, const bench_row *rows,
                              int nrows, int argc, char **argv) {
     FILE *f = fopen(path, "w");
     if (!f) return NIB_ERR(NIB_ERR_IO, "cannot write '%s'", path);
-    char date[64];
-    time_t now = time(NULL);
-    strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
-    const char *commit = getenv("NIB_GIT_COMMIT");
-    fprintf(f, "{\n  \"bench\": \"gemm\",\n  \"date\": \"%s\",\n  \"git_commit\": ", date);
-    json_string(f, commit && *commit ? commit : "unknown");
-    fprintf(f, ",\n  \"command\": \"");
-    for (int i = 0; i < argc; i++) {
-        const char *a = argv[i];
-        if (i) fputc(' ', f);
-        for (; *a; a++) {
-            if (*a == '"' || *a == '\\') fputc('\\', f);
-            fputc(*a, f);
-        }
-    }
-    fprintf(f, "\",\n  \"device\": ");
-    json_string(f, d->name);
-    fprintf(f, ",\n  \"cc\": \"%d.%d\",\n  \"driver_version\": %d,\n  \"runtime_version\": %d,\n", d->cc_major,
-            d->cc_minor, d->driver_version, d->runtime_version);
+    nib_cli_json_head(f, "gemm", "nib bench", argc, argv, d);
     fprintf(f, "  \"copy_gbps\": %.1f,\n  \"timing\": \"median over reps of CUDA-graph replay time / calls; "
                "weights rotated over copies > 3x L2\",\n  \"rows\": [\n",
             copy_gbps);

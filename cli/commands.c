@@ -1,7 +1,10 @@
 /* commands.c — the table of nib commands and shared CLI helpers. */
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cli/cli.h"
+#include "runtime/device.h"
 
 const nib_cli_command nib_cli_commands[] = {
     {"demo", "Pi0.5 end to end on a synthetic full-size model: timing and accuracy (CPU: tiny config)",
@@ -24,3 +27,34 @@ int nib_cli_fail(const char *cmd, nib_status st) {
 }
 
 int nib_cli_is_help(const char *a) { return !strcmp(a, "-h") || !strcmp(a, "--help"); }
+
+void nib_cli_json_string(FILE *f, const char *s) {
+    fputc('"', f);
+    for (; *s; s++) {
+        if (*s == '"' || *s == '\\') fputc('\\', f);
+        if ((unsigned char)*s < 0x20) fprintf(f, "\\u%04x", (unsigned char)*s);
+        else fputc(*s, f);
+    }
+    fputc('"', f);
+}
+
+void nib_cli_json_head(FILE *f, const char *bench, const char *cmd_prefix, int argc, char **argv,
+                       const struct nib_device_info *d) {
+    char date[64], cmd[2048];
+    time_t now = time(NULL);
+    strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
+    const char *commit = getenv("NIB_GIT_COMMIT");
+    size_t o = (size_t)snprintf(cmd, sizeof cmd, "%s", cmd_prefix);
+    for (int i = 0; i < argc && o < sizeof cmd; i++)
+        o += (size_t)snprintf(cmd + o, sizeof cmd - o, "%s%s", o ? " " : "", argv[i]);
+    fprintf(f, "{\n  \"bench\": ");
+    nib_cli_json_string(f, bench);
+    fprintf(f, ",\n  \"date\": \"%s\",\n  \"git_commit\": ", date);
+    nib_cli_json_string(f, commit && *commit ? commit : "unknown");
+    fprintf(f, ",\n  \"command\": ");
+    nib_cli_json_string(f, cmd);
+    fprintf(f, ",\n  \"device\": ");
+    nib_cli_json_string(f, d->name);
+    fprintf(f, ",\n  \"cc\": \"%d.%d\",\n  \"driver_version\": %d,\n  \"runtime_version\": %d,\n  \"l2_bytes\": %d,\n",
+            d->cc_major, d->cc_minor, d->driver_version, d->runtime_version, (int)d->l2_bytes);
+}
