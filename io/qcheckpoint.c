@@ -1533,29 +1533,51 @@ nib_status nib_qckpt_config_json(const nib_qckpt_wconfig *c, char **out) {
     sbuf b = {0};
     if (!c || !out) return QERR(NIB_ERR_INVALID_ARG, "config json: NULL argument");
     *out = NULL;
-    switch (c->fmt) {
-    case NIB_WFMT_NVFP4:
-        sb_printf(&b, "{\"quant_method\": \"modelopt\", \"quant_algo\": \"W4A16_NVFP4\", "
-                      "\"group_size\": 16, \"kv_cache_quant_algo\": null");
-        break;
-    case NIB_WFMT_FP8:
-        sb_printf(&b, "{\"quant_method\": \"modelopt\", \"quant_algo\": \"%s\", \"kv_cache_quant_algo\": null",
-                  c->fp8_per_channel ? "FP8_PER_CHANNEL_PER_TOKEN" : "FP8");
-        break;
-    case NIB_WFMT_MXFP4:
-        if ((unsigned)c->mxfp4_rule >= NIB_MXFP4_RULE_COUNT)
-            return QERR(NIB_ERR_INVALID_ARG, "config json: bad MXFP4 rule %d", (int)c->mxfp4_rule);
-        sb_printf(&b, "{\"quant_method\": \"nib\", \"quant_algo\": \"MXFP4\", \"group_size\": 32, "
-                      "\"scale_rule\": \"%s\"", nib_mxfp4_rule_name(c->mxfp4_rule));
-        break;
-    case NIB_WFMT_INT4:
-        if (!int4_group_ok(c->group))
-            return QERR(NIB_ERR_INVALID_ARG, "config json: INT4 group size %d", c->group);
-        sb_printf(&b, "{\"quant_method\": \"gptq\", \"bits\": 4, \"group_size\": %d, \"desc_act\": false, "
-                      "\"sym\": %s, \"checkpoint_format\": \"gptq\"", c->group, c->asym ? "false" : "true");
-        break;
-    default: return QERR(NIB_ERR_INVALID_ARG, "config json: format %s is not a quantized format",
-                         nib_wfmt_name(c->fmt));
+    if (c->mixed) {
+        if (c->n_layers && !c->layers) return QERR(NIB_ERR_INVALID_ARG, "config json: NULL layer list");
+        sb_printf(&b, "{\"quant_method\": \"modelopt\", \"quant_algo\": \"MIXED_PRECISION\", "
+                      "\"kv_cache_quant_algo\": null, \"quantized_layers\": {");
+        for (size_t i = 0; i < c->n_layers; i++) {
+            const nib_qckpt_wlayer *l = &c->layers[i];
+            if (!l->base || (l->fmt != NIB_WFMT_FP8 && l->fmt != NIB_WFMT_NVFP4)) {
+                nib_free(b.p);
+                return QERR(NIB_ERR_INVALID_ARG, "config json: mixed-precision layer %zu ('%s') is %s; only fp8 "
+                            "and nvfp4 layers have a ModelOpt mixed-precision name", i, l->base ? l->base : "(null)",
+                            nib_wfmt_name(l->fmt));
+            }
+            if (i) sb_put(&b, ", ", 2);
+            sb_jstr(&b, l->base);
+            if (l->fmt == NIB_WFMT_NVFP4)
+                sb_printf(&b, ": {\"quant_algo\": \"W4A16_NVFP4\", \"group_size\": 16}");
+            else
+                sb_printf(&b, ": {\"quant_algo\": \"%s\"}", l->fp8_per_channel ? "FP8_PER_CHANNEL_PER_TOKEN" : "FP8");
+        }
+        sb_put(&b, "}", 1);
+    } else {
+        switch (c->fmt) {
+        case NIB_WFMT_NVFP4:
+            sb_printf(&b, "{\"quant_method\": \"modelopt\", \"quant_algo\": \"W4A16_NVFP4\", "
+                          "\"group_size\": 16, \"kv_cache_quant_algo\": null");
+            break;
+        case NIB_WFMT_FP8:
+            sb_printf(&b, "{\"quant_method\": \"modelopt\", \"quant_algo\": \"%s\", \"kv_cache_quant_algo\": null",
+                      c->fp8_per_channel ? "FP8_PER_CHANNEL_PER_TOKEN" : "FP8");
+            break;
+        case NIB_WFMT_MXFP4:
+            if ((unsigned)c->mxfp4_rule >= NIB_MXFP4_RULE_COUNT)
+                return QERR(NIB_ERR_INVALID_ARG, "config json: bad MXFP4 rule %d", (int)c->mxfp4_rule);
+            sb_printf(&b, "{\"quant_method\": \"nib\", \"quant_algo\": \"MXFP4\", \"group_size\": 32, "
+                          "\"scale_rule\": \"%s\"", nib_mxfp4_rule_name(c->mxfp4_rule));
+            break;
+        case NIB_WFMT_INT4:
+            if (!int4_group_ok(c->group))
+                return QERR(NIB_ERR_INVALID_ARG, "config json: INT4 group size %d", c->group);
+            sb_printf(&b, "{\"quant_method\": \"gptq\", \"bits\": 4, \"group_size\": %d, \"desc_act\": false, "
+                          "\"sym\": %s, \"checkpoint_format\": \"gptq\"", c->group, c->asym ? "false" : "true");
+            break;
+        default: return QERR(NIB_ERR_INVALID_ARG, "config json: format %s is not a quantized format",
+                             nib_wfmt_name(c->fmt));
+        }
     }
     sb_printf(&b, ", \"exclude_modules\": [");
     for (size_t i = 0; i < c->n_exclude; i++) {

@@ -247,7 +247,20 @@ uint64_t nib_qckpt_linear_file_bytes(const nib_wsrc *src);
  * or NULL when it can. The text is static. */
 const char *nib_qckpt_linear_unwritable(nib_wfmt fmt, int64_t n, int64_t k, int group);
 
-/* What the file-level "quantization_config" says (docs/quantization.md has the exact JSON). */
+/* One quantized linear of a mixed-format file (nib_qckpt_wconfig.layers). */
+typedef struct nib_qckpt_wlayer {
+    const char *base;             /* "<base>" as written */
+    nib_wfmt fmt;                 /* NIB_WFMT_FP8 or NIB_WFMT_NVFP4 */
+    int fp8_per_channel;
+} nib_qckpt_wlayer;
+
+/* What the file-level "quantization_config" says (docs/quantization.md has the exact JSON).
+ * One format for every quantized linear (mixed = 0: fmt and its options), or, with mixed = 1,
+ * ModelOpt's mixed-precision form: quant_algo "MIXED_PRECISION" and a "quantized_layers" object
+ * giving each layer's algorithm (FP8 per tensor "FP8", per channel "FP8_PER_CHANNEL_PER_TOKEN",
+ * NVFP4 "W4A16_NVFP4" with group_size 16); fmt and the format options are then ignored, and
+ * any other layer format is NIB_ERR_INVALID_ARG. nib's importer does not need the per-layer
+ * entries (it detects each layer from its tensors); they are there for other tools. */
 typedef struct nib_qckpt_wconfig {
     nib_wfmt fmt;                 /* the format of the quantized linears */
     int group;                    /* INT4 group size */
@@ -256,6 +269,9 @@ typedef struct nib_qckpt_wconfig {
     nib_mxfp4_rule mxfp4_rule;
     const char *const *exclude;   /* linear bases (or tensor names) left unquantized */
     size_t n_exclude;
+    int mixed;                    /* 1: per-layer formats in layers[] */
+    const nib_qckpt_wlayer *layers;
+    size_t n_layers;
 } nib_qckpt_wconfig;
 /* The JSON text (nib_malloc'ed, NUL-terminated) into *out. */
 nib_status nib_qckpt_config_json(const nib_qckpt_wconfig *c, char **out);

@@ -4,7 +4,10 @@
  * layout (GPTQ, AWQ, compressed-tensors pack-quantized, ModelOpt NVFP4 / FP8, nib MXFP4, plain
  * float) against values computed here from the canonical weight, malformed tensor sets rejected
  * with the tensor named, the default quantization rule on Pi0.5 key names, `nib inspect`
- * grouping and --check, and the progress bar staying off the output when stderr is no terminal.
+ * grouping and --check, the progress bar staying off the output when stderr is no terminal,
+ * `nib quantize --threads` (1 and 4 write the same bytes and report, tensors cut into several
+ * chunks still equal the reference quantizer's), and `--pi05 fast` on a synthetic tiny Pi0.5
+ * (every layer's format, bits and config; kept tensors untouched; loadable as stored).
  *
  * Files are written with nib_st_save into the per-run temp directory. Weights are random
  * "realistic" values (N(0, 0.02) with a few 10x outliers, rounded to bf16) drawn from the
@@ -24,6 +27,7 @@
 #include "io/json.h"
 #include "io/qcheckpoint.h"
 #include "io/safetensors.h"
+#include "models/pi05.h"
 #include "ops/gemm.h"
 
 /* ---- tensor sets written with nib_st_save ---------------------------------------------------- */
@@ -1659,4 +1663,438 @@ NIB_TEST(qckpt_writer_rejects_unwritable_and_config_json) {
     CHECK_ST(nib_qckpt_config_parse("{\"group_size\": \"x\"}", 19, &cfg), NIB_ERR_FORMAT);
     CHECK(strstr(nib_last_error(), "group_size"));
     CHECK_ST(nib_qckpt_config_parse("[1]", 3, &cfg), NIB_ERR_FORMAT);
+    /* mixed precision (nib quantize --pi05 fast): ModelOpt's MIXED_PRECISION with each layer's
+     * algorithm; only fp8 and nvfp4 layers have a name there */
+    const nib_qckpt_wlayer ly[3] = {{"a.q_proj", NIB_WFMT_FP8, 1}, {"a.o_proj", NIB_WFMT_FP8, 0}, {"b.q_proj", NIB_WFMT_NVFP4, 0}};
+    nib_qckpt_wconfig mc = {.mixed = 1, .layers = ly, .n_layers = 3, .exclude = ex, .n_exclude = 1};
+    js = NULL;
+    CHECK_OK(nib_qckpt_config_json(&mc, &js));
+    doc = NULL;
+    if (js) CHECK_OK(nib_json_parse(js, strlen(js), 0, &doc));
+    r = nib_json_root(doc);
+    const nib_json_value *ql = nib_json_get(r, "quantized_layers");
+    CHECK(!strcmp(nib_json_string(nib_json_get(r, "quant_method"), NULL), "modelopt") &&
+          !strcmp(nib_json_string(nib_json_get(r, "quant_algo"), NULL), "MIXED_PRECISION") && nib_json_count(ql) == 3);
+    CHECK(!strcmp(nib_json_string(nib_json_get(nib_json_get(ql, "a.q_proj"), "quant_algo"), NULL), "FP8_PER_CHANNEL_PER_TOKEN"));
+    CHECK(!strcmp(nib_json_string(nib_json_get(nib_json_get(ql, "a.o_proj"), "quant_algo"), NULL), "FP8"));
+    CHECK(!strcmp(nib_json_string(nib_json_get(nib_json_get(ql, "b.q_proj"), "quant_algo"), NULL), "W4A16_NVFP4"));
+    int64_t gs = 0;
+    CHECK_OK(nib_json_int64(nib_json_get(nib_json_get(ql, "b.q_proj"), "group_size"), &gs));
+    CHECK(gs == 16 && nib_json_count(nib_json_get(r, "exclude_modules")) == 1);
+    nib_json_free(doc);
+    CHECK_OK(nib_qckpt_config_parse(js, strlen(js), &cfg)); /* what nib's importer reads of it */
+    CHECK(cfg.present && !strcmp(cfg.quant_algo, "MIXED_PRECISION") && cfg.group_size == 0);
+    nib_free(js);
+    const nib_qckpt_wlayer l4 = {"c.up_proj", NIB_WFMT_INT4, 0};
+    mc.layers = &l4, mc.n_layers = 1;
+    CHECK_ST(nib_qckpt_config_json(&mc, &js), NIB_ERR_INVALID_ARG);
+    CHECK(strstr(nib_last_error(), "c.up_proj") && strstr(nib_last_error(), "int4"));
+}
+
+/* ---- nib quantize on several threads: the same file and report ------------------------------------------ */
+
+/* The report text with every "seconds" value blanked (the only thing that may depend on threads). */
+static char *report_sans_times(const char *path) {
+    char *txt = NULL;
+    size_t len = 0;
+    if (nib_read_file(path, 1 << 24, &txt, &len) != NIB_OK) return NULL;
+    char *o = txt;
+    for (const char *s = txt; *s;) {
+        static const char key[] = "\"seconds\": ";
+        if (!strncmp(s, key, sizeof key - 1)) {
+            memcpy(o, key, sizeof key - 1);
+            o += sizeof key - 1;
+            s += sizeof key - 1;
+            while ((*s >= '0' && *s <= '9') || *s == '.') s++;
+            *o++ = '0';
+        } else {
+            *o++ = *s++;
+        }
+    }
+    *o = '\0';
+    return txt;
+}
+
+static int files_equal(const char *a, const char *b) {
+    char *x = NULL, *y = NULL;
+    size_t nx = 0, ny = 0;
+    int eq = nib_read_file(a, (size_t)1 << 30, &x, &nx) == NIB_OK && nib_read_file(b, (size_t)1 << 30, &y, &ny) == NIB_OK &&
+             nx == ny && !memcmp(x, y, nx);
+    nib_free(x);
+    nib_free(y);
+    return eq;
+}
+
+/* Tensors that span several work chunks of nib quantize (about 2^20 weights each, whole rows, a
+ * multiple of 8): q_proj [520, 2048] is cut 512 + 8, down_proj [72, 16384] 64 + 8; k_proj
+ * shares q_proj's NVFP4 global; up_proj (F32) and o_proj (F16) are one chunk each. */
+static int make_chunky_file(nib_rng *r, const char *path, int64_t nan_row, int64_t nan_col) {
+    tset s = {0};
+    const size_t big = (size_t)72 * 16384; /* the largest tensor below */
+    uint16_t *b = malloc(big * 2);
+    float *fb = malloc((size_t)136 * 4096 * 4);
+    if (!b || !fb) return 0;
+    fill_bf16(r, b, 4096, 0.1f);
+    ts_add(&s, "m.layers.0.input_layernorm.weight", NIB_DTYPE_BF16, 1, SH(2048), b);
+    fill_bf16(r, b, (size_t)520 * 2048, 0.02f);
+    if (nan_row >= 0) b[nan_row * 2048 + nan_col] = 0x7FC0;
+    ts_add(&s, "m.layers.0.self_attn.q_proj.weight", NIB_DTYPE_BF16, 2, SH(520, 2048), b);
+    fill_bf16(r, b, (size_t)264 * 2048, 0.03f); /* amax > q_proj's: sets the q|k global */
+    ts_add(&s, "m.layers.0.self_attn.k_proj.weight", NIB_DTYPE_BF16, 2, SH(264, 2048), b);
+    for (size_t i = 0; i < (size_t)64 * 1024; i++) b[i] = nib_f32_to_f16((float)nib_rng_normal(r) * 0.02f);
+    ts_add(&s, "m.layers.0.self_attn.o_proj.weight", NIB_DTYPE_F16, 2, SH(64, 1024), b);
+    fill_bf16(r, b, (size_t)72 * 16384, 0.02f);
+    ts_add(&s, "m.layers.0.mlp.down_proj.weight", NIB_DTYPE_BF16, 2, SH(72, 16384), b);
+    fill_f32(r, fb, (size_t)136 * 4096, 0.02f);
+    ts_add(&s, "m.layers.0.mlp.up_proj.weight", NIB_DTYPE_F32, 2, SH(136, 4096), fb);
+    fill_bf16(r, b, (size_t)300 * 64, 0.02f);
+    ts_add(&s, "m.embed_tokens.weight", NIB_DTYPE_BF16, 2, SH(300, 64), b);
+    s.meta[0] = "format", s.meta[1] = "pt", s.n_meta = 2;
+    nib_status st = ts_save(&s, path);
+    ts_free(&s);
+    free(b);
+    free(fb);
+    return st == NIB_OK;
+}
+
+/* --threads 1 and --threads 4 write the same bytes and the same report (times aside), in every
+ * format, and what they write is the reference quantizer's on the whole tensor (the chunks are
+ * cut by rows only; the NVFP4 global and the FP8 per-tensor scale span every chunk). */
+NIB_TEST(qckpt_quantize_threads_identical) {
+    nib_rng rng;
+    nib_test_rng(t, &rng);
+    char in[600], out[600], out1[600], rep1[600], rep4[600];
+    tmp_path(in, sizeof in, "thr_in.safetensors");
+    tmp_path(out, sizeof out, "thr_out.safetensors");
+    tmp_path(out1, sizeof out1, "thr_out1.safetensors");
+    tmp_path(rep1, sizeof rep1, "thr_rep1.json");
+    tmp_path(rep4, sizeof rep4, "thr_rep4.json");
+    REQUIRE(make_chunky_file(&rng, in, -1, 0));
+    static const qcase cases[] = {
+        {"nvfp4", {NULL}, NIB_WFMT_NVFP4, 128, 0, 0, NIB_MXFP4_SCALE_DEFAULT, 1},
+        {"fp8", {NULL}, NIB_WFMT_FP8, 128, 0, 0, NIB_MXFP4_SCALE_DEFAULT, 0},
+        {"fp8", {"--fp8-per-channel"}, NIB_WFMT_FP8, 128, 0, 1, NIB_MXFP4_SCALE_DEFAULT, 0},
+        {"mxfp4", {NULL}, NIB_WFMT_MXFP4, 128, 0, 0, NIB_MXFP4_SCALE_DEFAULT, 0},
+        {"int4", {"--asym", "--group", "64"}, NIB_WFMT_INT4, 64, 1, 0, NIB_MXFP4_SCALE_DEFAULT, 0},
+    };
+    nib_st_file *fi = NULL;
+    REQUIRE(nib_st_open(in, &fi) == NIB_OK);
+    for (size_t ci = 0; ci < NIB_ARRAY_LEN(cases); ci++) {
+        const qcase *c = &cases[ci];
+        const char *x0 = c->extra[0], *x1 = x0 ? c->extra[1] : NULL, *x2 = x1 ? c->extra[2] : NULL;
+        int rc = run_captured(nib_cmd_quantize, -1, "quantize", in, out, "--force", "-q", "--threads", "1", "--format",
+                              c->fmt, "--report", rep1, x0, x1, x2, (const char *)NULL);
+        CHECK_MSG(rc == 0, "%s --threads 1: %s", c->fmt, g_err);
+        CHECK(strstr(g_out, "wrote"));
+        REQUIRE(rename(out, out1) == 0);
+        rc = run_captured(nib_cmd_quantize, -1, "quantize", in, out, "--force", "-q", "--threads", "4", "--format",
+                          c->fmt, "--report", rep4, x0, x1, x2, (const char *)NULL);
+        CHECK_MSG(rc == 0, "%s --threads 4: %s", c->fmt, g_err);
+        CHECK_MSG(files_equal(out1, out), "%s %s: --threads 1 and --threads 4 wrote different files", c->fmt,
+                  x0 ? x0 : "");
+        char *r1 = report_sans_times(rep1), *r4 = report_sans_times(rep4);
+        CHECK_MSG(r1 && r4 && !strcmp(r1, r4), "%s %s: the reports differ beyond their times", c->fmt, x0 ? x0 : "");
+        /* every quantized layer is the reference quantizer's output on the whole tensor */
+        nib_st_file *fo = NULL;
+        nib_json_doc *doc = NULL;
+        CHECK_OK(nib_st_open(out, &fo));
+        if (r4) CHECK_OK(nib_json_parse(r4, strlen(r4), 0, &doc));
+        const nib_json_value *rt = nib_json_get(nib_json_root(doc), "tensors");
+        size_t nq = 0;
+        for (size_t i = 0; fo && doc && i < nib_st_count(fi); i++) {
+            const nib_st_tensor *ti = nib_st_tensor_at(fi, i);
+            if (!nib_qckpt_default_rule(ti->name)) continue;
+            const int64_t n = ti->shape[0], k = ti->shape[1];
+            char b[256];
+            snprintf(b, sizeof b, "%.*s", (int)(ti->name_len - 7), ti->name);
+            float *x = malloc(sizeof(float) * (size_t)(n * k)), *got = malloc(sizeof(float) * (size_t)(n * k));
+            REQUIRE(x && got);
+            for (int64_t j = 0; j < n * k; j++) x[j] = st_float(ti, (uint64_t)j);
+            refq r;
+            CHECK_OK(ref_quantize(c, x, n, k, c->wfmt == NIB_WFMT_NVFP4 ? group_global(fi, ti, 1) : 0.0f, &r));
+            nib_qlinear q;
+            CHECK_OK(nib_qckpt_get_linear(fo, b, &q));
+            if (q.w.data) {
+                CHECK_OK(nib_wsrc_dequantize(&q.w, got));
+                CHECK_MSG(!memcmp(got, r.deq, sizeof(float) * (size_t)(n * k)), "%s (%s): not the reference", b, c->fmt);
+                check_planes(t, b, c, &q, &r);
+            }
+            nib_quant_err e;
+            CHECK_OK(nib_quant_error(x, r.deq, (size_t)(n * k), &e));
+            const nib_json_value *re = nib_json_elem(rt, nq++);
+            /* the chunks' fp64 sums are added in chunk order: equal to the serial sum to ~1e-15 */
+            double rn = nib_json_double(nib_json_get(re, "nmse")), rcos = nib_json_double(nib_json_get(re, "cosine"));
+            CHECK_MSG(fabs(rn - e.nmse) <= 1e-8 * e.nmse && fabs(rcos - e.cosine) <= 1e-8 &&
+                          fabs(nib_json_double(nib_json_get(re, "max_abs_err")) - e.max_abs) <= 1e-8 * e.max_abs,
+                      "%s (%s): report nmse %.9g cos %.9g, recomputed %.9g %.9g", b, c->fmt, rn, rcos, e.nmse, e.cosine);
+            nib_qlinear_free(&q);
+            ref_free(&r);
+            free(x);
+            free(got);
+        }
+        CHECK_MSG(nq == 5, "%zu layers checked, want 5", nq);
+        nib_json_free(doc);
+        nib_st_close(fo);
+        nib_free(r1);
+        nib_free(r4);
+    }
+    nib_st_close(fi);
+    /* a NaN in the second chunk of q_proj: the error names the row and column in the tensor, with
+     * any thread count, whether the NaN is met by the amax pass (nvfp4, fp8 per tensor) or by the
+     * chunk (fp8 per channel) */
+    REQUIRE(make_chunky_file(&rng, in, 515, 5));
+    const char *fmts[3] = {"nvfp4", "fp8", "fp8"};
+    for (int v = 0; v < 3; v++)
+        for (int th = 1; th <= 4; th += 3) {
+            char tn[8];
+            snprintf(tn, sizeof tn, "%d", th);
+            unlink(out);
+            int rc = run_captured(nib_cmd_quantize, -1, "quantize", in, out, "--threads", tn, "--format", fmts[v],
+                                  v == 2 ? "--fp8-per-channel" : (const char *)NULL, (const char *)NULL);
+            CHECK_MSG(rc == 1 && strstr(g_err, "m.layers.0.self_attn.q_proj.weight") &&
+                          strstr(g_err, "NaN at row 515, col 5"),
+                      "%s --threads %d: %s", fmts[v], th, g_err);
+            CHECK(!file_exists(out));
+        }
+    /* --threads out of range */
+    CHECK(run_captured(nib_cmd_quantize, -1, "quantize", in, out, "--format", "fp8", "--threads", "0", (const char *)NULL) == 2);
+    CHECK(strstr(g_err, "--threads"));
+    CHECK(run_captured(nib_cmd_quantize, -1, "quantize", in, out, "--format", "fp8", "--threads", "65", (const char *)NULL) == 2);
+    CHECK(run_captured(nib_cmd_quantize, -1, "quantize", in, out, "--format", "fp8", "--threads=2x", (const char *)NULL) == 2);
+    unlink(in);
+    unlink(out);
+    unlink(out1);
+    unlink(rep1);
+    unlink(rep4);
+}
+
+/* ---- nib quantize --pi05 fast ------------------------------------------------------------------------------ */
+
+/* What --pi05 fast must do with a tensor, decided here from the openpi-converted names
+ * (pi05.md §6.1), independently of the command's matcher: 'f' FP8 per channel (SigLIP encoder
+ * and Gemma-2B linears), 'n' NVFP4 (action expert linears), 0 kept. */
+static char pi05_fast_expect(const char *name) {
+    static const char *const vis[] = {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+                                      "self_attn.out_proj.weight", "mlp.fc1.weight", "mlp.fc2.weight"};
+    static const char *const gem[] = {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+                                      "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
+                                      "mlp.down_proj.weight"};
+    int layer;
+    char rest[200];
+    if (!strncmp(name, "model.", 6)) name += 6;
+    if (sscanf(name, VP ".encoder.layers.%d.%199s", &layer, rest) == 2) {
+        for (size_t i = 0; i < NIB_ARRAY_LEN(vis); i++)
+            if (!strcmp(rest, vis[i])) return 'f';
+    } else if (sscanf(name, LP ".layers.%d.%199s", &layer, rest) == 2 || sscanf(name, EP ".layers.%d.%199s", &layer, rest) == 2) {
+        for (size_t i = 0; i < NIB_ARRAY_LEN(gem); i++)
+            if (!strcmp(rest, gem[i])) return strstr(name, "gemma_expert") ? 'n' : 'f';
+    }
+    return 0;
+}
+
+/* src with every tensor renamed prefix + name (lerobot's "model." layout), metadata kept. */
+static int write_prefixed(const char *src, const char *dst, const char *prefix) {
+    nib_st_file *f = NULL;
+    nib_st_writer *w = NULL;
+    int ok = 0;
+    char name[600];
+    if (nib_st_open(src, &f) || nib_st_writer_create(dst, &w)) goto out;
+    for (size_t i = 0; i < nib_st_metadata_count(f); i++)
+        if (nib_st_writer_set_metadata(w, nib_st_metadata_at(f, i)->key, nib_st_metadata_at(f, i)->value)) goto out;
+    for (size_t i = 0; i < nib_st_count(f); i++) {
+        const nib_st_tensor *x = nib_st_tensor_at(f, i);
+        snprintf(name, sizeof name, "%s%s", prefix, x->name);
+        if (nib_st_writer_declare(w, name, x->dtype, x->ndim, x->shape)) goto out;
+    }
+    for (size_t i = 0; i < nib_st_count(f); i++)
+        if (nib_st_writer_write(w, nib_st_tensor_at(f, i)->data, (size_t)nib_st_tensor_at(f, i)->nbytes)) goto out;
+    ok = nib_st_writer_finish(w) == NIB_OK;
+    w = NULL;
+out:
+    nib_st_writer_abort(w);
+    nib_st_close(f);
+    return ok;
+}
+
+/* The --pi05 fast output `out` of `src`: every SigLIP / Gemma-2B linear FP8 per channel and every
+ * action-expert linear NVFP4 with its fused group's global, each equal bit for bit to formats/'
+ * quantizer on the input tensor; everything else byte-identical; the config and the report say
+ * the same per layer. */
+static void check_pi05_fast(nib_test_ctx *t, const char *src, const char *out, const char *rep,
+                            const nib_pi05_config *pc) {
+    nib_st_file *fi = NULL, *fo = NULL;
+    nib_json_doc *rdoc = NULL, *cdoc = NULL;
+    char *rtext = NULL;
+    size_t rlen = 0, n_f = 0, n_n = 0, n_kept = 0, ri = 0;
+    const qcase qf = {"fp8", {NULL}, NIB_WFMT_FP8, 128, 0, 1, NIB_MXFP4_SCALE_DEFAULT, 0};
+    const qcase qn = {"nvfp4", {NULL}, NIB_WFMT_NVFP4, 128, 0, 0, NIB_MXFP4_SCALE_DEFAULT, 1};
+    CHECK_OK(nib_st_open(src, &fi));
+    CHECK_OK(nib_st_open(out, &fo));
+    CHECK_OK(nib_read_file(rep, 1 << 24, &rtext, &rlen));
+    if (rtext) CHECK_OK(nib_json_parse(rtext, rlen, 0, &rdoc));
+    const nib_st_kv *qc = fo ? nib_st_metadata_find(fo, "quantization_config") : NULL;
+    CHECK(qc != NULL);
+    if (qc) CHECK_OK(nib_json_parse(qc->value, qc->value_len, 0, &cdoc));
+    if (!fi || !fo || !rdoc || !cdoc) goto done;
+    const nib_json_value *croot = nib_json_root(cdoc), *layers = nib_json_get(croot, "quantized_layers");
+    CHECK(!strcmp(nib_json_string(nib_json_get(croot, "quant_method"), NULL), "modelopt") &&
+          !strcmp(nib_json_string(nib_json_get(croot, "quant_algo"), NULL), "MIXED_PRECISION"));
+    const nib_json_value *rroot = nib_json_root(rdoc), *rtensors = nib_json_get(rroot, "tensors");
+    CHECK(!strcmp(nib_json_string(nib_json_get(rroot, "format"), NULL), "mixed"));
+    CHECK(!strcmp(nib_json_string(nib_json_get(nib_json_get(rroot, "options"), "pi05"), NULL), "fast"));
+    CHECK(nib_st_metadata_find(fo, "nib.pi05.config") != NULL);
+    for (size_t i = 0; i < nib_st_count(fi); i++) {
+        const nib_st_tensor *ti = nib_st_tensor_at(fi, i);
+        const char e = pi05_fast_expect(ti->name);
+        if (!e) { /* kept: byte-identical */
+            const nib_st_tensor *to = nib_st_find(fo, ti->name);
+            CHECK_MSG(to && to->dtype == ti->dtype && to->ndim == ti->ndim && to->nbytes == ti->nbytes &&
+                          !memcmp(to->shape, ti->shape, sizeof ti->shape) && !memcmp(to->data, ti->data, (size_t)ti->nbytes),
+                      "kept tensor %s changed", ti->name);
+            n_kept++;
+            continue;
+        }
+        const qcase *c = e == 'f' ? &qf : &qn;
+        e == 'f' ? n_f++ : n_n++;
+        const int64_t n = ti->shape[0], k = ti->shape[1];
+        char b[512];
+        snprintf(b, sizeof b, "%.*s", (int)(ti->name_len - 7), ti->name);
+        check_layout(t, fo, b, c, n, k);
+        nib_qckpt_info info;
+        CHECK_OK(nib_qckpt_detect(fo, b, NULL, &info));
+        CHECK_MSG(info.fmt == c->wfmt && info.fp8_per_channel == c->fp8_pc && info.n == n && info.k == k,
+                  "%s detected as %s", b, nib_wfmt_name(info.fmt));
+        float *x = malloc(sizeof(float) * (size_t)(n * k)), *got = malloc(sizeof(float) * (size_t)(n * k));
+        REQUIRE(x && got);
+        for (int64_t j = 0; j < n * k; j++) x[j] = st_float(ti, (uint64_t)j);
+        refq r;
+        CHECK_OK(ref_quantize(c, x, n, k, e == 'n' ? group_global(fi, ti, 1) : 0.0f, &r));
+        nib_qlinear q;
+        CHECK_OK(nib_qckpt_get_linear(fo, b, &q));
+        if (q.w.data) {
+            CHECK(q.w.fmt == c->wfmt && q.w.n == n && q.w.k == k && q.w.fp8_per_channel == c->fp8_pc);
+            CHECK_OK(nib_wsrc_dequantize(&q.w, got));
+            CHECK_MSG(!memcmp(got, r.deq, sizeof(float) * (size_t)(n * k)), "%s: not the reference quantizer's", b);
+            check_planes(t, b, c, &q, &r);
+        }
+        nib_qlinear_free(&q);
+        ref_free(&r);
+        free(x);
+        free(got);
+        /* the config and the report name its format */
+        const char *algo = nib_json_string(nib_json_get(nib_json_get(layers, b), "quant_algo"), NULL);
+        CHECK_MSG(algo && !strcmp(algo, e == 'f' ? "FP8_PER_CHANNEL_PER_TOKEN" : "W4A16_NVFP4"), "%s: config says %s", b,
+                  algo ? algo : "nothing");
+        const nib_json_value *re = nib_json_elem(rtensors, ri++);
+        const char *rn = nib_json_string(nib_json_get(re, "name"), NULL), *rf = nib_json_string(nib_json_get(re, "format"), NULL);
+        CHECK_MSG(rn && rf && !strcmp(rn, ti->name) && !strcmp(rf, c->fmt), "report entry %zu: %s %s, want %s %s", ri - 1,
+                  rn ? rn : "-", rf ? rf : "-", ti->name, c->fmt);
+        if (e == 'f') CHECK(nib_json_bool(nib_json_get(re, "fp8_per_channel")));
+        else CHECK((float)nib_json_double(nib_json_get(re, "nvfp4_global")) == group_global(fi, ti, 1)); /* %.9g */
+    }
+    /* SigLIP: 6 linears per layer; Gemma-2B and the expert: 7 */
+    CHECK_MSG(n_f == (size_t)(6 * pc->v_layers + 7 * pc->layers) && n_n == (size_t)(7 * pc->e_layers),
+              "%zu fp8 + %zu nvfp4 layers, want %d + %d", n_f, n_n, 6 * pc->v_layers + 7 * pc->layers, 7 * pc->e_layers);
+    CHECK(nib_json_count(layers) == n_f + n_n && nib_json_count(rtensors) == n_f + n_n);
+    CHECK_MSG(nib_st_count(fo) == n_kept + 2 * n_f + 3 * n_n, "%zu tensors out, want %zu", nib_st_count(fo),
+              n_kept + 2 * n_f + 3 * n_n);
+    nib_qckpt_index *ix = NULL;
+    CHECK_OK(nib_qckpt_index_build(fo, NULL, &ix));
+    CHECK(nib_qckpt_index_count(ix) == n_f + n_n);
+    for (size_t i = 0; i < nib_qckpt_index_count(ix); i++) CHECK(nib_qckpt_index_at(ix, i)->status == NIB_OK);
+    nib_qckpt_index_free(ix);
+done:
+    nib_json_free(cdoc);
+    nib_json_free(rdoc);
+    nib_free(rtext);
+    nib_st_close(fi);
+    nib_st_close(fo);
+}
+
+NIB_TEST(qckpt_quantize_pi05_fast) {
+    char in[600], inm[600], out[600], out3[600], rep[600], bad[600];
+    tmp_path(in, sizeof in, "p05_in.safetensors");
+    tmp_path(inm, sizeof inm, "p05_in_model.safetensors");
+    tmp_path(out, sizeof out, "p05_fast.safetensors");
+    tmp_path(out3, sizeof out3, "p05_fast3.safetensors");
+    tmp_path(rep, sizeof rep, "p05_fast.json");
+    tmp_path(bad, sizeof bad, "p05_bad.safetensors");
+    nib_pi05_config pc;
+    nib_pi05_config_tiny(&pc);
+    REQUIRE(nib_pi05_synth_checkpoint(in, &pc, t->seed) == NIB_OK);
+    REQUIRE(write_prefixed(in, inm, "model."));
+    for (int v = 0; v < 2; v++) {
+        const char *src = v ? inm : in;
+        int rc = run_captured(nib_cmd_quantize, -1, "quantize", src, out, "--pi05", "fast", "--force", "--threads", "1",
+                              "--report", rep, (const char *)NULL);
+        CHECK_MSG(rc == 0, "--pi05 fast (%s): %s", v ? "model. prefix" : "openpi names", g_err);
+        REQUIRE(rc == 0);
+        CHECK(strstr(g_out, "pi05 fast") && strstr(g_out, " fp8 ") && strstr(g_out, " nvfp4 "));
+        check_pi05_fast(t, src, out, rep, &pc);
+        rc = run_captured(nib_cmd_quantize, -1, "quantize", src, out3, "--pi05=fast", "--force", "-q", "--threads", "3",
+                          (const char *)NULL);
+        CHECK(rc == 0 && files_equal(out, out3));
+    }
+    /* the file loads with the fast preset's loader as stored (reference backend on this machine):
+     * every component pre-quantized, in fp8 / fp8 / nvfp4 */
+    {
+        nib_st_file *f = NULL;
+        nib_pi05 *m = NULL;
+        nib_pi05_config fc;
+        nib_pi05_precision pr;
+        CHECK_OK(nib_st_open(out, &f));
+        if (f) CHECK_OK(nib_pi05_config_from_file(f, &fc));
+        CHECK_OK(nib_pi05_preset("ref", &pr));
+        if (f) CHECK_OK(nib_pi05_load(f, &fc, &pr, &m));
+        if (m) {
+            const nib_pi05_precision *e = nib_pi05_prec(m);
+            CHECK_MSG(nib_pi05_prequantized(m) == 7, "pre-quantized mask %d, want 7", nib_pi05_prequantized(m));
+            CHECK(e->vision == NIB_WFMT_FP8 && e->prefix == NIB_WFMT_FP8 && e->expert == NIB_WFMT_NVFP4);
+        }
+        nib_pi05_free(m);
+        nib_st_close(f);
+    }
+    /* nib inspect --check finds nothing wrong and lists every layer */
+    int rc = run_captured(nib_cmd_inspect, -1, "inspect", out, "--check", (const char *)NULL);
+    char want[64];
+    snprintf(want, sizeof want, "quantized   %d linear layers", 6 * pc.v_layers + 7 * pc.layers + 7 * pc.e_layers);
+    CHECK_MSG(rc == 0 && strstr(g_out, "check: ok") && strstr(g_out, want), "%s", g_out);
+    /* usage errors */
+    CHECK(run_captured(nib_cmd_quantize, -1, "quantize", in, out, "--pi05", "fast", "--format", "fp8", (const char *)NULL) == 2);
+    CHECK(strstr(g_err, "--pi05") && strstr(g_err, "--format"));
+    CHECK(run_captured(nib_cmd_quantize, -1, "quantize", in, out, "--format", "nvfp4", "--pi05", "fast", (const char *)NULL) == 2);
+    CHECK(run_captured(nib_cmd_quantize, -1, "quantize", in, out, "--pi05", "slow", (const char *)NULL) == 2);
+    CHECK(run_captured(nib_cmd_quantize, -1, "quantize", in, out, "--pi05", "fast", "--include", "*", (const char *)NULL) == 2);
+    CHECK(run_captured(nib_cmd_quantize, -1, "quantize", in, out, "--pi05", "fast", "--fp8-per-channel", (const char *)NULL) == 2);
+    CHECK(run_captured(nib_cmd_quantize, -1, "quantize", "--help", (const char *)NULL) == 0 && strstr(g_out, "--pi05 fast") &&
+          strstr(g_out, "--threads N"));
+    /* failures (exit 1, nothing written): no Pi0.5 linear; a Pi0.5 linear the format cannot hold */
+    {
+        uint16_t w[16 * 40];
+        nib_rng rng;
+        nib_test_rng(t, &rng);
+        fill_bf16(&rng, w, 16 * 40, 0.02f);
+        tset s = {0};
+        ts_add(&s, "m.layers.0.mlp.down_proj.weight", NIB_DTYPE_BF16, 2, SH(16, 40), w);
+        REQUIRE(ts_save(&s, bad) == NIB_OK);
+        ts_free(&s);
+        unlink(out);
+        rc = run_captured(nib_cmd_quantize, -1, "quantize", bad, out, "--pi05", "fast", (const char *)NULL);
+        CHECK_MSG(rc == 1 && strstr(g_err, "no Pi0.5 linear"), "%s", g_err);
+        CHECK(!file_exists(out));
+        tset s2 = {0};
+        ts_add(&s2, "model." LP ".layers.0.mlp.down_proj.weight", NIB_DTYPE_BF16, 2, SH(16, 40), w);
+        REQUIRE(ts_save(&s2, bad) == NIB_OK);
+        ts_free(&s2);
+        rc = run_captured(nib_cmd_quantize, -1, "quantize", bad, out, "--pi05", "fast", (const char *)NULL);
+        CHECK_MSG(rc == 1 && strstr(g_err, "model." LP ".layers.0.mlp.down_proj.weight") && strstr(g_err, "multiple of 16"),
+                  "%s", g_err);
+        CHECK(!file_exists(out));
+    }
+    unlink(in);
+    unlink(inm);
+    unlink(out);
+    unlink(out3);
+    unlink(rep);
+    unlink(bad);
 }
