@@ -3,9 +3,12 @@
 #   make test         run every test; ends with "N passed, N failed, N skipped"
 #   make san-test     CPU tests under ASan+UBSan (build-san/, CPU-only)
 #   make bench        the kernel lab (needs a GPU)
-#   make fuzz         libFuzzer harnesses (clang), FUZZ_SECONDS per harness
+#   make fuzz         libFuzzer harnesses (clang), FUZZ_SECONDS per harness, FUZZ_JOBS at once
+#   make lint         scripts/lint.sh: unchecked CUDA/cuBLAS calls and launches, exit/abort in lib
+#   scripts/sanitize.sh  compute-sanitizer over the tests (GPU machine), with its negative control
 # Knobs: NO_CUDA=1 (CPU-only), CUDA_ARCH=sm_90a, CUDA_HOME=/usr/local/cuda, BUILD=build,
-#        SAN=1 (sanitizers), OPT=-O2
+#        SAN=1 (sanitizers), OPT=-O2,
+#        NIB_NEGATIVE_CONTROL=1 (the out-of-bounds test kernel of scripts/sanitize.sh)
 
 BUILD     ?= build
 CC        ?= cc
@@ -59,7 +62,7 @@ LIB   := $(BUILD)/libnib.a
 NIB   := $(BUILD)/nib
 TESTS := $(BUILD)/nib_tests
 
-.PHONY: all test san-test bench clean fuzz info
+.PHONY: all test san-test bench clean fuzz lint info
 all: $(LIB) $(NIB) $(TESTS)
 
 info:
@@ -94,8 +97,25 @@ san-test:
 bench: $(NIB)
 	./$(NIB) bench gemm $(BENCH_ARGS)
 
+# fuzz/fuzz.mk builds with clang into build-fuzz/ (independent of BUILD) and runs FUZZ_JOBS
+# harnesses at a time; the corpus in build-fuzz/corpus/ grows across runs. docs/fuzzing.md.
 fuzz:
-	$(MAKE) -f fuzz/fuzz.mk FUZZ_SECONDS=$(or $(FUZZ_SECONDS),60)
+	$(MAKE) -f fuzz/fuzz.mk -j$(or $(FUZZ_JOBS),2) FUZZ_SECONDS=$(or $(FUZZ_SECONDS),60)
+
+lint:
+	bash scripts/lint.sh
+
+# Negative control of scripts/sanitize.sh (CUDA builds): tests/negative_control_gpu.cu is linked
+# into the tests; `make NIB_NEGATIVE_CONTROL=1` compiles its deliberate out-of-bounds write
+# (use a separate BUILD dir: the flag is not tracked). tests/test_negative_control_gpu.c runs it.
+ifeq ($(HAVE_CUDA),1)
+NEGCTL_OBJ := $(BUILD)/tests/negative_control_gpu.o
+TEST_OBJ   += $(NEGCTL_OBJ)
+$(TESTS): $(NEGCTL_OBJ)
+ifeq ($(NIB_NEGATIVE_CONTROL),1)
+$(NEGCTL_OBJ): NVCCFLAGS += -DNIB_NEGATIVE_CONTROL=1
+endif
+endif
 
 clean:
 	rm -rf build build-san build-fuzz

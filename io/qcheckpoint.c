@@ -680,19 +680,61 @@ const nib_qckpt_entry *nib_qckpt_index_owner(const nib_qckpt_index *ix, size_t t
     return &ix->e[ix->owner[tensor_i] - 1];
 }
 
-/* Tensor index of t in f (tensors are ordered by data offset). */
+/* Tensor index of t in f: the parts of a detected layer come from f's own table, one array, so
+ * the index is a pointer difference (O(1); a search by offset is linear over the zero-size
+ * tensors sharing one offset, quadratic in total on a hostile header). */
 static size_t tensor_index(const nib_st_file *f, const nib_st_tensor *t) {
-    size_t lo = 0, hi = nib_st_count(f);
-    while (lo < hi) { /* first with begin >= t->begin */
-        size_t mid = lo + (hi - lo) / 2;
-        if (nib_st_tensor_at(f, mid)->begin < t->begin) lo = mid + 1;
-        else hi = mid;
+    size_t n = nib_st_count(f);
+    if (!n || !t) return SIZE_MAX;
+    const nib_st_tensor *t0 = nib_st_tensor_at(f, 0);
+    uintptr_t a = (uintptr_t)t0, b = (uintptr_t)t;
+    if (b < a || (b - a) % sizeof *t0) return SIZE_MAX;
+    size_t i = (b - a) / sizeof *t0;
+    return i < n && nib_st_tensor_at(f, i) == t ? i : SIZE_MAX;
+}
+
+/* Set of the bases seen so far: open addressing over entry indices + 1 (0 = empty slot),
+ * FNV-1a of the base; the table is kept at most half full. */
+typedef struct {
+    uint32_t *slot;
+    size_t cap; /* a power of two */
+} base_set;
+
+static uint64_t base_hash(const char *s) {
+    uint64_t h = 1469598103934665603ull;
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
+
+/* The entry holding base, or NULL. */
+static const nib_qckpt_entry *base_set_find(const base_set *bs, const nib_qckpt_entry *e,
+                                            const char *base) {
+    if (!bs->cap) return NULL;
+    for (size_t i = (size_t)base_hash(base) & (bs->cap - 1);; i = (i + 1) & (bs->cap - 1)) {
+        if (!bs->slot[i]) return NULL;
+        if (!strcmp(e[bs->slot[i] - 1].base, base)) return &e[bs->slot[i] - 1];
     }
-    for (size_t i = lo; i < nib_st_count(f) && nib_st_tensor_at(f, i)->begin == t->begin; i++)
-        if (nib_st_tensor_at(f, i) == t) return i;
-    for (size_t i = 0; i < nib_st_count(f); i++) /* not reached for tensors of f */
-        if (nib_st_tensor_at(f, i) == t) return i;
-    return SIZE_MAX;
+}
+
+/* Adds entry k (its base is e[k].base); grows the table first when needed. */
+static nib_status base_set_add(base_set *bs, const nib_qckpt_entry *e, size_t k) {
+    if (2 * (k + 1) > bs->cap) {
+        size_t ncap = bs->cap ? 2 * bs->cap : 64;
+        uint32_t *ns = nib_calloc(ncap, sizeof *ns);
+        if (!ns) return NIB_ERR_OUT_OF_MEMORY;
+        for (size_t j = 0; j < k; j++) {
+            size_t i = (size_t)base_hash(e[j].base) & (ncap - 1);
+            while (ns[i]) i = (i + 1) & (ncap - 1);
+            ns[i] = (uint32_t)(j + 1);
+        }
+        nib_free(bs->slot);
+        bs->slot = ns;
+        bs->cap = ncap;
+    }
+    size_t i = (size_t)base_hash(e[k].base) & (bs->cap - 1);
+    while (bs->slot[i]) i = (i + 1) & (bs->cap - 1);
+    bs->slot[i] = (uint32_t)(k + 1);
+    return NIB_OK;
 }
 
 /* The base of a candidate tensor name, or 0 when it is not a candidate. */
@@ -719,6 +761,7 @@ nib_status nib_qckpt_index_build(const nib_st_file *f, const nib_qckpt_config *c
     nib_qckpt_config own;
     nib_qckpt_index *ix = NULL;
     char *base = NULL;
+    base_set seen = {NULL, 0};
     if (!f || !out) return QERR(NIB_ERR_INVALID_ARG, "qckpt index: NULL argument");
     *out = NULL;
     if (!cfg) {
@@ -744,9 +787,7 @@ nib_status nib_qckpt_index_build(const nib_st_file *f, const nib_qckpt_config *c
         }
         memcpy(base, t->name, bl);
         base[bl] = '\0';
-        int dup = 0;
-        for (size_t j = 0; j < ix->n && !dup; j++) dup = !strcmp(ix->e[j].base, base);
-        if (dup) {
+        if (base_set_find(&seen, ix->e, base)) {
             nib_free(base);
             base = NULL;
             continue;
@@ -777,6 +818,10 @@ nib_status nib_qckpt_index_build(const nib_st_file *f, const nib_qckpt_config *c
         e->base = base;
         base = NULL;
         ix->n++;
+        if (base_set_add(&seen, ix->e, ix->n - 1) != NIB_OK) {
+            st = NIB_ERR_OUT_OF_MEMORY;
+            goto fail;
+        }
         if (e->status == NIB_OK) {
             e->info = d.info;
             for (size_t p = 0; p < d.info.n_parts; p++) {
@@ -785,10 +830,12 @@ nib_status nib_qckpt_index_build(const nib_st_file *f, const nib_qckpt_config *c
             }
         }
     }
+    nib_free(seen.slot);
     nib_clear_error();
     *out = ix;
     return NIB_OK;
 fail:
+    nib_free(seen.slot);
     nib_free(base);
     nib_qckpt_index_free(ix);
     return st;

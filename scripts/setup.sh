@@ -11,6 +11,7 @@ command -v clang >/dev/null 2>&1 || need+=(clang)
 [ -e /usr/lib/llvm-14/lib/clang/14.0.6/lib/linux/libclang_rt.fuzzer-x86_64.a ] || \
     ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1 || need+=(libclang-rt-14-dev)
 command -v git >/dev/null 2>&1 || need+=(git)
+[ -x /usr/bin/time ] || need+=(time)   # GNU time: CPU seconds of fuzz runs (fuzz/run.sh)
 if [ ${#need[@]} -gt 0 ]; then
     SUDO=""
     [ "$(id -u)" -ne 0 ] && SUDO=sudo

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# sanitize.sh — compute-sanitizer over nib's test suite on a GPU machine (issue 7, goal G6).
+#
+#   scripts/sanitize.sh                    negative control, then memcheck, racecheck, synccheck
+#                                          and initcheck over every test (whole suite per tool)
+#   scripts/sanitize.sh --negative-control only the negative control
+#   scripts/sanitize.sh --tools "memcheck" --filter gpu    a subset (FILTER = nib_tests substring)
+#
+# Builds (CUDA, -lineinfo): BUILD_DIR (default build-sanitize) for the suite, and
+# build-sanitize-negctl with `make NIB_NEGATIVE_CONTROL=1`, whose test
+# negative_control_gpu_oob_write writes one float past a cudaMalloc'ed buffer. The negative
+# control passes only when memcheck REPORTS that write ("Invalid __global__ write") and exits
+# non-zero: a sanitizer job that sees nothing may be blind (cuDF once passed silently because
+# compute-sanitizer was not installed), so it runs first and its failure stops the script.
+# Then each tool runs the whole suite with --error-exitcode 1; the script prints one line per
+# tool ("sanitize <tool>: N errors, exit E, T s, log L") and exits 1 unless every tool reports
+# 0 errors and the tests pass. Logs: $BUILD_DIR/sanitize-<tool>.log.
+#
+# What the tools can and cannot see here: memcheck checks accesses against whole allocations;
+# nib's weight slab and activation arena are single cudaMalloc allocations with bump
+# suballocation (runtime/device.h), so an overrun from one tensor into its neighbour inside an
+# arena is invisible to memcheck (the ops tests' guard values cover that; each test buffer of
+# the op tests is its own allocation). racecheck checks shared memory only. initcheck reports
+# reads of device memory never written (e.g. vector loads past a row into arena padding).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+tools="memcheck racecheck synccheck initcheck"
+filter=""
+only_negctl=0
+build=${BUILD_DIR:-build-sanitize}
+negbuild=build-sanitize-negctl
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --negative-control) only_negctl=1 ;;
+        --tools) tools=$2; shift ;;
+        --filter) filter=$2; shift ;;
+        -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+        *) echo "sanitize: unknown argument '$1'" >&2; exit 2 ;;
+    esac
+    shift
+done
+
+CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+san=$(command -v compute-sanitizer 2>/dev/null || true)
+for c in "$CUDA_HOME/bin/compute-sanitizer" "$CUDA_HOME/compute-sanitizer/compute-sanitizer"; do
+    [ -z "$san" ] && [ -x "$c" ] && san=$c
+done
+if [ -z "$san" ]; then
+    echo "sanitize: FAILED: compute-sanitizer not found (PATH, $CUDA_HOME/bin, $CUDA_HOME/compute-sanitizer)" >&2
+    exit 1
+fi
+echo "sanitize: $san ($("$san" --version 2>/dev/null | grep -i version | head -1))"
+jobs=$(nproc 2>/dev/null || echo 4)
+
+# ---- negative control -------------------------------------------------------------------
+make BUILD="$negbuild" NIB_NEGATIVE_CONTROL=1 -j"$jobs" "$negbuild/nib_tests" >"$negbuild.build.log" 2>&1 ||
+    { echo "sanitize: FAILED: negative-control build (see $negbuild.build.log)" >&2; exit 1; }
+neglog=$negbuild/sanitize-negative-control.log
+"$san" --tool memcheck --error-exitcode 1 --print-limit 20 \
+    "$negbuild/nib_tests" negative_control_gpu_oob_write >"$neglog" 2>&1
+rc=$?
+if grep -q "SKIP negative_control_gpu_oob_write" "$neglog"; then
+    echo "sanitize: FAILED: the negative control skipped (no usable GPU, or not built with NIB_NEGATIVE_CONTROL=1): $neglog" >&2
+    exit 1
+fi
+if [ $rc -ne 0 ] && grep -q "Invalid __global__ write" "$neglog"; then
+    echo "sanitize negative control: memcheck reported the deliberate out-of-bounds write (exit $rc): OK"
+else
+    echo "sanitize: FAILED: memcheck did NOT report the negative control's out-of-bounds write (exit $rc); the sanitizer job is blind. Log: $neglog" >&2
+    tail -n 30 "$neglog" >&2
+    exit 1
+fi
+[ $only_negctl -eq 1 ] && exit 0
+
+# ---- the suite under each tool ----------------------------------------------------------
+make BUILD="$build" -j"$jobs" "$build/nib_tests" >"$build.build.log" 2>&1 ||
+    { echo "sanitize: FAILED: build (see $build.build.log)" >&2; exit 1; }
+fail=0
+for tool in $tools; do
+    extra=()
+    case "$tool" in
+        memcheck) extra=(--leak-check full) ;;
+        racecheck) extra=(--racecheck-report hazard) ;;
+        initcheck|synccheck) ;;
+        *) echo "sanitize: unknown tool '$tool'" >&2; exit 2 ;;
+    esac
+    log=$build/sanitize-$tool.log
+    t0=$(date +%s)
+    "$san" --tool "$tool" "${extra[@]}" --error-exitcode 1 --print-limit 200 \
+        "$build/nib_tests" $filter >"$log" 2>&1
+    rc=$?
+    errs=$(sed -n 's/.*ERROR SUMMARY: \([0-9]*\) error.*/\1/p' "$log" | tail -1)
+    [ -z "$errs" ] && errs=$(grep -c "^========= \(Invalid\|Race\|Uninitialized\|Barrier\|Program hit\|Error\)" "$log")
+    summary=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$log" | tail -1)
+    echo "sanitize $tool: $errs errors, exit $rc, $(( $(date +%s) - t0 )) s, tests: ${summary:-no summary line}, log $log"
+    if [ $rc -ne 0 ] || [ "${errs:-1}" != "0" ] || [ -z "$summary" ]; then
+        fail=1
+        grep -E "^========= (Invalid|Race|Uninitialized|Barrier|Program hit|Error|    at )" "$log" | head -n 20
+    fi
+done
+if [ $fail -ne 0 ]; then
+    echo "sanitize: FAILED (see the logs above)"
+    exit 1
+fi
+echo "sanitize: OK: negative control caught; $tools: 0 errors"
