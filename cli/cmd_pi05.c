@@ -348,21 +348,26 @@ int nib_cmd_accuracy(int argc, char **argv) {
 
 /* ---- bench --------------------------------------------------------------------------------- */
 int nib_bench_pi05(int argc, char **argv) {
-    const char *ckpt = NULL, *json = NULL;
-    int reps = 100, ntext = 20;
+    const char *ckpt = NULL, *json = NULL, *only_preset = NULL;
+    int reps = 100, ntext = 20, only_cams = 0, only_h = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (nib_cli_is_help(a)) {
             printf("usage: nib bench pi05 [--checkpoint M] [--reps N] [--text L] [--json FILE]\n"
+                   "                      [--preset bf16|fast] [--cams 1|2|3] [--horizon 10|50]\n"
                    "Graph-replay latency of one Pi0.5 call for {1,2,3} cameras x H in {10,50} x {bf16, fast},\n"
                    "L text tokens (20): median of N (100) calls after warm-up, timed with events inside the\n"
                    "graph, with the per-stage breakdown and each stage's floor (weight bytes / measured copy\n"
-                   "bandwidth and FLOPs / measured cuBLASLt peak, whichever is larger).\n");
+                   "bandwidth and FLOPs / measured cuBLASLt peak, whichever is larger). --preset, --cams and\n"
+                   "--horizon keep only the matching rows.\n");
             return 0;
         } else if (!strcmp(a, "--checkpoint") && v) ckpt = v, i++;
         else if (!strcmp(a, "--reps") && v) reps = atoi(v) < 5 ? 5 : atoi(v), i++;
         else if (!strcmp(a, "--text") && v) ntext = atoi(v), i++;
         else if (!strcmp(a, "--json") && v) json = v, i++;
+        else if (!strcmp(a, "--preset") && v && (!strcmp(v, "bf16") || !strcmp(v, "fast"))) only_preset = v, i++;
+        else if (!strcmp(a, "--cams") && v && atoi(v) >= 1 && atoi(v) <= 3) only_cams = atoi(v), i++;
+        else if (!strcmp(a, "--horizon") && v && (atoi(v) == 10 || atoi(v) == 50)) only_h = atoi(v), i++;
         else {
             fprintf(stderr, "nib bench pi05: unknown or incomplete option '%s'\n", a);
             return 2;
@@ -405,6 +410,7 @@ int nib_bench_pi05(int argc, char **argv) {
     const char *presets[2] = {"bf16", "fast"};
     int first = 1;
     for (int p = 0; p < 2 && !st; p++) {
+        if (only_preset && strcmp(only_preset, presets[p])) continue;
         nib_st_file *f = NULL;
         nib_pi05 *m = NULL;
         st = nib_cli_pi05_open(ckpt, presets[p], NULL, 0, 50, &f, &m, 1);
@@ -413,6 +419,7 @@ int nib_bench_pi05(int argc, char **argv) {
         for (int cams = 1; cams <= 3 && !st; cams++)
             for (int hi = 0; hi < 2 && !st; hi++) {
                 int H = hi ? 50 : 10;
+                if ((only_cams && cams != only_cams) || (only_h && H != only_h)) continue;
                 demo_in d;
                 st = make_inputs(c, cams, ntext, H, 7, &d);
                 float *act = nib_malloc((size_t)H * c->action_dim * 4);

@@ -129,14 +129,14 @@ nib_status nib_cli_pi05_open(const char *ckpt, const char *preset, const char *o
 
 int nib_cmd_run(int argc, char **argv) {
     const char *model = NULL, *ckpt = NULL, *inputs = NULL, *outp = NULL, *preset = "fast", *over = NULL;
-    int steps = 0, horizon = 0, timing = 0;
+    int steps = 0, horizon = 0, timing = 0, check_numerics = 0;
     uint64_t seed = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (nib_cli_is_help(a)) {
             printf("usage: nib run pi05 --checkpoint MODEL.safetensors --inputs IN.safetensors --out OUT.safetensors\n"
                    "                   [--preset fast|bf16|ref] [--precision vision=F,prefix=F,expert=F,kv=D]\n"
-                   "                   [--steps N] [--horizon H] [--seed S] [--timing]\n"
+                   "                   [--steps N] [--horizon H] [--seed S] [--timing] [--check-numerics]\n"
                    "Runs one Pi0.5 policy call. MODEL is an openpi-converted checkpoint (key names with or\n"
                    "without a 'model.' prefix, bf16/f16/f32). IN holds images F32 [V,3,224,224] in [-1,1] or\n"
                    "U8 [V,224,224,3], optional image_mask [V], text_ids I64/I32 [L] (already tokenized) and\n"
@@ -146,7 +146,12 @@ int nib_cmd_run(int argc, char **argv) {
                    "nvfp4. --timing prints the per-stage breakdown of the call and the time from opening\n"
                    "the file to the first call done. A checkpoint written by nib quantize (or ModelOpt NVFP4 /\n"
                    "FP8, GPTQ / AWQ INT4) loads without requantizing: a pre-quantized component runs in\n"
-                   "its stored format, whatever the preset says.\n");
+                   "its stored format, whatever the preset says.\n"
+                   "--check-numerics runs the call eagerly (no CUDA graph; slower) and scans every stage's\n"
+                   "output for NaN/Inf: each vision layer, the image tokens, each prefix layer, and per flow\n"
+                   "step each expert layer, the velocity and x_t. The first non-finite value fails the run\n"
+                   "(exit 1, status NIB_ERR_NUMERICS) with the stage, the tensor and the element named;\n"
+                   "without one the actions are bitwise those of a normal run.\n");
             return 0;
         } else if (!model && a[0] != '-') {
             model = a;
@@ -159,6 +164,7 @@ int nib_cmd_run(int argc, char **argv) {
         else if (!strcmp(a, "--horizon") && v) horizon = atoi(v), i++;
         else if (!strcmp(a, "--seed") && v) seed = strtoull(v, NULL, 0), i++;
         else if (!strcmp(a, "--timing")) timing = 1;
+        else if (!strcmp(a, "--check-numerics")) check_numerics = 1;
         else {
             fprintf(stderr, "nib run: unknown or incomplete option '%s' (see nib run --help)\n", a);
             return 2;
@@ -187,6 +193,7 @@ int nib_cmd_run(int argc, char **argv) {
     const double t_loaded = nib_now_s();
     double t_ready = t_loaded;
     if (!st) st = nib_cli_pi05_inputs_from_file(fi, nib_pi05_cfg(m), horizon, &ci);
+    if (!st && check_numerics) nib_pi05_set_check_numerics(m, 1);
     if (!st) {
         ci.in.seed = seed;
         const nib_pi05_config *c = nib_pi05_cfg(m);
@@ -202,7 +209,8 @@ int nib_cmd_run(int argc, char **argv) {
         }
         if (!st && timing) {
             if (tm.vision_ms == 0 && tm.prefix_ms == 0) {
-                printf("total %.3f ms (host time; the reference backend has no per-stage breakdown)\n", tm.total_ms);
+                printf("total %.3f ms (host time; %s has no per-stage breakdown)\n", tm.total_ms,
+                       check_numerics ? "an eager check-numerics call" : "the reference backend");
             } else {
                 printf("vision %.3f ms, prefix %.3f ms, steps", tm.vision_ms, tm.prefix_ms);
                 for (int s = 0; s < tm.steps; s++) printf(" %.3f", tm.step_ms[s]);

@@ -67,6 +67,9 @@ struct nib_pi05 {
     int n_ev;
     int32_t last_P;
     int preq; /* bit 0 vision, 1 prefix, 2 expert: imported pre-quantized */
+    /* check-numerics: calls run eagerly and scan each stage's output (nib_pi05_set_check_numerics) */
+    int check_numerics, checking;
+    void *nws; /* device scratch of the scan's result (CUDA) */
 };
 
 const nib_pi05_config *nib_pi05_cfg(const nib_pi05 *m) { return &m->c; }
@@ -787,6 +790,7 @@ static void plan_sizes(const nib_pi05 *m, nib_be_sizes *sz) {
     for (int l = 0; l < c->layers; l++) ab += nib_kv_layer_bytes(m->prec.kv, (int32_t)(S + H), (int32_t)nkv, (int32_t)hd) + 256;
     ab += al256(16 * 4) + al256(S * 4) + al256(H * 4) + al256((uint64_t)c->max_text * 4);
     ab += al256((uint64_t)c->max_cameras * c->v_channels * c->v_image * c->v_image * 4);
+    ab += al256(NIB_CHECK_FINITE_WS_BYTES);
     sz->act_bytes = ab + (1 << 20);
 
     /* GEMM scratch: the widest output x the most rows (the cuBLAS epilogue path) */
@@ -885,6 +889,7 @@ static nib_status alloc_buffers(nib_pi05 *m) {
     NIB_RETURN_IF_ERR(nib_be_alloc_act(&m->be, (uint64_t)c->max_text * 4, (void **)&m->ids, "text ids"));
     NIB_RETURN_IF_ERR(nib_be_alloc_act(&m->be, (uint64_t)c->max_cameras * c->v_channels * c->v_image * c->v_image * 4,
                                        &m->img, "images"));
+    NIB_RETURN_IF_ERR(nib_be_alloc_act(&m->be, NIB_CHECK_FINITE_WS_BYTES, &m->nws, "check-numerics result"));
     return NIB_OK;
 }
 
@@ -1074,6 +1079,29 @@ static nib_status rec_event(nib_pi05 *m, int i) {
     return nib_be_event_record(&m->be, m->ev[i]);
 }
 
+/* check-numerics: scan a stage's output x [rows][cols] (stride ld; act dtype, or fp32 when f32)
+ * and fail at the first non-finite value, naming the stage, the tensor and the element. A no-op
+ * unless the call runs in check mode (never while a graph is being captured: the scan syncs). */
+static nib_status check_stage(nib_pi05 *m, const void *x, int64_t rows, int64_t cols, int64_t ld, int f32,
+                              const char *tensor, const char *fmt, ...) NIB_PRINTF(8, 9);
+static nib_status check_stage(nib_pi05 *m, const void *x, int64_t rows, int64_t cols, int64_t ld, int f32,
+                              const char *tensor, const char *fmt, ...) {
+    if (!m->checking) return NIB_OK;
+    nib_check_finite_args a = {x, rows, cols, ld, f32};
+    nib_finite_result r;
+    NIB_RETURN_IF_ERR(nib_be_check_finite(&m->be, &a, m->nws, &r));
+    if (!r.count) return NIB_OK;
+    char stage[160];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(stage, sizeof stage, fmt, ap);
+    va_end(ap);
+    return NIB_ERR(NIB_ERR_NUMERICS, "check-numerics: %s: %s [%lld x %lld] has %llu non-finite value(s); the first "
+                   "is element %llu (row %lld, col %lld) = %s", stage, tensor, (long long)rows, (long long)cols,
+                   (unsigned long long)r.count, (unsigned long long)r.first, (long long)(r.first / (uint64_t)cols),
+                   (long long)(r.first % (uint64_t)cols), isnan(r.value) ? "NaN" : r.value > 0 ? "+Inf" : "-Inf");
+}
+
 static nib_status fwd_vision(nib_pi05 *m, const call_shape *cs) {
     const nib_pi05_config *c = &m->c;
     const int64_t T = c->v_tokens, Wv = c->v_width, Vt = (int64_t)cs->V * T;
@@ -1106,11 +1134,14 @@ static nib_status fwd_vision(nib_pi05 *m, const call_shape *cs) {
         nib_act_args g = {NIB_ACT_GELU_TANH, Vt, NULL, c->v_mlp, m->vmlp, c->v_mlp, m->vmlp, c->v_mlp};
         NIB_RETURN_IF_ERR(nib_be_act(be, &g));
         NIB_RETURN_IF_ERR(nib_be_gemm(be, &L->fc2, m->vmlp, Vt, c->v_mlp, m->vx, Wv, &res));
+        NIB_RETURN_IF_ERR(check_stage(m, m->vx, Vt, Wv, Wv, 0, "vision x", "vision layer %d output", l));
     }
     nib_norm_args pn = {.kind = NIB_NORM_LAYER, .rows = Vt, .dim = Wv, .eps = NIB_NORM_EPS, .x = m->vx, .ldx = Wv,
                         .w = m->post_w, .b = m->post_b, .y = m->vy, .ldy = Wv};
     /* image tokens: rows [0, V*T) of the prefix */
-    return nib_be_norm_gemm(be, &pn, &m->proj, m->px, c->width, NULL);
+    NIB_RETURN_IF_ERR(nib_be_norm_gemm(be, &pn, &m->proj, m->px, c->width, NULL));
+    return check_stage(m, m->px, Vt, c->width, c->width, 0, "image tokens (prefix x rows 0..V*T-1)",
+                       "vision output (projected)");
 }
 
 static nib_status fwd_prefix(nib_pi05 *m, const call_shape *cs) {
@@ -1135,7 +1166,10 @@ static nib_status fwd_prefix(nib_pi05 *m, const call_shape *cs) {
         NIB_RETURN_IF_ERR(nib_be_rope(be, &ro));
         nib_kv_write_args kw = {S, NULL, ACT(m->pqkv, qh * hd), ld, ACT(m->pqkv, (qh + nkv) * hd), ld, &m->kv[l], 0, NULL};
         NIB_RETURN_IF_ERR(nib_be_kv_write(be, &kw));
-        if (last) break; /* the last layer's output is never used: K/V only */
+        if (last) { /* the last layer's output is never used: K/V only */
+            NIB_RETURN_IF_ERR(check_stage(m, m->pqkv, S, ld, ld, 0, "prefix k|v (post-RoPE)", "prefix layer %d K/V", l));
+            break;
+        }
         nib_attn_prefix_args at;
         memset(&at, 0, sizeof at);
         at.q = m->pqkv, at.k = ACT(m->pqkv, nh * hd), at.v = ACT(m->pqkv, (nh + nkv) * hd), at.o = m->pattn;
@@ -1149,6 +1183,7 @@ static nib_status fwd_prefix(nib_pi05 *m, const call_shape *cs) {
         n2.w = L->n2w;
         NIB_RETURN_IF_ERR(nib_be_norm_gemm(be, &n2, &L->gu, m->pmlp, c->mlp, &gg));
         NIB_RETURN_IF_ERR(nib_be_gemm(be, &L->down, m->pmlp, S, c->mlp, m->px, W, &res));
+        NIB_RETURN_IF_ERR(check_stage(m, m->px, S, W, W, 0, "prefix x", "prefix layer %d output", l));
     }
     return NIB_OK;
 }
@@ -1186,13 +1221,16 @@ static nib_status fwd_step(nib_pi05 *m, const call_shape *cs, int s) {
         NIB_RETURN_IF_ERR(nib_be_gemm(be, &L->gu, m->ey, H, We, m->emlp, c->e_mlp, &gg));
         nib_gemm_epi gf = {0, mf + 2 * We, m->ex, We};
         NIB_RETURN_IF_ERR(nib_be_gemm(be, &L->down, m->emlp, H, c->e_mlp, m->ex, We, &gf));
+        NIB_RETURN_IF_ERR(check_stage(m, m->ex, H, We, We, 0, "expert x", "step %d expert layer %d output", s, l));
     }
     const float *mfin = mods + (nmod - 1) * 3 * We;
     nib_norm_args nf = {.kind = NIB_NORM_ADARMS, .rows = H, .dim = We, .eps = NIB_NORM_EPS, .x = m->ex, .ldx = We,
                         .scale = mfin, .shift = mfin + We, .y = m->ey, .ldy = We};
     NIB_RETURN_IF_ERR(nib_be_norm(be, &nf));
     NIB_RETURN_IF_ERR(nib_be_gemm(be, &m->aout, m->ey, H, We, m->eout, A, NULL)); /* dt folded */
-    return nib_be_axpy_f32(be, m->xt, H, A, A, m->eout, A);
+    NIB_RETURN_IF_ERR(check_stage(m, m->eout, H, A, A, 0, "expert out (velocity x dt)", "step %d velocity", s));
+    NIB_RETURN_IF_ERR(nib_be_axpy_f32(be, m->xt, H, A, A, m->eout, A));
+    return check_stage(m, m->xt, H, A, A, 1, "x_t (fp32)", "step %d x_t", s);
 }
 
 static nib_status forward(nib_pi05 *m, const call_shape *cs) {
@@ -1301,14 +1339,24 @@ static nib_status get_graph(nib_pi05 *m, const call_shape *cs, nib_be_graph **ou
     return NIB_OK;
 }
 
+void nib_pi05_set_check_numerics(nib_pi05 *m, int on) {
+    if (m) m->check_numerics = on != 0;
+}
+
 nib_status nib_pi05_run(nib_pi05 *m, const nib_pi05_inputs *in, float *actions, nib_pi05_timing *timing) {
     call_shape cs;
     memset(&cs, 0, sizeof cs);
     NIB_RETURN_IF_ERR(upload_inputs(m, in, &cs));
     if (timing) memset(timing, 0, sizeof *timing);
-    if (m->be.kind == NIB_BE_REF) {
+    if (m->be.kind == NIB_BE_REF || m->check_numerics) {
+        /* the reference backend, and check-numerics mode on either backend: eager, stage by stage
+         * (check mode scans each stage's output; the CUDA scan synchronizes, so no graph) */
         double t0 = nib_now_s();
-        NIB_RETURN_IF_ERR(forward(m, &cs));
+        m->checking = m->check_numerics;
+        nib_status st = forward(m, &cs);
+        m->checking = 0;
+        NIB_RETURN_IF_ERR(st);
+        NIB_RETURN_IF_ERR(nib_be_sync(&m->be));
         if (timing) timing->total_ms = 1e3 * (nib_now_s() - t0), timing->steps = m->c.steps;
     } else {
         if (!m->n_ev) {

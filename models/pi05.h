@@ -99,6 +99,16 @@ typedef struct nib_pi05_timing {
  * of this call measured with events inside the graph. */
 nib_status nib_pi05_run(nib_pi05 *m, const nib_pi05_inputs *in, float *actions, nib_pi05_timing *timing);
 
+/* Check-numerics mode (off by default; `nib run pi05 --check-numerics`). When on, each call runs
+ * the stages eagerly (on CUDA: not the captured graph, and several times slower) and after each
+ * stage scans its output activations for NaN/Inf: every vision layer, the projected image
+ * tokens, every prefix layer (the last one's K/V), and per flow step every expert layer, the
+ * velocity and x_t. The first non-finite value fails the call with NIB_ERR_NUMERICS; the
+ * message names the stage ("prefix layer 7 output", "step 3 velocity"), the tensor, the count
+ * and the first bad element (flat index, row, column, NaN or which Inf). Without faults the
+ * actions are bitwise those of a normal call. timing then has total_ms only (host time). */
+void nib_pi05_set_check_numerics(nib_pi05 *m, int on);
+
 /* After a run: layer l's prefix K (which = 0) or V (1) for the valid prefix tokens, dequantized
  * to fp32 [P][head_dim] (the accuracy tool compares these across backends). P is returned. */
 nib_status nib_pi05_prefix_kv(nib_pi05 *m, int layer, int which, float *out, int32_t max_tokens, int32_t *p);

@@ -147,6 +147,28 @@ nib_status nib_blas_gemm_bf16(nib_blas *b, const void *x, const void *w, void *y
 nib_status nib_blas_gemm_fp8(nib_blas *b, const void *xq, const float *sx, int sx_per_token,
                              const void *wq, const float *sw, int sw_per_channel, void *y,
                              int64_t m, int64_t n, int64_t k, void *stream);
+/* One cuBLASLt call: Y[M, ldy] = X·Wᵀ (+ bias[N] bf16 through the BIAS epilogue) (+ C[M, ldc]
+ * bf16, beta = 1; C may be Y itself with ldc = ldy, but may not overlap it otherwise),
+ * accumulated in fp32 and rounded to bf16 once.
+ * fp8 = 1: X/W are e4m3 with the scales of nib_blas_gemm_fp8. NIB_ERR_UNSUPPORTED when cuBLASLt
+ * has no algorithm for this epilogue (remembered per shape; the caller then runs the plain product
+ * and nib_cuda_epilogue). */
+typedef struct nib_blas_gemm_args {
+    int fp8;
+    const void *x;
+    const float *sx;
+    int sx_per_token;
+    const void *w;
+    const float *sw;
+    int sw_per_channel;
+    int64_t m, n, k;
+    const void *bias; /* bf16 [N] */
+    const void *c;
+    int64_t ldc;
+    void *y;
+    int64_t ldy;
+} nib_blas_gemm_args;
+nib_status nib_blas_gemm_fused(nib_blas *b, const nib_blas_gemm_args *a, void *stream);
 /* Quantize bf16 X [M,K] to e4m3 with per-token (or per-tensor) scale = amax/448 (device). */
 nib_status nib_cuda_quantize_fp8_rows(const void *x, int64_t m, int64_t k, int per_token,
                                       void *xq, float *scales, void *stream);

@@ -141,7 +141,7 @@ void nib_be_free(nib_be *be) {
         nib_dev_free(be->xq8, be->xq8_bytes);
         nib_dev_free(be->xs8, 0);
         nib_dev_free(be->attn_ws, be->attn_ws_bytes);
-        if (be->stream) cudaStreamDestroy((cudaStream_t)be->stream);
+        if (be->stream) cudaStreamDestroy((cudaStream_t)be->stream); /* unchecked: teardown, no status */
 #endif
     }
     memset(be, 0, sizeof *be);
@@ -281,6 +281,19 @@ nib_status nib_be_linear_load(nib_be *be, const nib_wsrc *src, int geglu, int w8
     if (src->bias) {
         NIB_RETURN_IF_ERR(nib_be_alloc_weight(be, (uint64_t)src->n * 4, (void **)&out->bias, name));
         NIB_RETURN_IF_ERR(nib_dev_upload(out->bias, src->bias, (size_t)src->n * 4));
+        /* a bf16 copy for the cuBLASLt epilogue, only when it is exact (bf16 checkpoints) */
+        uint16_t *b16 = nib_malloc((size_t)src->n * 2);
+        if (!b16) return NIB_ERR_OUT_OF_MEMORY;
+        int exact = 1;
+        for (int64_t i = 0; i < src->n && exact; i++) {
+            b16[i] = nib_f32_to_bf16(src->bias[i]);
+            exact = nib_bf16_to_f32(b16[i]) == src->bias[i];
+        }
+        st = NIB_OK;
+        if (exact && (st = nib_be_alloc_weight(be, (uint64_t)src->n * 2, &out->bias16, name)) == NIB_OK)
+            st = nib_dev_upload(out->bias16, b16, (size_t)src->n * 2);
+        nib_free(b16);
+        if (st) return st;
     }
     return NIB_OK;
 }
@@ -307,17 +320,33 @@ nib_status nib_be_gemm(nib_be *be, const nib_be_linear *L, const void *x, int64_
     }
     if (L->fmt != NIB_WFMT_BF16 && !L->w8a8)
         return nib_cuda_gemm(&L->q, x, m, ldx, y, ldy, epi, &be->ws, be->stream);
-    /* cuBLAS paths: raw product into scratch, then the epilogue kernel */
-    if ((size_t)m * (size_t)L->n * 2 > be->gemm_tmp_bytes)
-        return NIB_ERR(NIB_ERR_SHAPE, "linear: %lld x %lld output exceeds the GEMM scratch", (long long)m, (long long)L->n);
+    /* cuBLAS paths. Bias and residual (no gate, no GeGLU): one cuBLASLt call with its BIAS
+     * epilogue and C = residual (beta = 1), straight into y. Otherwise, or where cuBLASLt has no
+     * such algorithm: raw product into scratch, then the epilogue kernel. */
     if (ldx != L->k)
         return NIB_ERR(NIB_ERR_SHAPE, "linear: the cuBLAS path needs ldx == K (%lld != %lld)", (long long)ldx, (long long)L->k);
-    if (L->w8a8) {
+    if (L->w8a8 && x) {
         if ((size_t)m * (size_t)L->k > be->xq8_bytes)
             return NIB_ERR(NIB_ERR_SHAPE, "linear: %lld x %lld activations exceed the FP8 scratch", (long long)m,
                            (long long)L->k);
-        /* x == NULL: the codes and scales are already in xq8/xs8 (nib_be_norm_gemm) */
-        if (x) NIB_RETURN_IF_ERR(nib_cuda_quantize_fp8_rows(x, m, L->k, 1, be->xq8, be->xs8, be->stream));
+        NIB_RETURN_IF_ERR(nib_cuda_quantize_fp8_rows(x, m, L->k, 1, be->xq8, be->xs8, be->stream));
+        x = NULL; /* the codes and scales are in xq8/xs8 now */
+    }
+    const int aligned = ((uintptr_t)y | (uintptr_t)(epi->residual ? epi->residual : y)) % 16 == 0 && ldy % 8 == 0 &&
+                        (!epi->residual || (epi->ldr % 8 == 0 && (epi->residual != y || epi->ldr == ldy)));
+    /* NIB_FUSED_EPILOGUE=0: always the product + epilogue kernel (the A/B switch of the benches) */
+    const char *fe = getenv("NIB_FUSED_EPILOGUE");
+    if (!L->geglu && !epi->gate && aligned && (!L->bias || L->bias16) && !(fe && !strcmp(fe, "0"))) {
+        nib_blas_gemm_args a = {L->w8a8, L->w8a8 ? be->xq8 : x, be->xs8, 1, L->w8a8 ? L->wq8 : L->q.bf16_w,
+                                L->sw8, 1, m, L->n, L->k, L->bias16, epi->residual, epi->ldr, y, ldy};
+        nib_status fs = nib_blas_gemm_fused(be->blas, &a, be->stream);
+        if (fs != NIB_ERR_UNSUPPORTED) return fs;
+        nib_clear_error();
+    }
+    if ((size_t)m * (size_t)L->n * 2 > be->gemm_tmp_bytes)
+        return NIB_ERR(NIB_ERR_SHAPE, "linear: %lld x %lld output exceeds the GEMM scratch", (long long)m, (long long)L->n);
+    if (L->w8a8) {
+        /* the codes and scales are in xq8/xs8 (quantized above, or by nib_be_norm_gemm) */
         NIB_RETURN_IF_ERR(nib_blas_gemm_fp8(be->blas, be->xq8, be->xs8, 1, L->wq8, L->sw8, 1, be->gemm_tmp, m, L->n,
                                             L->k, be->stream));
     } else {
@@ -377,6 +406,9 @@ nib_status nib_be_axpy_f32(nib_be *be, float *x, int64_t rows, int64_t cols, int
                            int64_t ldv) {
     DISPATCH(nib_ref_axpy_f32(x, rows, cols, ldx, v, ldv), nib_cuda_axpy_f32(x, rows, cols, ldx, v, ldv, be->stream));
 }
+nib_status nib_be_check_finite(nib_be *be, const nib_check_finite_args *a, void *ws, nib_finite_result *out) {
+    DISPATCH(nib_ref_check_finite(a, out), nib_cuda_check_finite(a, ws, out, be->stream));
+}
 
 /* ---- graphs and events ------------------------------------------------------------------- */
 #ifdef NIB_HAVE_CUDA
@@ -396,7 +428,8 @@ nib_status nib_be_capture_begin(nib_be *be) {
 
 void nib_be_capture_abort(nib_be *be) {
     cudaGraph_t g = NULL;
-    if (cudaStreamEndCapture((cudaStream_t)be->stream, &g) == cudaSuccess && g) cudaGraphDestroy(g);
+    if (cudaStreamEndCapture((cudaStream_t)be->stream, &g) == cudaSuccess && g)
+        cudaGraphDestroy(g); /* unchecked: discarding an aborted capture */
     cudaGetLastError(); /* unchecked: clearing the capture error on an abort path */
 }
 
@@ -424,8 +457,8 @@ nib_status nib_be_graph_launch(nib_be *be, nib_be_graph *g) {
 
 void nib_be_graph_free(nib_be_graph *g) {
     if (!g) return;
-    if (g->ge) cudaGraphExecDestroy(g->ge);
-    if (g->g) cudaGraphDestroy(g->g);
+    if (g->ge) cudaGraphExecDestroy(g->ge); /* unchecked: teardown, no status */
+    if (g->g) cudaGraphDestroy(g->g);       /* unchecked: teardown, no status */
     free(g);
 }
 
@@ -442,7 +475,7 @@ nib_status nib_be_event_create(nib_be_event **e) {
 }
 void nib_be_event_free(nib_be_event *e) {
     if (!e) return;
-    cudaEventDestroy(e->e);
+    cudaEventDestroy(e->e); /* unchecked: teardown, no status */
     free(e);
 }
 nib_status nib_be_event_record(nib_be *be, nib_be_event *e) {

@@ -21,6 +21,7 @@
 #include "ops/kvcache.h"
 #include "ops/misc.h"
 #include "ops/norm.h"
+#include "ops/numerics.h"
 #include "ops/qkv.h"
 #include "ops/rope.h"
 #include "runtime/device.h"
@@ -39,6 +40,8 @@ typedef struct nib_be_linear {
     int w8a8;          /* CUDA FP8: per-token activation quantization + cuBLASLt */
     float *w32;        /* REF: [n][k] fp32 (the exactly dequantized weight) */
     float *bias;       /* [n] fp32 or NULL (host for REF, device for CUDA) */
+    void *bias16;      /* CUDA: bf16 copy of bias when every value is exact in bf16 (the cuBLASLt
+                        * BIAS epilogue takes bf16), else NULL */
     nib_qweight q;     /* CUDA low-bit (repacked) or BF16 (q.bf16_w) */
     void *wq8;         /* CUDA W8A8: e4m3 [n][k] */
     float *sw8;        /* CUDA W8A8: per-channel scales [n] */
@@ -116,6 +119,9 @@ nib_status nib_be_f32_to_act(nib_be *be, const float *x, int64_t rows, int64_t c
                              int64_t ldy);
 nib_status nib_be_axpy_f32(nib_be *be, float *x, int64_t rows, int64_t cols, int64_t ldx, const void *v,
                            int64_t ldv);
+/* NaN/Inf scan (ops/numerics.h) for check-numerics mode. CUDA: ws is NIB_CHECK_FINITE_WS_BYTES of
+ * device memory; the call synchronizes the stream (not capturable). REF: ws is unused. */
+nib_status nib_be_check_finite(nib_be *be, const nib_check_finite_args *a, void *ws, nib_finite_result *out);
 
 /* ---- CUDA graphs and events (CUDA backend only; REF returns NIB_ERR_UNSUPPORTED) ---------- */
 typedef struct nib_be_graph nib_be_graph; /* an instantiated graph */

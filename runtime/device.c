@@ -62,16 +62,12 @@ nib_status nib_dev_sync(void) { return NIB_ERR(NIB_ERR_NO_DEVICE, NO_CUDA_MSG); 
 
 #else /* NIB_HAVE_CUDA */
 
-static uint64_t g_limit;     /* 0 = none */
-static int g_limit_read;
-
+/* NIB_DEVICE_MEM_LIMIT, read at every nib_dev_malloc (one getenv; allocations happen at load
+ * and plan time, never in a call's hot path), so a test can set and unset it at any point of a
+ * process. 0 or unset: no limit. */
 static uint64_t mem_limit(void) {
-    if (!g_limit_read) {
-        const char *s = getenv("NIB_DEVICE_MEM_LIMIT");
-        g_limit = (s && *s) ? strtoull(s, NULL, 0) : 0;
-        g_limit_read = 1;
-    }
-    return g_limit;
+    const char *s = getenv("NIB_DEVICE_MEM_LIMIT");
+    return (s && *s) ? strtoull(s, NULL, 0) : 0;
 }
 
 static int is_sticky(cudaError_t e) {
@@ -133,7 +129,7 @@ nib_status nib_device_query(nib_device_info *info) {
     int count = 0;
     cudaError_t e = cudaGetDeviceCount(&count);
     if (e != cudaSuccess || count == 0) {
-        cudaGetLastError(); /* clear */
+        cudaGetLastError(); /* unchecked: clearing the error just reported below */
         if (info) *info = d;
         if (e == cudaSuccess || e == cudaErrorNoDevice)
             return NIB_ERR(NIB_ERR_NO_DEVICE, "no CUDA device found");
@@ -159,11 +155,11 @@ nib_status nib_device_query(nib_device_info *info) {
     if (cudaDeviceGetAttribute(&v, cudaDevAttrMemoryClockRate, ord) == cudaSuccess)
         d.mem_clock_khz = v;
     else
-        cudaGetLastError();
+        cudaGetLastError(); /* unchecked: clearing; the attribute is optional (0 = not reported) */
     if (cudaDeviceGetAttribute(&v, cudaDevAttrGlobalMemoryBusWidth, ord) == cudaSuccess)
         d.mem_bus_width = v;
     else
-        cudaGetLastError();
+        cudaGetLastError(); /* unchecked: clearing; the attribute is optional (0 = not reported) */
     NIB_CUDA_CHECK(cudaDriverGetVersion(&d.driver_version));
     NIB_CUDA_CHECK(cudaRuntimeGetVersion(&d.runtime_version));
     size_t fr = 0, tot = 0;
@@ -226,8 +222,16 @@ nib_status nib_dev_malloc(void **p, size_t bytes, const char *what) {
     if (e != cudaSuccess) {
         *p = NULL;
         if (e == cudaErrorMemoryAllocation) {
-            cudaGetLastError();
-            cudaMemGetInfo(&fr, &tot);
+            cudaGetLastError(); /* unchecked: clearing the (non-sticky) allocation error */
+            cudaError_t ie = cudaMemGetInfo(&fr, &tot);
+            if (ie != cudaSuccess) {
+                /* the OOM is still the error; say the free figure is unknown rather than 0 */
+                cudaGetLastError(); /* unchecked: clearing the query's error */
+                return NIB_ERR(NIB_ERR_DEVICE_OOM,
+                               "out of device memory allocating %s: asked %zu bytes, free unknown "
+                               "(cudaMemGetInfo failed with %s) (%llu allocated by nib)",
+                               what, bytes, cudaGetErrorName(ie), (unsigned long long)g_allocated);
+            }
             return NIB_ERR(NIB_ERR_DEVICE_OOM,
                            "out of device memory allocating %s: asked %zu bytes, %zu free of %zu "
                            "(%llu allocated by nib)",
@@ -241,7 +245,7 @@ nib_status nib_dev_malloc(void **p, size_t bytes, const char *what) {
 
 void nib_dev_free(void *p, size_t bytes) {
     if (!p) return;
-    cudaFree(p);
+    cudaFree(p); /* unchecked: a free function has no status; a sticky error shows at the next call */
     g_allocated = g_allocated >= bytes ? g_allocated - bytes : 0;
 }
 

@@ -4,10 +4,12 @@
  * Everything here also links in a CPU-only build (NO_CUDA=1 or no nvcc): the functions then
  * return NIB_ERR_NO_DEVICE with a message saying the build has no CUDA backend.
  *
- * Knobs (environment, read once):
- *   NIB_DEVICE=N             use device ordinal N (default 0)
- *   NIB_FAKE_CC=MAJOR.MINOR  pretend the device has this compute capability (tests the gate)
- *   NIB_DEVICE_MEM_LIMIT=B   refuse device allocations past B bytes in total (tests OOM paths)
+ * Knobs (environment):
+ *   NIB_DEVICE=N             use device ordinal N (default 0; read once)
+ *   NIB_FAKE_CC=MAJOR.MINOR  pretend the device has this compute capability (tests the gate; read
+ *                            on every query)
+ *   NIB_DEVICE_MEM_LIMIT=B   refuse device allocations past B bytes in total (tests OOM paths;
+ *                            read on every nib_dev_malloc)
  */
 #ifndef NIB_RUNTIME_DEVICE_H
 #define NIB_RUNTIME_DEVICE_H

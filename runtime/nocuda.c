@@ -49,6 +49,10 @@ nib_status nib_blas_gemm_bf16(nib_blas *b, const void *x, const void *w, void *y
     (void)b, (void)x, (void)w, (void)y, (void)m, (void)n, (void)k, (void)stream;
     return NO_CUDA("nib_blas_gemm_bf16");
 }
+nib_status nib_blas_gemm_fused(nib_blas *b, const nib_blas_gemm_args *a, void *stream) {
+    (void)b, (void)a, (void)stream;
+    return NO_CUDA("nib_blas_gemm_fused");
+}
 nib_status nib_blas_gemm_fp8(nib_blas *b, const void *xq, const float *sx, int sx_per_token, const void *wq,
                              const float *sw, int sw_per_channel, void *y, int64_t m, int64_t n, int64_t k,
                              void *stream) {

@@ -2,6 +2,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -36,9 +37,21 @@ nib_status nib_lab_time_graph(nib_lab_fn fn, void *ctx, int calls, int reps, nib
     for (int i = 0; i < calls; i++) {
         st = fn(ctx, i, s);
         if (st) {
+            /* end the capture (the stream must leave capture mode) and report how that went: a
+             * sticky error here means the device is lost, which outranks fn's error; any other
+             * failure besides the expected "invalidated" is added to fn's message */
             cudaGraph_t dummy = NULL;
-            cudaStreamEndCapture(s, &dummy);
-            if (dummy) cudaGraphDestroy(dummy);
+            cudaError_t ce = cudaStreamEndCapture(s, &dummy);
+            if (dummy) cudaGraphDestroy(dummy); /* unchecked: discarding the aborted capture */
+            if (ce != cudaSuccess && ce != cudaErrorStreamCaptureInvalidated) {
+                char first[512];
+                snprintf(first, sizeof first, "%s", nib_last_error());
+                nib_status cst = nib_cuda_status((int)ce, "cudaStreamEndCapture (aborting the capture)", __FILE__,
+                                                 __LINE__);
+                if (cst == NIB_ERR_DEVICE_LOST) st = cst;
+                else nib_set_error(st, __FILE__, __LINE__, "%s; then ending the capture failed with %s", first,
+                                   cudaGetErrorName(ce));
+            }
             goto fail;
         }
     }
@@ -62,11 +75,11 @@ nib_status nib_lab_time_graph(nib_lab_fn fn, void *ctx, int calls, int reps, nib
     out->calls = calls;
     out->reps = reps;
 fail:
-    if (ge) cudaGraphExecDestroy(ge);
-    if (g) cudaGraphDestroy(g);
-    if (e0) cudaEventDestroy(e0);
-    if (e1) cudaEventDestroy(e1);
-    if (s) cudaStreamDestroy(s);
+    if (ge) cudaGraphExecDestroy(ge); /* unchecked: cleanup */
+    if (g) cudaGraphDestroy(g);       /* unchecked: cleanup */
+    if (e0) cudaEventDestroy(e0);     /* unchecked: cleanup */
+    if (e1) cudaEventDestroy(e1);     /* unchecked: cleanup */
+    if (s) cudaStreamDestroy(s);      /* unchecked: cleanup */
     free(t);
     return st;
 }

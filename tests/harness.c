@@ -1,8 +1,11 @@
 /* harness.c — test runner: `nib_tests [substring]`, `nib_tests -l` lists names. */
+#include <errno.h>
+#include <spawn.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -76,6 +79,68 @@ const char *nib_test_tmpdir(void) {
         mkdir(dir, 0700);
     }
     return dir;
+}
+
+extern char **environ;
+
+int nib_test_run_self(const char *filter, const char *const *env, char *out, size_t cap) {
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0) return -1;
+    exe[n] = '\0';
+    /* the environment is built here, before the child exists (nothing but exec runs in it) */
+    size_t ne = 0, nx = 0;
+    while (environ[ne]) ne++;
+    while (env && env[nx]) nx++;
+    char **envp = calloc(ne + nx + 1, sizeof *envp);
+    if (!envp) return -1;
+    for (size_t i = 0; i < nx; i++) envp[i] = (char *)env[i];
+    size_t k = nx;
+    for (size_t i = 0; i < ne; i++) { /* inherited, unless overridden above */
+        const char *eq = strchr(environ[i], '=');
+        size_t len = eq ? (size_t)(eq - environ[i]) + 1 : strlen(environ[i]);
+        int dup = 0;
+        for (size_t j = 0; j < nx && !dup; j++) dup = !strncmp(env[j], environ[i], len);
+        if (!dup) envp[k++] = environ[i];
+    }
+    envp[k] = NULL;
+    int fd[2];
+    if (pipe(fd)) {
+        free(envp);
+        return -1;
+    }
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, fd[1], 1);
+    posix_spawn_file_actions_adddup2(&fa, fd[1], 2);
+    posix_spawn_file_actions_addclose(&fa, fd[0]);
+    posix_spawn_file_actions_addclose(&fa, fd[1]);
+    char *argv[3] = {exe, (char *)filter, NULL};
+    pid_t pid;
+    fflush(stdout);
+    int rc = posix_spawn(&pid, exe, &fa, NULL, argv, envp);
+    posix_spawn_file_actions_destroy(&fa);
+    free(envp);
+    close(fd[1]);
+    if (rc) {
+        close(fd[0]);
+        return -1;
+    }
+    size_t got = 0;
+    char buf[4096];
+    ssize_t r;
+    while ((r = read(fd[0], buf, sizeof buf)) != 0) {
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) break;
+        for (ssize_t i = 0; i < r && out && got + 1 < cap; i++) out[got++] = buf[i];
+    }
+    if (out && cap) out[got] = '\0';
+    close(fd[0]);
+    int status = 0;
+    if (waitpid(pid, &status, 0) != pid) return -1;
+    if (WIFEXITED(status)) return WEXITSTATUS(status);
+    if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+    return -1;
 }
 
 static int cmp_tests(const void *a, const void *b) {

@@ -40,6 +40,12 @@ int nib_test_have_gpu(void);
 void nib_test_rng(nib_test_ctx *t, nib_rng *r);
 /* A per-run scratch directory for files tests write (created on first use). */
 const char *nib_test_tmpdir(void);
+/* Run this test binary again as a child process, `nib_tests FILTER` (through /proc/self/exe),
+ * with `env` ("NAME=value" strings, NULL-terminated; may be NULL) added to the environment. Its
+ * stdout and stderr go to out (at most cap - 1 bytes, NUL-terminated; out may be NULL). Returns
+ * the exit status, 128 + N for a child killed by signal N, or -1 if it could not be started.
+ * For tests that need a process of their own (a sticky device error, a second process). */
+int nib_test_run_self(const char *filter, const char *const *env, char *out, size_t cap);
 
 #define NIB_TEST(fn)                                                                          \
     static void fn(nib_test_ctx *t);                                                          \

@@ -6,8 +6,11 @@
  *
  * Only `make NIB_NEGATIVE_CONTROL=1` compiles the out-of-bounds index; otherwise the kernel
  * writes in bounds and tests/test_negative_control_gpu.c skips. Run it with
- *   scripts/sanitize.sh --negative-control */
+ *   scripts/sanitize.sh --negative-control
+ * The file also holds nib_test_fault_kernel_launch (always compiled): a real illegal-address
+ * fault for the device-lost test (fail_device_lost_real_fault). */
 #include <cuda_runtime_api.h>
+#include <stdint.h>
 
 #include "runtime/cuda_check.h"
 
@@ -45,4 +48,21 @@ extern "C" nib_status nib_test_negctl_run(int *oob) {
 fail:
     if (buf) cudaFree(buf); /* unchecked: cleanup; the first error is the one returned */
     return st;
+}
+
+/* ---- a real sticky error (always compiled) ------------------------------------------------
+ * A kernel that writes through an address no allocation covers: the launch itself succeeds and
+ * the fault is raised while it runs, leaving the context with cudaErrorIllegalAddress, a
+ * sticky error (every later CUDA call of the process fails). Used by the device-lost test of
+ * tests/test_failure_paths.c, which runs it in a child process of its own. */
+__global__ void k_fault_write(float *p) { *(volatile float *)p = 1.0f; }
+
+extern "C" nib_status nib_test_fault_kernel_launch(void) {
+    float *bad = (float *)(uintptr_t)0x10; /* the first page is never mapped */
+    k_fault_write<<<1, 1>>>(bad);
+    NIB_LAUNCH_CHECK("k_fault_write");
+    /* wait for the fault here: nib's own streams do not synchronize with the legacy stream, so
+     * without this a nib sync could return before the kernel ran */
+    (void)cudaStreamSynchronize(0); /* unchecked: the test checks the sticky error through nib's APIs */
+    return NIB_OK;
 }

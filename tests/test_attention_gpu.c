@@ -725,9 +725,9 @@ NIB_TEST(attn_gpu_graph_replay) {
                 finish(t, &e, what);
             }
         next:
-            if (ge) cudaGraphExecDestroy(ge);
-            if (g) cudaGraphDestroy(g);
-            if (s) cudaStreamDestroy(s);
+            if (ge) cudaGraphExecDestroy(ge); /* unchecked: test cleanup */
+            if (g) cudaGraphDestroy(g);       /* unchecked: test cleanup */
+            if (s) cudaStreamDestroy(s);      /* unchecked: test cleanup */
             dfree(&dq);
             dfree(&dout);
             dfree(&dint);

@@ -1,5 +1,6 @@
 /* test_base.c — status/error model, checked arithmetic at the edges, tensor descriptors, RNG. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "harness.h"
@@ -123,4 +124,29 @@ NIB_TEST(base_device_layer_without_gpu) {
     void *p = (void *)1;
     CHECK(nib_dev_malloc(&p, 64, "probe") == NIB_ERR_NO_DEVICE);
     CHECK(p == NULL);
+}
+
+/* nib_test_run_self (harness.c), used by the tests that need a process of their own (a sticky
+ * device error, determinism across processes): the child sees the added environment, its output
+ * comes back, and its exit status is the harness's (0 passed, 1 a check failed). */
+NIB_TEST(harness_run_self_child) {
+    const char *v = getenv("NIB_TEST_SELF_CHILD");
+    if (!v) SKIP("runs only as the child process of harness_run_self_spawns_this_binary");
+    printf("  child sees NIB_TEST_SELF_CHILD=%s\n", v);
+    CHECK(strcmp(v, "fail") != 0);
+}
+
+NIB_TEST(harness_run_self_spawns_this_binary) {
+    static char out[8192];
+    const char *ok[] = {"NIB_TEST_SELF_CHILD=7", NULL}, *bad[] = {"NIB_TEST_SELF_CHILD=fail", NULL};
+    int rc = nib_test_run_self("harness_run_self_child", ok, out, sizeof out);
+    CHECK_MSG(rc == 0 && strstr(out, "child sees NIB_TEST_SELF_CHILD=7") && strstr(out, "PASS harness_run_self_child") &&
+                  strstr(out, "1 passed, 0 failed, 0 skipped"),
+              "child exited %d:\n%s", rc, out);
+    rc = nib_test_run_self("harness_run_self_child", bad, out, sizeof out);
+    CHECK_MSG(rc == 1 && strstr(out, "FAIL harness_run_self_child"), "failing child exited %d:\n%s", rc, out);
+    /* without the variable the child skips: the parent must look for PASS, not just exit 0 */
+    rc = nib_test_run_self("harness_run_self_child", NULL, out, sizeof out);
+    CHECK_MSG(rc == 0 && strstr(out, "SKIP harness_run_self_child"), "child without the variable exited %d:\n%s", rc,
+              out);
 }

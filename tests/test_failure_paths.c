@@ -4,7 +4,9 @@
  *   compute capability too old       -> NIB_ERR_UNSUPPORTED_DEVICE (NIB_FAKE_CC; GPU only)
  *   out of device memory             -> NIB_ERR_DEVICE_OOM with bytes asked and free (GPU only;
  *                                       the arena part runs everywhere)
- *   sticky CUDA error                -> NIB_ERR_DEVICE_LOST naming the op and file:line
+ *   sticky CUDA error                -> NIB_ERR_DEVICE_LOST naming the op and file:line (the
+ *                                       mapping everywhere; a real illegal-address fault in a
+ *                                       child process on the GPU)
  *   truncated / malformed checkpoint -> NIB_ERR_FORMAT / NIB_ERR_IO naming the path (what
  *                                       tests/test_safetensors.c does not already cover)
  *   missing / mis-shaped tensor      -> NIB_ERR_NOT_FOUND / NIB_ERR_SHAPE naming the tensor
@@ -149,9 +151,8 @@ NIB_TEST(fail_fake_cc_unsupported_device) {
 
 /* Out of device memory, first through the NIB_DEVICE_MEM_LIMIT knob, then for real (more than
  * the device has, no knob involved) through nib_dev_malloc and the CUDA backend's entry point.
- * device.c reads the knob once, at the first allocation of the process: when an earlier test
- * allocated already, the knob part is reported as not run (`nib_tests fail_device_oom` alone
- * runs it); the real-OOM part always runs. */
+ * device.c reads the knob at every allocation, so both parts run in a full test run too (after
+ * earlier tests allocated), and unsetting the knob lifts the limit at once. */
 NIB_TEST(fail_device_oom_reports_bytes) {
     nib_device_info info;
     NIB_REQUIRE_GPU();
@@ -165,18 +166,21 @@ NIB_TEST(fail_device_oom_reports_bytes) {
     env_set(&e, "NIB_DEVICE_MEM_LIMIT", lim);
     nib_status st = nib_dev_malloc(&p, 2u << 20, "limited test buffer");
     snprintf(msg, sizeof msg, "%s", nib_last_error());
+    void *q = (void *)&info; /* under the limit: 512 KiB of the 1 MiB headroom */
+    nib_status st_small = nib_dev_malloc(&q, 512u << 10, "small limited buffer");
     env_restore(&e);
-    if (st == NIB_OK) {
-        nib_dev_free(p, 2u << 20);
-        printf("  note: NIB_DEVICE_MEM_LIMIT was already read by an earlier allocation in this "
-               "process (device.c caches it); run `nib_tests fail_device_oom` alone for it\n");
-    } else {
-        CHECK_MSG(st == NIB_ERR_DEVICE_OOM, "limited: %s (%s)", nib_status_name(st), msg);
-        CHECK_MSG(has(msg, "2097152") && has(msg, "free") && has(msg, "NIB_DEVICE_MEM_LIMIT") &&
-                      has(msg, "limited test buffer"),
-                  "message '%s' must name the buffer, the bytes asked (2097152), free, the knob", msg);
-        CHECK(p == NULL);
-    }
+    CHECK_MSG(st == NIB_ERR_DEVICE_OOM, "limited: %s (%s)", nib_status_name(st), msg);
+    CHECK_MSG(has(msg, "2097152") && has(msg, "free") && has(msg, "NIB_DEVICE_MEM_LIMIT") &&
+                  has(msg, "limited test buffer"),
+              "message '%s' must name the buffer, the bytes asked (2097152), free, the knob", msg);
+    if (st == NIB_OK) nib_dev_free(p, 2u << 20);
+    else CHECK(p == NULL);
+    CHECK_OK(st_small);
+    if (st_small == NIB_OK) nib_dev_free(q, 512u << 10);
+    /* the knob is gone: the same 2 MiB request passes (read at every allocation) */
+    p = NULL;
+    CHECK_OK(nib_dev_malloc(&p, 2u << 20, "unlimited test buffer"));
+    nib_dev_free(p, 2u << 20);
     /* real OOM: 1 TiB more than the device has */
     uint64_t huge = info.total_mem + (UINT64_C(1) << 40);
     char asked[32];
@@ -261,6 +265,61 @@ NIB_TEST(fail_sticky_cuda_error_is_device_lost) {
         CHECK_HAS(k[i].name);
         if (k[i].want == NIB_ERR_DEVICE_LOST) CHECK_HAS("device lost");
     }
+}
+
+/* A real sticky error. The child (fail_device_lost_real_fault_child, re-executed through
+ * /proc/self/exe with NIB_TEST_DEVICE_LOST_CHILD=1; it skips without the variable) launches a
+ * kernel that writes to address 0x10 (tests/negative_control_gpu.cu), then calls nib APIs that
+ * synchronize: each must return NIB_ERR_DEVICE_LOST with "device lost", the failing call and its
+ * [file:line], and a later allocation must fail the same way (the error is sticky: reported, not
+ * retried). The context is ruined, hence a process of its own; the parent checks the child's
+ * exit status and its PASS line, and that its own device still works. */
+#ifdef NIB_HAVE_CUDA
+nib_status nib_test_fault_kernel_launch(void);
+#endif
+
+NIB_TEST(fail_device_lost_real_fault_child) {
+    if (!getenv("NIB_TEST_DEVICE_LOST_CHILD"))
+        SKIP("runs only as the child process of fail_device_lost_real_fault (it ruins the CUDA context)");
+#ifndef NIB_HAVE_CUDA
+    SKIP("CPU-only build");
+#else
+    NIB_REQUIRE_GPU();
+    nib_be be;
+    nib_be_sizes sz = {1 << 20, 1 << 20, 16, 256, 256, 0};
+    REQUIRE(nib_be_init(&be, NIB_BE_CUDA, &sz) == NIB_OK);
+    CHECK_OK(nib_be_sync(&be)); /* healthy before the fault */
+    nib_status st = nib_test_fault_kernel_launch();
+    /* the launch itself is valid; the fault may already show at its launch check (a race) */
+    CHECK_MSG(st == NIB_OK || st == NIB_ERR_DEVICE_LOST, "fault launch: %s (%s)", nib_status_name(st),
+              nib_last_error());
+    CHECK_ST(nib_be_sync(&be), NIB_ERR_DEVICE_LOST);
+    printf("  nib_be_sync after the fault: %s\n", nib_last_error());
+    CHECK_HAS("device lost");
+    CHECK_HAS("cudaStreamSynchronize");
+    CHECK_HAS("cudaErrorIllegalAddress");
+    CHECK_HAS("[backend.c:");
+    CHECK_ST(nib_dev_sync(), NIB_ERR_DEVICE_LOST);
+    CHECK_HAS("device lost");
+    CHECK_HAS("cudaDeviceSynchronize");
+    CHECK_HAS("[device.c:");
+    void *p = NULL;
+    CHECK_ST(nib_dev_malloc(&p, 4096, "after the fault"), NIB_ERR_DEVICE_LOST);
+    CHECK(p == NULL);
+    CHECK_HAS("restart the process");
+    nib_be_free(&be);
+#endif
+}
+
+NIB_TEST(fail_device_lost_real_fault) {
+    NIB_REQUIRE_GPU();
+    static char out[16384];
+    const char *env[] = {"NIB_TEST_DEVICE_LOST_CHILD=1", NULL};
+    int rc = nib_test_run_self("fail_device_lost_real_fault_child", env, out, sizeof out);
+    CHECK_MSG(rc == 0 && has(out, "PASS fail_device_lost_real_fault_child") &&
+                  has(out, "1 passed, 0 failed, 0 skipped"),
+              "child exited %d with:\n%s", rc, out);
+    CHECK_OK(nib_dev_sync()); /* this process's context is untouched */
 }
 
 /* ---- truncated / malformed checkpoints on disk (beyond tests/test_safetensors.c) ------------ */

@@ -607,3 +607,147 @@ NIB_TEST(blas_gpu_fp8_row_quantizer_paths) {
             nib_free(hx), nib_free(rowf), nib_free(hs), nib_free(hq), nib_free(want);
         }
 }
+
+/* nib_blas_gemm_fused: the cuBLASLt BIAS epilogue (fp32 bias) and C = residual (beta = 1), in
+ * place (C == Y) and out of place, with a row stride ldy > N whose gap columns hold guard values,
+ * for bf16 and FP8 W8A8, at M = 1, 37 and 532 (bias in bf16, what the epilogue takes; the backend
+ * uses it only for biases exact in bf16). Reference: fp64 sum of the exact products + bias
+ * + bf16 residual; bound = the GEMM bound above plus one fp32 rounding of the two added terms
+ * (2^-22 (|bias| + |c|)), plus, in place, a bf16 rounding of the product (cuBLASLt adds C to the
+ * rounded product there). A combination cuBLASLt does not offer must answer NIB_ERR_UNSUPPORTED
+ * (the backend then uses its epilogue kernel) and is reported; any other outcome fails. */
+NIB_TEST(blas_gpu_fused_bias_residual) {
+    NIB_REQUIRE_GPU();
+    nib_rng rng;
+    nib_test_rng(t, &rng);
+    const int64_t n = 272, k = 1152, ldy = n + 24, mmax = 532;
+    nib_blas *b = NULL;
+    CHECK_OK(nib_blas_create(&b));
+    REQUIRE(b);
+    uint16_t *hx = nib_malloc((size_t)mmax * k * 2), *hw = nib_malloc((size_t)n * k * 2);
+    uint16_t *hc = nib_malloc((size_t)mmax * ldy * 2), *hy = nib_malloc((size_t)mmax * ldy * 2);
+    uint8_t *hwq = nib_malloc((size_t)n * k), *hxq = nib_malloc((size_t)mmax * k);
+    float *hsw = nib_malloc((size_t)n * 4), *hsx = nib_malloc((size_t)mmax * 4 + 8), *wf = nib_malloc((size_t)n * k * 4);
+    float *hb = nib_malloc((size_t)n * 4);
+    REQUIRE(hx && hw && hc && hy && hwq && hxq && hsw && hsx && wf && hb);
+    for (int64_t i = 0; i < mmax * k; i++) hx[i] = nib_f32_to_bf16((float)nib_rng_normal(&rng));
+    for (int64_t i = 0; i < n * k; i++) wf[i] = (float)(0.05 * nib_rng_normal(&rng));
+    for (int64_t i = 0; i < n * k; i++) hw[i] = nib_f32_to_bf16(wf[i]);
+    uint16_t *hb16 = nib_malloc((size_t)n * 2);
+    REQUIRE(hb16);
+    for (int64_t i = 0; i < n; i++) hb16[i] = nib_f32_to_bf16((float)(0.7 * nib_rng_normal(&rng)));
+    for (int64_t i = 0; i < n; i++) hb[i] = nib_bf16_to_f32(hb16[i]); /* the epilogue takes bf16 */
+    for (int64_t i = 0; i < mmax * ldy; i++) hc[i] = nib_f32_to_bf16((float)(2.0 * nib_rng_normal(&rng)));
+    CHECK_OK(nib_fp8_quantize(wf, n, k, 1, hwq, hsw));
+    void *dx, *dw, *dy, *dc, *dwq, *dxq;
+    float *dsw, *dsx, *db;
+    CHECK_OK(nib_dev_malloc(&dx, (size_t)mmax * k * 2, "x"));
+    CHECK_OK(nib_dev_malloc(&dw, (size_t)n * k * 2, "w"));
+    CHECK_OK(nib_dev_malloc(&dy, (size_t)mmax * ldy * 2, "y"));
+    CHECK_OK(nib_dev_malloc(&dc, (size_t)mmax * ldy * 2, "c"));
+    CHECK_OK(nib_dev_malloc(&dwq, (size_t)n * k, "wq"));
+    CHECK_OK(nib_dev_malloc(&dxq, (size_t)mmax * k, "xq"));
+    CHECK_OK(nib_dev_malloc((void **)&dsw, (size_t)n * 4, "sw"));
+    CHECK_OK(nib_dev_malloc((void **)&dsx, (size_t)mmax * 4 + 8, "sx"));
+    CHECK_OK(nib_dev_malloc((void **)&db, (size_t)n * 2, "bias"));
+    CHECK_OK(nib_dev_upload(dx, hx, (size_t)mmax * k * 2));
+    CHECK_OK(nib_dev_upload(dw, hw, (size_t)n * k * 2));
+    CHECK_OK(nib_dev_upload(dwq, hwq, (size_t)n * k));
+    CHECK_OK(nib_dev_upload(dsw, hsw, (size_t)n * 4));
+    CHECK_OK(nib_dev_upload(db, hb16, (size_t)n * 2));
+    CHECK_OK(nib_cuda_quantize_fp8_rows(dx, mmax, k, 1, dxq, dsx, NULL));
+    CHECK_OK(nib_dev_download(hxq, dxq, (size_t)mmax * k));
+    CHECK_OK(nib_dev_download(hsx, dsx, (size_t)mmax * 4));
+    const int64_t ms[] = {1, 37, 532};
+    int unsupported = 0, ran = 0;
+    double *S = nib_malloc((size_t)mmax * n * 8), *AB = nib_malloc((size_t)mmax * n * 8);
+    REQUIRE(S && AB);
+    for (int fp8 = 0; fp8 <= 1; fp8++) {
+        for (int64_t i = 0; i < mmax; i++)
+            for (int64_t j = 0; j < n; j++) {
+                double s = 0, ab = 0;
+                for (int64_t q = 0; q < k; q++) {
+                    double tt = fp8 ? (double)nib_e4m3_to_f32(hxq[i * k + q]) * hsx[i] *
+                                          (double)nib_e4m3_to_f32(hwq[j * k + q]) * hsw[j]
+                                    : (double)nib_bf16_to_f32(hx[i * k + q]) * nib_bf16_to_f32(hw[j * k + q]);
+                    s += tt;
+                    ab += fabs(tt);
+                }
+                S[i * n + j] = s;
+                AB[i * n + j] = ab;
+            }
+        for (int mi = 0; mi < 3; mi++)
+            for (int mode = 0; mode < 4; mode++) { /* 0 bias; 1 C out of place; 2 bias + C in place; 3 C in place */
+                const int64_t m = ms[mi];
+                const int use_bias = mode == 0 || mode == 2, use_c = mode != 0, inplace = mode >= 2;
+                /* y starts as the guard pattern (out of place) or as the residual (in place) */
+                for (int64_t i = 0; i < m * ldy; i++) hy[i] = inplace ? hc[i] : (uint16_t)POISON;
+                if (inplace)
+                    for (int64_t i = 0; i < m; i++)
+                        for (int64_t j = n; j < ldy; j++) hy[i * ldy + j] = POISON;
+                CHECK_OK(nib_dev_upload(dy, hy, (size_t)m * ldy * 2));
+                CHECK_OK(nib_dev_upload(dc, hc, (size_t)m * ldy * 2));
+                nib_blas_gemm_args a = {fp8, fp8 ? dxq : dx, dsx, 1, fp8 ? dwq : dw, dsw, 1, m, n, k,
+                                        use_bias ? db : NULL, use_c ? (inplace ? dy : dc) : NULL, ldy, dy, ldy};
+                nib_status st = nib_blas_gemm_fused(b, &a, NULL);
+                if (st == NIB_ERR_UNSUPPORTED) {
+                    printf("  note: cuBLASLt offers no %s algorithm for M=%lld mode %d: %s\n", fp8 ? "fp8" : "bf16",
+                           (long long)m, mode, nib_last_error());
+                    unsupported++;
+                    continue;
+                }
+                CHECK_OK(st);
+                if (st) continue;
+                ran++;
+                CHECK_OK(nib_dev_download(hy, dy, (size_t)m * ldy * 2));
+                int over = 0;
+                for (int64_t i = 0; i < m; i++) {
+                    for (int64_t j = 0; j < n; j++) {
+                        const double s = S[i * n + j], ab = AB[i * n + j];
+                        double extra = (use_bias ? hb[j] : 0.0) + (use_c ? nib_bf16_to_f32(hc[i * ldy + j]) : 0.0);
+                        double want = s + extra;
+                        /* in place, cuBLASLt rounds the product to bf16 before adding C (measured:
+                         * 1-2 ulps past the single-rounding bound, with or without split-K) --
+                         * the same double rounding as the product + epilogue-kernel path */
+                        double bound = 0x1p-8 * fabs(want) * 1.01 + (k + 64) * 0x1p-22 * ab +
+                                       0x1p-22 * (fabs(use_bias ? hb[j] : 0.0) + fabs(extra)) +
+                                       (inplace ? 0x1p-8 * 1.01 * fabs(s + (use_bias ? hb[j] : 0.0)) : 0.0);
+                        double y = nib_bf16_to_f32(hy[i * ldy + j]);
+                        if (!(fabs(y - want) <= bound) && over++ < 5)
+                            nib_test_fail(t, __FILE__, __LINE__, "%s M=%lld mode %d [%lld,%lld]: %g vs %g (bound %g)",
+                                          fp8 ? "fp8" : "bf16", (long long)m, mode, (long long)i, (long long)j, y,
+                                          want, bound);
+                    }
+                    for (int64_t j = n; j < ldy; j++)
+                        if (hy[i * ldy + j] != POISON && over++ < 5)
+                            nib_test_fail(t, __FILE__, __LINE__, "%s M=%lld mode %d: gap column %lld of row %lld written",
+                                          fp8 ? "fp8" : "bf16", (long long)m, mode, (long long)j, (long long)i);
+                }
+            }
+    }
+    nib_free(S);
+    nib_free(AB);
+    printf("  %d fused combinations checked, %d not offered by cuBLASLt\n", ran, unsupported);
+    CHECK_MSG(ran > 0, "no fused combination ran");
+    nib_dev_free(dx, (size_t)mmax * k * 2);
+    nib_dev_free(dw, (size_t)n * k * 2);
+    nib_dev_free(dy, (size_t)mmax * ldy * 2);
+    nib_dev_free(dc, (size_t)mmax * ldy * 2);
+    nib_dev_free(dwq, (size_t)n * k);
+    nib_dev_free(dxq, (size_t)mmax * k);
+    nib_dev_free(dsw, (size_t)n * 4);
+    nib_dev_free(dsx, (size_t)mmax * 4 + 8);
+    nib_dev_free(db, (size_t)n * 2);
+    nib_blas_free(b);
+    nib_free(hx);
+    nib_free(hw);
+    nib_free(hc);
+    nib_free(hy);
+    nib_free(hwq);
+    nib_free(hxq);
+    nib_free(hsw);
+    nib_free(hsx);
+    nib_free(wf);
+    nib_free(hb);
+    nib_free(hb16);
+}

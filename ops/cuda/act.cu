@@ -15,6 +15,7 @@
 
 #include "ops/act.h"
 #include "runtime/cuda_check.h"
+#include "runtime/launch.cuh"
 
 #define ACT_THREADS 128
 
@@ -58,6 +59,7 @@ static __device__ __forceinline__ float gelu_tanh_f(float g) {
 static __device__ __forceinline__ float silu_f(float g) { return __fdiv_rn(g, __fadd_rn(1.0f, expf(-g))); }
 
 __global__ void __launch_bounds__(ACT_THREADS) k_act(const ActParams p) {
+    nib::pdl_enter(); /* runtime/launch.cuh: first, before any access or return */
     const long long row = blockIdx.x / p.cblocks;
     if (p.n_valid && row >= *p.n_valid) return;
     const int c = (int)(blockIdx.x - row * p.cblocks) * ACT_THREADS + threadIdx.x;
@@ -104,7 +106,7 @@ nib_status nib_cuda_act(const nib_act_args *a, void *stream) {
     p.ldx = a->ldx;
     p.y = (uint16_t *)a->y;
     p.ldy = a->ldy;
-    k_act<<<(unsigned)(a->rows * cblocks), ACT_THREADS, 0, (cudaStream_t)stream>>>(p);
+    NIB_CUDA_CHECK(nib::launch(k_act, dim3((unsigned)(a->rows * cblocks)), dim3(ACT_THREADS), 0, (cudaStream_t)stream, p));
     NIB_LAUNCH_CHECK("k_act");
     return NIB_OK;
 }

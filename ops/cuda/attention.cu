@@ -46,6 +46,7 @@
 #include "ops/cuda/attention.cuh"
 #include "runtime/cuda_check.h"
 #include "runtime/device.h"
+#include "runtime/launch.cuh"
 
 using namespace nib;
 
@@ -186,8 +187,7 @@ static nib_status launch(AttnParams p, const Plan &pl, void *ws, cudaStream_t st
         p.ws_l = (float *)(w + o_bytes + ml_bytes);
     }
     dim3 grid((unsigned)pl.row_blocks, (unsigned)pl.n_splits, (unsigned)pl.z);
-    void *args[] = {&p};
-    NIB_CUDA_CHECK(cudaLaunchKernel((const void *)k.kern, grid, dim3((unsigned)k.threads), args, (size_t)k.smem, stream));
+    NIB_CUDA_CHECK(nib::launch(k.kern, grid, dim3((unsigned)k.threads), (size_t)k.smem, stream, p));
     NIB_LAUNCH_CHECK("k_attn");
     if (pl.n_splits > 1) {
         MergeParams m;
@@ -213,9 +213,7 @@ static nib_status launch(AttnParams p, const Plan &pl, void *ws, cudaStream_t st
         long long threads = (long long)p.rows_max * (p.d / 4) << pl.sl_log2;
         long long blocks = (threads + 255) / 256;
         if (blocks > 0x7FFFFFFF) return NIB_ERR(NIB_ERR_UNSUPPORTED, "attention merge: %lld blocks", blocks);
-        void *margs[] = {&m};
-        NIB_CUDA_CHECK(cudaLaunchKernel((const void *)k_attn_merge, dim3((unsigned)blocks, (unsigned)pl.z), dim3(256),
-                                        margs, 0, stream));
+        NIB_CUDA_CHECK(nib::launch(k_attn_merge, dim3((unsigned)blocks, (unsigned)pl.z), dim3(256), 0, stream, m));
         NIB_LAUNCH_CHECK("k_attn_merge");
     }
     return NIB_OK;

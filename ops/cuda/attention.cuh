@@ -10,6 +10,7 @@
 
 #include "ops/attention.h"
 #include "ops/cuda/gemm_lowbit.cuh"
+#include "runtime/launch.cuh"
 
 namespace nib {
 
@@ -97,6 +98,7 @@ __device__ __forceinline__ float e4m3_to_f32(uint32_t c) {
 template <int FMT, int DP, int WR, int WT, int KW, int ST>
 __global__ void __launch_bounds__(Cfg<FMT, DP, WR, WT, KW, ST>::NT, Cfg<FMT, DP, WR, WT, KW, ST>::MINB)
     k_attn(AttnParams p) {
+    nib::pdl_enter(); /* runtime/launch.cuh: first, before any access or return */
     using C = Cfg<FMT, DP, WR, WT, KW, ST>;
     constexpr int NT = C::NT, TK = C::TK, LDS = C::LDS, ROWS = C::ROWS, KROW = C::KROW, BROW = C::BROW;
     constexpr int NSJ = 2 * KW;  /* S n-tiles (8 keys) per warp and tile */
@@ -441,6 +443,7 @@ struct MergeParams {
 };
 
 __global__ void __launch_bounds__(256) k_attn_merge(MergeParams p) {
+    nib::pdl_enter(); /* runtime/launch.cuh: first, before any access or return */
     const int SL = 1 << p.sl_log2, c4 = p.d / 4;
     const long long gid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     const int sl = (int)(gid & (SL - 1));

@@ -16,6 +16,7 @@
 
 #include "ops/gemm.h"
 #include "runtime/cuda_check.h"
+#include "runtime/launch.cuh"
 #include "runtime/device.h"
 
 #define NIB_BLAS_WS_BYTES (32u << 20)
@@ -36,8 +37,11 @@ typedef struct blas_plan {
     int kind; /* 0 bf16, 1 fp8 */
     int64_t m, n, k;
     int sx_vec, sw_vec;
+    int bias;          /* CUBLASLT_EPILOGUE_BIAS with a bf16 bias vector */
+    int64_t ldc, ldd;  /* ldc 0: no C (beta = 0); -1: C is D (in place, one descriptor) */
+    int unsupported;   /* cuBLASLt has no algorithm for this combination (remembered) */
     cublasLtMatmulDesc_t op;
-    cublasLtMatrixLayout_t a, b, d;
+    cublasLtMatrixLayout_t a, b, c, d;
     cublasLtMatmulAlgo_t algo;
 } blas_plan;
 
@@ -60,7 +64,7 @@ nib_status nib_blas_create(nib_blas **out) {
     }
     nib_status st = nib_dev_malloc(&b->ws, NIB_BLAS_WS_BYTES, "cuBLASLt workspace");
     if (st) {
-        cublasLtDestroy(b->lt);
+        cublasLtDestroy(b->lt); /* unchecked: cleanup after a failed allocation, whose error is returned */
         free(b);
         return st;
     }
@@ -70,10 +74,11 @@ nib_status nib_blas_create(nib_blas **out) {
 
 static void plan_release(blas_plan *p) {
     if (!p->used) return;
-    cublasLtMatmulDescDestroy(p->op);
-    cublasLtMatrixLayoutDestroy(p->a);
-    cublasLtMatrixLayoutDestroy(p->b);
-    cublasLtMatrixLayoutDestroy(p->d);
+    cublasLtMatmulDescDestroy(p->op);   /* unchecked: releasing a plan; nothing to do on failure */
+    cublasLtMatrixLayoutDestroy(p->a); /* unchecked: releasing a plan */
+    cublasLtMatrixLayoutDestroy(p->b); /* unchecked: releasing a plan */
+    cublasLtMatrixLayoutDestroy(p->d); /* unchecked: releasing a plan */
+    if (p->c) cublasLtMatrixLayoutDestroy(p->c); /* unchecked: releasing a plan */
     memset(p, 0, sizeof *p);
 }
 
@@ -81,7 +86,7 @@ void nib_blas_free(nib_blas *b) {
     if (!b) return;
     for (int i = 0; i < NIB_BLAS_CACHE; i++) plan_release(&b->cache[i]);
     nib_dev_free(b->ws, NIB_BLAS_WS_BYTES);
-    cublasLtDestroy(b->lt);
+    cublasLtDestroy(b->lt); /* unchecked: teardown; a free function has no status to return */
     free(b);
 }
 
@@ -89,11 +94,17 @@ void nib_blas_free(nib_blas *b) {
  * FP8 algorithm chosen without scale pointers is not valid once they are set (cuBLASLt then
  * answers NOT_SUPPORTED), and OUTER_VEC mode without pointers is rejected outright. */
 static nib_status plan_get(nib_blas *b, int kind, int64_t m, int64_t n, int64_t k, int sx_vec,
-                           int sw_vec, const float *sx, const float *sw, blas_plan **out) {
+                           int sw_vec, const float *sx, const float *sw, const void *bias, int64_t ldc,
+                           int64_t ldd, blas_plan **out) {
+    const int has_bias = bias != NULL;
     for (int i = 0; i < NIB_BLAS_CACHE; i++) {
         blas_plan *p = &b->cache[i];
         if (p->used && p->kind == kind && p->m == m && p->n == n && p->k == k && p->sx_vec == sx_vec &&
-            p->sw_vec == sw_vec) {
+            p->sw_vec == sw_vec && p->bias == has_bias && p->ldc == ldc && p->ldd == ldd) {
+            if (p->unsupported)
+                return NIB_ERR(NIB_ERR_UNSUPPORTED, "cuBLASLt has no %s algorithm for M=%lld N=%lld K=%lld%s%s",
+                               kind ? "fp8" : "bf16", (long long)m, (long long)n, (long long)k,
+                               has_bias ? " with a bias epilogue" : "", ldc ? " with C" : "");
             *out = p;
             return NIB_OK;
         }
@@ -117,58 +128,112 @@ static nib_status plan_get(nib_blas *b, int kind, int64_t m, int64_t n, int64_t 
         NIB_BLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sw, sizeof sw));
         NIB_BLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sx, sizeof sx));
     }
+    if (has_bias) {
+        /* bias type left at its default, bf16 (the D type; an fp32 bias is refused on H100 with
+         * cuBLASLt 13: INVALID_VALUE for bf16, NOT_SUPPORTED for fp8 inputs) */
+        cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+        NIB_BLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+        NIB_BLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+    }
     NIB_BLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, ab, (uint64_t)k, (uint64_t)n, k));
     NIB_BLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, ab, (uint64_t)k, (uint64_t)m, k));
-    NIB_BLAS_CHECK(cublasLtMatrixLayoutCreate(&p->d, CUDA_R_16BF, (uint64_t)n, (uint64_t)m, n));
+    NIB_BLAS_CHECK(cublasLtMatrixLayoutCreate(&p->d, CUDA_R_16BF, (uint64_t)n, (uint64_t)m, ldd));
+    if (ldc > 0) NIB_BLAS_CHECK(cublasLtMatrixLayoutCreate(&p->c, CUDA_R_16BF, (uint64_t)n, (uint64_t)m, ldc));
     cublasLtMatmulPreference_t pref;
     NIB_BLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     uint64_t wsb = NIB_BLAS_WS_BYTES;
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb);
+    /* checked: without the workspace limit the heuristic may pick an algorithm needing more
+     * workspace than nib passes, and the matmul would then fail */
+    cublasStatus_t ps = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb,
+                                                             sizeof wsb);
+    if (ps != CUBLAS_STATUS_SUCCESS) {
+        cublasLtMatmulPreferenceDestroy(pref); /* unchecked: cleanup; the first error is returned */
+        p->used = 1;                           /* so plan_release frees the descriptors */
+        plan_release(p);
+        return blas_status(ps, "cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE_BYTES)", __FILE__, __LINE__);
+    }
     cublasLtMatmulHeuristicResult_t res;
     int found = 0;
-    cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(b->lt, p->op, p->a, p->b, p->d, p->d, pref, 1, &res, &found);
-    cublasLtMatmulPreferenceDestroy(pref);
+    cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(b->lt, p->op, p->a, p->b, ldc > 0 ? p->c : p->d, p->d, pref,
+                                                      1, &res, &found);
+    /* an epilogue cuBLASLt does not offer for this type combination is remembered as such (the
+     * caller then runs the plain product and nib's epilogue kernel); other failures are errors */
+    const int unsup = (s == CUBLAS_STATUS_NOT_SUPPORTED || s == CUBLAS_STATUS_INVALID_VALUE ||
+                       (s == CUBLAS_STATUS_SUCCESS && !found)) && (has_bias || ldc);
+    cublasLtMatmulPreferenceDestroy(pref); /* unchecked: only the heuristic used it */
     p->used = 1; /* so plan_release frees the descriptors on the error paths too */
-    if (s != CUBLAS_STATUS_SUCCESS) return blas_status(s, "cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__);
-    if (!found)
-        return NIB_ERR(NIB_ERR_UNSUPPORTED, "cuBLASLt has no %s algorithm for M=%lld N=%lld K=%lld",
-                       kind ? "fp8" : "bf16", (long long)m, (long long)n, (long long)k);
-    p->algo = res.algo;
     p->kind = kind;
     p->m = m;
     p->n = n;
     p->k = k;
     p->sx_vec = sx_vec;
     p->sw_vec = sw_vec;
+    p->bias = has_bias;
+    p->ldc = ldc;
+    p->ldd = ldd;
+    if (unsup) {
+        p->unsupported = 1;
+        return NIB_ERR(NIB_ERR_UNSUPPORTED, "cuBLASLt has no %s algorithm for M=%lld N=%lld K=%lld%s%s (status %d)",
+                       kind ? "fp8" : "bf16", (long long)m, (long long)n, (long long)k,
+                       has_bias ? " with a bias epilogue" : "", ldc ? " with C" : "", (int)s);
+    }
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        plan_release(p);
+        return blas_status(s, "cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__);
+    }
+    if (!found) {
+        plan_release(p);
+        return NIB_ERR(NIB_ERR_UNSUPPORTED, "cuBLASLt has no %s algorithm for M=%lld N=%lld K=%lld",
+                       kind ? "fp8" : "bf16", (long long)m, (long long)n, (long long)k);
+    }
+    p->algo = res.algo;
     *out = p;
+    return NIB_OK;
+}
+
+nib_status nib_blas_gemm_fused(nib_blas *b, const nib_blas_gemm_args *a, void *stream) {
+    if (!b || !a || !a->x || !a->w || !a->y) return NIB_ERR(NIB_ERR_INVALID_ARG, "blas gemm: NULL argument");
+    if (a->m < 1 || a->n < 1 || a->k < 1 || a->ldy < a->n || (a->c && a->ldc < a->n))
+        return NIB_ERR(NIB_ERR_SHAPE, "blas gemm: M=%lld N=%lld K=%lld ldy=%lld ldc=%lld", (long long)a->m,
+                       (long long)a->n, (long long)a->k, (long long)a->ldy, (long long)a->ldc);
+    if (a->fp8) {
+        if (a->k % 16 || a->n % 16)
+            return NIB_ERR(NIB_ERR_SHAPE, "fp8 gemm: cuBLASLt FP8 needs K and N multiples of 16 (K=%lld N=%lld)",
+                           (long long)a->k, (long long)a->n);
+        if (!a->sx || !a->sw) return NIB_ERR(NIB_ERR_INVALID_ARG, "fp8 gemm: NULL scale pointer");
+    }
+    /* in place (C is Y with the same stride): one descriptor for both, as cuBLASLt requires */
+    const int64_t ldc = !a->c ? 0 : (a->c == a->y && a->ldc == a->ldy) ? -1 : a->ldc;
+    if (a->c && ldc > 0 && (const char *)a->c < (const char *)a->y + (size_t)a->ldy * a->m * 2 &&
+        (const char *)a->y < (const char *)a->c + (size_t)a->ldc * a->m * 2)
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "blas gemm: C overlaps Y without being Y (same pointer and stride)");
+    blas_plan *p = NULL;
+    NIB_RETURN_IF_ERR(plan_get(b, a->fp8, a->m, a->n, a->k, a->fp8 && a->sx_per_token, a->fp8 && a->sw_per_channel,
+                               a->sx, a->sw, a->bias, ldc, a->ldy, &p));
+    if (a->fp8) {
+        NIB_BLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a->sw, sizeof a->sw));
+        NIB_BLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a->sx, sizeof a->sx));
+    }
+    if (a->bias)
+        NIB_BLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &a->bias, sizeof a->bias));
+    float alpha = 1.f, beta = a->c ? 1.f : 0.f;
+    NIB_BLAS_CHECK(cublasLtMatmul(b->lt, p->op, &alpha, a->w, p->a, a->x, p->b, &beta, a->c ? a->c : a->y,
+                                  ldc > 0 ? p->c : p->d, a->y, p->d, &p->algo, b->ws, NIB_BLAS_WS_BYTES,
+                                  (cudaStream_t)stream));
     return NIB_OK;
 }
 
 nib_status nib_blas_gemm_bf16(nib_blas *b, const void *x, const void *w, void *y, int64_t m, int64_t n,
                               int64_t k, void *stream) {
-    blas_plan *p;
-    NIB_RETURN_IF_ERR(plan_get(b, 0, m, n, k, 0, 0, NULL, NULL, &p));
-    float alpha = 1.f, beta = 0.f;
-    NIB_BLAS_CHECK(cublasLtMatmul(b->lt, p->op, &alpha, w, p->a, x, p->b, &beta, y, p->d, y, p->d, &p->algo,
-                                  b->ws, NIB_BLAS_WS_BYTES, (cudaStream_t)stream));
-    return NIB_OK;
+    nib_blas_gemm_args a = {0, x, NULL, 0, w, NULL, 0, m, n, k, NULL, NULL, 0, y, n};
+    return nib_blas_gemm_fused(b, &a, stream);
 }
 
 nib_status nib_blas_gemm_fp8(nib_blas *b, const void *xq, const float *sx, int sx_per_token, const void *wq,
                              const float *sw, int sw_per_channel, void *y, int64_t m, int64_t n, int64_t k,
                              void *stream) {
-    if (k % 16 || n % 16)
-        return NIB_ERR(NIB_ERR_SHAPE, "fp8 gemm: cuBLASLt FP8 needs K and N multiples of 16 (K=%lld N=%lld)",
-                       (long long)k, (long long)n);
-    blas_plan *p;
-    if (!sx || !sw) return NIB_ERR(NIB_ERR_INVALID_ARG, "fp8 gemm: NULL scale pointer");
-    NIB_RETURN_IF_ERR(plan_get(b, 1, m, n, k, sx_per_token, sw_per_channel, sx, sw, &p));
-    NIB_BLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sw, sizeof sw));
-    NIB_BLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sx, sizeof sx));
-    float alpha = 1.f, beta = 0.f;
-    NIB_BLAS_CHECK(cublasLtMatmul(b->lt, p->op, &alpha, wq, p->a, xq, p->b, &beta, y, p->d, y, p->d, &p->algo,
-                                  b->ws, NIB_BLAS_WS_BYTES, (cudaStream_t)stream));
-    return NIB_OK;
+    nib_blas_gemm_args a = {1, xq, sx, sx_per_token, wq, sw, sw_per_channel, m, n, k, NULL, NULL, 0, y, n};
+    return nib_blas_gemm_fused(b, &a, stream);
 }
 
 /* Per-token FP8 activation quantization, exactly formats/ nib_fp8_quantize on each row:
@@ -197,6 +262,7 @@ __device__ __forceinline__ float block_max_256(float v, float *red) {
 template <int VMAX>
 __global__ void __launch_bounds__(256) k_quant_fp8_rows_vec(const __nv_bfloat16 *x, int64_t k, uint8_t *xq,
                                                              float *scales) {
+    nib::pdl_enter(); /* runtime/launch.cuh: first, before any access or return */
     __shared__ float red[33];
     const uint4 *row = (const uint4 *)(x + blockIdx.x * k);
     uint2 *qrow = (uint2 *)(xq + blockIdx.x * k);
@@ -238,6 +304,7 @@ __global__ void __launch_bounds__(256) k_quant_fp8_rows_vec(const __nv_bfloat16 
 /* scalar fallback (any K, any alignment) and the per-tensor quantization pass */
 __global__ void k_quant_fp8_rows(const __nv_bfloat16 *x, int64_t k, __nv_fp8_e4m3 *xq, float *scales,
                                  int per_token, float tensor_scale_inv) {
+    nib::pdl_enter(); /* runtime/launch.cuh: first, before any access or return */
     __shared__ float red[33];
     const __nv_bfloat16 *row = x + blockIdx.x * k;
     __nv_fp8_e4m3 *qrow = xq + blockIdx.x * k;
@@ -256,6 +323,7 @@ __global__ void k_quant_fp8_rows(const __nv_bfloat16 *x, int64_t k, __nv_fp8_e4m
 
 /* per-tensor: scale from the amax of the whole matrix (two passes) */
 __global__ void k_amax(const __nv_bfloat16 *x, int64_t n, unsigned int *amax_bits) {
+    nib::pdl_enter(); /* runtime/launch.cuh: first, before any access or return */
     float a = 0.f;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         a = fmaxf(a, fabsf(__bfloat162float(x[i])));
@@ -263,11 +331,13 @@ __global__ void k_amax(const __nv_bfloat16 *x, int64_t n, unsigned int *amax_bit
     if ((threadIdx.x & 31) == 0) atomicMax(amax_bits, __float_as_uint(a));
 }
 __global__ void k_tensor_scale(unsigned int *amax_bits, float *scale) {
+    nib::pdl_enter(); /* runtime/launch.cuh: first, before any access or return */
     float a = __uint_as_float(*amax_bits);
     *scale = a > 0.f ? a / 448.f : 1.f;
     *amax_bits = 0;
 }
 __global__ void k_quant_fp8_tensor(const __nv_bfloat16 *x, int64_t n, const float *scale, __nv_fp8_e4m3 *xq) {
+    nib::pdl_enter(); /* runtime/launch.cuh: first, before any access or return */
     float inv = 1.f / *scale;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         xq[i] = __nv_fp8_e4m3(__bfloat162float(x[i]) * inv);
@@ -280,11 +350,11 @@ nib_status nib_cuda_quantize_fp8_rows(const void *x, int64_t m, int64_t k, int p
         const int64_t nc = k / 8, vm = (nc + 255) / 256;
         const int vec = k % 8 == 0 && ((uintptr_t)x | (uintptr_t)xq) % 16 == 0 && vm <= 8;
         const __nv_bfloat16 *xb = (const __nv_bfloat16 *)x;
-        if (vec && vm <= 1) k_quant_fp8_rows_vec<1><<<(unsigned)m, 256, 0, s>>>(xb, k, (uint8_t *)xq, scales);
-        else if (vec && vm <= 2) k_quant_fp8_rows_vec<2><<<(unsigned)m, 256, 0, s>>>(xb, k, (uint8_t *)xq, scales);
-        else if (vec && vm <= 4) k_quant_fp8_rows_vec<4><<<(unsigned)m, 256, 0, s>>>(xb, k, (uint8_t *)xq, scales);
-        else if (vec) k_quant_fp8_rows_vec<8><<<(unsigned)m, 256, 0, s>>>(xb, k, (uint8_t *)xq, scales);
-        else k_quant_fp8_rows<<<(unsigned)m, 256, 0, s>>>(xb, k, (__nv_fp8_e4m3 *)xq, scales, 1, 1.f);
+        if (vec && vm <= 1) NIB_CUDA_CHECK(nib::launch(k_quant_fp8_rows_vec<1>, dim3((unsigned)m), dim3(256), 0, s, xb, k, (uint8_t *)xq, scales));
+        else if (vec && vm <= 2) NIB_CUDA_CHECK(nib::launch(k_quant_fp8_rows_vec<2>, dim3((unsigned)m), dim3(256), 0, s, xb, k, (uint8_t *)xq, scales));
+        else if (vec && vm <= 4) NIB_CUDA_CHECK(nib::launch(k_quant_fp8_rows_vec<4>, dim3((unsigned)m), dim3(256), 0, s, xb, k, (uint8_t *)xq, scales));
+        else if (vec) NIB_CUDA_CHECK(nib::launch(k_quant_fp8_rows_vec<8>, dim3((unsigned)m), dim3(256), 0, s, xb, k, (uint8_t *)xq, scales));
+        else NIB_CUDA_CHECK(nib::launch(k_quant_fp8_rows, dim3((unsigned)m), dim3(256), 0, s, xb, k, (__nv_fp8_e4m3 *)xq, scales, 1, 1.f));
         NIB_LAUNCH_CHECK("k_quant_fp8_rows");
         return NIB_OK;
     }
@@ -292,11 +362,11 @@ nib_status nib_cuda_quantize_fp8_rows(const void *x, int64_t m, int64_t k, int p
     unsigned int *amax = (unsigned int *)(scales + 1);
     int64_t n = m * k;
     NIB_CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(unsigned int), s));
-    k_amax<<<264, 256, 0, s>>>((const __nv_bfloat16 *)x, n, amax);
+    NIB_CUDA_CHECK(nib::launch(k_amax, dim3(264), dim3(256), 0, s, (const __nv_bfloat16 *)x, n, amax));
     NIB_LAUNCH_CHECK("k_amax");
-    k_tensor_scale<<<1, 1, 0, s>>>(amax, scales);
+    NIB_CUDA_CHECK(nib::launch(k_tensor_scale, dim3(1), dim3(1), 0, s, amax, scales));
     NIB_LAUNCH_CHECK("k_tensor_scale");
-    k_quant_fp8_tensor<<<264, 256, 0, s>>>((const __nv_bfloat16 *)x, n, scales, (__nv_fp8_e4m3 *)xq);
+    NIB_CUDA_CHECK(nib::launch(k_quant_fp8_tensor, dim3(264), dim3(256), 0, s, (const __nv_bfloat16 *)x, n, scales, (__nv_fp8_e4m3 *)xq));
     NIB_LAUNCH_CHECK("k_quant_fp8_tensor");
     return NIB_OK;
 }

@@ -26,6 +26,7 @@
 #include "ops/gemm.h"
 #include "runtime/cuda_check.h"
 #include "runtime/device.h"
+#include "runtime/launch.cuh"
 
 using namespace nib;
 
@@ -328,6 +329,10 @@ template <int FMT, int MT> struct IssueState {
     }
 };
 
+__device__ __forceinline__ void prefetch_l2(const void *a) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+}
+
 template <int FMT, int MT, int R>
 __global__ void __launch_bounds__(WARPS * 32, (MT >= 8 ? 1 : 2)) k_gemm_lowbit(GemmParams p) {
     constexpr int S = Stages<MT>::S;
@@ -341,6 +346,25 @@ __global__ void __launch_bounds__(WARPS * 32, (MT >= 8 ? 1 : 2)) k_gemm_lowbit(G
     const int c_end = min(c_begin + p.chunks_per_cta, p.nchunks);
     constexpr int CPS = Cps<MT>::N;
     const int nsteps = (c_end - c_begin + p.wk * CPS - 1) / (p.wk * CPS); /* uniform across the CTA */
+    /* Before the PDL wait (runtime/launch.cuh): the weights do not depend on the previous
+     * kernel, so pull the start of this CTA's weight (and scale) slice into L2 while that kernel
+     * finishes; the pipeline below then finds it there. At most PF_LINES lines per CTA. */
+    {
+        constexpr int PB = FmtT<FMT>::PARTS * 512, SBB = FmtT<FMT>::SB, PF_LINES = 256;
+        const int rgc = min(wn_count * R, p.ng - (int)blockIdx.x * wn_count * R);
+        const int lpr = (c_end - c_begin) * (PB / 128), spr = SBB ? (c_end - c_begin) * SBB / 128 : 0;
+        const int tot = min(rgc * lpr, PF_LINES), stot = min(rgc * spr, PF_LINES / 4);
+        const int rgb = blockIdx.x * wn_count * R;
+        for (int l = threadIdx.x; l < tot; l += blockDim.x) {
+            const int rr = l / lpr;
+            prefetch_l2(p.w + ((size_t)(rgb + rr) * p.nchunks + c_begin) * PB + (size_t)(l - rr * lpr) * 128);
+        }
+        for (int l = threadIdx.x; l < stot; l += blockDim.x) {
+            const int rr = l / max(spr, 1);
+            prefetch_l2(p.s + ((size_t)(rgb + rr) * p.nchunks + c_begin) * SBB + (size_t)(l - rr * spr) * 128);
+        }
+    }
+    nib::pdl_enter();
     const uint32_t ring = smem_u32(smem);
     __nv_bfloat16 *const xs0 = (__nv_bfloat16 *)(smem + p.ring_bytes);
     const int xs_stride = (min(MT * 8, p.m) + 1) * p.lds; /* real rows + the zero row */
@@ -935,7 +959,10 @@ nib_status nib_cuda_gemm_plan(const nib_qweight *w, int64_t m, uint64_t ws_elems
     pl->m_chunks = (int)((m + MCHUNK - 1) / MCHUNK);
     const int ng = (int)(w->np / 16), nchunks = (int)(w->kp / KCH);
     const int S = stages_for_mt(pl->mt), cps = cps_for_mt(pl->mt);
-    const int ring = WARPS * 32 * S * pieces_for(w->fmt) * cps * 16;
+    /* ring bytes for `steps` pipeline steps: a CTA with fewer steps than stages only ever
+     * touches stages 0 .. steps-1 (stage j holds step j), so it needs only those (at M = 10 and
+     * K = 1024 one step per warp: 24 KB instead of 96 KB, two CTAs per SM instead of one) */
+    auto ring_for = [&](int steps) { return WARPS * 32 * (steps < S ? steps : S) * pieces_for(w->fmt) * cps * 16; };
     /* M chunks of 64 tokens run one CTA per SM: they may use more shared memory for X */
     const int xbudget = pl->mt >= 8 ? 2 * X_BUDGET : X_BUDGET;
     /* X rows in shared memory: the real tokens of the largest M chunk + one zero row */
@@ -953,7 +980,7 @@ nib_status nib_cuda_gemm_plan(const nib_qweight *w, int64_t m, uint64_t ws_elems
             xw0 = 1, nxb0 = S, lds0 = wk * cps * KCH + 8;
         /* resident CTAs per SM: registers (launch bounds) and shared memory (ring + X) */
         int occ_regs = pl->mt <= 4 ? 2 : 1; /* = the launch bounds */
-        int occ_smem = (int)(227 * 1024 / (ring + (size_t)nxb0 * xrows_alloc * lds0 * 2 + 1024));
+        int occ_smem = (int)(227 * 1024 / (ring_for(steps0) + (size_t)nxb0 * xrows_alloc * lds0 * 2 + 1024));
         int occ = occ_regs < occ_smem ? occ_regs : occ_smem;
         if (occ < 1) occ = 1;
         int target = occ * g_num_sms;
@@ -983,6 +1010,7 @@ nib_status nib_cuda_gemm_plan(const nib_qweight *w, int64_t m, uint64_t ws_elems
             pl->xw = xw;
             pl->nxb = nxb;
             pl->lds = lds;
+            const int ring = ring_for(steps);
             pl->ring_bytes = ring;
             size_t xs = (size_t)nxb * xrows_alloc * lds * 2;
             size_t red = (size_t)(wk - 1) * wn * pl->mt * 4 * 32 * 4;
@@ -1002,7 +1030,7 @@ static nib_status launch_t(const GemmParams &p, dim3 grid, size_t smem, cudaStre
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
         attr_set = 1;
     }
-    k_gemm_lowbit<FMT, MT, R><<<grid, WARPS * 32, smem, stream>>>(p);
+    NIB_CUDA_CHECK(nib::launch(k_gemm_lowbit<FMT, MT, R>, grid, dim3(WARPS * 32), smem, stream, p));
     NIB_LAUNCH_CHECK("k_gemm_lowbit");
     return NIB_OK;
 }

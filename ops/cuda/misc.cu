@@ -7,6 +7,7 @@
 
 #include "ops/misc.h"
 #include "runtime/cuda_check.h"
+#include "runtime/launch.cuh"
 
 static unsigned blocks_for(int64_t n, int t) {
     int64_t b = (n + t - 1) / t;
@@ -14,6 +15,7 @@ static unsigned blocks_for(int64_t n, int t) {
 }
 
 __global__ void k_im2patch(nib_im2patch_args a, int g, int kk, int64_t total) {
+    nib::pdl_enter(); /* runtime/launch.cuh: first, before any access or return */
     for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < total;
          idx += (int64_t)gridDim.x * blockDim.x) {
         int64_t row = idx / a.ld, col = idx - row * a.ld;
@@ -41,13 +43,14 @@ nib_status nib_cuda_im2patch(const nib_im2patch_args *a, void *stream) {
     int g = a->size / a->patch;
     int64_t total = (int64_t)a->n_img * g * g * a->ld;
     if (total == 0) return NIB_OK;
-    k_im2patch<<<blocks_for(total, 256), 256, 0, (cudaStream_t)stream>>>(*a, g, a->channels * a->patch * a->patch,
-                                                                        total);
+    NIB_CUDA_CHECK(nib::launch(k_im2patch, dim3(blocks_for(total, 256)), dim3(256), 0, (cudaStream_t)stream, *a, g, a->channels * a->patch * a->patch,
+                                                                        total));
     NIB_LAUNCH_CHECK("k_im2patch");
     return NIB_OK;
 }
 
 __global__ void k_embed(nib_embed_args a) {
+    nib::pdl_enter(); /* runtime/launch.cuh: first, before any access or return */
     int t = blockIdx.x;
     int32_t id = a.ids[t];
     const __nv_bfloat16 *src = (const __nv_bfloat16 *)a.table + (int64_t)id * a.dim;
@@ -59,12 +62,13 @@ __global__ void k_embed(nib_embed_args a) {
 
 nib_status nib_cuda_embed(const nib_embed_args *a, void *stream) {
     if (a->n <= 0) return NIB_OK;
-    k_embed<<<a->n, 256, 0, (cudaStream_t)stream>>>(*a);
+    NIB_CUDA_CHECK(nib::launch(k_embed, dim3(a->n), dim3(256), 0, (cudaStream_t)stream, *a));
     NIB_LAUNCH_CHECK("k_embed");
     return NIB_OK;
 }
 
 __global__ void k_f32_to_act(const float *x, int64_t rows, int64_t cols, int64_t ldx, __nv_bfloat16 *y, int64_t ldy) {
+    nib::pdl_enter(); /* runtime/launch.cuh: first, before any access or return */
     int64_t n = rows * cols;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         int64_t r = i / cols, c = i - r * cols;
@@ -74,13 +78,14 @@ __global__ void k_f32_to_act(const float *x, int64_t rows, int64_t cols, int64_t
 nib_status nib_cuda_f32_to_act(const float *x, int64_t rows, int64_t cols, int64_t ldx, void *y, int64_t ldy,
                                void *stream) {
     if (rows * cols == 0) return NIB_OK;
-    k_f32_to_act<<<blocks_for(rows * cols, 256), 256, 0, (cudaStream_t)stream>>>(x, rows, cols, ldx,
-                                                                                  (__nv_bfloat16 *)y, ldy);
+    NIB_CUDA_CHECK(nib::launch(k_f32_to_act, dim3(blocks_for(rows * cols, 256)), dim3(256), 0, (cudaStream_t)stream, x, rows, cols, ldx,
+                                                                                  (__nv_bfloat16 *)y, ldy));
     NIB_LAUNCH_CHECK("k_f32_to_act");
     return NIB_OK;
 }
 
 __global__ void k_axpy_f32(float *x, int64_t rows, int64_t cols, int64_t ldx, const __nv_bfloat16 *v, int64_t ldv) {
+    nib::pdl_enter(); /* runtime/launch.cuh: first, before any access or return */
     int64_t n = rows * cols;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         int64_t r = i / cols, c = i - r * cols;
@@ -90,8 +95,8 @@ __global__ void k_axpy_f32(float *x, int64_t rows, int64_t cols, int64_t ldx, co
 nib_status nib_cuda_axpy_f32(float *x, int64_t rows, int64_t cols, int64_t ldx, const void *v, int64_t ldv,
                              void *stream) {
     if (rows * cols == 0) return NIB_OK;
-    k_axpy_f32<<<blocks_for(rows * cols, 256), 256, 0, (cudaStream_t)stream>>>(x, rows, cols, ldx,
-                                                                                (const __nv_bfloat16 *)v, ldv);
+    NIB_CUDA_CHECK(nib::launch(k_axpy_f32, dim3(blocks_for(rows * cols, 256)), dim3(256), 0, (cudaStream_t)stream, x, rows, cols, ldx,
+                                                                                (const __nv_bfloat16 *)v, ldv));
     NIB_LAUNCH_CHECK("k_axpy_f32");
     return NIB_OK;
 }
@@ -102,6 +107,7 @@ __device__ __forceinline__ float gelu_tanh_dev(float g) {
 }
 
 __global__ void k_epilogue(nib_epilogue_args a, int64_t n_out) {
+    nib::pdl_enter(); /* runtime/launch.cuh: first, before any access or return */
     int64_t n = a.rows * n_out;
     const __nv_bfloat16 *acc = (const __nv_bfloat16 *)a.acc, *res = (const __nv_bfloat16 *)a.residual;
     __nv_bfloat16 *y = (__nv_bfloat16 *)a.y;
@@ -121,7 +127,7 @@ __global__ void k_epilogue(nib_epilogue_args a, int64_t n_out) {
 nib_status nib_cuda_epilogue(const nib_epilogue_args *a, void *stream) {
     int64_t n_out = a->geglu ? a->n_in / 2 : a->n_in;
     if (a->rows * n_out == 0) return NIB_OK;
-    k_epilogue<<<blocks_for(a->rows * n_out, 256), 256, 0, (cudaStream_t)stream>>>(*a, n_out);
+    NIB_CUDA_CHECK(nib::launch(k_epilogue, dim3(blocks_for(a->rows * n_out, 256)), dim3(256), 0, (cudaStream_t)stream, *a, n_out));
     NIB_LAUNCH_CHECK("k_epilogue");
     return NIB_OK;
 }

@@ -23,6 +23,7 @@
 
 #include "ops/norm.h"
 #include "runtime/cuda_check.h"
+#include "runtime/launch.cuh"
 
 struct NormParams {
     int kind, dim, nch; /* nch = dim / 8 chunks */
@@ -94,6 +95,7 @@ static __device__ __forceinline__ float block_max(float v, float *sh, int nw) {
 
 template <int V>
 __global__ void __launch_bounds__(256) k_norm(const NormParams p) {
+    nib::pdl_enter(); /* runtime/launch.cuh: first, before any access or return */
     const long long row = blockIdx.x;
     if (p.n_valid && row >= *p.n_valid) return; /* uniform per CTA: before any barrier */
     __shared__ double s_sum[8], s_sq[8];
@@ -241,10 +243,10 @@ nib_status nib_cuda_norm(const nib_norm_args *a, void *stream) {
     const dim3 grid((unsigned)a->rows);
     cudaStream_t s = (cudaStream_t)stream;
     switch (v) {
-    case 1: k_norm<1><<<grid, threads, 0, s>>>(p); break;
-    case 2: k_norm<2><<<grid, threads, 0, s>>>(p); break;
-    case 3: k_norm<3><<<grid, threads, 0, s>>>(p); break;
-    default: k_norm<4><<<grid, threads, 0, s>>>(p); break;
+    case 1: NIB_CUDA_CHECK(nib::launch(k_norm<1>, dim3(grid), dim3(threads), 0, s, p)); break;
+    case 2: NIB_CUDA_CHECK(nib::launch(k_norm<2>, dim3(grid), dim3(threads), 0, s, p)); break;
+    case 3: NIB_CUDA_CHECK(nib::launch(k_norm<3>, dim3(grid), dim3(threads), 0, s, p)); break;
+    default: NIB_CUDA_CHECK(nib::launch(k_norm<4>, dim3(grid), dim3(threads), 0, s, p)); break;
     }
     NIB_LAUNCH_CHECK("k_norm");
     return NIB_OK;

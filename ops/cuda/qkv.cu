@@ -31,6 +31,7 @@
 
 #include "ops/qkv.h"
 #include "runtime/cuda_check.h"
+#include "runtime/launch.cuh"
 
 #define NVFP4_GLOBAL_MIN 0x1p-117f /* formats.h NIB_NVFP4_GLOBAL_MIN */
 
@@ -135,6 +136,7 @@ static __device__ __forceinline__ uint2 e4m3_word(const float (&x)[8], float sca
 }
 
 __global__ void __launch_bounds__(1024) k_qkv(const QkvParams p) {
+    nib::pdl_enter(); /* runtime/launch.cuh: first, before any access or return */
     extern __shared__ float2 cs[]; /* [half] (cos, sin) when p.rope */
     const int t = blockIdx.x;
     if (p.n_valid && t >= *p.n_valid) return; /* uniform per CTA: before any barrier/shuffle */
@@ -255,6 +257,7 @@ struct KvReadParams {
 };
 
 __global__ void k_kv_read(const KvReadParams p) {
+    nib::pdl_enter(); /* runtime/launch.cuh: first, before any access or return */
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < p.n; i += (long long)gridDim.x * blockDim.x) {
         const long long vl = i / p.hd;
         const int d = (int)(i - vl * p.hd);
@@ -297,7 +300,7 @@ static nib_status set_cache(QkvParams *p, const nib_kv_layer *c, const char *who
 static nib_status launch_qkv(const QkvParams &p, long long tokens, void *stream) {
     const int threads = (p.units + 31) / 32 * 32; /* <= 1024 (validated) */
     const size_t smem = p.rope ? (size_t)p.half * sizeof(float2) : 0;
-    k_qkv<<<(unsigned)tokens, threads, smem, (cudaStream_t)stream>>>(p);
+    NIB_CUDA_CHECK(nib::launch(k_qkv, dim3((unsigned)tokens), dim3(threads), smem, (cudaStream_t)stream, p));
     NIB_LAUNCH_CHECK("k_qkv");
     return NIB_OK;
 }
@@ -381,7 +384,7 @@ nib_status nib_cuda_kv_read(const nib_kv_read_args *a, void *stream) {
     if (p.n == 0) return NIB_OK;
     long long blocks = (p.n + 255) / 256;
     if (blocks > 4096) blocks = 4096;
-    k_kv_read<<<(unsigned)blocks, 256, 0, (cudaStream_t)stream>>>(p);
+    NIB_CUDA_CHECK(nib::launch(k_kv_read, dim3((unsigned)blocks), dim3(256), 0, (cudaStream_t)stream, p));
     NIB_LAUNCH_CHECK("k_kv_read");
     return NIB_OK;
 }

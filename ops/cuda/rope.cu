@@ -22,6 +22,7 @@
 
 #include "ops/rope.h"
 #include "runtime/cuda_check.h"
+#include "runtime/launch.cuh"
 
 struct RopeParams {
     int style, inverse, n_heads, head_dim, half;
@@ -72,6 +73,7 @@ static __device__ __forceinline__ uint16_t *unit_base(const RopeParams &p, uint1
 }
 
 __global__ void __launch_bounds__(256) k_rope(const RopeParams p) {
+    nib::pdl_enter(); /* runtime/launch.cuh: first, before any access or return */
     extern __shared__ float2 cs[]; /* [half] */
     const int t = blockIdx.x;
     if (p.n_valid && t >= *p.n_valid) return; /* uniform per CTA */
@@ -154,7 +156,7 @@ nib_status nib_cuda_rope(const nib_rope_args *a, void *stream) {
     threads = (threads + 31) / 32 * 32;
     if (threads > 256) threads = 256;
     const size_t smem = (size_t)p.half * sizeof(float2); /* <= 16 KiB (rot_dim <= 4096) */
-    k_rope<<<(unsigned)a->tokens, threads, smem, (cudaStream_t)stream>>>(p);
+    NIB_CUDA_CHECK(nib::launch(k_rope, dim3((unsigned)a->tokens), dim3(threads), smem, (cudaStream_t)stream, p));
     NIB_LAUNCH_CHECK("k_rope");
     return NIB_OK;
 }

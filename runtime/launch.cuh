@@ -1,0 +1,79 @@
+/* launch.cuh — kernel launches with programmatic dependent launch (PDL, sm_90+).
+ *
+ * Why: at batch 1 most kernels run a few microseconds, and the gap between two dependent
+ * kernels (the second one's launch and ramp-up after the first one drains) is a large part of
+ * each. With PDL the next kernel of the stream (or of the captured graph) is launched while the
+ * current one still runs; its CTAs become resident and wait in griddepcontrol.wait until the
+ * current grid has completed and its memory is visible. Work that does not depend on the
+ * previous kernel (the low-bit GEMM prefetches its weights into L2) runs before the wait.
+ *
+ * The protocol every nib kernel follows (launched through nib_launch):
+ *   1. Before nib_pdl_wait(): no global memory writes at all, and reads only of data no
+ *      kernel of the call writes (weights). No early return before it either: a grid whose
+ *      CTAs all returned before waiting could complete before its predecessor, and the kernel
+ *      after it would then overlap the predecessor.
+ *   2. nib_pdl_wait(), then nib_pdl_trigger(): the next kernel may launch now. Triggering
+ *      after the wait keeps at most one grid waiting behind the running one.
+ * cuBLAS kernels do not trigger: a nib kernel launched after one waits for its completion
+ * (the implicit trigger), so mixing them is safe. Kernels launched without the attribute (or
+ * with NIB_PDL=0, or on a device without PDL) execute both instructions as no-ops.
+ *
+ * NIB_PDL=0 in the environment turns the attribute off (read at each launch, so a graph keeps
+ * the setting it was captured with): the A/B switch of `nib bench pi05`.
+ */
+#ifndef NIB_RUNTIME_LAUNCH_CUH
+#define NIB_RUNTIME_LAUNCH_CUH
+
+#include <cuda_runtime.h>
+#include <stdlib.h>
+
+#include <utility>
+
+namespace nib {
+
+/* Wait until the previous grid of the stream has completed and its writes are visible. */
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+/* Allow the next grid of the stream to launch (its own pdl_wait still orders it after us). */
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+/* Both, in protocol order: the first statement of every kernel without a pre-wait phase. */
+__device__ __forceinline__ void pdl_enter() {
+    pdl_wait();
+    pdl_trigger();
+}
+
+inline bool pdl_enabled() {
+    const char *e = getenv("NIB_PDL");
+    return !(e && e[0] == '0' && e[1] == '\0');
+}
+
+/* cudaLaunchKernelEx with the PDL attribute; returns the launch's cudaError_t (check it with
+ * NIB_CUDA_CHECK). */
+template <typename... KArgs, typename... Args>
+inline cudaError_t launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                          Args &&...args) {
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = pdl_enabled() ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...); /* unchecked: returned to the caller */
+}
+
+} /* namespace nib */
+
+#endif
