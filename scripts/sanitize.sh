@@ -5,6 +5,9 @@
 #                                          and initcheck over every test (whole suite per tool)
 #   scripts/sanitize.sh --negative-control only the negative control
 #   scripts/sanitize.sh --tools "memcheck" --filter gpu    a subset (FILTER = nib_tests substring)
+#   scripts/sanitize.sh --parallel --timeout 540          the four tools at once (one GPU is
+#                                          enough: each process holds < 10 GB), each killed after
+#                                          540 s (a tool that does not finish fails the run)
 #
 # Builds (CUDA, -lineinfo): BUILD_DIR (default build-sanitize) for the suite, and
 # build-sanitize-negctl with `make NIB_NEGATIVE_CONTROL=1`, whose test
@@ -28,6 +31,8 @@ cd "$(dirname "$0")/.."
 tools="memcheck racecheck synccheck initcheck"
 filter=""
 only_negctl=0
+parallel=0
+tlimit=0
 build=${BUILD_DIR:-build-sanitize}
 negbuild=build-sanitize-negctl
 while [ $# -gt 0 ]; do
@@ -35,6 +40,8 @@ while [ $# -gt 0 ]; do
         --negative-control) only_negctl=1 ;;
         --tools) tools=$2; shift ;;
         --filter) filter=$2; shift ;;
+        --parallel) parallel=1 ;;
+        --timeout) tlimit=$2; shift ;;
         -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
         *) echo "sanitize: unknown argument '$1'" >&2; exit 2 ;;
     esac
@@ -76,29 +83,55 @@ fi
 # ---- the suite under each tool ----------------------------------------------------------
 make BUILD="$build" -j"$jobs" "$build/nib_tests" >"$build.build.log" 2>&1 ||
     { echo "sanitize: FAILED: build (see $build.build.log)" >&2; exit 1; }
-fail=0
-for tool in $tools; do
-    extra=()
+run_tool() { # tool -> its log; exit status of the sanitizer (124: killed by --timeout)
+    local tool=$1 extra=()
     case "$tool" in
         memcheck) extra=(--leak-check full) ;;
-        racecheck) extra=(--racecheck-report hazard) ;;
+        # cuBLASLt's Hopper kernels (nvjet*) order shared memory with TMA and mbarriers, which
+        # racecheck does not model: it reports WAR hazards inside them ("Current Value: 239,
+        # Incoming Value: 239"). They are NVIDIA's code; every nib kernel is still checked.
+        racecheck) extra=(--racecheck-report hazard --kernel-name-exclude kns=nvjet) ;;
         initcheck|synccheck) ;;
-        *) echo "sanitize: unknown tool '$tool'" >&2; exit 2 ;;
+        *) echo "sanitize: unknown tool '$tool'" >&2; return 2 ;;
     esac
-    log=$build/sanitize-$tool.log
-    t0=$(date +%s)
-    "$san" --tool "$tool" "${extra[@]}" --error-exitcode 1 --print-limit 200 \
-        "$build/nib_tests" $filter >"$log" 2>&1
-    rc=$?
+    local pre=()
+    [ "$tlimit" -gt 0 ] && pre=(timeout "$tlimit")
+    "${pre[@]}" "$san" --tool "$tool" "${extra[@]}" --error-exitcode 1 --print-limit 200 \
+        "$build/nib_tests" $filter >"$build/sanitize-$tool.log" 2>&1
+}
+report_tool() { # tool rc seconds -> one line; returns 1 on any error
+    local tool=$1 rc=$2 secs=$3 log=$build/sanitize-$1.log
+    local errs summary
     errs=$(sed -n 's/.*ERROR SUMMARY: \([0-9]*\) error.*/\1/p' "$log" | tail -1)
     [ -z "$errs" ] && errs=$(grep -c "^========= \(Invalid\|Race\|Uninitialized\|Barrier\|Program hit\|Error\)" "$log")
     summary=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$log" | tail -1)
-    echo "sanitize $tool: $errs errors, exit $rc, $(( $(date +%s) - t0 )) s, tests: ${summary:-no summary line}, log $log"
-    if [ $rc -ne 0 ] || [ "${errs:-1}" != "0" ] || [ -z "$summary" ]; then
-        fail=1
+    local why=""
+    [ "$rc" -eq 124 ] && why=" (killed after ${tlimit} s: did not finish)"
+    echo "sanitize $tool: $errs errors, exit $rc$why, $secs s, tests: ${summary:-no summary line}, log $log"
+    if [ "$rc" -ne 0 ] || [ "${errs:-1}" != "0" ] || [ -z "$summary" ]; then
         grep -E "^========= (Invalid|Race|Uninitialized|Barrier|Program hit|Error|    at )" "$log" | head -n 20
+        return 1
     fi
-done
+    return 0
+}
+# tests that provoke device errors on purpose skip, heavy repetition shrinks (tests/harness.h)
+export NIB_UNDER_SANITIZER=1
+fail=0
+if [ $parallel -eq 1 ]; then
+    declare -A pid
+    t0=$(date +%s)
+    for tool in $tools; do run_tool "$tool" & pid[$tool]=$!; done
+    for tool in $tools; do
+        wait "${pid[$tool]}"; rc=$?
+        report_tool "$tool" $rc $(( $(date +%s) - t0 )) || fail=1
+    done
+else
+    for tool in $tools; do
+        t0=$(date +%s)
+        run_tool "$tool"; rc=$?
+        report_tool "$tool" $rc $(( $(date +%s) - t0 )) || fail=1
+    done
+fi
 if [ $fail -ne 0 ]; then
     echo "sanitize: FAILED (see the logs above)"
     exit 1

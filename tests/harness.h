@@ -17,6 +17,7 @@
 #define NIB_TEST_HARNESS_H
 
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "base/base.h"
 #include "base/rng.h"
@@ -90,6 +91,17 @@ int nib_test_run_self(const char *filter, const char *const *env, char *out, siz
         nib_test_skip(t, __VA_ARGS__);                                                        \
         return;                                                                               \
     } while (0)
+/* Tests that provoke a device error on purpose (a real fault, a failed allocation) skip under
+ * scripts/sanitize.sh, which sets NIB_UNDER_SANITIZER=1: the tool would report the deliberate
+ * error as a finding. Heavy repetition is scaled down there too (nib_under_sanitizer()). */
+#define NIB_SKIP_UNDER_SANITIZER(why)                                                         \
+    do {                                                                                      \
+        if (nib_under_sanitizer()) SKIP("under compute-sanitizer: " why);                     \
+    } while (0)
+static inline int nib_under_sanitizer(void) {
+    const char *e = getenv("NIB_UNDER_SANITIZER");
+    return e && e[0] == '1';
+}
 #define NIB_REQUIRE_GPU()                                                                     \
     do {                                                                                      \
         if (!nib_test_have_gpu()) SKIP("no usable CUDA device");                              \

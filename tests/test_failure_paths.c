@@ -154,6 +154,7 @@ NIB_TEST(fail_fake_cc_unsupported_device) {
  * device.c reads the knob at every allocation, so both parts run in a full test run too (after
  * earlier tests allocated), and unsetting the knob lifts the limit at once. */
 NIB_TEST(fail_device_oom_reports_bytes) {
+    NIB_SKIP_UNDER_SANITIZER("it fails allocations on purpose");
     nib_device_info info;
     NIB_REQUIRE_GPU();
     REQUIRE(nib_device_query(&info) == NIB_OK);
@@ -312,6 +313,7 @@ NIB_TEST(fail_device_lost_real_fault_child) {
 }
 
 NIB_TEST(fail_device_lost_real_fault) {
+    NIB_SKIP_UNDER_SANITIZER("its child faults on purpose (memcheck reports the write; the negative control covers that)");
     NIB_REQUIRE_GPU();
     static char out[16384];
     const char *env[] = {"NIB_TEST_DEVICE_LOST_CHILD=1", NULL};
