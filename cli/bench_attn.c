@@ -11,7 +11,7 @@
  *           than 3x L2, so every call reads its KV from DRAM; "hot": one cache, L2-resident (as
  *           the Pi0.5 prefix KV of 18 layers, ~10 MB, is in practice).
  *   decode  1 query x 8 heads over T = 1024 .. 32768 slots, each dtype, cold (rotating caches).
- * --variants auto,dec,r4,r8 repeats the cache and decode sections with the kernel variant forced
+ * --variants auto,dec,r4,r8,cl repeats the cache and decode sections with the kernel variant forced
  * (NIB_ATTN_VARIANT; "auto" = the planner's choice), to measure the alternatives in one run.
  * KV bytes = what one call must read: element planes + block scales + per-(token, head) scales
  * of the T visible slots. FLOPs = 4 x rows x T x D (Q.K and P.V).
@@ -120,7 +120,10 @@ static nib_status bench_prefix(bench_state *b, const char *name, int n_img, int 
         snprintf(x->name, sizeof x->name, "%s S=%d x%d H=%d KV=%d D=%d", name, S, n_img, H, KV, D);
         snprintf(x->dtype, sizeof x->dtype, "bf16");
         snprintf(x->l2, sizeof x->l2, "hot");
-        snprintf(x->variant, sizeof x->variant, "auto");
+        /* NIB_ATTN_SPLITS (a lab knob of the planner) forces the split count: recorded as s=N */
+        const char *fs = getenv("NIB_ATTN_SPLITS");
+        if (fs && *fs) snprintf(x->variant, sizeof x->variant, "s=%.4s", fs);
+        else snprintf(x->variant, sizeof x->variant, "auto");
         x->s = S;
         x->images = n_img;
         x->h = H;
@@ -313,7 +316,7 @@ int nib_bench_attn(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (nib_cli_is_help(a)) {
-            printf("usage: nib bench attn [--sections prefix,cache,decode] [--variants auto,dec,r4,r8] [--reps N]\n"
+            printf("usage: nib bench attn [--sections prefix,cache,decode] [--variants auto,dec,r4,r8,cl] [--reps N]\n"
                    "                      [--json FILE]\n"
                    "The attention kernel lab: prefix self-attention (Gemma S = 532, 968; SigLIP 1..3 images),\n"
                    "the Pi0.5 suffix over the KV cache (P = 532, 768, 1024 x H = 10, 50 x bf16/fp8/nvfp4, cold\n"
@@ -382,16 +385,18 @@ int nib_bench_attn(int argc, char **argv) {
     snprintf(vbuf, sizeof vbuf, "%s", variants);
     for (char *save = NULL, *v = strtok_r(vbuf, ",", &save); v; v = strtok_r(NULL, ",", &save)) {
         if (!strcmp(v, "auto")) unsetenv("NIB_ATTN_VARIANT");
-        else if (!strcmp(v, "dec") || !strcmp(v, "r4") || !strcmp(v, "r8")) setenv("NIB_ATTN_VARIANT", v, 1);
+        else if (!strcmp(v, "dec") || !strcmp(v, "r4") || !strcmp(v, "r8") || !strcmp(v, "cl"))
+            setenv("NIB_ATTN_VARIANT", v, 1);
         else {
-            printf("  unknown variant '%s' skipped (auto, dec, r4, r8)\n", v);
+            printf("  unknown variant '%s' skipped (auto, dec, r4, r8, cl)\n", v);
             continue;
         }
+        const int cl = !strcmp(v, "cl"); /* the cluster variant takes <= 128 rows: H = 10 only */
         if (do_cache) {
             const int Ps[] = {532, 768, 1024}, Hs[] = {10, 50};
             for (int cold = 1; cold >= 0; cold--)
                 for (int pi = 0; pi < 3; pi++)
-                    for (int hi = 0; hi < 2; hi++)
+                    for (int hi = 0; hi < 2 - cl; hi++)
                         for (int dt = 0; dt < NIB_KV_COUNT; dt++)
                             RUN(bench_cache(b, "cache", (nib_kv_dtype)dt, Ps[pi] + Hs[hi], Hs[hi], cold));
         }

@@ -151,7 +151,7 @@ static nib_status bench_call(void *c, int i, void *stream) {
         return nib_cuda_rope(&a, stream);
     }
     case F_ACT: {
-        nib_act_args a = {o->ak, b->rows, b->nvalid, b->dim, s->x, 2 * b->dim, s->y, b->dim};
+        nib_act_args a = {o->ak, b->rows, b->nvalid, b->dim, s->x, 2 * b->dim, s->y, b->dim, NULL, 0, NULL};
         return nib_cuda_act(&a, stream);
     }
     default: {

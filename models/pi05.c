@@ -1130,10 +1130,7 @@ static nib_status fwd_vision(nib_pi05 *m, const call_shape *cs) {
         NIB_RETURN_IF_ERR(nib_be_gemm(be, &L->o, m->vattn, Vt, Wv, m->vx, Wv, &res));
         nib_norm_args n2 = n1;
         n2.w = L->ln2_w, n2.b = L->ln2_b;
-        NIB_RETURN_IF_ERR(nib_be_norm_gemm(be, &n2, &L->fc1, m->vmlp, c->v_mlp, NULL));
-        nib_act_args g = {NIB_ACT_GELU_TANH, Vt, NULL, c->v_mlp, m->vmlp, c->v_mlp, m->vmlp, c->v_mlp};
-        NIB_RETURN_IF_ERR(nib_be_act(be, &g));
-        NIB_RETURN_IF_ERR(nib_be_gemm(be, &L->fc2, m->vmlp, Vt, c->v_mlp, m->vx, Wv, &res));
+        NIB_RETURN_IF_ERR(nib_be_mlp(be, &n2, &L->fc1, 1, &L->fc2, m->vmlp, c->v_mlp, m->vx, Wv, &res));
         NIB_RETURN_IF_ERR(check_stage(m, m->vx, Vt, Wv, Wv, 0, "vision x", "vision layer %d output", l));
     }
     nib_norm_args pn = {.kind = NIB_NORM_LAYER, .rows = Vt, .dim = Wv, .eps = NIB_NORM_EPS, .x = m->vx, .ldx = Wv,
@@ -1178,11 +1175,9 @@ static nib_status fwd_prefix(nib_pi05 *m, const call_shape *cs) {
         NIB_RETURN_IF_ERR(nib_be_attn_prefix(be, &at));
         nib_gemm_epi res = {0, NULL, m->px, W};
         NIB_RETURN_IF_ERR(nib_be_gemm(be, &L->o, m->pattn, S, nh * hd, m->px, W, &res));
-        nib_gemm_epi gg = {1, NULL, NULL, 0};
         nib_norm_args n2 = n1;
         n2.w = L->n2w;
-        NIB_RETURN_IF_ERR(nib_be_norm_gemm(be, &n2, &L->gu, m->pmlp, c->mlp, &gg));
-        NIB_RETURN_IF_ERR(nib_be_gemm(be, &L->down, m->pmlp, S, c->mlp, m->px, W, &res));
+        NIB_RETURN_IF_ERR(nib_be_mlp(be, &n2, &L->gu, 0, &L->down, m->pmlp, c->mlp, m->px, W, &res));
         NIB_RETURN_IF_ERR(check_stage(m, m->px, S, W, W, 0, "prefix x", "prefix layer %d output", l));
     }
     return NIB_OK;

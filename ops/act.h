@@ -16,9 +16,17 @@
  * tanhf/expf are the platform's fp32 functions (CUDA: within 2 ulp; glibc: within 1 ulp), the
  * only difference between the backends.
  *
- * Strides in elements. H is a multiple of 8. Gated: ldx >= 2H; GELU: ldx >= H; ldy >= H. On the
- * GPU ldx and ldy are multiples of 8 and x, y 16-byte aligned. y may be x (in place, ldy ==
- * ldx); otherwise they must not overlap.
+ * Outputs (at least one): y in the activation dtype (bf16 on the GPU: RNE of the fp32 value), and
+ * FP8 for a following W8A8 GEMM: per row s = amax_j |v_j| / 448 raised to at least FLT_MIN (1 for
+ * an all-zero row), code_j = e4m3(v_j / s) (IEEE division, RNE, saturating): formats'
+ * nib_fp8_quantize(v_row, 1, H, per_channel = 1, ...) of the fp32 values v (not of the bf16 y),
+ * the same rule as the norms' FP8 output (ops/norm.h). The reference reports NIB_ERR_NUMERICS
+ * for a row with NaN/Inf when y_q is asked for.
+ *
+ * Strides in elements. H is a multiple of 8. Gated: ldx >= 2H; GELU: ldx >= H; ldy >= H; ldq >= H.
+ * On the GPU ldx and ldy are multiples of 8 and x, y 16-byte aligned; ldq a multiple of 8 and
+ * y_q 8-byte aligned; with y_q, H <= 32768. y may be x (in place, ldy == ldx); otherwise they
+ * must not overlap. y_q and y_scale overlap nothing.
  */
 #ifndef NIB_OPS_ACT_H
 #define NIB_OPS_ACT_H
@@ -46,8 +54,11 @@ typedef struct nib_act_args {
     int64_t h;              /* output columns H: a multiple of 8 */
     const void *x;          /* [rows][ldx] (ref: float, CUDA: bf16): gate | up, or x for GELU */
     int64_t ldx;
-    void *y;                /* [rows][ldy] (ref: float, CUDA: bf16) */
+    void *y;                /* [rows][ldy] (ref: float, CUDA: bf16), or NULL with y_q */
     int64_t ldy;
+    uint8_t *y_q;           /* optional [rows][ldq] e4m3 codes of the output */
+    int64_t ldq;
+    float *y_scale;         /* [rows] fp32 per-row scale of y_q (required with y_q) */
 } nib_act_args;
 
 /* Shared argument checks: NIB_ERR_SHAPE / NIB_ERR_INVALID_ARG naming `who` and the numbers. */

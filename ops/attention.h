@@ -45,6 +45,11 @@
  * block of query rows and, when n_splits > 1, writes (max, sum, normalized partial o) to the
  * workspace; a merge kernel then combines the splits in a fixed order (deterministic):
  *   M = max_s m_s,  w_s = l_s 2^(m_s - M),  o = sum_s w_s o_s / sum_s w_s.
+ * Opt-in (NIB_ATTN_VARIANT=cl or NIB_ATTN_CLUSTER=8|16; measured slower than the default on the
+ * Pi0.5 suffix, see ops/cuda/attention.cu): cache path with <= 128 query rows per KV head, the
+ * splits are the 16 (or 8) CTAs of one thread-block cluster, the tiles dealt out evenly, and the
+ * same merge runs inside the cluster over distributed shared memory (each CTA combines every
+ * n_splits-th row), so there is neither a workspace nor a merge kernel.
  * The workspace must be at least nib_cuda_attn_*_ws_bytes() bytes (0 means none is needed and
  * ws may be NULL), 256-byte aligned, and not used by anything else while the call runs on its
  * stream; it needs no initialization and holds nothing between calls. Calls allocate nothing.
@@ -122,11 +127,12 @@ nib_status nib_cuda_attn_cache_ws_bytes(const nib_attn_cache_args *a, uint64_t *
 
 /* The launch plan a call would use (for the lab and tests). */
 typedef struct nib_attn_plan {
-    char kernel[48];        /* "<kv dtype> d<padded head_dim> <variant dec|r4|r8> tk<tile keys>" */
+    char kernel[48];        /* "<kv dtype> d<padded head_dim> <variant dec|r4|r8|cl> tk<tile keys>" */
     int rows_per_cta;       /* query rows (token x head of one KV group) per CTA */
     int warps;              /* warps per CTA: row groups x token groups */
     int tile_tokens;        /* keys per pipeline tile */
-    int n_splits;           /* CTAs along the key axis (1: no merge kernel) */
+    int n_splits;           /* CTAs along the key axis (1: no merge kernel; cl: one cluster, merged
+                               in distributed shared memory, no merge kernel, no workspace) */
     int row_blocks;         /* CTAs along the query rows */
     int z;                  /* CTAs along (sequence, KV head) */
     int ctas;               /* row_blocks * n_splits * z */

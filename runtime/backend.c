@@ -378,6 +378,59 @@ nib_status nib_be_norm_gemm(nib_be *be, const nib_norm_args *n, const nib_be_lin
     return nib_be_gemm(be, L, n->y, n->rows, n->ldy, y, ldy, epi);
 }
 
+static nib_status mlp_generic(nib_be *be, const nib_norm_args *n, const nib_be_linear *up, int gelu,
+                              const nib_be_linear *down, void *hidden, int64_t ldh, void *y, int64_t ldy,
+                              const nib_gemm_epi *down_epi) {
+    nib_gemm_epi ue = {up->geglu, NULL, NULL, 0};
+    NIB_RETURN_IF_ERR(nib_be_norm_gemm(be, n, up, hidden, ldh, &ue));
+    if (gelu) {
+        nib_act_args g = {NIB_ACT_GELU_TANH, n->rows, n->n_valid, up->n_out, hidden, ldh, hidden, ldh, NULL, 0, NULL};
+        NIB_RETURN_IF_ERR(nib_be_act(be, &g));
+    }
+    return nib_be_gemm(be, down, hidden, n->rows, ldh, y, ldy, down_epi);
+}
+
+nib_status nib_be_mlp(nib_be *be, const nib_norm_args *n, const nib_be_linear *up, int gelu, const nib_be_linear *down,
+                      void *hidden, int64_t ldh, void *y, int64_t ldy, const nib_gemm_epi *down_epi) {
+    if (gelu && up->geglu) return NIB_ERR(NIB_ERR_INVALID_ARG, "mlp: GELU asked for on a GeGLU (gate|up) weight");
+    if (down->k != up->n_out)
+        return NIB_ERR(NIB_ERR_SHAPE, "mlp: down projection K %lld != up projection output %lld", (long long)down->k,
+                       (long long)up->n_out);
+    const int64_t rows = n->rows, h = up->n_out;
+    const char *fe = getenv("NIB_FUSED_MLP");
+    const int fused = be->kind == NIB_BE_CUDA && up->w8a8 && down->w8a8 && !n->n_valid && !(fe && !strcmp(fe, "0")) &&
+                      (!up->bias || up->bias16) && h % 8 == 0 && h <= 32768 && n->dim == up->k &&
+                      (size_t)rows * (size_t)up->n * 2 <= be->gemm_tmp_bytes &&
+                      (size_t)rows * (size_t)(h > up->k ? h : up->k) <= be->xq8_bytes;
+    if (!fused) return mlp_generic(be, n, up, gelu, down, hidden, ldh, y, ldy, down_epi);
+#ifdef NIB_HAVE_CUDA
+    nib_norm_args q = *n;
+    q.y = NULL, q.ldy = 0;
+    q.y_q = (uint8_t *)be->xq8, q.ldq = up->k, q.y_scale = be->xs8;
+    NIB_RETURN_IF_ERR(nib_cuda_norm(&q, be->stream));
+    if (up->bias) { /* product + bias in one cuBLASLt call, or the generic path where it has none */
+        nib_blas_gemm_args a = {1,       be->xq8, be->xs8,      1, up->wq8, up->sw8, 1, rows, up->n, up->k,
+                                up->bias16, NULL, 0,            be->gemm_tmp, up->n};
+        nib_status st = nib_blas_gemm_fused(be->blas, &a, be->stream);
+        if (st == NIB_ERR_UNSUPPORTED) {
+            nib_clear_error();
+            return mlp_generic(be, n, up, gelu, down, hidden, ldh, y, ldy, down_epi);
+        }
+        NIB_RETURN_IF_ERR(st);
+    } else {
+        NIB_RETURN_IF_ERR(nib_blas_gemm_fp8(be->blas, be->xq8, be->xs8, 1, up->wq8, up->sw8, 1, be->gemm_tmp, rows, up->n,
+                                            up->k, be->stream));
+    }
+    /* the product's codes (xq8) are dead once the GEMM ran: the act kernel reuses xq8/xs8 */
+    nib_act_args g = {gelu ? NIB_ACT_GELU_TANH : NIB_ACT_GEGLU_TANH, rows, NULL, h, be->gemm_tmp, up->n, NULL, 0,
+                      (uint8_t *)be->xq8, h, be->xs8};
+    NIB_RETURN_IF_ERR(nib_cuda_act(&g, be->stream));
+    return nib_be_gemm(be, down, NULL, rows, h, y, ldy, down_epi);
+#else
+    return NIB_ERR(NIB_ERR_NO_DEVICE, "mlp: this nib build has no CUDA backend");
+#endif
+}
+
 /* ---- op dispatch ------------------------------------------------------------------------- */
 #define DISPATCH(ref_call, cuda_call) return be->kind == NIB_BE_REF ? (ref_call) : (cuda_call)
 

@@ -106,6 +106,15 @@ nib_status nib_be_gemm(nib_be *be, const nib_be_linear *L, const void *x, int64_
  * per-row scales directly (n->y is then not written); otherwise n->y holds the normed rows. */
 nib_status nib_be_norm_gemm(nib_be *be, const nib_norm_args *n, const nib_be_linear *L, void *y, int64_t ldy,
                             const nib_gemm_epi *epi);
+
+/* The MLP block: y = down_epi(down(act(up(norm(x))))). act is the GeGLU of a gate|up weight
+ * (up->geglu) or, with gelu = 1, GELU-tanh of up's output (bias included); hidden [rows][ldh]
+ * (act dtype) holds the activation on the generic path. CUDA with W8A8 up and down: the
+ * activation reaches down as FP8 codes straight from the act kernel (norm -> FP8 codes, up
+ * product (+ bias in cuBLASLt) -> scratch, act -> FP8 codes + row scales, down); hidden is not
+ * written. NIB_FUSED_MLP=0 runs the generic path (the A/B switch of the benches). */
+nib_status nib_be_mlp(nib_be *be, const nib_norm_args *n, const nib_be_linear *up, int gelu, const nib_be_linear *down,
+                      void *hidden, int64_t ldh, void *y, int64_t ldy, const nib_gemm_epi *down_epi);
 nib_status nib_be_norm(nib_be *be, const nib_norm_args *a);
 nib_status nib_be_rope(nib_be *be, const nib_rope_args *a);
 nib_status nib_be_act(nib_be *be, const nib_act_args *a);

@@ -617,15 +617,44 @@ NIB_TEST(attn_gpu_cache_edges) {
         {700, 650, 6, 6, 8, 1},   /* 48 rows: the dec kernel (cache paths up to 128 rows) */
     };
     for (size_t i = 0; i < NIB_ARRAY_LEN(cs); i++) cache_all_dtypes(t, &rng, &cs[i]);
-    /* the cache path picks dec up to 128 rows and r8 above; r4 and r8 stay correct for every
-     * cache shape (NIB_ATTN_VARIANT is read at every plan) */
-    const char *forced[2] = {"r4", "r8"};
-    const ccase fc[] = {{700, 650, 6, 6, 8, 1}, {600, 560, 50, 10, 8, 1}};
-    for (int v = 0; v < 2; v++) {
-        setenv("NIB_ATTN_VARIANT", forced[v], 1);
-        for (size_t i = 0; i < NIB_ARRAY_LEN(fc); i++) cache_all_dtypes(t, &rng, &fc[i]);
+    /* the cache path picks dec up to 128 rows and r8 above; every variant stays correct for
+     * every shape it takes (NIB_ATTN_VARIANT / NIB_ATTN_CLUSTER are read at every plan): the
+     * opt-in cluster variant on a long cache (10 tiles per split), with clusters of 8 too, on
+     * GQA, on the suffix and on a nothing-visible cache */
+    const char *forced[] = {"r4", "r8", "dec", "cl", "cl8", "cl"};
+    const ccase fc[][2] = {{{700, 650, 6, 6, 8, 1}, {600, 560, 50, 10, 8, 1}},
+                           {{700, 650, 6, 6, 8, 1}, {600, 560, 50, 10, 8, 1}},
+                           {{700, 650, 6, 6, 8, 1}, {552, 552, 10, 10, 8, 1}},
+                           {{5000, 4100, 1, 1, 8, 1}, {300, 257, 3, 3, 8, 2}},
+                           {{5000, 33, 1, 1, 8, 1}, {700, 650, 16, 13, 8, 1}},
+                           {{576, 542, 10, 10, 8, 1}, {64, 0, 2, 2, 8, 1}}};
+    for (size_t v = 0; v < NIB_ARRAY_LEN(forced); v++) {
+        setenv("NIB_ATTN_VARIANT", v == 4 ? "cl" : forced[v], 1);
+        if (v == 4) setenv("NIB_ATTN_CLUSTER", "8", 1);
+        for (size_t i = 0; i < 2; i++) cache_all_dtypes(t, &rng, &fc[v][i]);
+        unsetenv("NIB_ATTN_CLUSTER");
     }
     unsetenv("NIB_ATTN_VARIANT");
+    /* a variant that cannot take the shape says so: cl with 400 rows, a cluster size of 12 */
+    {
+        nib_kv_layer kv;
+        CHECK_OK(nib_kv_layer_map(&kv, NIB_KV_BF16, 600, 1, 256, (void *)256));
+        nib_attn_cache_args a;
+        memset(&a, 0, sizeof a);
+        a.kv = kv, a.nq = 50, a.n_heads = 8, a.q_tok = 8 * 256, a.o_tok = 8 * 256;
+        nib_attn_plan pl;
+        setenv("NIB_ATTN_VARIANT", "cl", 1);
+        CHECK_ST(nib_cuda_attn_cache_plan(&a, &pl), NIB_ERR_UNSUPPORTED);
+        CHECK(strstr(nib_last_error(), "400") != NULL);
+        unsetenv("NIB_ATTN_VARIANT");
+        setenv("NIB_ATTN_CLUSTER", "12", 1);
+        a.nq = 10;
+        CHECK_ST(nib_cuda_attn_cache_plan(&a, &pl), NIB_ERR_INVALID_ARG);
+        unsetenv("NIB_ATTN_CLUSTER");
+        CHECK_OK(nib_cuda_attn_cache_plan(&a, &pl));
+        printf("  suffix plan (H 10, 600 slots): %s, %d splits x %d row blocks = %d CTAs\n", pl.kernel, pl.n_splits,
+               pl.row_blocks, pl.ctas);
+    }
 }
 
 /* (d) decoding: 1 token x 8 heads over T slots of a 32768-slot cache. */

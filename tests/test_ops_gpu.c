@@ -590,35 +590,50 @@ NIB_TEST(ops_gpu_rope) {
  * tanh moves <= 2^-22 (|tanh| < 1), 1 + tanh <= 2^-22 + 2^-23, so gelu moves <= 2^-22 |g| +
  * 2^-21 |gelu| after the straddling roundings; silu: exp 2^-21 relative, 1 + e and the quotient
  * <= 2^-20 |silu|; times u. Threshold >= 2x each. */
+/* One GPU act call vs the reference. outs: 1 bf16 y, 2 FP8 y_q (+ scales), 3 both.
+ * y bound per element: 2^-8 |ref| (bf16 rounding) + 2^-19 (|g u| + |ref|) (tanhf/expf within
+ * 2 ulp on the GPU, 1 ulp on the host, carried through at most two more roundings).
+ * FP8: the scales agree within 2^-18 relative (the amax element moves by the bound above
+ * relative to itself, at most 2^-19 (|g u| / |v| + 1) with |g u| ~ |v| where v is the row max);
+ * a code may differ from the reference's only as an adjacent-code flip at a rounding midpoint,
+ * within the value bound / s plus |q| 2^-18 (the scale's share). */
 static void act_case(nib_test_ctx *t, nib_rng *rng, nib_act_kind kind, int64_t h, int64_t rows, int partial, int inplace,
-                     vstat *vs, int64_t *bad_guard) {
+                     int outs, vstat *vs, int64_t *bad_guard, int64_t *flips) {
     const int64_t ldx = (kind == NIB_ACT_GELU_TANH ? h : 2 * h) + 8, ldy = inplace ? ldx : h + 8, R = rows + 2;
-    const int64_t nv = partial ? rows - rows / 3 : rows;
+    const int64_t nv = partial ? rows - rows / 3 : rows, ldq = h + 16;
     uint16_t *hx = nib_malloc((size_t)(R * ldx) * 2), *hy = nib_malloc((size_t)(R * ldy) * 2);
     float *fx = nib_malloc((size_t)(R * ldx) * 4), *fy = nib_malloc((size_t)(R * ldy) * 4);
-    dbuf dx = {0}, dy = {0}, dn = {0};
-    if (!(hx && hy && fx && fy)) {
+    uint8_t *gq = nib_malloc((size_t)(R * ldq)), *rq = nib_malloc((size_t)(R * ldq));
+    float *gs = nib_malloc((size_t)R * 4), *rs = nib_malloc((size_t)R * 4);
+    dbuf dx = {0}, dy = {0}, dn = {0}, dq = {0}, dsc = {0};
+    if (!(hx && hy && fx && fy && gq && rq && gs && rs)) {
         nib_test_fail(t, __FILE__, __LINE__, "host allocation");
         goto done;
     }
     fill_bf16(rng, hx, R * ldx, 2.5); /* gates over the whole gelu/silu range */
     to_float(hx, fx, R * ldx);
     for (int64_t i = 0; i < R * ldy; i++) hy[i] = PBF16;
+    memset(gq, PE4M3, (size_t)(R * ldq));
+    for (int64_t i = 0; i < R; i++) memcpy(gs + i, &(uint32_t){PF32}, 4);
     {
         int32_t nvi = (int32_t)nv;
-        if (!(dput(t, &dx, hx, (size_t)(R * ldx) * 2) && dput(t, &dy, hy, (size_t)(R * ldy) * 2) && dput(t, &dn, &nvi, 4)))
+        if (!(dput(t, &dx, hx, (size_t)(R * ldx) * 2) && dput(t, &dy, hy, (size_t)(R * ldy) * 2) && dput(t, &dn, &nvi, 4) &&
+              dput(t, &dq, gq, (size_t)(R * ldq)) && dput(t, &dsc, gs, (size_t)R * 4)))
             goto done;
     }
     nib_act_args a = {kind, rows, partial ? (const int32_t *)dn.p : NULL, h, (uint16_t *)dx.p + ldx, ldx,
-                      inplace ? (uint16_t *)dx.p + ldx : (uint16_t *)dy.p + ldy, ldy};
+                      !(outs & 1) ? NULL : inplace ? (uint16_t *)dx.p + ldx : (uint16_t *)dy.p + ldy, ldy,
+                      (outs & 2) ? (uint8_t *)dq.p + ldq : NULL, ldq, (outs & 2) ? (float *)dsc.p + 1 : NULL};
     CHECK_OK(nib_cuda_act(&a, NULL));
-    if (!dget(t, hy, inplace ? &dx : &dy)) goto done;
-    nib_act_args r = {kind, nv, NULL, h, fx + ldx, ldx, fy + ldy, ldy};
+    if (!dget(t, hy, inplace ? &dx : &dy) || !dget(t, gq, &dq) || !dget(t, gs, &dsc)) goto done;
+    nib_act_args r = {kind, nv, NULL, h, fx + ldx, ldx, fy + ldy, ldy, rq, ldq, rs};
     CHECK_OK(nib_ref_act(&r));
+    int64_t bad_code = 0, bad_scale = 0;
     for (int64_t row = 0; row < R; row++)
         for (int64_t j = 0; j < ldy; j++) {
             const int64_t gi = row * ldy + j;
-            if (row < 1 || row > nv || j >= h) {
+            const int inside = row >= 1 && row <= nv && j < h;
+            if (!inside || !(outs & 1)) {
                 *bad_guard += hy[gi] != (inplace ? hx[gi] : PBF16);
                 continue;
             }
@@ -627,33 +642,71 @@ static void act_case(nib_test_ctx *t, nib_rng *rng, nib_act_kind kind, int64_t h
             vcheck(t, vs, hy[gi], ref, 0x1p-8 * fabs(ref) + 0x1p-19 * (fabs(g * u) + fabs(ref)) + 0x1p-133, "act",
                    row - 1, j);
         }
+    for (int64_t row = 0; row < R; row++) {
+        const int live = row >= 1 && row <= nv && (outs & 2);
+        for (int64_t j = 0; j < ldq; j++) {
+            const uint8_t got = gq[row * ldq + j];
+            if (!live || j >= h) {
+                *bad_guard += got != PE4M3;
+                continue;
+            }
+            const double g = fx[row * ldx + j], u = kind == NIB_ACT_GELU_TANH ? 1.0 : fx[row * ldx + h + j];
+            const double ref = fy[row * ldy + j], sr = rs[row - 1], q = ref / sr;
+            const double win = (0x1p-19 * (fabs(g * u) + fabs(ref)) + 0x1p-133) / sr + fabs(q) * 0x1p-18;
+            const int k = cmp_e4m3(got, rq[(row - 1) * ldq + j], q, win);
+            if (k == 1) (*flips)++;
+            if (k == 2 && bad_code++ < 5)
+                nib_test_fail(t, __FILE__, __LINE__, "act %d fp8 row %lld col %lld: code 0x%02x ref 0x%02x (v/s = %.9g)",
+                              (int)kind, (long long)row - 1, (long long)j, got, rq[(row - 1) * ldq + j], q);
+        }
+        if (!live) {
+            *bad_guard += f2u(gs[row]) != PF32;
+        } else if (!(fabs((double)gs[row] - rs[row - 1]) <= 0x1p-18 * rs[row - 1]) && bad_scale++ < 3) {
+            nib_test_fail(t, __FILE__, __LINE__, "act %d fp8 scale row %lld: %.9g ref %.9g", (int)kind, (long long)row - 1,
+                          gs[row], rs[row - 1]);
+        }
+    }
+    CHECK_MSG(bad_code == 0, "act %d H %lld: %lld FP8 codes differ beyond boundary flips", (int)kind, (long long)h,
+              (long long)bad_code);
 done:
     dfree(&dx);
     dfree(&dy);
     dfree(&dn);
+    dfree(&dq);
+    dfree(&dsc);
     nib_free(hx);
     nib_free(hy);
     nib_free(fx);
     nib_free(fy);
+    nib_free(gq);
+    nib_free(rq);
+    nib_free(gs);
+    nib_free(rs);
 }
 
 NIB_TEST(ops_gpu_act) {
     NIB_REQUIRE_GPU();
     nib_rng rng;
     nib_test_rng(t, &rng);
-    const int64_t hs[] = {4096, 16384, 4304}; /* Gemma-300M, Gemma-2B MLP hidden; SigLIP fc1 */
+    const int64_t hs[] = {4096, 16384, 4304, 24}; /* Gemma-300M, Gemma-2B MLP hidden; SigLIP fc1; tiny */
     for (int kind = 0; kind < NIB_ACT_KIND_COUNT; kind++)
         for (size_t hi = 0; hi < NIB_ARRAY_LEN(hs); hi++) {
             vstat vs;
             memset(&vs, 0, sizeof vs);
-            int64_t bad_guard = 0;
+            int64_t bad_guard = 0, flips = 0;
             for (size_t ri = 0; ri < NIB_ARRAY_LEN(k_rows); ri++)
-                act_case(t, &rng, (nib_act_kind)kind, hs[hi], k_rows[ri], (int)(ri % 2), ri == 2, &vs, &bad_guard);
+                act_case(t, &rng, (nib_act_kind)kind, hs[hi], k_rows[ri], (int)(ri % 2), ri == 2, 1 + (int)(ri % 3), &vs,
+                         &bad_guard, &flips);
             CHECK_MSG(vs.nonfinite == 0 && bad_guard == 0, "act %d H %lld: %lld NaN/Inf, %lld guard values written", kind,
                       (long long)hs[hi], (long long)vs.nonfinite, (long long)bad_guard);
-            printf("  act %d H %-5lld: worst err/bound %.3f, %.4f%% bit-exact\n", kind, (long long)hs[hi], vs.worst,
-                   vs.n ? 100.0 * (double)vs.exact / (double)vs.n : 0.0);
+            printf("  act %d H %-5lld: worst err/bound %.3f, %.4f%% bit-exact, %lld FP8 boundary flips\n", kind,
+                   (long long)hs[hi], vs.worst, vs.n ? 100.0 * (double)vs.exact / (double)vs.n : 0.0, (long long)flips);
         }
+    /* FP8 output limits: H beyond what one CTA keeps in registers, odd ldq */
+    nib_act_args e = {NIB_ACT_GELU_TANH, 1, NULL, 32776, (void *)16, 32776, NULL, 0, (uint8_t *)16, 32776, (float *)16};
+    CHECK_ST(nib_cuda_act(&e, NULL), NIB_ERR_SHAPE);
+    e.h = 64, e.ldx = 64, e.ldq = 68;
+    CHECK_ST(nib_cuda_act(&e, NULL), NIB_ERR_SHAPE);
 }
 
 /* ======================================================================================
@@ -1069,7 +1122,7 @@ NIB_TEST(ops_gpu_rejects) {
     n.x = p;
     n.dim = 1004; /* not a multiple of 8 */
     CHECK_ST(nib_cuda_norm(&n, NULL), NIB_ERR_SHAPE);
-    nib_act_args a = {NIB_ACT_GEGLU_TANH, 2, NULL, 1024, p, 2052, p + 8192, 1024};
+    nib_act_args a = {NIB_ACT_GEGLU_TANH, 2, NULL, 1024, p, 2052, p + 8192, 1024, NULL, 0, NULL};
     CHECK_ST(nib_cuda_act(&a, NULL), NIB_ERR_SHAPE);
     CHECK(strstr(nib_last_error(), "act (cuda)") != NULL);
     nib_qkv_args q;

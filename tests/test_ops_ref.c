@@ -742,7 +742,7 @@ NIB_TEST(ops_ref_act_vs_fp64) {
             x[2] = 30.0f;
             x[3] = -100.0f;
             fill_poison(y, rows * ldy);
-            nib_act_args a = {(nib_act_kind)kind, rows, NULL, h, x, ldx, y, ldy};
+            nib_act_args a = {(nib_act_kind)kind, rows, NULL, h, x, ldx, y, ldy, NULL, 0, NULL};
             CHECK_OK(nib_ref_act(&a));
             int bad = 0, pad = 0;
             double worst = 0;
@@ -768,7 +768,7 @@ NIB_TEST(ops_ref_act_vs_fp64) {
             float *x2 = nib_malloc(rows * ldx * 4);
             REQUIRE(x2);
             memcpy(x2, x, rows * ldx * 4);
-            nib_act_args b = {(nib_act_kind)kind, rows, NULL, h, x2, ldx, x2, ldx};
+            nib_act_args b = {(nib_act_kind)kind, rows, NULL, h, x2, ldx, x2, ldx, NULL, 0, NULL};
             CHECK_OK(nib_ref_act(&b));
             int diff = 0;
             for (int64_t r = 0; r < rows; r++) diff += memcmp(x2 + r * ldx, y + r * ldy, h * 4) != 0;
@@ -781,8 +781,8 @@ NIB_TEST(ops_ref_act_vs_fp64) {
     float g2[32], yg[16], yl[16];
     fill_normal(&rng, g2, 16, 2.0);
     for (int i = 16; i < 32; i++) g2[i] = 1.0f;
-    nib_act_args a1 = {NIB_ACT_GEGLU_TANH, 1, NULL, 16, g2, 32, yg, 16};
-    nib_act_args a2 = {NIB_ACT_GELU_TANH, 1, NULL, 16, g2, 32, yl, 16};
+    nib_act_args a1 = {NIB_ACT_GEGLU_TANH, 1, NULL, 16, g2, 32, yg, 16, NULL, 0, NULL};
+    nib_act_args a2 = {NIB_ACT_GELU_TANH, 1, NULL, 16, g2, 32, yl, 16, NULL, 0, NULL};
     CHECK_OK(nib_ref_act(&a1));
     CHECK_OK(nib_ref_act(&a2));
     CHECK(!memcmp(yg, yl, sizeof yg));
@@ -797,6 +797,31 @@ NIB_TEST(ops_ref_act_vs_fp64) {
     e = a1;
     e.kind = (nib_act_kind)9;
     CHECK_ST(nib_ref_act(&e), NIB_ERR_INVALID_ARG);
+    /* FP8 output: the codes and scale of nib_fp8_quantize over the fp32 row, with or without y */
+    {
+        uint8_t q1[2 * 24], q2[2 * 24], qw[16];
+        float s1[2], s2[2], sw, y2[2 * 16];
+        float gx[2 * 32];
+        fill_normal(&rng, gx, 64, 2.0);
+        nib_act_args f = {NIB_ACT_GEGLU_TANH, 2, NULL, 16, gx, 32, NULL, 0, q1, 24, s1};
+        CHECK_OK(nib_ref_act(&f));
+        f.y = y2, f.ldy = 16, f.y_q = q2, f.y_scale = s2;
+        CHECK_OK(nib_ref_act(&f));
+        for (int r = 0; r < 2; r++) {
+            CHECK_OK(nib_fp8_quantize(y2 + 16 * r, 1, 16, 1, qw, &sw));
+            CHECK(!memcmp(qw, q1 + 24 * r, 16) && !memcmp(qw, q2 + 24 * r, 16) && sw == s1[r] && sw == s2[r]);
+        }
+        f.y_scale = NULL;
+        CHECK_ST(nib_ref_act(&f), NIB_ERR_INVALID_ARG);
+        f.y_scale = s1, f.ldq = 8;
+        CHECK_ST(nib_ref_act(&f), NIB_ERR_SHAPE);
+        f.ldq = 24, f.y = NULL, f.y_q = NULL;
+        CHECK_ST(nib_ref_act(&f), NIB_ERR_INVALID_ARG);
+        gx[35] = NAN; /* row 1, gate 3 */
+        f.y_q = q1;
+        CHECK_ST(nib_ref_act(&f), NIB_ERR_NUMERICS);
+        CHECK(strstr(nib_last_error(), "row 1") != NULL);
+    }
 }
 
 /* ======================================================================================

@@ -29,6 +29,8 @@
  *     workspace, then k_attn_merge combines the splits in split order (deterministic).
  * Head dims: 72 (and any multiple of 8 up to 80) run padded to 80, others up to 256 padded to
  * 256; the cache path needs D = 256. Variants (FMT x config), picked by rows per KV group:
+ *   cl   WR8 x WT1, TK 32, 256 threads, cache path, opt-in (see plan_cluster): one cluster of
+ *        16 (or 8) splits merged in distributed shared memory (rows <= 128)
  *   dec  WR1 x WT2, TK 32, 64 threads, 2-3 CTAs/SM (rows <= 16: decode, small suffix)
  *   r4   WR4 x WT1, TK 64, 128 threads              (rows <= 64)
  *   r8   WR8 x WT1, TK 64, 256 threads, 1 CTA/SM    (prefix, suffix with H >= 9)
@@ -59,12 +61,17 @@ struct KInfo {
     attn_kernel_t kern;
     int fmt, dp, wr, wt, tk, threads, smem;
     const char *name;
+    int cl;         /* cluster-merge variant */
     int ready, occ; /* attributes set, CTAs per SM */
+    int cl_max;     /* cluster variant: largest cluster that fits (16, 8, or 0: none) */
 };
 
 #define KI(F, DP, WR, WT, KW, ST, NAME)                                                        \
     {k_attn<F, DP, WR, WT, KW, ST>, F, DP, WR, WT, Cfg<F, DP, WR, WT, KW, ST>::TK,            \
-     Cfg<F, DP, WR, WT, KW, ST>::NT, Cfg<F, DP, WR, WT, KW, ST>::SMEM, NAME, 0, 0}
+     Cfg<F, DP, WR, WT, KW, ST>::NT, Cfg<F, DP, WR, WT, KW, ST>::SMEM, NAME, 0, 0, 0, 0}
+#define KIC(F)                                                                                 \
+    {k_attn<F, 256, 8, 1, 2, 3, 1>, F, 256, 8, 1, Cfg<F, 256, 8, 1, 2, 3, 1>::TK,              \
+     Cfg<F, 256, 8, 1, 2, 3, 1>::NT, Cfg<F, 256, 8, 1, 2, 3, 1>::SMEM, "cl", 1, 0, 0, 0}
 
 enum { V_DEC = 0, V_R4 = 1, V_R8 = 2, V_PER_FMT = 3 };
 static KInfo g_kinfo[] = {
@@ -72,8 +79,10 @@ static KInfo g_kinfo[] = {
     KI(F_FP8, 256, 1, 2, 1, 4, "dec"),   KI(F_FP8, 256, 4, 1, 4, 2, "r4"),   KI(F_FP8, 256, 8, 1, 4, 2, "r8"),
     KI(F_NVFP4, 256, 1, 2, 1, 3, "dec"), KI(F_NVFP4, 256, 4, 1, 4, 2, "r4"), KI(F_NVFP4, 256, 8, 1, 4, 2, "r8"),
     KI(F_BF16, 80, 4, 1, 4, 2, "r4"),
+    KIC(F_BF16), KIC(F_FP8), KIC(F_NVFP4),
 };
 #define K_D80 (3 * V_PER_FMT)
+#define K_CL (K_D80 + 1) /* + fmt */
 
 static int g_sms;
 
@@ -106,6 +115,27 @@ static nib_status kinfo_ready(KInfo *k) {
         return NIB_ERR(NIB_ERR_UNSUPPORTED_DEVICE, "attention kernel %s: does not fit on an SM (%d bytes of shared memory)",
                        k->name, k->smem);
     k->occ = occ;
+    if (k->cl) { /* the largest cluster (16 needs the non-portable opt-in, then 8) of which one fits */
+        NIB_CUDA_CHECK(cudaFuncSetAttribute(k->kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+        for (int c = CL_MAX; c >= 8 && !k->cl_max; c /= 2) {
+            cudaLaunchAttribute at;
+            at.id = cudaLaunchAttributeClusterDimension;
+            at.val.clusterDim.x = 1, at.val.clusterDim.y = (unsigned)c, at.val.clusterDim.z = 1;
+            cudaLaunchConfig_t cfg = {};
+            cfg.gridDim = dim3(1, (unsigned)c, 1);
+            cfg.blockDim = dim3((unsigned)k->threads);
+            cfg.dynamicSmemBytes = (size_t)k->smem;
+            cfg.attrs = &at;
+            cfg.numAttrs = 1;
+            int n = 0;
+            cudaError_t e = cudaOccupancyMaxActiveClusters(&n, k->kern, &cfg);
+            if (e != cudaSuccess) {
+                cudaGetLastError(); /* unchecked: clearing the probe's error; this size is then not used */
+                continue;
+            }
+            if (n >= 1) k->cl_max = c;
+        }
+    }
     k->ready = 1;
     return NIB_OK;
 }
@@ -118,8 +148,54 @@ struct Plan {
 
 /* Splits so that the busiest SM streams the fewest tiles: cost(s) = waves(s) * ceil(tiles / s)
  * + (s > 1: one tile's worth for the partial write + merge); ties keep fewer splits. */
+/* Cache path with at most 128 rows (one row block: the suffix of H <= 16 tokens, decoding):
+ * the cluster variant, where the CTAs of one cluster split the keys and merge through
+ * distributed shared memory (no workspace round trip, no merge kernel). OPT-IN, because it
+ * measured slower where it matters (H100, commit after 0648237): `nib bench attn` P=532 H=10
+ * bf16 16.6 us vs 12.4 us for dec + merge; the Pi0.5 expert step 0.966 vs 0.902 ms. ncu: a
+ * third of its samples wait at the two cluster barriers (the slowest split, then the slowest
+ * merge), and 16 CTAs cannot pull the cache as fast as dec's 85. It wins only on short decodes
+ * (T = 1024: 10.1 vs 11.6 us). Knobs (host side, read at every plan): NIB_ATTN_VARIANT=cl or
+ * NIB_ATTN_CLUSTER=8|16 turn it on (the latter picks the size), NIB_ATTN_CLUSTER=0 keeps it off.
+ * Sets *used when the plan uses it. */
+static nib_status plan_cluster(int fmt, int64_t rows_max, int64_t z, Plan *pl, int *used) {
+    *used = 0;
+    const char *e = getenv("NIB_ATTN_VARIANT"), *ce = getenv("NIB_ATTN_CLUSTER");
+    const int forced = e && !strcmp(e, "cl"), other = e && *e && !forced;
+    const int want = ce && *ce ? atoi(ce) : -1;
+    if (!forced && want < 0) return NIB_OK; /* opt-in */
+    if (rows_max > 128 || other || want == 0) {
+        if (forced) return NIB_ERR(NIB_ERR_UNSUPPORTED, "attention: NIB_ATTN_VARIANT=cl needs <= 128 query rows per KV "
+                                   "head (got %lld) and NIB_ATTN_CLUSTER != 0", (long long)rows_max);
+        return NIB_OK;
+    }
+    KInfo *k = &g_kinfo[K_CL + fmt];
+    NIB_RETURN_IF_ERR(kinfo_ready(k));
+    if (want > 0 && want != 8 && want != 16)
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "attention: NIB_ATTN_CLUSTER=%s (0, 8 or 16)", ce);
+    const int c = want > 0 ? want : k->cl_max;
+    if (c == 0 || c > k->cl_max) {
+        if (forced || want > 0)
+            return NIB_ERR(NIB_ERR_UNSUPPORTED, "attention: a cluster of %d CTAs with %d bytes of shared memory each "
+                           "does not fit on this device (largest: %d)", c ? c : 8, k->smem, k->cl_max);
+        return NIB_OK;
+    }
+    if (z > 65535) return NIB_ERR(NIB_ERR_UNSUPPORTED, "attention: %lld KV heads exceed the grid", (long long)z);
+    pl->ki = K_CL + fmt;
+    pl->row_blocks = 1;
+    pl->n_splits = c;
+    pl->z = (int)z;
+    *used = 1;
+    return NIB_OK;
+}
+
 static nib_status make_plan(int fmt, int dp, int64_t rows_max, int64_t t_max, int64_t z, int d, int cache, Plan *pl) {
     memset(pl, 0, sizeof *pl);
+    if (cache && dp == 256) {
+        int used = 0;
+        NIB_RETURN_IF_ERR(plan_cluster(fmt, rows_max, z, pl, &used));
+        if (used) return NIB_OK;
+    }
     pl->ki = pick_variant(fmt, dp, rows_max, cache);
     KInfo *k = &g_kinfo[pl->ki];
     NIB_RETURN_IF_ERR(kinfo_ready(k));
@@ -139,6 +215,12 @@ static nib_status make_plan(int fmt, int dp, int64_t rows_max, int64_t t_max, in
             best = cost;
             bs = (int)s;
         }
+    }
+    /* NIB_ATTN_SPLITS=N: a lab knob forcing the split count (clamped to [1, tiles]) */
+    const char *fs = getenv("NIB_ATTN_SPLITS");
+    if (fs && *fs) {
+        long v = strtol(fs, NULL, 10);
+        bs = (int)(v < 1 ? 1 : v > tiles ? tiles : v > MAX_SPLITS ? MAX_SPLITS : v);
     }
     pl->row_blocks = (int)rb;
     pl->n_splits = bs;
@@ -187,6 +269,12 @@ static nib_status launch(AttnParams p, const Plan &pl, void *ws, cudaStream_t st
         p.ws_l = (float *)(w + o_bytes + ml_bytes);
     }
     dim3 grid((unsigned)pl.row_blocks, (unsigned)pl.n_splits, (unsigned)pl.z);
+    if (k.cl) { /* the splits of a row block form one cluster and merge in it: no merge kernel */
+        NIB_CUDA_CHECK(nib::launch_cluster(k.kern, grid, dim3((unsigned)k.threads), (size_t)k.smem, stream,
+                                           dim3(1, (unsigned)pl.n_splits, 1), p));
+        NIB_LAUNCH_CHECK("k_attn (cluster)");
+        return NIB_OK;
+    }
     NIB_CUDA_CHECK(nib::launch(k.kern, grid, dim3((unsigned)k.threads), (size_t)k.smem, stream, p));
     NIB_LAUNCH_CHECK("k_attn");
     if (pl.n_splits > 1) {

@@ -34,7 +34,7 @@ struct AttnParams {
 };
 
 /* Compile-time shape of one variant and its shared-memory map (bytes). */
-template <int FMT, int DP, int WR, int WT, int KW, int ST> struct Cfg {
+template <int FMT, int DP, int WR, int WT, int KW, int ST, int CL = 0> struct Cfg {
     static constexpr int NW = WR * WT, NT = NW * 32;
     static constexpr int TK = WT * KW * 16;   /* keys per tile */
     static constexpr int ROWS = 16 * WR;      /* query rows per CTA */
@@ -48,12 +48,17 @@ template <int FMT, int DP, int WR, int WT, int KW, int ST> struct Cfg {
     static constexpr int MAIN_BYTES = FMT == F_BF16 ? Q_BYTES + ST * TILE_BYTES
                                                     : Q_BYTES + TILE_BYTES + SCALE_BYTES + ST * RAW_STAGE;
     static constexpr int RED_LD = DP + 8;                               /* fp32 row of the WT merge */
-    static constexpr int EPI_BYTES = WT > 1 ? WT * ROWS * (RED_LD + 2) * 4 : 0;
-    static constexpr int SMEM = MAIN_BYTES > EPI_BYTES ? MAIN_BYTES : EPI_BYTES;
+    static constexpr int EPI_BYTES = WT > 1 ? WT * ROWS * (RED_LD + 2) * 4 + ROWS * 3 * 4 + 8 + ROWS * 8 : 0;
+    static constexpr int CL_LD = DP + 4;                                /* fp32 row of a cluster partial */
+    /* partial o, m, l of every row; then the local combine table (w_s, inv, output offset) */
+    static constexpr int CL_BYTES = CL ? ROWS * (CL_LD + 2) * 4 + ROWS * (16 + 1) * 4 + 8 + ROWS * 8 : 0;
+    static constexpr int SMEM0 = MAIN_BYTES > EPI_BYTES ? MAIN_BYTES : EPI_BYTES;
+    static constexpr int SMEM = SMEM0 > CL_BYTES ? SMEM0 : CL_BYTES;
     static constexpr int MINB = NW == 8 ? 1 : DP <= 80 ? 3 : NW == 2 ? 2 : 1;
     static_assert(DP % 16 == 0 && KW >= 1 && ST >= 2, "shape");
     static_assert(FMT == F_BF16 || DP == 256, "low-bit caches need head_dim 256");
     static_assert(Q_BYTES % 16 == 0 && TILE_BYTES % 16 == 0 && RAW_STAGE % 16 == 0, "16-byte regions");
+    static_assert(!CL || WT == 1, "cluster merge: one token group");
 };
 
 /* ---- PTX wrappers (beyond gemm_lowbit.cuh's) ---- */
@@ -68,6 +73,15 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t sme
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(smem_addr));
 }
+/* cluster barrier with release/acquire ordering of shared (and distributed shared) memory */
+__device__ __forceinline__ void cluster_sync_all() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+/* the address of `p` (this CTA's shared memory) in the shared memory of cluster CTA `rank` */
+template <typename T> __device__ __forceinline__ const T *dsmem_ptr(const T *p, int rank) {
+    return (const T *)__cluster_map_shared_rank((void *)p, (unsigned)rank);
+}
+#define CL_MAX 16 /* largest cluster (splits) of the cluster variant */
 /* ---- end of PTX wrappers ---- */
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi); /* .x (low half) = lo */
@@ -95,11 +109,11 @@ __device__ __forceinline__ float e4m3_to_f32(uint32_t c) {
 }
 
 /* ---- the attention kernel ------------------------------------------------------------- */
-template <int FMT, int DP, int WR, int WT, int KW, int ST>
-__global__ void __launch_bounds__(Cfg<FMT, DP, WR, WT, KW, ST>::NT, Cfg<FMT, DP, WR, WT, KW, ST>::MINB)
+template <int FMT, int DP, int WR, int WT, int KW, int ST, int CL = 0>
+__global__ void __launch_bounds__(Cfg<FMT, DP, WR, WT, KW, ST, CL>::NT, Cfg<FMT, DP, WR, WT, KW, ST, CL>::MINB)
     k_attn(AttnParams p) {
     nib::pdl_enter(); /* runtime/launch.cuh: first, before any access or return */
-    using C = Cfg<FMT, DP, WR, WT, KW, ST>;
+    using C = Cfg<FMT, DP, WR, WT, KW, ST, CL>;
     constexpr int NT = C::NT, TK = C::TK, LDS = C::LDS, ROWS = C::ROWS, KROW = C::KROW, BROW = C::BROW;
     constexpr int NSJ = 2 * KW;  /* S n-tiles (8 keys) per warp and tile */
     constexpr int NOJ = DP / 8;  /* O n-tiles (8 dims) */
@@ -110,14 +124,23 @@ __global__ void __launch_bounds__(Cfg<FMT, DP, WR, WT, KW, ST>::NT, Cfg<FMT, DP,
     const int z = blockIdx.z, seq = z / p.n_kv, hkv = z % p.n_kv;
     const int split = blockIdx.y, row0 = blockIdx.x * ROWS;
 
-    /* CTA-uniform early exits (before any async copy) */
+    /* CTA-uniform early exits (before any async copy); the first two are uniform over a
+     * cluster too (its CTAs share seq and the row block) */
     if (seq >= read_len(p.nseq_valid, p.n_seq)) return;
     const int T = read_len(p.t_valid, p.t_max);
     const int rows_valid = read_len(p.nq_valid, p.nq_max) * p.group;
     if (row0 >= rows_valid) return;
     int t0, t1;
-    const int n_active = nib_attn_split_range(T, p.n_splits, TK, split, &t0, &t1);
-    if (split >= n_active) return;
+    if constexpr (CL) { /* cluster: the tiles dealt out evenly, every CTA stays for the merge */
+        const int tiles = (T + TK - 1) / TK;
+        t0 = (int)((long long)split * tiles / p.n_splits) * TK;
+        t1 = (int)((long long)(split + 1) * tiles / p.n_splits) * TK;
+        t0 = t0 < T ? t0 : T;
+        t1 = t1 < T ? t1 : T;
+    } else {
+        const int n_active = nib_attn_split_range(T, p.n_splits, TK, split, &t0, &t1);
+        if (split >= n_active) return;
+    }
     const int n_tiles = (t1 - t0 + TK - 1) / TK;
 
     __nv_bfloat16 *const Qs = (__nv_bfloat16 *)smem;
@@ -363,13 +386,15 @@ __global__ void __launch_bounds__(Cfg<FMT, DP, WR, WT, KW, ST>::NT, Cfg<FMT, DP,
     const int g = lane >> 2, t2 = 2 * (lane & 3);
     const size_t part0 = ((size_t)z * p.n_splits + split) * p.rows_max; /* workspace row 0 of this split */
 
-    /* the result of one row: normalized o to the output (one split) or the workspace */
-    auto emit_row_pair = [&](int row, int dim, float ox, float oy, float m, float l) {
-        float inv = l > 0.f ? 1.f / l : 0.f;
+    /* output offset (elements) of row `row` of this (sequence, KV head) */
+    auto out_off = [&](int row) -> long long {
+        return seq * p.o_seq + (long long)(row / p.group) * p.o_tok + (long long)(hkv * p.group + row % p.group) * p.d;
+    };
+    /* the result of one row: normalized o (times inv = 1 / l, computed once per row) to the
+     * output (one split) or the workspace */
+    auto emit_row_pair = [&](int row, long long off, int dim, float ox, float oy, float m, float l, float inv) {
         if (p.n_splits == 1) {
-            __nv_bfloat16 *dst = p.o + seq * p.o_seq + (long long)(row / p.group) * p.o_tok +
-                                 (long long)(hkv * p.group + row % p.group) * p.d + dim;
-            *(uint32_t *)dst = pack_bf16(ox * inv, oy * inv);
+            *(uint32_t *)(p.o + off + dim) = pack_bf16(ox * inv, oy * inv);
         } else {
             *(float2 *)(p.ws_o + (part0 + row) * p.d + dim) = make_float2(ox * inv, oy * inv);
             if (dim == 0) {
@@ -379,24 +404,101 @@ __global__ void __launch_bounds__(Cfg<FMT, DP, WR, WT, KW, ST>::NT, Cfg<FMT, DP,
         }
     };
 
+    if constexpr (CL) {
+        /* Cluster merge (the CTAs of a cluster are the splits of one row block): each CTA puts
+         * its normalized partial o, m and l of every row in its shared memory; after the cluster
+         * barrier CTA `split` combines rows split, split + n_splits, ... reading all the CTAs'
+         * partials through distributed shared memory, in split order (deterministic):
+         *   M = max_s m_s, w_s = l_s 2^(m_s - M), o = (sum_s w_s o_s) * (1 / sum_s w_s).
+         * The per-row factors are computed once per row into a local table first. */
+        constexpr int LD = C::CL_LD;
+        float *cl_o = (float *)smem, *cl_m = cl_o + ROWS * LD, *cl_l = cl_m + ROWS;
+        float *tw = cl_l + ROWS;                 /* [ROWS / ... my rows][CL_MAX] w_s (local only) */
+        float *tinv = tw + ROWS * CL_MAX;        /* [my rows] 1 / sum w_s */
+        long long *toff = (long long *)(((uintptr_t)(tinv + ROWS) + 7) & ~(uintptr_t)7); /* [my rows] output offsets */
+        __syncthreads(); /* every warp is done reading the tiles */
+        if (warp_active) {
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                const int rl = wr * 16 + g + 8 * i;
+                const float inv = lrow[i] > 0.f ? 1.f / lrow[i] : 0.f;
+#pragma unroll
+                for (int n = 0; n < NOJ; n++)
+                    *(float2 *)(cl_o + rl * LD + n * 8 + t2) = make_float2(oacc[n][2 * i] * inv, oacc[n][2 * i + 1] * inv);
+                if ((lane & 3) == 0) {
+                    cl_m[rl] = mrow[i];
+                    cl_l[rl] = lrow[i];
+                }
+            }
+        }
+        cluster_sync_all();
+        const int ns = p.n_splits, c4n = DP / 4;
+        const int my_rows = split < rows_valid - row0 ? (rows_valid - row0 - split + ns - 1) / ns : 0;
+        if (tid < my_rows) { /* one thread per row of mine: the combine factors */
+            const int rl = split + tid * ns;
+            float ms[CL_MAX], M = -INFINITY;
+#pragma unroll
+            for (int s2 = 0; s2 < CL_MAX; s2++) {
+                ms[s2] = s2 < ns ? *dsmem_ptr(cl_m + rl, s2) : -INFINITY;
+                M = fmaxf(M, ms[s2]);
+            }
+            const float mu = M == -INFINITY ? 0.f : M;
+            float l = 0.f;
+#pragma unroll
+            for (int s2 = 0; s2 < CL_MAX; s2++) {
+                const float w = s2 < ns ? *dsmem_ptr(cl_l + rl, s2) * exp2f(ms[s2] - mu) : 0.f;
+                tw[tid * CL_MAX + s2] = w;
+                l += w;
+            }
+            tinv[tid] = l > 0.f ? 1.f / l : 0.f;
+            toff[tid] = out_off(row0 + rl);
+        }
+        __syncthreads();
+        for (int it = tid; it < my_rows * c4n; it += NT) {
+            const int k = it / c4n, c4 = it - k * c4n, rl = split + k * ns;
+            if (c4 * 4 >= p.d) continue;
+            float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+            for (int s2 = 0; s2 < ns; s2++) {
+                const float w = tw[k * CL_MAX + s2];
+                const float4 v = *(const float4 *)dsmem_ptr(cl_o + rl * LD + c4 * 4, s2);
+                acc.x += w * v.x;
+                acc.y += w * v.y;
+                acc.z += w * v.z;
+                acc.w += w * v.w;
+            }
+            const float inv = tinv[k];
+            *(uint2 *)(p.o + toff[k] + 4 * c4) =
+                make_uint2(pack_bf16(acc.x * inv, acc.y * inv), pack_bf16(acc.z * inv, acc.w * inv));
+        }
+        cluster_sync_all(); /* no CTA leaves while another still reads its shared memory */
+        return;
+    }
+
     if constexpr (WT == 1) {
         if (!warp_active) return;
 #pragma unroll
         for (int i = 0; i < 2; i++) {
             int row = row0 + wr * 16 + g + 8 * i;
             if (row >= rows_valid) continue;
+            const float inv = lrow[i] > 0.f ? 1.f / lrow[i] : 0.f;
+            const long long off = out_off(row);
 #pragma unroll
             for (int n = 0; n < NOJ; n++)
-                if (n * 8 < p.d) emit_row_pair(row, n * 8 + t2, oacc[n][2 * i], oacc[n][2 * i + 1], mrow[i], lrow[i]);
+                if (n * 8 < p.d)
+                    emit_row_pair(row, off, n * 8 + t2, oacc[n][2 * i], oacc[n][2 * i + 1], mrow[i], lrow[i], inv);
         }
         return;
     }
 
-    /* WT > 1: the token groups of each row group merge through shared memory */
+    /* WT > 1: the token groups of each row group merge through shared memory. Per row (once):
+     * M = max_w m_w, f_w = 2^(m_w - M), l = sum_w f_w l_w, inv = 1 / l; then per 4 dims:
+     * o = (sum_w f_w o_w) * inv (o_w unnormalized), float4 shared-memory reads. */
     constexpr int RLD = C::RED_LD;
     float *red_o = (float *)smem;              /* [WT][ROWS][RLD] */
-    float *red_m = red_o + WT * ROWS * RLD;    /* [WT][ROWS] */
-    float *red_l = red_m + WT * ROWS;
+    float *red_m = red_o + WT * ROWS * RLD;    /* [WT][ROWS]: m_w, then f_w */
+    float *red_l = red_m + WT * ROWS;          /* [WT][ROWS] */
+    float *row_f = red_l + WT * ROWS;          /* [ROWS] x {M, l, inv} */
+    long long *row_off = (long long *)(((uintptr_t)(row_f + 3 * ROWS) + 7) & ~(uintptr_t)7); /* [ROWS] offsets */
     __syncthreads(); /* every warp is done reading the tiles */
     if (warp_active) {
 #pragma unroll
@@ -412,22 +514,47 @@ __global__ void __launch_bounds__(Cfg<FMT, DP, WR, WT, KW, ST>::NT, Cfg<FMT, DP,
         }
     }
     __syncthreads();
-    for (int idx = tid; idx < ROWS * (DP / 2); idx += NT) {
-        int rl = idx / (DP / 2), dim = (idx - rl * (DP / 2)) * 2, row = row0 + rl;
-        if (row >= rows_valid || dim >= p.d) continue;
+    if (tid < ROWS && row0 + tid < rows_valid) {
         float m = -INFINITY;
 #pragma unroll
-        for (int w = 0; w < WT; w++) m = fmaxf(m, red_m[w * ROWS + rl]);
-        float mu = m == -INFINITY ? 0.f : m, l = 0.f, ox = 0.f, oy = 0.f;
+        for (int w = 0; w < WT; w++) m = fmaxf(m, red_m[w * ROWS + tid]);
+        const float mu = m == -INFINITY ? 0.f : m;
+        float l = 0.f;
 #pragma unroll
         for (int w = 0; w < WT; w++) {
-            float f = exp2f(red_m[w * ROWS + rl] - mu);
-            const float *src = red_o + (w * ROWS + rl) * RLD + dim;
-            l += f * red_l[w * ROWS + rl];
-            ox += f * src[0];
-            oy += f * src[1];
+            const float f = exp2f(red_m[w * ROWS + tid] - mu);
+            red_m[w * ROWS + tid] = f;
+            l += f * red_l[w * ROWS + tid];
         }
-        emit_row_pair(row, dim, ox, oy, m, l);
+        row_f[tid] = m;
+        row_f[ROWS + tid] = l;
+        row_f[2 * ROWS + tid] = l > 0.f ? 1.f / l : 0.f;
+        row_off[tid] = out_off(row0 + tid);
+    }
+    __syncthreads();
+    for (int idx = tid; idx < ROWS * (DP / 4); idx += NT) {
+        const int rl = idx / (DP / 4), dim = (idx - rl * (DP / 4)) * 4, row = row0 + rl;
+        if (row >= rows_valid || dim >= p.d) continue;
+        float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int w = 0; w < WT; w++) {
+            const float f = red_m[w * ROWS + rl];
+            const float4 v = *(const float4 *)(red_o + (w * ROWS + rl) * RLD + dim);
+            o.x += f * v.x;
+            o.y += f * v.y;
+            o.z += f * v.z;
+            o.w += f * v.w;
+        }
+        const float m = row_f[rl], l = row_f[ROWS + rl], inv = row_f[2 * ROWS + rl];
+        if (p.n_splits == 1) {
+            *(uint2 *)(p.o + row_off[rl] + dim) = make_uint2(pack_bf16(o.x * inv, o.y * inv), pack_bf16(o.z * inv, o.w * inv));
+        } else {
+            *(float4 *)(p.ws_o + (part0 + row) * p.d + dim) = make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv);
+            if (dim == 0) {
+                p.ws_m[part0 + row] = m;
+                p.ws_l[part0 + row] = l;
+            }
+        }
     }
 }
 

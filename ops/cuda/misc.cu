@@ -101,33 +101,80 @@ nib_status nib_cuda_axpy_f32(float *x, int64_t rows, int64_t cols, int64_t ldx, 
     return NIB_OK;
 }
 
+/* (0.5 g) (1 + tanh(k0 (g + ((k1 g) g) g))), each fp32 operation rounded on its own (the
+ * reference's order, ops/ref/misc.c) */
 __device__ __forceinline__ float gelu_tanh_dev(float g) {
-    const float k0 = 0.7978845608028654f, k1 = 0.044715f;
-    return (0.5f * g) * (1.0f + tanhf(k0 * (g + ((k1 * g) * g) * g)));
+    const float g3 = __fmul_rn(__fmul_rn(__fmul_rn(0.044715f, g), g), g);
+    const float z = __fmul_rn(0.7978845608028654f, __fadd_rn(g, g3));
+    return __fmul_rn(__fmul_rn(0.5f, g), __fadd_rn(1.0f, tanhf(z)));
 }
 
+__device__ __forceinline__ float epi_one(const nib_epilogue_args &a, float acc, float up, int64_t j, int64_t n_out,
+                                         float res) {
+    float v = a.bias ? __fadd_rn(acc, a.bias[j]) : acc;
+    if (a.geglu) v = __fmul_rn(gelu_tanh_dev(v), a.bias ? __fadd_rn(up, a.bias[n_out + j]) : up);
+    if (a.gate) v = __fmul_rn(v, a.gate[j]);
+    return a.residual ? __fadd_rn(v, res) : v;
+}
+
+/* Vector path: thread = 8 outputs (16-byte loads and stores); grid x = column blocks, y = rows.
+ * Needs n_out % 8 == 0, every ld % 8 == 0 and 16-byte aligned bf16 rows. In place (residual == y)
+ * is safe: each thread reads its residual chunk before writing the same chunk. */
+__global__ void __launch_bounds__(128) k_epilogue_v8(nib_epilogue_args a, int64_t n_out) {
+    nib::pdl_enter(); /* runtime/launch.cuh: first, before any access or return */
+    const int64_t r = blockIdx.y, c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (8 * c >= n_out) return;
+    const uint4 av = *(const uint4 *)((const __nv_bfloat16 *)a.acc + r * a.ld_acc + 8 * c);
+    uint4 uv = make_uint4(0, 0, 0, 0), rv = make_uint4(0, 0, 0, 0);
+    if (a.geglu) uv = *(const uint4 *)((const __nv_bfloat16 *)a.acc + r * a.ld_acc + n_out + 8 * c);
+    if (a.residual) rv = *(const uint4 *)((const __nv_bfloat16 *)a.residual + r * a.ldr + 8 * c);
+    const uint32_t aw[4] = {av.x, av.y, av.z, av.w}, uw[4] = {uv.x, uv.y, uv.z, uv.w}, rw[4] = {rv.x, rv.y, rv.z, rv.w};
+    uint32_t ow[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int64_t j = 8 * c + 2 * i;
+        const float lo = epi_one(a, __uint_as_float(aw[i] << 16), __uint_as_float(uw[i] << 16), j, n_out,
+                                 __uint_as_float(rw[i] << 16));
+        const float hi = epi_one(a, __uint_as_float(aw[i] & 0xFFFF0000u), __uint_as_float(uw[i] & 0xFFFF0000u), j + 1,
+                                 n_out, __uint_as_float(rw[i] & 0xFFFF0000u));
+        __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+        ow[i] = *(const uint32_t *)&h;
+    }
+    *(uint4 *)((__nv_bfloat16 *)a.y + r * a.ldy + 8 * c) = make_uint4(ow[0], ow[1], ow[2], ow[3]);
+}
+
+/* Scalar path (any shape): grid x = column blocks, y = rows (no 64-bit division per element). */
 __global__ void k_epilogue(nib_epilogue_args a, int64_t n_out) {
     nib::pdl_enter(); /* runtime/launch.cuh: first, before any access or return */
-    int64_t n = a.rows * n_out;
-    const __nv_bfloat16 *acc = (const __nv_bfloat16 *)a.acc, *res = (const __nv_bfloat16 *)a.residual;
-    __nv_bfloat16 *y = (__nv_bfloat16 *)a.y;
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        int64_t r = i / n_out, j = i - r * n_out;
-        float v = __bfloat162float(acc[r * a.ld_acc + j]) + (a.bias ? a.bias[j] : 0.f);
-        if (a.geglu) {
-            float u = __bfloat162float(acc[r * a.ld_acc + n_out + j]) + (a.bias ? a.bias[n_out + j] : 0.f);
-            v = gelu_tanh_dev(v) * u;
-        }
-        if (a.gate) v *= a.gate[j];
-        if (res) v += __bfloat162float(res[r * a.ldr + j]);
-        y[r * a.ldy + j] = __float2bfloat16(v);
-    }
+    const int64_t r = blockIdx.y, j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= n_out) return;
+    const __nv_bfloat16 *acc = (const __nv_bfloat16 *)a.acc + r * a.ld_acc;
+    const float up = a.geglu ? __bfloat162float(acc[n_out + j]) : 0.f;
+    const float res = a.residual ? __bfloat162float(((const __nv_bfloat16 *)a.residual)[r * a.ldr + j]) : 0.f;
+    ((__nv_bfloat16 *)a.y)[r * a.ldy + j] = __float2bfloat16(epi_one(a, __bfloat162float(acc[j]), up, j, n_out, res));
 }
 
 nib_status nib_cuda_epilogue(const nib_epilogue_args *a, void *stream) {
     int64_t n_out = a->geglu ? a->n_in / 2 : a->n_in;
     if (a->rows * n_out == 0) return NIB_OK;
-    NIB_CUDA_CHECK(nib::launch(k_epilogue, dim3(blocks_for(a->rows * n_out, 256)), dim3(256), 0, (cudaStream_t)stream, *a, n_out));
-    NIB_LAUNCH_CHECK("k_epilogue");
+    const uintptr_t al = (uintptr_t)a->acc | (uintptr_t)a->y | (uintptr_t)a->residual | (uintptr_t)a->bias |
+                         (uintptr_t)a->gate;
+    const int vec = n_out % 8 == 0 && a->ld_acc % 8 == 0 && a->ldy % 8 == 0 && (!a->residual || a->ldr % 8 == 0) &&
+                    al % 16 == 0;
+    const int64_t per = vec ? 8 * 128 : 256, bx = (n_out + per - 1) / per;
+    if (bx > 0x7FFFFFFF) return NIB_ERR(NIB_ERR_SHAPE, "epilogue (cuda): %lld columns", (long long)n_out);
+    for (int64_t r0 = 0; r0 < a->rows; r0 += 65535) { /* grid y: at most 65535 rows per launch */
+        nib_epilogue_args c = *a;
+        c.rows = a->rows - r0 < 65535 ? a->rows - r0 : 65535;
+        c.acc = (const __nv_bfloat16 *)a->acc + r0 * a->ld_acc;
+        c.y = (__nv_bfloat16 *)a->y + r0 * a->ldy;
+        if (a->residual) c.residual = (const __nv_bfloat16 *)a->residual + r0 * a->ldr;
+        const dim3 grid((unsigned)bx, (unsigned)c.rows);
+        if (vec)
+            NIB_CUDA_CHECK(nib::launch(k_epilogue_v8, grid, dim3(128), 0, (cudaStream_t)stream, c, n_out));
+        else
+            NIB_CUDA_CHECK(nib::launch(k_epilogue, grid, dim3(256), 0, (cudaStream_t)stream, c, n_out));
+        NIB_LAUNCH_CHECK("k_epilogue");
+    }
     return NIB_OK;
 }

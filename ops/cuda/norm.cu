@@ -21,6 +21,7 @@
 #include <float.h>
 #include <stdint.h>
 
+#include "ops/cuda/fp8_rows.cuh"
 #include "ops/norm.h"
 #include "runtime/cuda_check.h"
 #include "runtime/launch.cuh"
@@ -82,15 +83,6 @@ static __device__ __forceinline__ double block_sum(double v, double *sh, int nw)
     double s = 0.0;
     for (int i = 0; i < nw; i++) s += sh[i];
     return s;
-}
-static __device__ __forceinline__ float block_max(float v, float *sh, int nw) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
-    __syncthreads();
-    float m = 0.f;
-    for (int i = 0; i < nw; i++) m = fmaxf(m, sh[i]);
-    return m;
 }
 
 template <int V>
@@ -173,25 +165,14 @@ __global__ void __launch_bounds__(256) k_norm(const NormParams p) {
         if (p.y) st16(p.y + row * p.ldy + 8 * c, pack8(v[i]));
     }
     if (!p.yq) return;
-    amax = block_max(amax, s_max, nw);
-    /* formats/ nib_fp8_quantize per row: scale = amax / 448 (>= FLT_MIN), 1 for all-zero */
-    float sc = 1.0f;
-    if (amax != 0.0f) {
-        sc = __fdiv_rn(amax, 448.0f);
-        sc = sc < FLT_MIN ? FLT_MIN : sc;
-    }
+    amax = nib::cta_max(amax, s_max, nw);
+    const float sc = nib::fp8_row_scale_of(amax); /* fp8_rows.cuh: formats/ nib_fp8_quantize per row */
     if (threadIdx.x == 0) p.ys[row] = sc;
 #pragma unroll
     for (int i = 0; i < V; i++) {
         const int c = threadIdx.x + i * blockDim.x;
         if (c >= p.nch) continue;
-        uint32_t w[2] = {0u, 0u};
-#pragma unroll
-        for (int k = 0; k < 8; k++) {
-            const uint32_t q = __nv_cvt_float_to_fp8(__fdiv_rn(v[i][k], sc), __NV_SATFINITE, __NV_E4M3);
-            w[k >> 2] |= q << (8 * (k & 3));
-        }
-        *(uint2 *)(p.yq + row * p.ldq + 8 * c) = make_uint2(w[0], w[1]);
+        *(uint2 *)(p.yq + row * p.ldq + 8 * c) = nib::fp8_codes8(v[i], sc);
     }
 }
 

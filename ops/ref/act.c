@@ -1,8 +1,11 @@
 /* act.c — reference GeGLU-tanh / SwiGLU / GELU-tanh (host float): the spec of ops/act.h. Each
  * fp32 operation is its own statement so no compiler contracts it into an FMA. */
 #include <math.h>
+#include <string.h>
 
+#include "formats/formats.h"
 #include "ops/act.h"
+
 
 static const char *act_name(nib_act_kind k) {
     switch (k) {
@@ -26,9 +29,14 @@ nib_status nib_act_validate(const nib_act_args *a, const char *who) {
     if (a->ldx < in_cols)
         return NIB_ERR(NIB_ERR_SHAPE, "%s (%s): ldx %lld < %lld input columns (H = %lld)", who, k, (long long)a->ldx,
                        (long long)in_cols, (long long)a->h);
-    if (a->ldy < a->h)
+    if (a->y && a->ldy < a->h)
         return NIB_ERR(NIB_ERR_SHAPE, "%s (%s): ldy %lld < H %lld", who, k, (long long)a->ldy, (long long)a->h);
-    if (!a->x || !a->y) return NIB_ERR(NIB_ERR_INVALID_ARG, "%s (%s): x and y are required", who, k);
+    if (!a->x || (!a->y && !a->y_q))
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "%s (%s): x and an output (y or y_q) are required", who, k);
+    if (a->y_q && (!a->y_scale || a->ldq < a->h))
+        return NIB_ERR(a->y_scale ? NIB_ERR_SHAPE : NIB_ERR_INVALID_ARG,
+                       "%s (%s): FP8 output needs y_scale and ldq >= H (ldq %lld, H %lld)", who, k, (long long)a->ldq,
+                       (long long)a->h);
     return NIB_OK;
 }
 
@@ -55,9 +63,14 @@ nib_status nib_ref_act(const nib_act_args *a) {
     NIB_RETURN_IF_ERR(nib_act_validate(a, "act (ref)"));
     int64_t rows = a->rows;
     if (a->n_valid) rows = *a->n_valid < 0 ? 0 : (*a->n_valid < rows ? *a->n_valid : rows);
+    float *tmp = NULL;
+    if (rows > 0 && (a->y_q || !a->y)) {
+        tmp = nib_malloc((size_t)a->h * sizeof(float));
+        if (!tmp) return NIB_ERR(NIB_ERR_OUT_OF_MEMORY, "act (ref): %lld floats of row scratch", (long long)a->h);
+    }
     for (int64_t r = 0; r < rows; r++) {
         const float *x = (const float *)a->x + r * a->ldx;
-        float *y = (float *)a->y + r * a->ldy;
+        float *y = tmp ? tmp : (float *)a->y + r * a->ldy;
         /* column j of y depends only on columns j (and H + j) of x, read before y[j] is written:
          * in place (y == x) is safe */
         for (int64_t j = 0; j < a->h; j++) {
@@ -70,7 +83,16 @@ nib_status nib_ref_act(const nib_act_args *a) {
             }
             y[j] = v;
         }
+        if (tmp && a->y) memcpy((float *)a->y + r * a->ldy, tmp, (size_t)a->h * sizeof(float));
+        if (a->y_q) {
+            nib_status st = nib_fp8_quantize(tmp, 1, a->h, 1, a->y_q + r * a->ldq, &a->y_scale[r]);
+            if (st) {
+                nib_free(tmp);
+                return nib_error_context(st, "act (ref) FP8 output of row %lld", (long long)r);
+            }
+        }
     }
+    nib_free(tmp);
     return NIB_OK;
 }
 
