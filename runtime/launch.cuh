@@ -56,43 +56,42 @@ inline bool pdl_enabled() {
     return !(e && e[0] == '0' && e[1] == '\0');
 }
 
-/* cudaLaunchKernelEx with the PDL attribute; returns the launch's cudaError_t (check it with
- * NIB_CUDA_CHECK). */
+/* cudaLaunchKernelEx with the given attributes plus the PDL one (when enabled); returns the
+ * launch's cudaError_t. attr must have room for n + 1 entries. */
 template <typename... KArgs, typename... Args>
-inline cudaError_t launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                          Args &&...args) {
+inline cudaError_t launch_with(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                               cudaLaunchAttribute *attr, unsigned n, Args &&...args) {
     cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
     cfg.attrs = attr;
-    cfg.numAttrs = pdl_enabled() ? 1 : 0;
+    cfg.numAttrs = n + (pdl_enabled() ? 1 : 0);
     return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...); /* unchecked: returned to the caller */
+}
+
+/* cudaLaunchKernelEx with the PDL attribute; returns the launch's cudaError_t (check it with
+ * NIB_CUDA_CHECK). */
+template <typename... KArgs, typename... Args>
+inline cudaError_t launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                          Args &&...args) {
+    cudaLaunchAttribute attr[1];
+    return launch_with(kernel, grid, block, smem, stream, attr, 0, std::forward<Args>(args)...);
 }
 
 /* The same with thread-block clusters of `cluster` CTAs (grid dims must be multiples of it). */
 template <typename... KArgs, typename... Args>
 inline cudaError_t launch_cluster(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                                   dim3 cluster, Args &&...args) {
-    cudaLaunchConfig_t cfg = {};
     cudaLaunchAttribute attr[2];
     attr[0].id = cudaLaunchAttributeClusterDimension;
     attr[0].val.clusterDim.x = cluster.x;
     attr[0].val.clusterDim.y = cluster.y;
     attr[0].val.clusterDim.z = cluster.z;
-    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[1].val.programmaticStreamSerializationAllowed = 1;
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
-    cfg.attrs = attr;
-    cfg.numAttrs = pdl_enabled() ? 2 : 1;
-    return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...); /* unchecked: returned to the caller */
+    return launch_with(kernel, grid, block, smem, stream, attr, 1, std::forward<Args>(args)...);
 }
 
 } /* namespace nib */
