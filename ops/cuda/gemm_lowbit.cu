@@ -238,9 +238,15 @@ __device__ __forceinline__ void read_chunk(Chunk<FMT> &ch, const unsigned char *
 __device__ __forceinline__ void issue_x_window(const GemmParams &p, __nv_bfloat16 *xs, int xrows, int m0,
                                                int kbase) {
     const int pieces_per_row = p.xw * p.wk * p.cps * (KCH / 8);
-    const int total = xrows * pieces_per_row;
-    for (int idx = threadIdx.x; idx < total; idx += blockDim.x) {
-        int row = idx / pieces_per_row, pc = idx - row * pieces_per_row;
+    /* (row, piece) of this thread's idx = threadIdx.x + i * blockDim.x, advanced incrementally
+     * (one division for the whole window, not one per 16-byte copy) */
+    int row = (int)threadIdx.x / pieces_per_row, pc = (int)threadIdx.x - row * pieces_per_row;
+    for (; row < xrows; pc += blockDim.x) {
+        while (pc >= pieces_per_row) {
+            pc -= pieces_per_row;
+            row++;
+        }
+        if (row >= xrows) break;
         int col = kbase + pc * 8;
         __nv_bfloat16 *dst = xs + row * p.lds + pc * 8;
         bool ok = col < p.k;
@@ -385,10 +391,9 @@ __global__ void __launch_bounds__(WARPS * 32, (MT >= 8 ? 1 : 2)) k_gemm_lowbit(G
     /* X: the real token rows of this M chunk, plus one zero row at index xrows that every
      * token past M reads (zeroed once here; window loads never touch it) */
     const int xrows = min(MT * 8, p.m - m0);
-    for (int idx = threadIdx.x; idx < p.nxb * p.lds; idx += blockDim.x) {
-        int b = idx / p.lds, col = idx - b * p.lds;
-        xs0[b * xs_stride + xrows * p.lds + col] = __float2bfloat16(0.f);
-    }
+    for (int b = 0; b < p.nxb; b++) /* 16-byte stores: lds and xs_stride are multiples of 8 */
+        for (int c = threadIdx.x; c < p.lds / 8; c += blockDim.x)
+            *(uint4 *)(xs0 + b * xs_stride + xrows * p.lds + c * 8) = make_uint4(0u, 0u, 0u, 0u);
     uint32_t brow[MT]; /* ldmatrix row address of this lane per n-tile, window buffer 0, column 0 */
 #pragma unroll
     for (int nt = 0; nt < MT; nt++) {
