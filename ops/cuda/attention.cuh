@@ -108,6 +108,45 @@ __device__ __forceinline__ float e4m3_to_f32(uint32_t c) {
     return __uint_as_float((c & 0x7Fu) << 20) * 0x1p120f;
 }
 
+/* One K/V tile's element rows: 2 x TK rows (K then V) of CHN 16-byte chunks, key j from
+ * base + (tt0 + j) * stride (bytes) to dst + j * dst_ld (shared, bytes); keys >= t1 and chunks
+ * >= cmax are zero-filled. When NT is a multiple of CHN every thread keeps one chunk column and
+ * walks its rows with pointer increments (no per-copy index arithmetic). */
+template <int NT, int TK, int CHN>
+__device__ __forceinline__ void copy_kv_rows(const uint8_t *kbase, const uint8_t *vbase, long long k_tok,
+                                             long long v_tok, int tt0, int t1, uint32_t dst_k, uint32_t dst_v,
+                                             int dst_ld, int cmax, int tid) {
+    if constexpr (NT % CHN == 0) {
+        constexpr int RPI = NT / CHN;
+        const int c = tid % CHN, j0 = tid / CHN;
+        const bool cok = c < cmax;
+#pragma unroll
+        for (int isv = 0; isv < 2; isv++) {
+            const long long stride = isv ? v_tok : k_tok;
+            const uint8_t *src = (isv ? vbase : kbase) + (long long)(tt0 + j0) * stride + c * 16;
+            uint32_t dst = (isv ? dst_v : dst_k) + j0 * dst_ld + c * 16;
+            int tok = tt0 + j0;
+#pragma unroll 2
+            for (int j = j0; j < TK; j += RPI) {
+                const bool ok = cok && tok < t1;
+                cp_async16(dst, ok ? (const void *)src : (const void *)kbase, ok ? 16 : 0);
+                tok += RPI;
+                src += RPI * stride;
+                dst += RPI * dst_ld;
+            }
+        }
+    } else {
+        for (int i = tid; i < 2 * TK * CHN; i += NT) {
+            int isv = i >= TK * CHN, rem = i - isv * TK * CHN;
+            int j = rem / CHN, c = rem - j * CHN, tok = tt0 + j;
+            bool ok = tok < t1 && c < cmax;
+            const uint8_t *src = isv ? vbase : kbase;
+            if (ok) src += (long long)tok * (isv ? v_tok : k_tok) + c * 16;
+            cp_async16((isv ? dst_v : dst_k) + j * dst_ld + c * 16, src, ok ? 16 : 0);
+        }
+    }
+}
+
 /* ---- the attention kernel ------------------------------------------------------------- */
 template <int FMT, int DP, int WR, int WT, int KW, int ST, int CL = 0>
 __global__ void __launch_bounds__(Cfg<FMT, DP, WR, WT, KW, ST, CL>::NT, Cfg<FMT, DP, WR, WT, KW, ST, CL>::MINB)
@@ -149,14 +188,32 @@ __global__ void __launch_bounds__(Cfg<FMT, DP, WR, WT, KW, ST, CL>::NT, Cfg<FMT,
     /* Q rows -> smem (zero rows past the valid rows, zero columns past head_dim) */
     {
         constexpr int CH = DP / 8;
-        for (int i = tid; i < ROWS * CH; i += NT) {
-            int r = i / CH, c = i - r * CH, row = row0 + r;
-            bool ok = row < rows_valid && c * 8 < p.d;
-            const __nv_bfloat16 *src = p.q;
-            if (ok)
-                src = p.q + seq * p.q_seq + (long long)(row / p.group) * p.q_tok +
-                      (long long)(hkv * p.group + row % p.group) * p.d + c * 8;
-            cp_async16(smem_u32(Qs + r * LDS + c * 8), src, ok ? 16 : 0);
+        if constexpr (NT % CH == 0) { /* fixed column per thread; (token, head) of its rows advanced incrementally */
+            constexpr int RPI = NT / CH;
+            const int c = tid % CH, r0 = tid / CH;
+            const bool cok = c * 8 < p.d;
+            int tq = (row0 + r0) / p.group, hq = (row0 + r0) - tq * p.group;
+            const __nv_bfloat16 *qb = p.q + seq * p.q_seq + (long long)hkv * p.group * p.d + c * 8;
+            for (int r = r0; r < ROWS; r += RPI) {
+                const bool ok = cok && row0 + r < rows_valid;
+                const __nv_bfloat16 *src = ok ? qb + (long long)tq * p.q_tok + (long long)hq * p.d : p.q;
+                cp_async16(smem_u32(Qs + r * LDS + c * 8), src, ok ? 16 : 0);
+                hq += RPI;
+                while (hq >= p.group) {
+                    hq -= p.group;
+                    tq++;
+                }
+            }
+        } else {
+            for (int i = tid; i < ROWS * CH; i += NT) {
+                int r = i / CH, c = i - r * CH, row = row0 + r;
+                bool ok = row < rows_valid && c * 8 < p.d;
+                const __nv_bfloat16 *src = p.q;
+                if (ok)
+                    src = p.q + seq * p.q_seq + (long long)(row / p.group) * p.q_tok +
+                          (long long)(hkv * p.group + row % p.group) * p.d + c * 8;
+                cp_async16(smem_u32(Qs + r * LDS + c * 8), src, ok ? 16 : 0);
+            }
         }
     }
     const uint8_t *const kbase = p.k + seq * p.k_seq + hkv * p.kv_head;
@@ -166,28 +223,13 @@ __global__ void __launch_bounds__(Cfg<FMT, DP, WR, WT, KW, ST, CL>::NT, Cfg<FMT,
     auto load_tile = [&](int it, int stage) {
         const int tt0 = t0 + it * TK;
         if constexpr (FMT == F_BF16) {
-            constexpr int CH = DP / 8;
             __nv_bfloat16 *Ks = (__nv_bfloat16 *)(after_q + stage * C::TILE_BYTES);
-            __nv_bfloat16 *Vs = Ks + TK * LDS;
-            for (int i = tid; i < 2 * TK * CH; i += NT) {
-                int isv = i >= TK * CH, rem = i - isv * TK * CH;
-                int j = rem / CH, c = rem - j * CH, tok = tt0 + j;
-                bool ok = tok < t1 && c * 8 < p.d;
-                const uint8_t *src = isv ? vbase : kbase;
-                if (ok) src += (long long)tok * (isv ? p.v_tok : p.k_tok) + c * 16;
-                cp_async16(smem_u32((isv ? Vs : Ks) + j * LDS + c * 8), src, ok ? 16 : 0);
-            }
+            copy_kv_rows<NT, TK, DP / 8>(kbase, vbase, p.k_tok, p.v_tok, tt0, t1, smem_u32(Ks), smem_u32(Ks + TK * LDS),
+                                         LDS * 2, (p.d + 7) / 8, tid);
         } else {
-            constexpr int CR = KROW / 16;
             unsigned char *raw = after_q + C::TILE_BYTES + C::SCALE_BYTES + stage * C::RAW_STAGE;
-            for (int i = tid; i < 2 * TK * CR; i += NT) {
-                int isv = i >= TK * CR, rem = i - isv * TK * CR;
-                int j = rem / CR, c = rem - j * CR, tok = tt0 + j;
-                bool ok = tok < t1;
-                const uint8_t *src = isv ? vbase : kbase;
-                if (ok) src += (long long)tok * (isv ? p.v_tok : p.k_tok) + c * 16;
-                cp_async16(smem_u32(raw + (isv * TK + j) * KROW + c * 16), src, ok ? 16 : 0);
-            }
+            copy_kv_rows<NT, TK, KROW / 16>(kbase, vbase, p.k_tok, p.v_tok, tt0, t1, smem_u32(raw),
+                                            smem_u32(raw + TK * KROW), KROW, KROW / 16, tid);
             unsigned char *bs = raw + 2 * TK * KROW;
             if constexpr (FMT == F_NVFP4) { /* BROW = 16: one 16-byte copy per key */
                 for (int i = tid; i < 2 * TK; i += NT) {
