@@ -300,7 +300,9 @@ static nib_status launch(AttnParams p, const Plan &pl, void *ws, cudaStream_t st
         m.sl_log2 = pl.sl_log2;
         long long threads = (long long)p.rows_max * (p.d / 4) << pl.sl_log2;
         long long blocks = (threads + 255) / 256;
-        if (blocks > 0x7FFFFFFF) return NIB_ERR(NIB_ERR_UNSUPPORTED, "attention merge: %lld blocks", blocks);
+        if (threads > 0x7FFFFFFFLL) /* the merge kernel indexes threads in 32 bits */
+            return NIB_ERR(NIB_ERR_UNSUPPORTED, "attention merge: %lld threads (rows x head_dim / 4 x split lanes)",
+                           threads);
         NIB_CUDA_CHECK(nib::launch(k_attn_merge, dim3((unsigned)blocks, (unsigned)pl.z), dim3(256), 0, stream, m));
         NIB_LAUNCH_CHECK("k_attn_merge");
     }

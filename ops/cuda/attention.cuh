@@ -135,14 +135,26 @@ __device__ __forceinline__ void copy_kv_rows(const uint8_t *kbase, const uint8_t
                 dst += RPI * dst_ld;
             }
         }
-    } else {
-        for (int i = tid; i < 2 * TK * CHN; i += NT) {
-            int isv = i >= TK * CHN, rem = i - isv * TK * CHN;
-            int j = rem / CHN, c = rem - j * CHN, tok = tt0 + j;
-            bool ok = tok < t1 && c < cmax;
-            const uint8_t *src = isv ? vbase : kbase;
-            if (ok) src += (long long)tok * (isv ? v_tok : k_tok) + c * 16;
-            cp_async16((isv ? dst_v : dst_k) + j * dst_ld + c * 16, src, ok ? 16 : 0);
+    } else { /* (row, chunk) of idx = tid + i * NT advanced by (NT / CHN, NT % CHN) with one carry */
+        constexpr int DJ = NT / CHN, DC = NT % CHN;
+#pragma unroll
+        for (int isv = 0; isv < 2; isv++) {
+            const long long stride = isv ? v_tok : k_tok;
+            const uint8_t *base = isv ? vbase : kbase;
+            const uint32_t dst = isv ? dst_v : dst_k;
+            int j = tid / CHN, c = tid - (tid / CHN) * CHN;
+            for (; j < TK;) {
+                const int tok = tt0 + j;
+                const bool ok = tok < t1 && c < cmax;
+                cp_async16(dst + j * dst_ld + c * 16, ok ? (const void *)(base + (long long)tok * stride + c * 16) : base,
+                           ok ? 16 : 0);
+                j += DJ;
+                c += DC;
+                if (c >= CHN) {
+                    c -= CHN;
+                    j++;
+                }
+            }
         }
     }
 }
@@ -204,15 +216,23 @@ __global__ void __launch_bounds__(Cfg<FMT, DP, WR, WT, KW, ST, CL>::NT, Cfg<FMT,
                     tq++;
                 }
             }
-        } else {
-            for (int i = tid; i < ROWS * CH; i += NT) {
-                int r = i / CH, c = i - r * CH, row = row0 + r;
-                bool ok = row < rows_valid && c * 8 < p.d;
+        } else { /* (row, chunk) advanced by (NT / CH, NT % CH) with one carry */
+            constexpr int DR = NT / CH, DC = NT % CH;
+            int r = tid / CH, c = tid - (tid / CH) * CH;
+            for (; r < ROWS;) {
+                const int row = row0 + r;
+                const bool ok = row < rows_valid && c * 8 < p.d;
                 const __nv_bfloat16 *src = p.q;
                 if (ok)
                     src = p.q + seq * p.q_seq + (long long)(row / p.group) * p.q_tok +
                           (long long)(hkv * p.group + row % p.group) * p.d + c * 8;
                 cp_async16(smem_u32(Qs + r * LDS + c * 8), src, ok ? 16 : 0);
+                r += DR;
+                c += DC;
+                if (c >= CH) {
+                    c -= CH;
+                    r++;
+                }
             }
         }
     }
@@ -614,10 +634,11 @@ struct MergeParams {
 __global__ void __launch_bounds__(256) k_attn_merge(MergeParams p) {
     nib::pdl_enter(); /* runtime/launch.cuh: first, before any access or return */
     const int SL = 1 << p.sl_log2, c4 = p.d / 4;
-    const long long gid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    const int sl = (int)(gid & (SL - 1));
-    const long long rc = gid >> p.sl_log2;
-    const int r = (int)(rc / c4), c = (int)(rc % c4);
+    /* 32-bit index math: the host caps blocks x 256 below 2^31 (unsigned division, no 64-bit) */
+    const unsigned gid = blockIdx.x * blockDim.x + threadIdx.x;
+    const int sl = (int)(gid & (unsigned)(SL - 1));
+    const unsigned rc = gid >> p.sl_log2;
+    const int r = (int)(rc / (unsigned)c4), c = (int)(rc - (unsigned)r * (unsigned)c4);
     const int z = blockIdx.y, seq = z / p.n_kv, hkv = z % p.n_kv;
     /* exits are uniform over the SL lanes of a group (they share r and z) */
     if (seq >= read_len(p.nseq_valid, p.n_seq)) return;
