@@ -59,8 +59,7 @@ typedef struct qopts {
 
 /* One chunk's result: fp64 error sums over its weights (the terms of nib_quant_error). */
 typedef struct cpart {
-    double se, rr, gg, rg, mx;
-    size_t bad;
+    nib_quant_err_terms t; /* formats/ nib_quant_error's sums over this chunk */
     float fp8_scale;     /* FP8 per tensor: the scale this chunk used (all must agree) */
     double secs;
     int done;            /* under the run's mutex */
@@ -672,21 +671,8 @@ static void scratch_free(scratch *s) {
 
 /* The terms of nib_quant_error over n values, in the same order and fp64. */
 static void chunk_metrics(const float *ref, const float *got, size_t n, cpart *o) {
-    double se = 0, rr = 0, gg = 0, rg = 0, mx = 0;
-    size_t bad = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (!isfinite(ref[i]) || !isfinite(got[i])) {
-            bad++;
-            continue;
-        }
-        double a = ref[i], b = got[i], d = a - b;
-        se += d * d;
-        rr += a * a;
-        gg += b * b;
-        rg += a * b;
-        if (fabs(d) > mx) mx = fabs(d);
-    }
-    o->se = se, o->rr = rr, o->gg = gg, o->rg = rg, o->mx = mx, o->bad = bad;
+    memset(&o->t, 0, sizeof o->t);
+    nib_quant_err_accumulate(ref, got, n, &o->t);
 }
 
 /* Quantize rows [r0, r0 + m) of p's tensor (chunk ci) into p's planes, and measure them. */
@@ -902,30 +888,21 @@ static nib_status wait_tensor(qrun *r, tplan *p, progress *pg, size_t i, size_t 
  * planes, and give them back to the window. */
 static nib_status write_tensor(qrun *r, nib_st_writer *w, tplan *p) {
     nib_status st = NIB_OK;
-    double se = 0, rr = 0, gg = 0, rg = 0, mx = 0, secs = 0;
-    size_t bad = 0;
+    double secs = 0;
+    nib_quant_err_terms tt;
+    memset(&tt, 0, sizeof tt);
     for (size_t c = p->chunk0; c < p->chunk0 + p->n_chunks; c++) {
         const cpart *q = &r->parts[c];
-        se += q->se, rr += q->rr, gg += q->gg, rg += q->rg, bad += q->bad, secs += q->secs;
-        if (q->mx > mx) mx = q->mx;
+        nib_quant_err_merge(&tt, &q->t);
+        secs += q->secs;
         if (p->fmt == NIB_WFMT_FP8 && !p->fp8_pc && memcmp(&q->fp8_scale, &r->parts[p->chunk0].fp8_scale, 4)) {
             st = NIB_ERR(NIB_ERR_INTERNAL, "'%s': chunk %zu got FP8 scale %.9g, chunk 0 %.9g", p->t->name,
                          c - p->chunk0, (double)q->fp8_scale, (double)r->parts[p->chunk0].fp8_scale);
             goto fail;
         }
     }
-    nib_quant_err *e = &p->err;
-    memset(e, 0, sizeof *e);
-    e->n_nonfinite = bad;
-    if (bad) {
-        e->nmse = e->rel_l2 = e->cosine = e->max_abs = NAN;
-    } else {
-        e->nmse = rr > 0 ? se / rr : (se > 0 ? INFINITY : 0.0);
-        e->rel_l2 = sqrt(e->nmse);
-        e->cosine = (rr > 0 && gg > 0) ? rg / sqrt(rr * gg) : (rr == 0 && gg == 0 ? 1.0 : 0.0);
-        e->max_abs = mx;
-    }
-    p->ref_energy = rr;
+    nib_quant_err_finish(&tt, &p->err);
+    p->ref_energy = tt.rr;
     nib_wsrc ws;
     memset(&ws, 0, sizeof ws);
     ws.fmt = p->fmt;

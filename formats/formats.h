@@ -240,6 +240,16 @@ typedef struct nib_quant_err {
     size_t n_nonfinite;
 } nib_quant_err;
 nib_status nib_quant_error(const float *ref, const float *got, size_t n, nib_quant_err *out);
+/* The same in two halves, for sums taken over chunks (nib quantize): add n values' fp64 terms to
+ * t (start from a zeroed struct; merge chunks with nib_quant_err_merge in a fixed order), then
+ * turn the terms into the metrics. nib_quant_error is accumulate + finish over one chunk. */
+typedef struct nib_quant_err_terms {
+    double se, rr, gg, rg, mx; /* sum (ref-got)^2, sum ref^2, sum got^2, sum ref*got, max |ref-got| */
+    size_t bad;                /* positions with a NaN/Inf */
+} nib_quant_err_terms;
+void nib_quant_err_accumulate(const float *ref, const float *got, size_t n, nib_quant_err_terms *t);
+void nib_quant_err_merge(nib_quant_err_terms *t, const nib_quant_err_terms *add);
+void nib_quant_err_finish(const nib_quant_err_terms *t, nib_quant_err *out);
 
 #ifdef __cplusplus
 }

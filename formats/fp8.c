@@ -226,32 +226,45 @@ nib_status nib_fp8_dequantize(const uint8_t *q, const float *scales, int64_t n, 
 
 /* ---- error metrics ------------------------------------------------------------------------- */
 
-nib_status nib_quant_error(const float *ref, const float *got, size_t n, nib_quant_err *out) {
-    if (!out || (n && (!ref || !got)))
-        return NIB_ERR(NIB_ERR_INVALID_ARG, "quant error: NULL argument");
-    double se = 0, rr = 0, gg = 0, rg = 0, mx = 0;
-    size_t bad = 0;
+void nib_quant_err_accumulate(const float *ref, const float *got, size_t n, nib_quant_err_terms *t) {
     for (size_t i = 0; i < n; i++) {
         if (!isfinite(ref[i]) || !isfinite(got[i])) {
-            bad++;
+            t->bad++;
             continue;
         }
         double a = ref[i], b = got[i], d = a - b;
-        se += d * d;
-        rr += a * a;
-        gg += b * b;
-        rg += a * b;
-        if (fabs(d) > mx) mx = fabs(d);
+        t->se += d * d;
+        t->rr += a * a;
+        t->gg += b * b;
+        t->rg += a * b;
+        if (fabs(d) > t->mx) t->mx = fabs(d);
     }
+}
+
+void nib_quant_err_merge(nib_quant_err_terms *t, const nib_quant_err_terms *add) {
+    t->se += add->se, t->rr += add->rr, t->gg += add->gg, t->rg += add->rg, t->bad += add->bad;
+    if (add->mx > t->mx) t->mx = add->mx;
+}
+
+void nib_quant_err_finish(const nib_quant_err_terms *t, nib_quant_err *out) {
     memset(out, 0, sizeof *out);
-    out->n_nonfinite = bad;
-    if (bad) {
+    out->n_nonfinite = t->bad;
+    if (t->bad) {
         out->nmse = out->rel_l2 = out->cosine = out->max_abs = NAN;
-        return NIB_OK;
+        return;
     }
-    out->nmse = rr > 0 ? se / rr : (se > 0 ? INFINITY : 0.0);
+    out->nmse = t->rr > 0 ? t->se / t->rr : (t->se > 0 ? INFINITY : 0.0);
     out->rel_l2 = sqrt(out->nmse);
-    out->cosine = (rr > 0 && gg > 0) ? rg / sqrt(rr * gg) : (rr == 0 && gg == 0 ? 1.0 : 0.0);
-    out->max_abs = mx;
+    out->cosine = (t->rr > 0 && t->gg > 0) ? t->rg / sqrt(t->rr * t->gg) : (t->rr == 0 && t->gg == 0 ? 1.0 : 0.0);
+    out->max_abs = t->mx;
+}
+
+nib_status nib_quant_error(const float *ref, const float *got, size_t n, nib_quant_err *out) {
+    if (!out || (n && (!ref || !got)))
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "quant error: NULL argument");
+    nib_quant_err_terms t;
+    memset(&t, 0, sizeof t);
+    nib_quant_err_accumulate(ref, got, n, &t);
+    nib_quant_err_finish(&t, out);
     return NIB_OK;
 }
