@@ -12,6 +12,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/rng.h"
@@ -70,6 +71,13 @@ struct nib_pi05 {
     /* check-numerics: calls run eagerly and scan each stage's output (nib_pi05_set_check_numerics) */
     int check_numerics, checking;
     void *nws; /* device scratch of the scan's result (CUDA) */
+    /* the persistent expert kernel (ops/expert.h): used for calls with H <= xrows */
+    int fused;                /* prepared and enabled */
+    int32_t xrows;            /* rows it was prepared for: min(max_horizon, NIB_EXPERT_MAX_ROWS) */
+    nib_expert_layer *xl;     /* [e_layers] */
+    void *xws;
+    uint64_t xws_bytes;
+    char xpath[256];          /* which expert path runs, and why (nib_pi05_expert_path) */
 };
 
 const nib_pi05_config *nib_pi05_cfg(const nib_pi05 *m) { return &m->c; }
@@ -847,6 +855,83 @@ static nib_status attn_ws_bytes(const nib_pi05 *m, uint64_t *out) {
     return NIB_OK;
 }
 
+/* ---- the persistent expert kernel ------------------------------------------------------ */
+static int32_t expert_rows(const nib_pi05 *m) {
+    return m->c.max_horizon < NIB_EXPERT_MAX_ROWS ? m->c.max_horizon : NIB_EXPERT_MAX_ROWS;
+}
+static int32_t kv_slots(const nib_pi05 *m) {
+    const nib_pi05_config *c = &m->c;
+    return (int32_t)c->max_cameras * c->v_tokens + c->max_text + c->max_horizon;
+}
+
+/* the kernel's arguments for a call with H rows at step s (layers: m->xl) */
+static void expert_args(const nib_pi05 *m, int32_t H, int s, nib_expert_args *a) {
+    const nib_pi05_config *c = &m->c;
+    memset(a, 0, sizeof *a);
+    a->n_layers = c->e_layers, a->layers = m->xl, a->rows = H;
+    a->width = c->e_width, a->mlp = c->e_mlp, a->n_heads = c->e_heads, a->head_dim = c->head_dim;
+    a->eps = NIB_NORM_EPS, a->q_scale = 1.0f / sqrtf((float)c->head_dim);
+    a->mods = m->mods + (int64_t)s * (2 * (int64_t)c->e_layers + 1) * 3 * c->e_width;
+    a->t_valid = m->ints + 1, a->slot_base = m->ints + 2, a->positions = m->pos_suffix, a->inv_freq = m->inv_freq;
+    a->x = m->ex, a->qkv = m->eqkv, a->o = m->eattn, a->h = m->emlp;
+}
+
+/* workspace bytes at the maxima (before the weights exist: only shapes are read) */
+static nib_status expert_ws_bytes(const nib_pi05 *m, uint64_t *out) {
+    const nib_pi05_config *c = &m->c;
+    *out = 0;
+    nib_expert_layer *tmp = nib_calloc((size_t)c->e_layers, sizeof *tmp);
+    if (!tmp) return NIB_ERR_OUT_OF_MEMORY;
+    for (int l = 0; l < c->e_layers; l++) tmp[l].kv.t_max = kv_slots(m);
+    nib_expert_args a;
+    memset(&a, 0, sizeof a);
+    a.n_layers = c->e_layers, a.layers = tmp, a.rows = expert_rows(m), a.n_heads = c->e_heads;
+    nib_status st = nib_cuda_expert_ws_bytes(&a, out);
+    nib_free(tmp);
+    return st;
+}
+
+/* Decide the expert path once at load: the persistent kernel when NIB_FUSED_STEP=1 and it
+ * supports this model; otherwise the per-op path, with the reason in m->xpath. */
+static nib_status expert_setup(nib_pi05 *m) {
+    const nib_pi05_config *c = &m->c;
+    m->fused = 0;
+    if (m->be.kind != NIB_BE_CUDA) {
+        snprintf(m->xpath, sizeof m->xpath, "per-op (reference backend)");
+        return NIB_OK;
+    }
+    /* opt-in: measured no faster than the per-op path yet (0.873 vs 0.869 ms per step, docs/design.md) */
+    const char *e = getenv("NIB_FUSED_STEP");
+    if (!e || strcmp(e, "1")) {
+        snprintf(m->xpath, sizeof m->xpath, "per-op (the persistent kernel is opt-in: NIB_FUSED_STEP=1)");
+        return NIB_OK;
+    }
+    m->xl = nib_calloc((size_t)c->e_layers, sizeof *m->xl);
+    if (!m->xl) return NIB_ERR_OUT_OF_MEMORY;
+    for (int l = 0; l < c->e_layers; l++) {
+        m->xl[l].qkv = &m->el[l].qkv.q, m->xl[l].o = &m->el[l].o.q;
+        m->xl[l].gu = &m->el[l].gu.q, m->xl[l].down = &m->el[l].down.q;
+        m->xl[l].kv = m->kv[l];
+    }
+    nib_expert_args a;
+    expert_args(m, expert_rows(m), 0, &a);
+    nib_status st = nib_cuda_expert_supported(&a);
+    if (st == NIB_ERR_UNSUPPORTED || st == NIB_ERR_SHAPE) {
+        snprintf(m->xpath, sizeof m->xpath, "per-op (%s)", nib_last_error());
+        nib_clear_error();
+        return NIB_OK;
+    }
+    NIB_RETURN_IF_ERR(st);
+    NIB_RETURN_IF_ERR(nib_be_alloc_act(&m->be, m->xws_bytes, &m->xws, "expert kernel workspace"));
+    NIB_RETURN_IF_ERR(nib_cuda_expert_prepare(&a, m->xws, m->xws_bytes));
+    m->fused = 1;
+    m->xrows = expert_rows(m);
+    snprintf(m->xpath, sizeof m->xpath, "persistent kernel for H <= %d, per-op above", (int)m->xrows);
+    return NIB_OK;
+}
+
+const char *nib_pi05_expert_path(const nib_pi05 *m) { return m ? m->xpath : ""; }
+
 static nib_status alloc_act(nib_pi05 *m, void **p, int64_t elems, const char *what) {
     return nib_be_alloc_act(&m->be, (uint64_t)elems * m->be.act_size, p, what);
 }
@@ -991,7 +1076,11 @@ nib_status nib_pi05_load(const nib_st_file *f, const nib_pi05_config *cfg, const
         nib_be_sizes sz;
         memset(&sz, 0, sizeof sz);
         plan_sizes(m, &sz);
-        if (prec->backend == NIB_BE_CUDA) NIB_TRY(attn_ws_bytes(m, &sz.attn_ws_bytes));
+        if (prec->backend == NIB_BE_CUDA) {
+            NIB_TRY(attn_ws_bytes(m, &sz.attn_ws_bytes));
+            NIB_TRY(expert_ws_bytes(m, &m->xws_bytes));
+            sz.act_bytes += m->xws_bytes + 256;
+        }
         NIB_TRY(nib_be_init(&m->be, prec->backend, &sz));
     }
     m->vl = nib_calloc((size_t)c->v_layers, sizeof *m->vl);
@@ -1047,6 +1136,7 @@ nib_status nib_pi05_load(const nib_st_file *f, const nib_pi05_config *cfg, const
         if (st) goto fail;
     }
     NIB_TRY(alloc_buffers(m));
+    NIB_TRY(expert_setup(m));
     NIB_TRY(nib_be_sync(&m->be));
     *out = m;
     return NIB_OK;
@@ -1057,6 +1147,12 @@ fail:
 
 void nib_pi05_free(nib_pi05 *m) {
     if (!m) return;
+    const char *tr = getenv("NIB_EXPERT_TRACE");
+    if (m->fused && tr && *tr && strcmp(tr, "0")) { /* lab view of the last step's kernel */
+        nib_expert_args a;
+        expert_args(m, m->xrows, 0, &a);
+        if (nib_cuda_expert_trace_report(&a, m->xws, m->xws_bytes, stderr)) nib_clear_error();
+    }
     for (int i = 0; i < MAX_GRAPHS; i++) nib_be_graph_free(m->graphs[i].g);
     for (int i = 0; i < m->n_ev; i++) nib_be_event_free(m->ev[i]);
     nib_be_free(&m->be);
@@ -1064,6 +1160,7 @@ void nib_pi05_free(nib_pi05 *m) {
     nib_free(m->pl);
     nib_free(m->el);
     nib_free(m->kv);
+    nib_free(m->xl);
     nib_free(m);
 }
 
@@ -1191,7 +1288,13 @@ static nib_status fwd_step(nib_pi05 *m, const call_shape *cs, int s) {
     const float *mods = m->mods + (int64_t)s * nmod * 3 * We;
     NIB_RETURN_IF_ERR(nib_be_f32_to_act(be, m->xt, H, A, A, m->xt_act, A));
     NIB_RETURN_IF_ERR(nib_be_gemm(be, &m->ain, m->xt_act, H, A, m->ex, We, NULL));
-    for (int l = 0; l < c->e_layers; l++) {
+    const int fused = m->fused && H <= m->xrows && !m->checking;
+    if (fused) {
+        nib_expert_args xa;
+        expert_args(m, (int32_t)H, s, &xa);
+        NIB_RETURN_IF_ERR(nib_be_expert(be, &xa, m->xws, m->xws_bytes));
+    }
+    for (int l = 0; l < (fused ? 0 : c->e_layers); l++) {
         const lm_layer *L = &m->el[l];
         const float *ma = mods + (int64_t)(2 * l) * 3 * We, *mf = mods + (int64_t)(2 * l + 1) * 3 * We;
         nib_norm_args n1 = {.kind = NIB_NORM_ADARMS, .rows = H, .dim = We, .eps = NIB_NORM_EPS, .x = m->ex, .ldx = We,

@@ -108,6 +108,10 @@ nib_status nib_pi05_run(nib_pi05 *m, const nib_pi05_inputs *in, float *actions, 
  * and the first bad element (flat index, row, column, NaN or which Inf). Without faults the
  * actions are bitwise those of a normal call. timing then has total_ms only (host time). */
 void nib_pi05_set_check_numerics(nib_pi05 *m, int on);
+/* Which action-expert path this model runs on its backend, and why: "persistent kernel for H <= 16,
+ * per-op above" (ops/expert.h; opt-in with NIB_FUSED_STEP=1 at load), or "per-op (<why>)". Check-numerics
+ * calls always run the per-op path (it scans every layer's output). */
+const char *nib_pi05_expert_path(const nib_pi05 *m);
 
 /* After a run: layer l's prefix K (which = 0) or V (1) for the valid prefix tokens, dequantized
  * to fp32 [P][head_dim] (the accuracy tool compares these across backends). P is returned. */

@@ -459,6 +459,11 @@ nib_status nib_be_axpy_f32(nib_be *be, float *x, int64_t rows, int64_t cols, int
                            int64_t ldv) {
     DISPATCH(nib_ref_axpy_f32(x, rows, cols, ldx, v, ldv), nib_cuda_axpy_f32(x, rows, cols, ldx, v, ldv, be->stream));
 }
+nib_status nib_be_expert(nib_be *be, const nib_expert_args *a, void *ws, uint64_t ws_bytes) {
+    if (be->kind == NIB_BE_REF)
+        return NIB_ERR(NIB_ERR_UNSUPPORTED, "expert kernel: CUDA only (the reference runs the per-op sequence)");
+    return nib_cuda_expert_run(a, ws, ws_bytes, be->stream);
+}
 nib_status nib_be_check_finite(nib_be *be, const nib_check_finite_args *a, void *ws, nib_finite_result *out) {
     DISPATCH(nib_ref_check_finite(a, out), nib_cuda_check_finite(a, ws, out, be->stream));
 }

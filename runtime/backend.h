@@ -17,6 +17,7 @@
 #include "base/base.h"
 #include "ops/act.h"
 #include "ops/attention.h"
+#include "ops/expert.h"
 #include "ops/gemm.h"
 #include "ops/kvcache.h"
 #include "ops/misc.h"
@@ -128,6 +129,10 @@ nib_status nib_be_f32_to_act(nib_be *be, const float *x, int64_t rows, int64_t c
                              int64_t ldy);
 nib_status nib_be_axpy_f32(nib_be *be, float *x, int64_t rows, int64_t cols, int64_t ldx, const void *v,
                            int64_t ldv);
+/* All layers of one action-expert step in one persistent kernel (ops/expert.h). CUDA only: the
+ * reference backend runs the per-op sequence it specifies, so this returns NIB_ERR_UNSUPPORTED
+ * there. ws: nib_cuda_expert_ws_bytes of device memory, prepared once (nib_cuda_expert_prepare). */
+nib_status nib_be_expert(nib_be *be, const nib_expert_args *a, void *ws, uint64_t ws_bytes);
 /* NaN/Inf scan (ops/numerics.h) for check-numerics mode. CUDA: ws is NIB_CHECK_FINITE_WS_BYTES of
  * device memory; the call synchronizes the stream (not capturable). REF: ws is unused. */
 nib_status nib_be_check_finite(nib_be *be, const nib_check_finite_args *a, void *ws, nib_finite_result *out);

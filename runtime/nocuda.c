@@ -5,6 +5,7 @@
 
 #include <string.h>
 
+#include "ops/expert.h"
 #include "ops/gemm.h"
 #include "runtime/device.h"
 #include "runtime/timing.h"
@@ -79,6 +80,28 @@ nib_status nib_lab_peak_tflops(int fp8, int size, double *tflops) {
     (void)fp8, (void)size;
     *tflops = 0;
     return NO_CUDA("nib_lab_peak_tflops");
+}
+
+nib_status nib_cuda_expert_supported(const nib_expert_args *a) {
+    (void)a;
+    return NO_CUDA("nib_cuda_expert_supported");
+}
+nib_status nib_cuda_expert_ws_bytes(const nib_expert_args *a, uint64_t *bytes) {
+    (void)a;
+    *bytes = 0;
+    return NO_CUDA("nib_cuda_expert_ws_bytes");
+}
+nib_status nib_cuda_expert_prepare(const nib_expert_args *a, void *ws, uint64_t ws_bytes) {
+    (void)a, (void)ws, (void)ws_bytes;
+    return NO_CUDA("nib_cuda_expert_prepare");
+}
+nib_status nib_cuda_expert_trace_report(const nib_expert_args *a, void *ws, uint64_t ws_bytes, FILE *out) {
+    (void)a, (void)ws, (void)ws_bytes, (void)out;
+    return NO_CUDA("nib_cuda_expert_trace_report");
+}
+nib_status nib_cuda_expert_run(const nib_expert_args *a, void *ws, uint64_t ws_bytes, void *stream) {
+    (void)a, (void)ws, (void)ws_bytes, (void)stream;
+    return NO_CUDA("nib_cuda_expert_run");
 }
 
 #else

@@ -34,12 +34,6 @@ using namespace nib;
 #define WARPS 8          /* warps per CTA */
 #define MCHUNK 64        /* tokens per M chunk (MT = 8) */
 
-template <int FMT> struct FmtT;
-template <> struct FmtT<NIB_WFMT_NVFP4> { enum { PARTS = 2, SB = 128, LSB = 16 }; };
-template <> struct FmtT<NIB_WFMT_MXFP4> { enum { PARTS = 2, SB = 64, LSB = 8 }; };
-template <> struct FmtT<NIB_WFMT_INT4> { enum { PARTS = 2, SB = 64, LSB = 8 }; };
-template <> struct FmtT<NIB_WFMT_FP8> { enum { PARTS = 4, SB = 0, LSB = 0 }; };
-
 static int fmt_parts(nib_wfmt f) { return f == NIB_WFMT_FP8 ? 4 : 2; }
 static int fmt_sb(nib_wfmt f) {
     return f == NIB_WFMT_NVFP4 ? 128 : (f == NIB_WFMT_FP8 ? 0 : 64);
@@ -62,115 +56,6 @@ struct GemmParams {
     int cps;                      /* chunks per pipeline step (= Cps<MT>) */
     uint32_t scale_add;
 };
-
-template <int FMT> struct Chunk {
-    uint4 e[FmtT<FMT>::PARTS];
-    uint4 s;
-};
-
-__device__ __forceinline__ uint32_t u4get(const uint4 &v, int j) {
-    return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
-}
-
-/* The A fragment of k16 step s (0..7) of a chunk, scaled (except INT4: scale later in fp32). */
-template <int FMT>
-__device__ __forceinline__ void chunk_a(const Chunk<FMT> &ch, int s, uint32_t add,
-                                        uint32_t zg, uint32_t zg8, uint32_t (&a)[4]) {
-    if (FMT == NIB_WFMT_NVFP4 || FMT == NIB_WFMT_MXFP4) {
-        dec_e2m1(u4get(ch.e[s >> 2], s & 3), a);
-        uint32_t flo, fhi;
-        if (FMT == NIB_WFMT_NVFP4) {
-            /* scale word s/2 holds bytes [row g step 2j, row g+8 step 2j, g 2j+1, g+8 2j+1] */
-            uint32_t sw = u4get(ch.s, s >> 1);
-            uint32_t tlo = prmt(sw, 0, (s & 1) ? 0x4242 : 0x4040);
-            uint32_t thi = prmt(sw, 0, (s & 1) ? 0x4343 : 0x4141);
-            flo = tlo * 16u + add; /* E5M3 code -> bf16(scale * 2^118) in both halves */
-            fhi = thi * 16u + add;
-        } else {
-            int b = s >> 1; /* 32-element block */
-            uint32_t sw = (b < 2) ? ch.s.x : ch.s.y;
-            uint32_t tlo = prmt(sw, 0, (b & 1) ? 0x4242 : 0x4040);
-            uint32_t thi = prmt(sw, 0, (b & 1) ? 0x4343 : 0x4141);
-            flo = tlo << 7; /* stored exponent field -> bf16 2^(e-1-j) */
-            fhi = thi << 7;
-        }
-        a[0] = bf2_mul(a[0], flo);
-        a[1] = bf2_mul(a[1], fhi);
-        a[2] = bf2_mul(a[2], flo);
-        a[3] = bf2_mul(a[3], fhi);
-    } else if (FMT == NIB_WFMT_INT4) {
-        dec_u4(u4get(ch.e[s >> 2], s & 3), a);
-        a[0] = bf2_sub(a[0], zg);
-        a[1] = bf2_sub(a[1], zg8);
-        a[2] = bf2_sub(a[2], zg);
-        a[3] = bf2_sub(a[3], zg8);
-    } else { /* FP8 */
-        const uint4 &e = ch.e[s >> 1];
-        int j = (s & 1) * 2;
-        dec_e4m3(u4get(e, j), u4get(e, j + 1), a);
-        const uint32_t two120 = 0x7B807B80u; /* bf16 2^120 in both halves */
-#pragma unroll
-        for (int i = 0; i < 4; i++) a[i] = bf2_mul(a[i], two120);
-    }
-}
-
-/* brow[nt]: this lane's ldmatrix row address for n-tile nt at the chunk's first column (rows
- * of tokens past M all point at one shared zero row). */
-template <int FMT, int MT, int R>
-__device__ __forceinline__ void compute_chunk(float (&acc)[R][MT][4], float (&acc2)[R][MT][4],
-                                              const Chunk<FMT> (&ch)[R], const GemmParams &p,
-                                              const uint32_t (&brow)[MT]) {
-    uint32_t zg[R], zg8[R];
-    float tmp[R][MT][4], tmp2[R][MT][4];
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        zg[r] = zg8[r] = 0;
-        if (FMT == NIB_WFMT_INT4) {
-            zg[r] = prmt(ch[r].s.x, 0, 0x3232);
-            zg8[r] = prmt(ch[r].s.y, 0, 0x3232);
-#pragma unroll
-            for (int nt = 0; nt < MT; nt++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) tmp[r][nt][i] = tmp2[r][nt][i] = 0.f;
-        }
-    }
-#pragma unroll
-    for (int s2 = 0; s2 < 4; s2++) {
-        uint32_t b[MT][4];
-#pragma unroll
-        for (int nt = 0; nt < MT; nt++) ldmatrix_x4(b[nt], brow[nt] + s2 * 64);
-#pragma unroll
-        for (int ss = 0; ss < 2; ss++) {
-            const int s = s2 * 2 + ss;
-#pragma unroll
-            for (int r = 0; r < R; r++) { /* no branch: invalid row groups hold zeros */
-                uint32_t a[4];
-                chunk_a<FMT>(ch[r], s, p.scale_add, zg[r], zg8[r], a);
-#pragma unroll
-                for (int nt = 0; nt < MT; nt++) { /* even / odd steps into separate accumulators */
-                    if (FMT == NIB_WFMT_INT4)
-                        mma_bf16(ss ? tmp2[r][nt] : tmp[r][nt], a, b[nt][2 * ss], b[nt][2 * ss + 1]);
-                    else
-                        mma_bf16(ss ? acc2[r][nt] : acc[r][nt], a, b[nt][2 * ss], b[nt][2 * ss + 1]);
-                }
-            }
-        }
-    }
-    if (FMT == NIB_WFMT_INT4) {
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-            float sg = __half2float(__ushort_as_half((unsigned short)(ch[r].s.x & 0xFFFF)));
-            float sg8 = __half2float(__ushort_as_half((unsigned short)(ch[r].s.y & 0xFFFF)));
-#pragma unroll
-            for (int nt = 0; nt < MT; nt++) {
-                acc[r][nt][0] += sg * (tmp[r][nt][0] + tmp2[r][nt][0]);
-                acc[r][nt][1] += sg * (tmp[r][nt][1] + tmp2[r][nt][1]);
-                acc[r][nt][2] += sg8 * (tmp[r][nt][2] + tmp2[r][nt][2]);
-                acc[r][nt][3] += sg8 * (tmp[r][nt][3] + tmp2[r][nt][3]);
-            }
-        }
-    }
-}
 
 /* ---- the per-thread cp.async ring -------------------------------------------------------
  * Every lane streams its own 16-byte pieces of the weight chunks into a private slot of shared
@@ -424,7 +309,7 @@ __global__ void __launch_bounds__(WARPS * 32, (MT >= 8 ? 1 : 2)) k_gemm_lowbit(G
                 uint32_t bw[MT];
 #pragma unroll
                 for (int nt = 0; nt < MT; nt++) bw[nt] = brow[nt] + off;
-                compute_chunk<FMT, MT, R>(acc, acc2, ch[cc], p, bw);
+                compute_chunk<FMT, MT, R>(acc, acc2, ch[cc], p.scale_add, bw);
             }
         }
         use_stage = use_stage + 1 == S ? 0 : use_stage + 1;

@@ -1,0 +1,978 @@
+/* expert.cu — the persistent action-expert kernel (ops/expert.h): one launch runs every layer of
+ * one flow-matching step.
+ *
+ * Layout: one CTA of 8 warps per SM (cooperative launch: all CTAs resident). Per layer, six
+ * phases separated by grid barriers:
+ *   1 QKV    every CTA with QKV row groups normalizes x (adaRMS) into shared memory, then its
+ *            warps run NVFP4 tiles (16 weight rows x 128 K, the repacked layout of
+ *            gemm_lowbit.cuh, decoded in registers into bf16 mma.sync A fragments; the H <= 16
+ *            token rows are the B operand via ldmatrix) -> raw bf16 qkv
+ *   2 attn   task (16-row block of the H x n_heads query rows, 32-key split): RoPE + q_scale
+ *            applied to q on load, keys [0, P) from the cache, keys P.. from raw qkv (RoPE on
+ *            load); S = q kᵀ and O = P v on tensor cores; unnormalized O, row max and sum out
+ *   3 merge  splits combined (max, exp2 weights) -> o bf16
+ *   4 O      o staged into shared memory; tiles; x = bf16(gate * acc + x) in place (each
+ *            element has one writer and no other reader in this phase)
+ *   5 gate|up  adaRMS of x staged; tiles; GeGLU of the interleaved gate/up rows -> h bf16
+ *   6 down   h staged; tiles; gated residual into x
+ * A row group's K chunks are split over the CTA's warps (wk warps per row group) and reduced in
+ * shared memory in a fixed order: results are deterministic.
+ * Data written inside the kernel is read with L1-bypassing loads (ld.cg / cp.async.cg): L1 is
+ * not coherent across SMs. Weights: every CTA issues bulk L2 prefetches of its 1/G slice of the
+ * next layer's planes (and the next layer's prefix K/V) at the start of each layer.
+ * Grid barrier: arrive with one atomic per CTA; the last arriver resets the count and bumps a
+ * generation word the others poll (acquire). The generation is read at kernel start, before any
+ * CTA can complete the first barrier, so the words need no reset between launches.
+ */
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops/cuda/gemm_lowbit.cuh"
+#include "ops/expert.h"
+#include "runtime/cuda_check.h"
+#include "runtime/device.h"
+#include "runtime/launch.cuh"
+
+using namespace nib;
+
+namespace {
+
+constexpr int NT = 256, NW = 8;     /* threads, warps per CTA */
+constexpr int HD = NIB_EXPERT_HEAD_DIM, HALF = HD / 2;
+constexpr int KC = 32;              /* keys per attention task */
+constexpr int QLD = HD + 8;         /* shared row stride (elements) of q / k / v tiles */
+constexpr int PLD = KC + 8;         /* shared row stride of P */
+constexpr float LOG2E = 1.4426950408889634f;
+
+struct LinDev {
+    const uint8_t *w, *s;
+    const float *colscale, *bias;
+    int ng, nchunks, n_out, kp;
+    unsigned long long w_bytes, s_bytes;
+};
+struct LayerDev {
+    LinDev l[4]; /* qkv, o, gu, down */
+    const __nv_bfloat16 *kc, *vc;
+};
+static_assert(sizeof(LayerDev) % 16 == 0, "the layer table is copied in 16-byte words");
+enum { L_QKV = 0, L_O = 1, L_GU = 2, L_DOWN = 3 };
+
+struct Params {
+    const LayerDev *layers;
+    int n_layers, H, We, F, nh, ldqkv, lds, max_tasks;
+    const float *mods;
+    const int32_t *t_valid, *slot_base, *pos;
+    const float *inv_freq;
+    float q_scale, eps;
+    uint32_t scale_add;
+    __nv_bfloat16 *x, *qkv, *o, *h;
+    float2 *rope;   /* [H][HALF] (cos, sin) */
+    float *part;    /* [max_tasks][16][HD] */
+    float2 *ml;     /* [max_tasks][16] (max (log2 units), sum) */
+    unsigned *bar;  /* [0] barrier arrivals, [32] kernel exits (separate 128-byte lines) */
+    unsigned long long *trace; /* NULL, or [barriers][G][2] globaltimer stamps (NIB_EXPERT_TRACE) */
+    int attn_off, tab_off, mods_off; /* shared-memory offsets: attention tiles, layer table, adaRMS mods */
+};
+
+/* ---- small helpers ---------------------------------------------------------------------- */
+__device__ __forceinline__ uint4 ldcg16(const void *p) { return __ldcg((const uint4 *)p); }
+__device__ __forceinline__ void unpack8(uint4 u, float (&f)[8]) {
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        f[2 * i] = __uint_as_float(w[i] << 16);
+        f[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
+    }
+}
+__device__ __forceinline__ uint32_t bf16_bits(float f) {
+    return (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(f));
+}
+__device__ __forceinline__ uint4 pack8(const float (&f)[8]) {
+    uint4 u;
+    u.x = bf16_bits(f[0]) | (bf16_bits(f[1]) << 16);
+    u.y = bf16_bits(f[2]) | (bf16_bits(f[3]) << 16);
+    u.z = bf16_bits(f[4]) | (bf16_bits(f[5]) << 16);
+    u.w = bf16_bits(f[6]) | (bf16_bits(f[7]) << 16);
+    return u;
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t a) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+__device__ __forceinline__ void prefetch_bulk_l2(const void *p, unsigned bytes) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+}
+/* this CTA's 1/G slice (16-byte granules) of [p, p + bytes) into L2 */
+__device__ __forceinline__ void prefetch_slice(const void *p, unsigned long long bytes) {
+    if (!p || !bytes) return;
+    const unsigned long long gran = (bytes + 15) / 16;
+    const unsigned long long per = (gran + gridDim.x - 1) / gridDim.x;
+    const unsigned long long b0 = per * blockIdx.x * 16, b1 = min(bytes & ~15ull, b0 + per * 16);
+    if (b1 > b0) prefetch_bulk_l2((const uint8_t *)p + b0, (unsigned)(b1 - b0));
+}
+
+__device__ __forceinline__ unsigned ld_relaxed(const unsigned *p) {
+    unsigned v;
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void red_release_add(unsigned *p, unsigned v) {
+    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ unsigned long long gtimer() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+    return t;
+}
+/* Grid-wide barrier number `k` (1-based) of this launch: one release-add per CTA, then poll
+ * until all G x k arrivals are in. The count starts at 0 in every launch: the last CTA to
+ * leave the kernel resets it (kernel_exit). trace: optional (work done, released) stamps. */
+__device__ __forceinline__ void grid_barrier(const Params &p, unsigned &k) {
+    __syncthreads();
+    k++;
+    if (threadIdx.x == 0) {
+        if (p.trace) p.trace[((size_t)(k - 1) * gridDim.x + blockIdx.x) * 2] = gtimer();
+        __threadfence();
+        red_release_add(p.bar, 1u);
+        const unsigned target = k * gridDim.x;
+        while (ld_relaxed(p.bar) < target) { /* relaxed polls (an acquire load invalidates L1 every time) */
+        }
+        __threadfence(); /* then one fence: acquire the other CTAs' writes */
+        if (p.trace) p.trace[((size_t)(k - 1) * gridDim.x + blockIdx.x) * 2 + 1] = gtimer();
+    }
+    __syncthreads();
+}
+__device__ __forceinline__ void kernel_exit(const Params &p) {
+    __syncthreads();
+    if (threadIdx.x == 0 && atomicAdd(p.bar + 32, 1u) == gridDim.x - 1) { /* everyone passed every barrier */
+        atomicExch(p.bar, 0u);
+        atomicExch(p.bar + 32, 0u);
+    }
+}
+
+/* ---- staging of the GEMM input rows (bf16, rows 0..H-1, zero row H, zero columns K..kp) ---- */
+constexpr int NXV = 4; /* x pieces a lane keeps in registers (width <= 1024 without reloads) */
+/* (scale, shift) of an adaRMS (2 x width contiguous floats of mods) -> shared, one cp.async group */
+__device__ __forceinline__ void stage_mods(const Params &p, const float *ss, float *dst) {
+    for (int i = threadIdx.x; i < p.We / 2; i += NT) cp_async16(smem_u32(dst + 4 * i), ss + 4 * i, 16);
+    cp_async_commit();
+}
+/* pend1: one cp.async group issued after the stage_mods group may stay in flight */
+__device__ void stage_norm(const Params &p, const float *mods_s, __nv_bfloat16 *xs, int kp, bool pend1) {
+    const float *scale = mods_s, *shift = mods_s + p.We;
+    /* the scale/shift copies were issued before the grid barrier: they have landed */
+    if (pend1) asm volatile("cp.async.wait_group 1;" ::: "memory");
+    else asm volatile("cp.async.wait_group 0;" ::: "memory");
+    __syncthreads();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, c8 = p.We / 8;
+    /* a warp's rows (warp, warp + 8: H <= 16): both rows' x loads are issued first */
+    uint4 xv[NXV], xn[NXV];
+#pragma unroll
+    for (int i = 0; i < NXV; i++) {
+        if (warp < p.H && lane + 32 * i < c8) xv[i] = ldcg16(p.x + (size_t)warp * p.We + 8 * (lane + 32 * i));
+        if (warp + NW < p.H && lane + 32 * i < c8) xn[i] = ldcg16(p.x + (size_t)(warp + NW) * p.We + 8 * (lane + 32 * i));
+    }
+#pragma unroll 1
+    for (int r = warp; r < p.H; r += NW) {
+        const __nv_bfloat16 *xr = p.x + (size_t)r * p.We;
+        if (r != warp) {
+#pragma unroll
+            for (int i = 0; i < NXV; i++) xv[i] = xn[i];
+        }
+        double acc = 0.0;
+#pragma unroll
+        for (int i = 0; i < NXV; i++)
+            if (lane + 32 * i < c8) {
+                float f[8];
+                unpack8(xv[i], f);
+#pragma unroll
+                for (int k = 0; k < 8; k++) acc += (double)f[k] * (double)f[k];
+            }
+        for (int c = lane + 32 * NXV; c < c8; c += 32) {
+            float f[8];
+            unpack8(ldcg16(xr + 8 * c), f);
+#pragma unroll
+            for (int k = 0; k < 8; k++) acc += (double)f[k] * (double)f[k];
+        }
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+        const float ms = __double2float_rn(acc / (double)p.We);
+        const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ms, p.eps)));
+        auto emit = [&](int c, uint4 u) {
+            float f[8];
+            unpack8(u, f);
+            const float4 s0 = *(const float4 *)(scale + 8 * c), s1 = *(const float4 *)(scale + 8 * c + 4);
+            const float4 h0 = *(const float4 *)(shift + 8 * c), h1 = *(const float4 *)(shift + 8 * c + 4);
+            const float sc[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
+            const float sh[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                float t = __fmul_rn(f[k], inv);
+                t = __fmul_rn(t, __fadd_rn(1.0f, sc[k]));
+                f[k] = __fadd_rn(t, sh[k]);
+            }
+            *(uint4 *)(xs + (size_t)r * p.lds + 8 * c) = pack8(f);
+        };
+#pragma unroll
+        for (int i = 0; i < NXV; i++)
+            if (lane + 32 * i < c8) emit(lane + 32 * i, xv[i]);
+        for (int c = lane + 32 * NXV; c < c8; c += 32) emit(c, ldcg16(xr + 8 * c));
+        for (int c = c8 + lane; c < kp / 8; c += 32) *(uint4 *)(xs + (size_t)r * p.lds + 8 * c) = make_uint4(0, 0, 0, 0);
+    }
+    for (int c = threadIdx.x; c < kp / 8; c += NT) *(uint4 *)(xs + (size_t)p.H * p.lds + 8 * c) = make_uint4(0, 0, 0, 0);
+    __syncthreads();
+}
+/* rows of src [H][ld] (K columns, written earlier in this kernel) -> xs */
+__device__ void stage_copy(const Params &p, const __nv_bfloat16 *src, int ld, int K, int kp, __nv_bfloat16 *xs) {
+    const int c8 = kp / 8;
+    int r = threadIdx.x / c8, c = threadIdx.x - r * c8; /* (row, piece), advanced with a carry */
+    for (; r <= p.H;) {
+        const bool ok = r < p.H && 8 * c < K;
+        cp_async16(smem_u32(xs + (size_t)r * p.lds + 8 * c), ok ? (const void *)(src + (size_t)r * ld + 8 * c) : src,
+                   ok ? 16 : 0);
+        c += NT;
+        while (c >= c8) {
+            c -= c8;
+            r++;
+        }
+    }
+    cp_async_commit();
+    cp_async_wait_all();
+    __syncthreads();
+}
+
+/* ---- NVFP4 tiles of one linear layer over the staged rows --------------------------------
+ * CTA b owns row groups b, b + G, ...; Rp of them at a time, wk = 8 / Rp warps each splitting
+ * the K chunks (chunks wkk, wkk + wk, ...), four tiles' loads in flight per warp. The first
+ * four tiles of a warp, its rows' column scales and gates, and (residual layers) the x values
+ * its epilogue adds are loaded by gemm_pre BEFORE the grid barrier that precedes the phase:
+ * none of them depends on the phase before. */
+struct Map {
+    int U, Rp, wk, slot, wkk;
+    __device__ __forceinline__ Map(const LinDev &L) {
+        const int G = gridDim.x, b = blockIdx.x;
+        U = b < L.ng ? (L.ng - b + G - 1) / G : 0;
+        Rp = U >= 5 ? 8 : U >= 3 ? 4 : U < 1 ? 1 : U;
+        wk = NW / Rp;
+        slot = (threadIdx.x >> 5) / wk;
+        wkk = (threadIdx.x >> 5) - slot * wk;
+    }
+};
+template <int MT> struct Pre {
+    Chunk<NIB_WFMT_NVFP4> ch[4][1];
+    float cs0, cs8, gt0, gt8; /* column scales and gates of rows pr, pr + 8 */
+    float res[MT][2][2];      /* [nt][i][row g / g + 8]: x values of the residual epilogue */
+};
+template <int MT>
+__device__ __forceinline__ void gemm_pre(const Params &p, const LinDev &L, const float *gate, Pre<MT> &pr) {
+    const Map mp(L);
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    if (mp.slot >= mp.U) return; /* also: no row group on this CTA */
+    const int rg = blockIdx.x + mp.slot * gridDim.x, prow = rg * 16 + g;
+    const uint64_t pol = evict_first_policy();
+    const uint8_t *wb = L.w + (size_t)rg * L.nchunks * 1024 + lane * 16;
+    const uint8_t *sb = L.s + (size_t)rg * L.nchunks * 128 + g * 16;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int c = mp.wkk + i * mp.wk;
+        if (c < L.nchunks) {
+            pr.ch[i][0].e[0] = ldg_stream(wb + (size_t)c * 1024, pol);
+            pr.ch[i][0].e[1] = ldg_stream(wb + (size_t)c * 1024 + 512, pol);
+            pr.ch[i][0].s = ldg_stream(sb + (size_t)c * 128, pol);
+        }
+    }
+    if (mp.wkk) return;
+    pr.cs0 = L.colscale[prow], pr.cs8 = L.colscale[prow + 8];
+    if (gate) {
+        pr.gt0 = prow < L.n_out ? gate[prow] : 0.f;
+        pr.gt8 = prow + 8 < L.n_out ? gate[prow + 8] : 0.f;
+#pragma unroll
+        for (int nt = 0; nt < MT; nt++)
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                const int mm = nt * 8 + 2 * t + i;
+                const __nv_bfloat16 *xr = p.x + (size_t)mm * p.We;
+                pr.res[nt][i][0] = mm < p.H && prow < L.n_out ? __bfloat162float(__ldcg(xr + prow)) : 0.f;
+                pr.res[nt][i][1] = mm < p.H && prow + 8 < L.n_out ? __bfloat162float(__ldcg(xr + prow + 8)) : 0.f;
+            }
+    }
+}
+
+enum { EPI_QKV = 0, EPI_RESIDUAL = 1, EPI_GEGLU = 2 };
+template <int MT>
+__device__ __forceinline__ void residual_store(const Params &p, const LinDev &L, int pr, int mm, float v, float v8,
+                                               bool first, const Pre<MT> &pre, int nt, int i, const float *gate);
+/* epilogue kind: EPI_QKV (raw qkv), EPI_RESIDUAL (x = bf16(gate * v + x)), EPI_GEGLU (h); one
+ * instantiation and one call site, so the kernel's code stays small (instruction-cache misses
+ * were a large share of the stalls when every phase had its own copy) */
+template <int MT>
+__device__ void gemm_phase(const Params &p, const LinDev &L, const __nv_bfloat16 *xs, float *red, const Pre<MT> &pr,
+                           int kind, const float *gate) {
+    const Map mp(L);
+    if (mp.U == 0) return; /* uniform per CTA */
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, G = gridDim.x;
+    const uint64_t pol = evict_first_policy();
+    uint32_t brow[MT];
+#pragma unroll
+    for (int nt = 0; nt < MT; nt++) {
+        const int row = min(nt * 8 + (lane & 7), p.H);
+        brow[nt] = smem_u32(xs) + (uint32_t)(row * p.lds + (lane >> 3) * 8) * 2u;
+    }
+    constexpr int FR = MT * 4; /* accumulators per lane */
+    for (int j0 = 0; j0 < mp.U; j0 += mp.Rp) {
+        const int j = j0 + mp.slot;
+        const bool ok = j < mp.U;
+        const int rg = blockIdx.x + j * G, prow = rg * 16 + g;
+        float acc[1][MT][4], acc2[1][MT][4];
+#pragma unroll
+        for (int nt = 0; nt < MT; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[0][nt][i] = acc2[0][nt][i] = 0.f;
+        if (ok) {
+            const uint8_t *wb = L.w + (size_t)rg * L.nchunks * 1024 + lane * 16;
+            const uint8_t *sb = L.s + (size_t)rg * L.nchunks * 128 + g * 16;
+            for (int c0 = mp.wkk; c0 < L.nchunks; c0 += 4 * mp.wk) {
+                Chunk<NIB_WFMT_NVFP4> ch[4][1];
+                const bool first = j0 == 0 && c0 == mp.wkk;
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int c = c0 + i * mp.wk;
+                    if (first) ch[i][0] = pr.ch[i][0];
+                    else if (c < L.nchunks) {
+                        ch[i][0].e[0] = ldg_stream(wb + (size_t)c * 1024, pol);
+                        ch[i][0].e[1] = ldg_stream(wb + (size_t)c * 1024 + 512, pol);
+                        ch[i][0].s = ldg_stream(sb + (size_t)c * 128, pol);
+                    }
+                }
+#pragma unroll 1
+                for (int i = 0; i < 4; i++) { /* rolled: one copy of the chunk code; tiles shift down */
+                    const int c = c0 + i * mp.wk;
+                    if (c < L.nchunks) {
+                        uint32_t bw[MT];
+#pragma unroll
+                        for (int nt = 0; nt < MT; nt++) bw[nt] = brow[nt] + (uint32_t)c * 256u;
+                        compute_chunk<NIB_WFMT_NVFP4, MT, 1>(acc, acc2, ch[0], p.scale_add, bw);
+                    }
+                    ch[0][0] = ch[1][0];
+                    ch[1][0] = ch[2][0];
+                    ch[2][0] = ch[3][0];
+                }
+            }
+        }
+#pragma unroll
+        for (int nt = 0; nt < MT; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[0][nt][i] += acc2[0][nt][i];
+        if (mp.wk > 1) {
+            if (ok && mp.wkk > 0) {
+                float *dst = red + ((mp.slot * mp.wk + mp.wkk) * FR) * 32;
+#pragma unroll
+                for (int nt = 0; nt < MT; nt++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) dst[(nt * 4 + i) * 32 + lane] = acc[0][nt][i];
+            }
+            __syncthreads();
+            if (ok && mp.wkk == 0)
+                for (int q = 1; q < mp.wk; q++) {
+                    const float *src = red + ((mp.slot * mp.wk + q) * FR) * 32;
+#pragma unroll
+                    for (int nt = 0; nt < MT; nt++)
+#pragma unroll
+                        for (int i = 0; i < 4; i++) acc[0][nt][i] += src[(nt * 4 + i) * 32 + lane];
+                }
+        }
+        if (ok && mp.wkk == 0) {
+            /* the first round's scales come from gemm_pre; later rounds load their own */
+            const float cs0 = j0 == 0 ? pr.cs0 : L.colscale[prow], cs8 = j0 == 0 ? pr.cs8 : L.colscale[prow + 8];
+            const float b0 = L.bias ? L.bias[prow] : 0.f, b8 = L.bias ? L.bias[prow + 8] : 0.f;
+#pragma unroll
+            for (int nt = 0; nt < MT; nt++)
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    const int mm = nt * 8 + 2 * t + i;
+                    if (mm >= p.H) continue;
+                    const float v = acc[0][nt][i] * cs0 + b0, v8 = acc[0][nt][2 + i] * cs8 + b8;
+                    if (kind == EPI_QKV) {
+                        if (prow < L.n_out) p.qkv[(size_t)mm * p.ldqkv + prow] = __float2bfloat16(v);
+                        if (prow + 8 < L.n_out) p.qkv[(size_t)mm * p.ldqkv + prow + 8] = __float2bfloat16(v8);
+                    } else if (kind == EPI_RESIDUAL) {
+                        residual_store(p, L, prow, mm, v, v8, j0 == 0, pr, nt, i, gate);
+                    } else {
+                        const int n = rg * 8 + g;
+                        if (n < L.n_out) p.h[(size_t)mm * p.F + n] = __float2bfloat16(gelu_tanh(v) * v8);
+                    }
+                }
+        }
+        __syncthreads(); /* red is reused by the next round */
+    }
+}
+
+/* ---- attention over the cache + the step's own keys ------------------------------------- */
+/* 8 elements at dims [8j, 8j + 8) and [HALF + 8j, ...) of a q or k head at src, RoPE'd with
+ * token `tok`'s table (and scaled), into dst (shared, bf16) */
+__device__ __forceinline__ void rope_row(const Params &p, const __nv_bfloat16 *src, int tok, int j, float scale,
+                                         bool do_scale, __nv_bfloat16 *dst) {
+    float a[8], b[8];
+    const uint4 ua = ldcg16(src + 8 * j), ub = ldcg16(src + HALF + 8 * j);
+    float4 cs[4];
+    const float4 *tb = (const float4 *)(p.rope + (size_t)tok * HALF + 8 * j);
+#pragma unroll
+    for (int k = 0; k < 4; k++) cs[k] = __ldcg(tb + k);
+    unpack8(ua, a);
+    unpack8(ub, b);
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        const float ec = (k & 1) ? cs[k >> 1].z : cs[k >> 1].x, es = (k & 1) ? cs[k >> 1].w : cs[k >> 1].y;
+        const float ac = __fmul_rn(a[k], ec), bs = __fmul_rn(b[k], es);
+        const float bc = __fmul_rn(b[k], ec), as = __fmul_rn(a[k], es);
+        a[k] = __fsub_rn(ac, bs);
+        b[k] = __fadd_rn(bc, as);
+        if (do_scale) {
+            a[k] = __fmul_rn(a[k], scale);
+            b[k] = __fmul_rn(b[k], scale);
+        }
+    }
+    *(uint4 *)(dst + 8 * j) = pack8(a);
+    *(uint4 *)(dst + HALF + 8 * j) = pack8(b);
+}
+
+struct AttnSmem {
+    __nv_bfloat16 *qs, *ks, *vs, *ps;
+    float *sred;
+    __device__ __forceinline__ AttnSmem(unsigned char *base) {
+        qs = (__nv_bfloat16 *)base;             /* [16][QLD] */
+        ks = qs + 16 * QLD;                     /* [KC][QLD] */
+        vs = ks + KC * QLD;                     /* [KC][QLD] */
+        sred = (float *)(vs + KC * QLD);        /* [2][16][KC] */
+        ps = (__nv_bfloat16 *)(sred + 2 * 16 * KC); /* [16][PLD] */
+    }
+};
+constexpr size_t ATTN_SMEM = (size_t)(16 + 2 * KC) * QLD * 2 + 2 * 16 * KC * sizeof(float) + 16 * PLD * 2;
+
+/* the cache rows (keys < P) of a task's key split, as cp.async copies (one commit group) */
+__device__ __forceinline__ void attn_issue_cache(const LayerDev &Ld, const AttnSmem &sm, int k0, int P) {
+    const int j16 = threadIdx.x & 15, r16 = threadIdx.x >> 4;
+    for (int kr = r16; kr < KC; kr += 16) {
+        const int key = k0 + kr;
+        if (key < P) {
+            __nv_bfloat16 *kd = sm.ks + kr * QLD, *vd = sm.vs + kr * QLD;
+            const __nv_bfloat16 *kg = Ld.kc + (size_t)key * HD, *vg = Ld.vc + (size_t)key * HD;
+            cp_async16(smem_u32(kd + 8 * j16), kg + 8 * j16, 16);
+            cp_async16(smem_u32(kd + HALF + 8 * j16), kg + HALF + 8 * j16, 16);
+            cp_async16(smem_u32(vd + 8 * j16), vg + 8 * j16, 16);
+            cp_async16(smem_u32(vd + HALF + 8 * j16), vg + HALF + 8 * j16, 16);
+        }
+    }
+    cp_async_commit();
+}
+
+/* first_issued: the cache rows of this CTA's first task were issued earlier (attn_issue_cache) */
+__device__ void attn_phase(const Params &p, const LayerDev &Ld, unsigned char *abase, bool first_issued, int T, int P) {
+    const AttnSmem sm(abase);
+    const int R = p.H * p.nh;
+    const int RB = (R + 15) / 16, NS = (T + KC - 1) / KC, tasks = RB * NS;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int j16 = threadIdx.x & 15, r16 = threadIdx.x >> 4; /* 16 threads per row */
+    for (int task = blockIdx.x; task < tasks; task += gridDim.x) {
+        const int rb = task / NS, sp = task - rb * NS, k0 = sp * KC;
+        if (!(first_issued && task == (int)blockIdx.x)) attn_issue_cache(Ld, sm, k0, P);
+        { /* q rows (RoPE + scale on load) */
+            const int r = rb * 16 + r16;
+            __nv_bfloat16 *dst = sm.qs + r16 * QLD;
+            if (r < R) {
+                const int tok = r / p.nh, hh = r - tok * p.nh;
+                rope_row(p, p.qkv + (size_t)tok * p.ldqkv + hh * HD, tok, j16, p.q_scale, true, dst);
+            } else {
+                *(uint4 *)(dst + 8 * j16) = make_uint4(0, 0, 0, 0);
+                *(uint4 *)(dst + HALF + 8 * j16) = make_uint4(0, 0, 0, 0);
+            }
+        }
+        for (int kr = r16; kr < KC; kr += 16) { /* the step's own keys (RoPE on load), or zero */
+            const int key = k0 + kr;
+            __nv_bfloat16 *kd = sm.ks + kr * QLD, *vd = sm.vs + kr * QLD;
+            if (key < P) continue;
+            if (key < T) {
+                const int tok = key - P;
+                const __nv_bfloat16 *src = p.qkv + (size_t)tok * p.ldqkv + p.nh * HD;
+                rope_row(p, src, tok, j16, 1.0f, false, kd);
+                *(uint4 *)(vd + 8 * j16) = ldcg16(src + HD + 8 * j16);
+                *(uint4 *)(vd + HALF + 8 * j16) = ldcg16(src + HD + HALF + 8 * j16);
+            } else {
+                const uint4 z = make_uint4(0, 0, 0, 0);
+                *(uint4 *)(kd + 8 * j16) = z;
+                *(uint4 *)(kd + HALF + 8 * j16) = z;
+                *(uint4 *)(vd + 8 * j16) = z;
+                *(uint4 *)(vd + HALF + 8 * j16) = z;
+            }
+        }
+        cp_async_wait_all();
+        __syncthreads();
+        { /* S = q kᵀ: warp = (key n-tile w & 3, dim half w >> 2) */
+            const int nt = warp & 3, kh = warp >> 2;
+            float c[4] = {0.f, 0.f, 0.f, 0.f}, c2[4] = {0.f, 0.f, 0.f, 0.f};
+            const uint32_t qa = smem_u32(sm.qs) + (uint32_t)((lane & 15) * QLD + (lane >> 4) * 8) * 2u;
+            const uint32_t kb = smem_u32(sm.ks) + (uint32_t)((nt * 8 + (lane & 7)) * QLD + (lane >> 3) * 8) * 2u;
+#pragma unroll
+            for (int s = 0; s < HALF / 16; s += 2) {
+                const int d0 = kh * HALF + s * 16;
+                uint32_t a0[4], a1[4], bb[4];
+                ldmatrix_x4(a0, qa + d0 * 2);
+                ldmatrix_x4(a1, qa + (d0 + 16) * 2);
+                ldmatrix_x4(bb, kb + d0 * 2);
+                mma_bf16(c, a0, bb[0], bb[1]);
+                mma_bf16(c2, a1, bb[2], bb[3]);
+            }
+            float *sr = sm.sred + kh * 16 * KC;
+            *(float2 *)(sr + g * KC + nt * 8 + 2 * t) = make_float2(c[0] + c2[0], c[1] + c2[1]);
+            *(float2 *)(sr + (g + 8) * KC + nt * 8 + 2 * t) = make_float2(c[2] + c2[2], c[3] + c2[3]);
+        }
+        __syncthreads();
+        { /* softmax pieces: warp -> rows 2w, 2w + 1; lane -> key (KC == 32) */
+#pragma unroll
+            for (int rr = 0; rr < 2; rr++) {
+                const int row = 2 * warp + rr;
+                const bool valid = k0 + lane < T;
+                const float s = sm.sred[row * KC + lane] + sm.sred[16 * KC + row * KC + lane];
+                const float x = valid ? s * LOG2E : -INFINITY;
+                float m = x;
+#pragma unroll
+                for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+                const float pr = valid ? exp2f(x - m) : 0.f; /* key k0 < T always: m is finite */
+                float l = pr;
+#pragma unroll
+                for (int off = 16; off > 0; off >>= 1) l += __shfl_xor_sync(0xffffffffu, l, off);
+                sm.ps[row * PLD + lane] = __float2bfloat16_rn(pr);
+                if (lane == 0) p.ml[(size_t)task * 16 + row] = make_float2(m, l);
+            }
+        }
+        __syncthreads();
+        { /* O = P v: warp -> dims 32w .. 32w + 31 (4 n-tiles), 2 key steps */
+            float c[4][4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) c[i][0] = c[i][1] = c[i][2] = c[i][3] = 0.f;
+            const uint32_t pa = smem_u32(sm.ps) + (uint32_t)((lane & 15) * PLD + (lane >> 4) * 8) * 2u;
+#pragma unroll
+            for (int ks2 = 0; ks2 < KC / 16; ks2++) {
+                uint32_t a[4];
+                ldmatrix_x4(a, pa + ks2 * 32);
+#pragma unroll
+                for (int np2 = 0; np2 < 2; np2++) {
+                    const int n0 = warp * 32 + np2 * 16;
+                    const int krow = ks2 * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+                    uint32_t bb[4];
+                    ldsm_x4_trans(bb, smem_u32(sm.vs) + (uint32_t)(krow * QLD + n0 + (lane >> 4) * 8) * 2u);
+                    mma_bf16(c[2 * np2], a, bb[0], bb[1]);
+                    mma_bf16(c[2 * np2 + 1], a, bb[2], bb[3]);
+                }
+            }
+            float *dst = p.part + (size_t)task * 16 * HD;
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int col = warp * 32 + i * 8 + 2 * t;
+                __stcg((float2 *)(dst + g * HD + col), make_float2(c[i][0], c[i][1]));
+                __stcg((float2 *)(dst + (g + 8) * HD + col), make_float2(c[i][2], c[i][3]));
+            }
+        }
+        __syncthreads(); /* shared tiles are reused by the next task */
+    }
+}
+
+/* Split merge: (row, 4 dims) items, SL adjacent lanes each take splits sl, sl + SL, ... (all
+ * loads of a lane issued together), then shuffle-reduce. */
+constexpr int SL = 4, MSL = 8; /* lanes per item, splits per lane per round */
+__device__ void merge_phase(const Params &p, int T) {
+    const int R = p.H * p.nh, NS = (T + KC - 1) / KC, c4 = HD / 4;
+    const int total = R * c4 * SL;
+    for (int base = blockIdx.x * NT; base < total; base += gridDim.x * NT) { /* uniform trip count per warp */
+        const int it = base + threadIdx.x, sl = it & (SL - 1), item = it / SL;
+        const bool on = it < total;
+        const int r = on ? item / c4 : 0, c = item - r * c4, rb = r >> 4, rr = r & 15;
+        const size_t t0 = (size_t)rb * NS;
+        float M = -INFINITY, l = 0.f;
+        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int s0 = sl; s0 < NS; s0 += SL * MSL) { /* rounds (one for NS <= 32) */
+            float2 e[MSL];
+            float4 v[MSL];
+#pragma unroll
+            for (int i = 0; i < MSL; i++) {
+                const int s = s0 + i * SL;
+                if (on && s < NS) {
+                    e[i] = __ldcg(&p.ml[(t0 + s) * 16 + rr]);
+                    v[i] = __ldcg((const float4 *)(p.part + ((t0 + s) * 16 + rr) * HD) + c);
+                } else {
+                    e[i] = make_float2(-INFINITY, 0.f);
+                    v[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+                }
+            }
+            float Mn = M;
+#pragma unroll
+            for (int i = 0; i < MSL; i++) Mn = fmaxf(Mn, e[i].x);
+            const float f = M == -INFINITY ? 0.f : exp2f(M - Mn);
+            l *= f, acc.x *= f, acc.y *= f, acc.z *= f, acc.w *= f;
+#pragma unroll
+            for (int i = 0; i < MSL; i++) {
+                const float w = e[i].x == -INFINITY ? 0.f : exp2f(e[i].x - Mn);
+                l += w * e[i].y;
+                acc.x += w * v[i].x, acc.y += w * v[i].y, acc.z += w * v[i].z, acc.w += w * v[i].w;
+            }
+            M = Mn;
+        }
+        /* combine the SL lanes (adjacent) */
+#pragma unroll
+        for (int off = 1; off < SL; off <<= 1) {
+            const float Mo = __shfl_xor_sync(0xffffffffu, M, off);
+            const float Mn = fmaxf(M, Mo);
+            const float f = M == -INFINITY ? 0.f : exp2f(M - Mn);
+            l *= f, acc.x *= f, acc.y *= f, acc.z *= f, acc.w *= f;
+            const float lo = __shfl_xor_sync(0xffffffffu, l, off);
+            const float ax = __shfl_xor_sync(0xffffffffu, acc.x, off), ay = __shfl_xor_sync(0xffffffffu, acc.y, off);
+            const float az = __shfl_xor_sync(0xffffffffu, acc.z, off), aw = __shfl_xor_sync(0xffffffffu, acc.w, off);
+            /* every lane rescaled its own values to Mn = max(M, Mo) before the exchange */
+            l += lo, acc.x += ax, acc.y += ay, acc.z += az, acc.w += aw;
+            M = Mn;
+        }
+        if (!on || sl) continue;
+        const float inv = 1.f / l;
+        const int tok = r / p.nh, hh = r - tok * p.nh;
+        __nv_bfloat162 lo2 = __floats2bfloat162_rn(acc.x * inv, acc.y * inv), hi2 = __floats2bfloat162_rn(acc.z * inv, acc.w * inv);
+        uint2 u;
+        u.x = *(uint32_t *)&lo2;
+        u.y = *(uint32_t *)&hi2;
+        *(uint2 *)(p.o + (size_t)tok * p.nh * HD + hh * HD + 4 * c) = u;
+    }
+}
+
+/* x[mm][pr], x[mm][pr + 8] = bf16(gate * v + x): gate and x from gemm_pre in the first round */
+template <int MT>
+__device__ __forceinline__ void residual_store(const Params &p, const LinDev &L, int pr, int mm, float v, float v8,
+                                               bool first, const Pre<MT> &pre, int nt, int i, const float *gate) {
+    __nv_bfloat16 *xr = p.x + (size_t)mm * p.We;
+    if (pr < L.n_out) {
+        const float gt = first ? pre.gt0 : gate[pr], x0 = first ? pre.res[nt][i][0] : __bfloat162float(__ldcg(xr + pr));
+        xr[pr] = __float2bfloat16(v * gt + x0);
+    }
+    if (pr + 8 < L.n_out) {
+        const float gt = first ? pre.gt8 : gate[pr + 8], x8 = first ? pre.res[nt][i][1] : __bfloat162float(__ldcg(xr + pr + 8));
+        xr[pr + 8] = __float2bfloat16(v8 * gt + x8);
+    }
+}
+
+/* ---- the kernel ----------------------------------------------------------------------------- */
+template <int MT>
+__global__ void __launch_bounds__(NT, 1) k_expert(const Params p) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    nib::pdl_wait(); /* x, the cache and the positions come from earlier kernels */
+    unsigned nbar = 0;
+    __nv_bfloat16 *xs = (__nv_bfloat16 *)smem;
+    float *red = (float *)(smem + (size_t)(NIB_EXPERT_MAX_ROWS + 1) * p.lds * 2);
+    unsigned char *abase = smem + p.attn_off;
+    LayerDev *tab = (LayerDev *)(smem + p.tab_off); /* the layer table, in shared memory (L1 gets invalidated) */
+    float *mods_s = (float *)(smem + p.mods_off);   /* the next adaRMS's (scale, shift) */
+    for (int i = threadIdx.x; i < p.n_layers * (int)(sizeof(LayerDev) / 16); i += NT)
+        ((uint4 *)tab)[i] = ((const uint4 *)p.layers)[i];
+    stage_mods(p, p.mods, mods_s); /* layer 0's attention (scale, shift) */
+    __syncthreads();
+    /* RoPE table of the step's tokens (fp64 sincos of the fp32 angle, as ops/qkv.h) */
+    for (int i = blockIdx.x * NT + threadIdx.x; i < p.H * HALF; i += gridDim.x * NT) {
+        const int tok = i / HALF, f = i - tok * HALF;
+        const float ang = __fmul_rn((float)p.pos[tok], p.inv_freq[f]);
+        double sd, cd;
+        sincos((double)ang, &sd, &cd);
+        p.rope[i] = make_float2(__double2float_rn(cd), __double2float_rn(sd));
+    }
+    const int P0 = *p.slot_base, T0 = *p.t_valid; /* constant for the whole launch */
+    const int NS0 = (T0 + KC - 1) / KC, tasks0 = ((p.H * p.nh + 15) / 16) * NS0;
+    const bool have_task = (int)blockIdx.x < tasks0;
+    const int my_k0 = have_task ? ((int)blockIdx.x % NS0) * KC : 0;
+    if (threadIdx.x == 0)
+        for (int q = 0; q < 4; q++) {
+            prefetch_slice(tab[0].l[q].w, tab[0].l[q].w_bytes);
+            prefetch_slice(tab[0].l[q].s, tab[0].l[q].s_bytes);
+        }
+    Pre<MT> pre;
+    gemm_pre<MT>(p, tab[0].l[L_QKV], nullptr, pre);
+    for (int layer = 0; layer < p.n_layers; layer++) {
+        const LayerDev &Ld = tab[layer];
+        const float *ma = p.mods + (size_t)(2 * layer) * 3 * p.We, *mf = ma + 3 * p.We;
+        if (threadIdx.x == 0 && layer + 1 < p.n_layers) {
+            const LayerDev &Ln = tab[layer + 1];
+            for (int q = 0; q < 4; q++) {
+                prefetch_slice(Ln.l[q].w, Ln.l[q].w_bytes);
+                prefetch_slice(Ln.l[q].s, Ln.l[q].s_bytes);
+            }
+            prefetch_slice(Ln.kc, (unsigned long long)P0 * HD * 2);
+            prefetch_slice(Ln.vc, (unsigned long long)P0 * HD * 2);
+        }
+        /* the cache rows of this CTA's first attention task: in flight during phase 1 */
+        if (have_task) attn_issue_cache(Ld, AttnSmem(abase), my_k0, P0);
+        else cp_async_commit(); /* an empty group: stage_norm counts on one group after the mods */
+        /* phases 0 qkv, 1 attention, 2 merge, 3 O, 4 gate|up, 5 down; one call site per helper */
+        for (int ph = 0; ph < 6; ph++) {
+            if (ph == 1) {
+                attn_phase(p, Ld, abase, have_task, T0, P0);
+            } else if (ph == 2) {
+                merge_phase(p, T0);
+            } else {
+                const int li = ph == 0 ? L_QKV : ph == 3 ? L_O : ph == 4 ? L_GU : L_DOWN;
+                const LinDev &L = Ld.l[li];
+                if ((int)blockIdx.x < L.ng) {
+                    if (li == L_QKV || li == L_GU) stage_norm(p, mods_s, xs, L.kp, li == L_QKV);
+                    else if (li == L_O) stage_copy(p, p.o, p.nh * HD, p.nh * HD, L.kp, xs);
+                    else stage_copy(p, p.h, p.F, p.F, L.kp, xs);
+                    const int kind = li == L_QKV ? EPI_QKV : li == L_GU ? EPI_GEGLU : EPI_RESIDUAL;
+                    gemm_phase<MT>(p, L, xs, red, pre, kind, li == L_O ? ma + 2 * p.We : mf + 2 * p.We);
+                }
+            }
+            if (ph == 5 && layer + 1 == p.n_layers) break; /* the last phase of the launch */
+            /* the next GEMM phase's tiles / scales / gates / residual x, and its adaRMS mods,
+             * loaded before the barrier (after attention: O; after O: gate|up; ...) */
+            if (ph == 1 || ph >= 3) {
+                const LinDev &Ln = ph == 5 ? tab[layer + 1].l[L_QKV] : Ld.l[ph == 1 ? L_O : ph == 3 ? L_GU : L_DOWN];
+                const float *gn = ph == 1 ? ma + 2 * p.We : ph == 4 ? mf + 2 * p.We : nullptr;
+                gemm_pre<MT>(p, Ln, gn, pre);
+                if (ph == 3) stage_mods(p, mf, mods_s);
+                if (ph == 5) stage_mods(p, ma + 6 * p.We, mods_s); /* the next layer's attention (scale, shift) */
+            }
+            grid_barrier(p, nbar);
+        }
+    }
+    kernel_exit(p);
+}
+
+/* ---- host side ------------------------------------------------------------------------------ */
+constexpr int TRACE_MAX_CTAS = 256;
+struct WsLayout {
+    size_t bar, layers, rope, ml, part, trace, total;
+    int max_tasks;
+};
+
+int max_t(const nib_expert_args *a) {
+    int t = 0;
+    for (int l = 0; l < a->n_layers; l++) t = a->layers[l].kv.t_max > t ? a->layers[l].kv.t_max : t;
+    return t;
+}
+
+WsLayout ws_layout(const nib_expert_args *a) {
+    WsLayout w;
+    const int rb = (a->rows * a->n_heads + 15) / 16, ns = (max_t(a) + KC - 1) / KC;
+    w.max_tasks = rb * ns;
+    size_t o = 0;
+    auto take = [&](size_t bytes) {
+        size_t at = o;
+        o += (bytes + 255) / 256 * 256;
+        return at;
+    };
+    w.bar = take(256);
+    w.layers = take(sizeof(LayerDev) * (size_t)a->n_layers);
+    w.trace = take(sizeof(unsigned long long) * 2 * TRACE_MAX_CTAS * 6 * (size_t)a->n_layers); /* rows-independent offset */
+    w.rope = take(sizeof(float2) * (size_t)a->rows * HALF);
+    w.ml = take(sizeof(float2) * (size_t)w.max_tasks * 16);
+    w.part = take(sizeof(float) * (size_t)w.max_tasks * 16 * HD);
+    w.total = o;
+    return w;
+}
+
+int kp_max(const nib_expert_args *a) {
+    int k = 0;
+    for (int l = 0; l < a->n_layers; l++) {
+        const nib_qweight *q[4] = {a->layers[l].qkv, a->layers[l].o, a->layers[l].gu, a->layers[l].down};
+        for (int i = 0; i < 4; i++) k = (int)q[i]->kp > k ? (int)q[i]->kp : k;
+    }
+    return k;
+}
+
+/* shared memory: GEMM rows + reduction slots, then (from attn_off) the attention tiles */
+size_t attn_off(const nib_expert_args *a) {
+    const size_t lds = (size_t)kp_max(a) + 8;
+    const size_t gemm = (size_t)(NIB_EXPERT_MAX_ROWS + 1) * lds * 2 + (size_t)NW * 2 * 4 * 32 * sizeof(float);
+    return (gemm + 127) / 128 * 128;
+}
+size_t tab_off(const nib_expert_args *a) { return attn_off(a) + (ATTN_SMEM + 127) / 128 * 128; }
+size_t mods_off(const nib_expert_args *a) { return tab_off(a) + (sizeof(LayerDev) * (size_t)a->n_layers + 127) / 128 * 128; }
+size_t smem_bytes(const nib_expert_args *a) { return mods_off(a) + (size_t)a->width * 2 * sizeof(float); }
+
+int g_sms = 0, g_smem_max = 0;
+
+nib_status device_ready() {
+    if (g_sms) return NIB_OK;
+    nib_device_info d;
+    NIB_RETURN_IF_ERR(nib_device_require(&d));
+    int dev = 0, v = 0;
+    NIB_CUDA_CHECK(cudaGetDevice(&dev));
+    NIB_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    g_smem_max = v;
+    g_sms = d.sm_count;
+    return NIB_OK;
+}
+
+} // namespace
+
+extern "C" nib_status nib_cuda_expert_supported(const nib_expert_args *a) {
+    if (!a || !a->layers || a->n_layers < 1) return NIB_ERR(NIB_ERR_INVALID_ARG, "expert kernel: no layers");
+    if (a->rows < 1 || a->rows > NIB_EXPERT_MAX_ROWS)
+        return NIB_ERR(NIB_ERR_UNSUPPORTED, "expert kernel: %d rows (the persistent kernel takes 1..%d)", (int)a->rows,
+                       NIB_EXPERT_MAX_ROWS);
+    if (a->head_dim != HD)
+        return NIB_ERR(NIB_ERR_UNSUPPORTED, "expert kernel: head_dim %d (the persistent kernel takes %d)", (int)a->head_dim, HD);
+    if (a->width < 8 || a->width % 8 || a->mlp < 8 || a->mlp % 8 || a->n_heads < 1)
+        return NIB_ERR(NIB_ERR_UNSUPPORTED, "expert kernel: width %d / mlp %d must be multiples of 8, heads %d >= 1",
+                       (int)a->width, (int)a->mlp, (int)a->n_heads);
+    const int64_t want_n[4] = {(int64_t)(a->n_heads + 2) * HD, a->width, 2 * (int64_t)a->mlp, a->width};
+    const int64_t want_k[4] = {a->width, (int64_t)a->n_heads * HD, a->width, a->mlp};
+    static const char *const nm[4] = {"qkv", "o", "gate|up", "down"};
+    for (int l = 0; l < a->n_layers; l++) {
+        const nib_expert_layer *L = &a->layers[l];
+        const nib_qweight *q[4] = {L->qkv, L->o, L->gu, L->down};
+        for (int i = 0; i < 4; i++) {
+            if (!q[i] || q[i]->fmt != NIB_WFMT_NVFP4)
+                return NIB_ERR(NIB_ERR_UNSUPPORTED, "expert kernel: layer %d %s weight is not NVFP4 (the persistent kernel "
+                               "reads NVFP4 only)", l, nm[i]);
+            if (q[i]->n != want_n[i] || q[i]->k != want_k[i] || (i == 2) != (q[i]->geglu != 0))
+                return NIB_ERR(NIB_ERR_SHAPE, "expert kernel: layer %d %s weight is %lldx%lld%s, expected %lldx%lld%s", l, nm[i],
+                               (long long)q[i]->n, (long long)q[i]->k, q[i]->geglu ? " (geglu)" : "", (long long)want_n[i],
+                               (long long)want_k[i], i == 2 ? " (geglu)" : "");
+        }
+        if (L->kv.dtype != NIB_KV_BF16 || L->kv.n_kv_heads != 1 || L->kv.head_dim != HD)
+            return NIB_ERR(NIB_ERR_UNSUPPORTED, "expert kernel: layer %d cache is %s with %d KV heads of %d (the persistent "
+                           "kernel reads a bf16 cache with one KV head of %d)", l, nib_kv_dtype_name(L->kv.dtype),
+                           (int)L->kv.n_kv_heads, (int)L->kv.head_dim, HD);
+    }
+    NIB_RETURN_IF_ERR(device_ready());
+    const size_t sm = smem_bytes(a);
+    if (sm > (size_t)g_smem_max)
+        return NIB_ERR(NIB_ERR_UNSUPPORTED, "expert kernel: needs %zu bytes of shared memory per CTA, the device allows %d",
+                       sm, g_smem_max);
+    return NIB_OK;
+}
+
+extern "C" nib_status nib_cuda_expert_ws_bytes(const nib_expert_args *a, uint64_t *bytes) {
+    if (!a || !a->layers || a->n_layers < 1 || a->rows < 1 || a->rows > NIB_EXPERT_MAX_ROWS || a->n_heads < 1)
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "expert kernel workspace: needs layers, rows 1..%d and heads >= 1",
+                       NIB_EXPERT_MAX_ROWS);
+    *bytes = ws_layout(a).total;
+    return NIB_OK;
+}
+
+extern "C" nib_status nib_cuda_expert_prepare(const nib_expert_args *a, void *ws, uint64_t ws_bytes) {
+    NIB_RETURN_IF_ERR(nib_cuda_expert_supported(a));
+    const WsLayout w = ws_layout(a);
+    if (!ws || ws_bytes < w.total)
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "expert kernel: workspace of %llu bytes, %zu needed",
+                       (unsigned long long)ws_bytes, w.total);
+    LayerDev *h = (LayerDev *)calloc((size_t)a->n_layers, sizeof(LayerDev));
+    if (!h) return NIB_ERR(NIB_ERR_OUT_OF_MEMORY, "expert kernel: layer table of %d layers", (int)a->n_layers);
+    for (int l = 0; l < a->n_layers; l++) {
+        const nib_expert_layer *L = &a->layers[l];
+        const nib_qweight *q[4] = {L->qkv, L->o, L->gu, L->down};
+        for (int i = 0; i < 4; i++) {
+            LinDev &d = h[l].l[i];
+            d.w = (const uint8_t *)q[i]->w;
+            d.s = (const uint8_t *)q[i]->s;
+            d.colscale = q[i]->colscale;
+            d.bias = q[i]->bias;
+            d.ng = (int)(q[i]->np / 16);
+            d.nchunks = (int)(q[i]->kp / 128);
+            d.n_out = (int)q[i]->n_out;
+            d.kp = (int)q[i]->kp;
+            d.w_bytes = q[i]->w_bytes;
+            d.s_bytes = q[i]->s_bytes;
+        }
+        h[l].kc = (const __nv_bfloat16 *)L->kv.k;
+        h[l].vc = (const __nv_bfloat16 *)L->kv.v;
+    }
+    nib_status st = NIB_OK;
+    NIB_CUDA_TRY(cudaMemset(ws, 0, 256));
+    NIB_CUDA_TRY(cudaMemcpy((uint8_t *)ws + w.layers, h, sizeof(LayerDev) * (size_t)a->n_layers, cudaMemcpyHostToDevice));
+    NIB_CUDA_TRY(cudaFuncSetAttribute(k_expert<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_bytes(a)));
+    NIB_CUDA_TRY(cudaFuncSetAttribute(k_expert<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_bytes(a)));
+fail:
+    free(h);
+    return st;
+}
+
+extern "C" nib_status nib_cuda_expert_run(const nib_expert_args *a, void *ws, uint64_t ws_bytes, void *stream) {
+    if (!a || !ws) return NIB_ERR(NIB_ERR_INVALID_ARG, "expert kernel: NULL args or workspace");
+    if (a->rows < 1 || a->rows > NIB_EXPERT_MAX_ROWS)
+        return NIB_ERR(NIB_ERR_UNSUPPORTED, "expert kernel: %d rows (1..%d)", (int)a->rows, NIB_EXPERT_MAX_ROWS);
+    NIB_RETURN_IF_ERR(device_ready());
+    const WsLayout w = ws_layout(a);
+    if (ws_bytes < w.total)
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "expert kernel: workspace of %llu bytes, %zu needed for %d rows",
+                       (unsigned long long)ws_bytes, w.total, (int)a->rows);
+    Params p;
+    memset(&p, 0, sizeof p);
+    uint8_t *base = (uint8_t *)ws;
+    p.layers = (const LayerDev *)(base + w.layers);
+    p.n_layers = a->n_layers;
+    p.H = a->rows, p.We = a->width, p.F = a->mlp, p.nh = a->n_heads;
+    p.ldqkv = (a->n_heads + 2) * HD;
+    p.lds = kp_max(a) + 8;
+    p.max_tasks = w.max_tasks;
+    p.mods = a->mods;
+    p.t_valid = a->t_valid, p.slot_base = a->slot_base, p.pos = a->positions, p.inv_freq = a->inv_freq;
+    p.q_scale = a->q_scale, p.eps = a->eps;
+    p.scale_add = a->layers[0].qkv->scale_add;
+    p.x = (__nv_bfloat16 *)a->x, p.qkv = (__nv_bfloat16 *)a->qkv, p.o = (__nv_bfloat16 *)a->o, p.h = (__nv_bfloat16 *)a->h;
+    p.rope = (float2 *)(base + w.rope);
+    p.ml = (float2 *)(base + w.ml);
+    p.part = (float *)(base + w.part);
+    p.bar = (unsigned *)(base + w.bar);
+    p.attn_off = (int)attn_off(a), p.tab_off = (int)tab_off(a), p.mods_off = (int)mods_off(a);
+    const char *tr = getenv("NIB_EXPERT_TRACE");
+    p.trace = tr && *tr && strcmp(tr, "0") && g_sms <= TRACE_MAX_CTAS ? (unsigned long long *)(base + w.trace) : nullptr;
+    const size_t sm = smem_bytes(a);
+    cudaLaunchAttribute attr[2];
+    attr[0].id = cudaLaunchAttributeCooperative;
+    attr[0].val.cooperative = 1;
+    auto kern = a->rows <= 8 ? k_expert<1> : k_expert<2>;
+    NIB_CUDA_CHECK(nib::launch_with(kern, dim3((unsigned)g_sms), dim3(NT), sm, (cudaStream_t)stream, attr, 1, p));
+    return NIB_OK;
+}
+
+/* NIB_EXPERT_TRACE lab view of the last launch: per phase kind, averaged over layers, the
+ * critical path of the work (latest CTA done minus earliest CTA released by the previous
+ * barrier) and the barrier (latest release minus latest arrival). */
+extern "C" nib_status nib_cuda_expert_trace_report(const nib_expert_args *a, void *ws, uint64_t ws_bytes, FILE *out) {
+    NIB_RETURN_IF_ERR(device_ready());
+    const WsLayout w = ws_layout(a);
+    if (ws_bytes < w.total || g_sms > TRACE_MAX_CTAS) return NIB_ERR(NIB_ERR_INVALID_ARG, "expert trace: no trace area");
+    const int nb = 6 * a->n_layers - 1, G = g_sms;
+    unsigned long long *t = (unsigned long long *)malloc(sizeof(unsigned long long) * 2 * (size_t)G * nb);
+    if (!t) return NIB_ERR_OUT_OF_MEMORY;
+    nib_status st = NIB_OK;
+    NIB_CUDA_TRY(cudaDeviceSynchronize());
+    NIB_CUDA_TRY(cudaMemcpy(t, (uint8_t *)ws + w.trace, sizeof(unsigned long long) * 2 * (size_t)G * nb, cudaMemcpyDeviceToHost));
+    {
+        static const char *const nm[6] = {"qkv", "attention", "merge", "o-proj", "gate|up", "down"};
+        double work[6] = {0}, bar[6] = {0};
+        int cnt[6] = {0};
+        for (int k = 1; k < nb; k++) { /* barrier k closes phase k (phase 0 has no release before it) */
+            unsigned long long rel_min = ~0ull, done_max = 0, rel_max = 0;
+            for (int b = 0; b < G; b++) {
+                rel_min = t[((size_t)(k - 1) * G + b) * 2 + 1] < rel_min ? t[((size_t)(k - 1) * G + b) * 2 + 1] : rel_min;
+                done_max = t[((size_t)k * G + b) * 2] > done_max ? t[((size_t)k * G + b) * 2] : done_max;
+                rel_max = t[((size_t)k * G + b) * 2 + 1] > rel_max ? t[((size_t)k * G + b) * 2 + 1] : rel_max;
+            }
+            work[k % 6] += (double)(done_max - rel_min) * 1e-3;
+            bar[k % 6] += (double)(rel_max - done_max) * 1e-3;
+            cnt[k % 6]++;
+        }
+        fprintf(out, "expert kernel trace (last launch, %d CTAs, us per layer):\n", G);
+        double tw = 0, tb = 0;
+        for (int i = 0; i < 6; i++) {
+            if (!cnt[i]) continue;
+            fprintf(out, "  %-10s work %6.2f  barrier %5.2f\n", nm[i], work[i] / cnt[i], bar[i] / cnt[i]);
+            tw += work[i] / cnt[i], tb += bar[i] / cnt[i];
+        }
+        fprintf(out, "  total      work %6.2f  barrier %5.2f  (x %d layers)\n", tw, tb, (int)a->n_layers);
+    }
+fail:
+    free(t);
+    return st;
+}
