@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "ops/act.h"
+#include "ops/cuda/bf16x8.cuh"
 #include "ops/cuda/fp8_rows.cuh"
 #include "runtime/cuda_check.h"
 #include "runtime/launch.cuh"
@@ -35,25 +36,6 @@ struct ActParams {
     float *ys;
 };
 
-static __device__ __forceinline__ void unpack8(uint4 u, float (&f)[8]) {
-    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        f[2 * i] = __uint_as_float(w[i] << 16);
-        f[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
-    }
-}
-static __device__ __forceinline__ uint32_t bf16_bits(float f) {
-    return (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(f));
-}
-static __device__ __forceinline__ uint4 pack8(const float (&f)[8]) {
-    uint4 u;
-    u.x = bf16_bits(f[0]) | (bf16_bits(f[1]) << 16);
-    u.y = bf16_bits(f[2]) | (bf16_bits(f[3]) << 16);
-    u.z = bf16_bits(f[4]) | (bf16_bits(f[5]) << 16);
-    u.w = bf16_bits(f[6]) | (bf16_bits(f[7]) << 16);
-    return u;
-}
 
 /* (0.5 g) (1 + tanh(k0 (g + ((k1 g) g) g))) */
 static __device__ __forceinline__ float gelu_tanh_f(float g) {

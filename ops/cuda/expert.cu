@@ -33,6 +33,7 @@
 #include <string.h>
 
 #include "ops/cuda/gemm_lowbit.cuh"
+#include "ops/cuda/bf16x8.cuh"
 #include "ops/expert.h"
 #include "runtime/cuda_check.h"
 #include "runtime/device.h"
@@ -81,25 +82,6 @@ struct Params {
 
 /* ---- small helpers ---------------------------------------------------------------------- */
 __device__ __forceinline__ uint4 ldcg16(const void *p) { return __ldcg((const uint4 *)p); }
-__device__ __forceinline__ void unpack8(uint4 u, float (&f)[8]) {
-    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        f[2 * i] = __uint_as_float(w[i] << 16);
-        f[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
-    }
-}
-__device__ __forceinline__ uint32_t bf16_bits(float f) {
-    return (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(f));
-}
-__device__ __forceinline__ uint4 pack8(const float (&f)[8]) {
-    uint4 u;
-    u.x = bf16_bits(f[0]) | (bf16_bits(f[1]) << 16);
-    u.y = bf16_bits(f[2]) | (bf16_bits(f[3]) << 16);
-    u.z = bf16_bits(f[4]) | (bf16_bits(f[5]) << 16);
-    u.w = bf16_bits(f[6]) | (bf16_bits(f[7]) << 16);
-    return u;
-}
 __device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t a) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])

@@ -22,6 +22,7 @@
 #include <stdint.h>
 
 #include "ops/cuda/fp8_rows.cuh"
+#include "ops/cuda/bf16x8.cuh"
 #include "ops/norm.h"
 #include "runtime/cuda_check.h"
 #include "runtime/launch.cuh"
@@ -47,26 +48,6 @@ struct NormParams {
 static __device__ __forceinline__ uint4 ld16(const uint16_t *p) { return *(const uint4 *)p; }
 static __device__ __forceinline__ void st16(uint16_t *p, uint4 v) { *(uint4 *)p = v; }
 
-/* 8 bf16 (element 0 in the low half of .x) <-> 8 floats */
-static __device__ __forceinline__ void unpack8(uint4 u, float (&f)[8]) {
-    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        f[2 * i] = __uint_as_float(w[i] << 16);
-        f[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
-    }
-}
-static __device__ __forceinline__ uint32_t bf16_bits(float f) {
-    return (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(f));
-}
-static __device__ __forceinline__ uint4 pack8(const float (&f)[8]) {
-    uint4 u;
-    u.x = bf16_bits(f[0]) | (bf16_bits(f[1]) << 16);
-    u.y = bf16_bits(f[2]) | (bf16_bits(f[3]) << 16);
-    u.z = bf16_bits(f[4]) | (bf16_bits(f[5]) << 16);
-    u.w = bf16_bits(f[6]) | (bf16_bits(f[7]) << 16);
-    return u;
-}
 static __device__ __forceinline__ void load8f(const float *p, float (&f)[8]) {
     const float4 a = *(const float4 *)p, b = *(const float4 *)(p + 4);
     f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
