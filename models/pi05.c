@@ -891,8 +891,8 @@ static nib_status expert_ws_bytes(const nib_pi05 *m, uint64_t *out) {
     return st;
 }
 
-/* Decide the expert path once at load: the persistent kernel when NIB_FUSED_STEP=1 and it
- * supports this model; otherwise the per-op path, with the reason in m->xpath. */
+/* Decide the expert path once at load: the persistent kernel when it supports this model
+ * (unless NIB_FUSED_STEP=0); otherwise the per-op path, with the reason in m->xpath. */
 static nib_status expert_setup(nib_pi05 *m) {
     const nib_pi05_config *c = &m->c;
     m->fused = 0;
@@ -900,10 +900,10 @@ static nib_status expert_setup(nib_pi05 *m) {
         snprintf(m->xpath, sizeof m->xpath, "per-op (reference backend)");
         return NIB_OK;
     }
-    /* opt-in: measured no faster than the per-op path yet (0.873 vs 0.869 ms per step, docs/design.md) */
+    /* the default since the CTA-pair K split (0.82 vs 0.86 ms per step, docs/design.md) */
     const char *e = getenv("NIB_FUSED_STEP");
-    if (!e || strcmp(e, "1")) {
-        snprintf(m->xpath, sizeof m->xpath, "per-op (the persistent kernel is opt-in: NIB_FUSED_STEP=1)");
+    if (e && !strcmp(e, "0")) {
+        snprintf(m->xpath, sizeof m->xpath, "per-op (NIB_FUSED_STEP=0)");
         return NIB_OK;
     }
     m->xl = nib_calloc((size_t)c->e_layers, sizeof *m->xl);

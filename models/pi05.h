@@ -109,7 +109,7 @@ nib_status nib_pi05_run(nib_pi05 *m, const nib_pi05_inputs *in, float *actions, 
  * actions are bitwise those of a normal call. timing then has total_ms only (host time). */
 void nib_pi05_set_check_numerics(nib_pi05 *m, int on);
 /* Which action-expert path this model runs on its backend, and why: "persistent kernel for H <= 16,
- * per-op above" (ops/expert.h; opt-in with NIB_FUSED_STEP=1 at load), or "per-op (<why>)". Check-numerics
+ * per-op above" (ops/expert.h; the default, NIB_FUSED_STEP=0 at load turns it off), or "per-op (<why>)". Check-numerics
  * calls always run the per-op path (it scans every layer's output). */
 const char *nib_pi05_expert_path(const nib_pi05 *m);
 

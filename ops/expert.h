@@ -5,8 +5,9 @@
  * Why: at batch 1 the per-op path runs ~9 kernels per layer (norm, QKV GEMM, RoPE/cache write,
  * attention, split merge, O GEMM, norm, gate|up GEMM, down GEMM), each a few µs of fixed latency
  * for ~0.5 MB of NVFP4 weights; the step is launch- and latency-bound (docs/design.md). Here one
- * CTA per SM runs the layers as phases separated by grid-wide barriers, and every CTA prefetches
- * its slice of the next layer's weights into L2 while the current layer runs.
+ * CTA per SM (in pairs that split each GEMM's K) runs the layers as phases separated by
+ * grid-wide barriers, and the next layer's weights are prefetched into L2 while the current
+ * layer runs. models/pi05.c uses it by default where it applies (NIB_FUSED_STEP=0: per-op).
  *
  * Semantics: exactly the per-op sequence of models/pi05.c (fwd_step, one layer):
  *   y = adaRMS(x; scale_a, shift_a)                         (fp64 sum of squares, as ops/norm.h)
@@ -20,7 +21,8 @@
  *
  * Supported (nib_cuda_expert_supported says which condition fails): NVFP4 weights (QKV, O,
  * gate|up with geglu, down); BF16 KV cache with one KV head; head_dim 256; rows (H) 1..16;
- * the CTAs (one per SM) must all be resident (cooperative launch).
+ * the CTAs (one per SM, pairs as thread-block clusters) must all be resident (cooperative launch;
+ * fewer pairs are launched if fewer fit).
  * Tested by tests/test_pi05_gpu.c (`nib_tests pi05_gpu`), timed by `nib bench pi05`.
  */
 #ifndef NIB_OPS_EXPERT_H

@@ -1,28 +1,35 @@
 /* expert.cu — the persistent action-expert kernel (ops/expert.h): one launch runs every layer of
  * one flow-matching step.
  *
- * Layout: one CTA of 8 warps per SM (cooperative launch: all CTAs resident). Per layer, six
- * phases separated by grid barriers:
- *   1 QKV    every CTA with QKV row groups normalizes x (adaRMS) into shared memory, then its
- *            warps run NVFP4 tiles (16 weight rows x 128 K, the repacked layout of
- *            gemm_lowbit.cuh, decoded in registers into bf16 mma.sync A fragments; the H <= 16
- *            token rows are the B operand via ldmatrix) -> raw bf16 qkv
+ * Layout: one CTA of 8 warps per SM, in pairs (thread-block clusters of 2; cooperative launch:
+ * all CTAs resident). Per layer, six phases separated by grid barriers:
+ *   1 QKV    each pair's CTAs copy their half of the K columns of x into shared memory, sum
+ *            the squares of their half, exchange the sums through distributed shared memory and
+ *            normalize (adaRMS); then their warps run NVFP4 tiles over that half (16 weight rows
+ *            x 128 K, the repacked layout of gemm_lowbit.cuh, decoded in registers into bf16
+ *            mma.sync A fragments; the H <= 16 token rows are the B operand via ldmatrix);
+ *            rank 1 sends its partial sums to rank 0, which adds them and writes raw bf16 qkv
  *   2 attn   task (16-row block of the H x n_heads query rows, 32-key split): RoPE + q_scale
  *            applied to q on load, keys [0, P) from the cache, keys P.. from raw qkv (RoPE on
  *            load); S = q kᵀ and O = P v on tensor cores; unnormalized O, row max and sum out
  *   3 merge  splits combined (max, exp2 weights) -> o bf16
- *   4 O      o staged into shared memory; tiles; x = bf16(gate * acc + x) in place (each
- *            element has one writer and no other reader in this phase)
- *   5 gate|up  adaRMS of x staged; tiles; GeGLU of the interleaved gate/up rows -> h bf16
- *   6 down   h staged; tiles; gated residual into x
+ *   4 O      the pair's halves of o staged; tiles; rank 0: x = bf16(gate * acc + x) in place
+ *            (each element has one writer and no other reader in this phase)
+ *   5 gate|up  adaRMS of x as in QKV; tiles; GeGLU of the interleaved gate/up rows -> h bf16
+ *   6 down   the halves of h staged; tiles; gated residual into x
+ * Why pairs: at H = 10 every CTA that multiplies needs the whole activation row block, and
+ * staging it was the largest share of a GEMM phase (80 KB of h per CTA for down); split over K,
+ * each CTA stages half, and O / down (64 row groups) run on 128 CTAs instead of 64.
  * A row group's K chunks are split over the CTA's warps (wk warps per row group) and reduced in
- * shared memory in a fixed order: results are deterministic.
+ * shared memory in a fixed order, then rank 1's sum is added to rank 0's: deterministic.
  * Data written inside the kernel is read with L1-bypassing loads (ld.cg / cp.async.cg): L1 is
- * not coherent across SMs. Weights: every CTA issues bulk L2 prefetches of its 1/G slice of the
- * next layer's planes (and the next layer's prefix K/V) at the start of each layer.
- * Grid barrier: arrive with one atomic per CTA; the last arriver resets the count and bumps a
- * generation word the others poll (acquire). The generation is read at kernel start, before any
- * CTA can complete the first barrier, so the words need no reset between launches.
+ * not coherent across SMs. Weights: the CTAs without O tiles issue bulk L2 prefetches of the
+ * next layer's planes (and its prefix K/V) during the O phase (if every CTA has O tiles, all
+ * of them do, in the barrier after QKV).
+ * Grid barrier: one release-add per CTA on a count, relaxed polling until it reaches the
+ * barrier's multiple of the grid, one fence; the last CTA to leave the kernel resets the count.
+ * NIB_EXPERT_TRACE=1: globaltimer stamps at every barrier and per-CTA clock64 segments of each
+ * phase, printed at model free (nib_cuda_expert_trace_report).
  */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -49,6 +56,19 @@ constexpr int KC = 32;              /* keys per attention task */
 constexpr int QLD = HD + 8;         /* shared row stride (elements) of q / k / v tiles */
 constexpr int PLD = KC + 8;         /* shared row stride of P */
 constexpr float LOG2E = 1.4426950408889634f;
+/* trace segments of a phase (thread 0's clock64, summed over layers): staging of the GEMM rows,
+ * warp 0's tiles (attention / merge: the whole phase), reduction + epilogue (+ later rounds),
+ * the next phase's preloads (to the CTA's last warp), the grid barrier. SEGW: 6 phases x NSEG,
+ * then clock64 / globaltimer at start and end (clock calibration). */
+constexpr int NSEG = 8, SEGW = 6 * NSEG + 4;
+/* thread 0 (segp != NULL): add the cycles since tlast to segment s */
+__device__ __forceinline__ void seg_add(unsigned long long *segp, int s, long long &tlast) {
+    if (segp) {
+        const long long now = clock64();
+        segp[s] += (unsigned long long)(now - tlast);
+        tlast = now;
+    }
+}
 
 struct LinDev {
     const uint8_t *w, *s;
@@ -77,7 +97,12 @@ struct Params {
     float2 *ml;     /* [max_tasks][16] (max (log2 units), sum) */
     unsigned *bar;  /* [0] barrier arrivals, [32] kernel exits (separate 128-byte lines) */
     unsigned long long *trace; /* NULL, or [barriers][G][2] globaltimer stamps (NIB_EXPERT_TRACE) */
-    int attn_off, tab_off, mods_off; /* shared-memory offsets: attention tiles, layer table, adaRMS mods */
+    unsigned long long *seg;   /* NULL, or [G][SEGW]: per-CTA cycles per phase segment (NIB_EXPERT_TRACE) */
+    int attn_off, tab_off, mods_off, seg_off, xred_off, nsum_off; /* shared-memory offsets: attention tiles,
+                                               * layer table, adaRMS mods, segment counters, the partner's
+                                               * partial sums, the row statistics of both halves */
+    int pf_first; /* CTAs >= pf_first have no O-phase tiles: they prefetch the next layer then (else
+                   * every CTA does, in the barrier after QKV: pf_first == gridDim.x) */
 };
 
 /* ---- small helpers ---------------------------------------------------------------------- */
@@ -90,14 +115,59 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t a) {
 __device__ __forceinline__ void prefetch_bulk_l2(const void *p, unsigned bytes) {
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
 }
-/* this CTA's 1/G slice (16-byte granules) of [p, p + bytes) into L2 */
-__device__ __forceinline__ void prefetch_slice(const void *p, unsigned long long bytes) {
-    if (!p || !bytes) return;
-    const unsigned long long gran = (bytes + 15) / 16;
-    const unsigned long long per = (gran + gridDim.x - 1) / gridDim.x;
-    const unsigned long long b0 = per * blockIdx.x * 16, b1 = min(bytes & ~15ull, b0 + per * 16);
-    if (b1 > b0) prefetch_bulk_l2((const uint8_t *)p + b0, (unsigned)(b1 - b0));
+/* share `idx` of n of [p, p + bytes) into L2 (shares: 16-byte multiples; 32-bit arithmetic: a
+ * 64-bit division is a long software routine) */
+__device__ __forceinline__ void prefetch_share(const void *p, unsigned long long bytes, unsigned idx, unsigned n) {
+    if (!p || bytes < 16 || bytes >= (1ull << 32)) return; /* a plane past 4 GB is not prefetched */
+    const unsigned b = (unsigned)bytes, per = ((b / 16u + n - 1u) / n) * 16u, b0 = per * idx;
+    if (b0 >= b) return;
+    const unsigned m = min(per, (b - b0) & ~15u);
+    if (m) prefetch_bulk_l2((const uint8_t *)p + b0, m);
 }
+/* every plane of a layer and the first kv_bytes of its prefix K / V (one thread per CTA) */
+__device__ __noinline__ void prefetch_layer(const LayerDev &L, unsigned long long kv_bytes, unsigned idx, unsigned n) {
+#pragma unroll 1
+    for (int q = 0; q < 4; q++) {
+        prefetch_share(L.l[q].w, L.l[q].w_bytes, idx, n);
+        prefetch_share(L.l[q].s, L.l[q].s_bytes, idx, n);
+    }
+    prefetch_share(L.kc, kv_bytes, idx, n);
+    prefetch_share(L.vc, kv_bytes, idx, n);
+}
+
+/* ---- the CTA pair (thread-block cluster of 2): each GEMM's K chunks are split between them ---- */
+constexpr int CL = 2;
+__device__ __forceinline__ unsigned cl_rank() {
+    unsigned r;
+    asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+/* all threads of both CTAs; orders shared-memory writes (local and remote) before the reads after it */
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
+}
+/* the address of a shared variable in CTA `rank` of the cluster */
+__device__ __forceinline__ uint32_t peer_addr(const void *p, unsigned rank) {
+    uint32_t r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(smem_u32(p)), "r"(rank));
+    return r;
+}
+__device__ __forceinline__ void st_peer(uint32_t a, float v) {
+    asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(a), "f"(v) : "memory");
+}
+__device__ __forceinline__ void st_peer(uint32_t a, double v) {
+    asm volatile("st.shared::cluster.f64 [%0], %1;" ::"r"(a), "d"(v) : "memory");
+}
+/* the K columns [k0, k1) of a linear this CTA of the pair stages and multiplies: chunks
+ * [0, h) on rank 0 and [h, nchunks) on rank 1, h = ceil(nchunks / 2) */
+struct KHalf {
+    int c0, c1;
+    __device__ __forceinline__ KHalf(const LinDev &L) {
+        const int h = (L.nchunks + 1) >> 1;
+        c0 = cl_rank() ? h : 0;
+        c1 = cl_rank() ? L.nchunks : h;
+    }
+};
 
 __device__ __forceinline__ unsigned ld_relaxed(const unsigned *p) {
     unsigned v;
@@ -115,13 +185,15 @@ __device__ __forceinline__ unsigned long long gtimer() {
 /* Grid-wide barrier number `k` (1-based) of this launch: one release-add per CTA, then poll
  * until all G x k arrivals are in. The count starts at 0 in every launch: the last CTA to
  * leave the kernel resets it (kernel_exit). trace: optional (work done, released) stamps. */
-__device__ __forceinline__ void grid_barrier(const Params &p, unsigned &k) {
+__device__ __forceinline__ void grid_barrier(const Params &p, unsigned &k, const LayerDev *pf,
+                                             unsigned long long kv_bytes) {
     __syncthreads();
     k++;
     if (threadIdx.x == 0) {
         if (p.trace) p.trace[((size_t)(k - 1) * gridDim.x + blockIdx.x) * 2] = gtimer();
         __threadfence();
         red_release_add(p.bar, 1u);
+        if (pf) prefetch_layer(*pf, kv_bytes, blockIdx.x, gridDim.x); /* issued while the other CTAs arrive */
         const unsigned target = k * gridDim.x;
         while (ld_relaxed(p.bar) < target) { /* relaxed polls (an acquire load invalidates L1 every time) */
         }
@@ -139,56 +211,77 @@ __device__ __forceinline__ void kernel_exit(const Params &p) {
 }
 
 /* ---- staging of the GEMM input rows (bf16, rows 0..H-1, zero row H, zero columns K..kp) ---- */
-constexpr int NXV = 4; /* x pieces a lane keeps in registers (width <= 1024 without reloads) */
 /* (scale, shift) of an adaRMS (2 x width contiguous floats of mods) -> shared, one cp.async group */
 __device__ __forceinline__ void stage_mods(const Params &p, const float *ss, float *dst) {
     for (int i = threadIdx.x; i < p.We / 2; i += NT) cp_async16(smem_u32(dst + 4 * i), ss + 4 * i, 16);
     cp_async_commit();
 }
-/* pend1: one cp.async group issued after the stage_mods group may stay in flight */
-__device__ void stage_norm(const Params &p, const float *mods_s, __nv_bfloat16 *xs, int kp, bool pend1) {
-    const float *scale = mods_s, *shift = mods_s + p.We;
-    /* the scale/shift copies were issued before the grid barrier: they have landed */
-    if (pend1) asm volatile("cp.async.wait_group 1;" ::: "memory");
-    else asm volatile("cp.async.wait_group 0;" ::: "memory");
-    __syncthreads();
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, c8 = p.We / 8;
-    /* a warp's rows (warp, warp + 8: H <= 16): both rows' x loads are issued first */
-    uint4 xv[NXV], xn[NXV];
-#pragma unroll
-    for (int i = 0; i < NXV; i++) {
-        if (warp < p.H && lane + 32 * i < c8) xv[i] = ldcg16(p.x + (size_t)warp * p.We + 8 * (lane + 32 * i));
-        if (warp + NW < p.H && lane + 32 * i < c8) xn[i] = ldcg16(p.x + (size_t)(warp + NW) * p.We + 8 * (lane + 32 * i));
-    }
-#pragma unroll 1
-    for (int r = warp; r < p.H; r += NW) {
-        const __nv_bfloat16 *xr = p.x + (size_t)r * p.We;
-        if (r != warp) {
-#pragma unroll
-            for (int i = 0; i < NXV; i++) xv[i] = xn[i];
-        }
-        double acc = 0.0;
-#pragma unroll
-        for (int i = 0; i < NXV; i++)
-            if (lane + 32 * i < c8) {
-                float f[8];
-                unpack8(xv[i], f);
-#pragma unroll
-                for (int k = 0; k < 8; k++) acc += (double)f[k] * (double)f[k];
+/* rows of src [H][ld] (K columns, written earlier in this kernel), columns [k0, k1) -> xs (zero
+ * from K on), zero row H over the same columns */
+__device__ void stage_copy(const Params &p, const __nv_bfloat16 *src, int ld, int K, int k0, int k1, __nv_bfloat16 *xs) {
+    const int w8 = (k1 - k0) / 8, p0 = k0 / 8;
+    if (w8 > 0) {
+        int r = threadIdx.x / w8, c = threadIdx.x - r * w8; /* (row, piece), advanced with a carry */
+        for (; r <= p.H;) {
+            const int col = 8 * (p0 + c);
+            const bool ok = r < p.H && col < K;
+            cp_async16(smem_u32(xs + (size_t)r * p.lds + col), ok ? (const void *)(src + (size_t)r * ld + col) : src,
+                       ok ? 16 : 0);
+            c += NT;
+            while (c >= w8) {
+                c -= w8;
+                r++;
             }
-        for (int c = lane + 32 * NXV; c < c8; c += 32) {
+        }
+    }
+    cp_async_commit();
+    cp_async_wait_all();
+    __syncthreads();
+}
+
+/* adaRMS of x rows 0..H-1, columns [k0, k1) of this CTA's half (zero from We on) -> xs, zero row H
+ * over the same columns. The raw rows are copied first (stage_copy); the row statistics: each
+ * CTA sums its half (fp64), both halves are exchanged through the pair's shared memory
+ * (nsum[rank][row]) and added in rank order, so the two CTAs use bit-identical factors; then the
+ * rows are normalized in place. Rolled loops: this code runs twice per layer and its size costs
+ * instruction fetches. Uniform per pair (it synchronizes the cluster). */
+__device__ void stage_norm(const Params &p, const float *mods_s, __nv_bfloat16 *xs, double *nsum, int k0, int k1,
+                           unsigned long long *segp, long long &tlast) {
+    const float *scale = mods_s, *shift = mods_s + p.We;
+    stage_copy(p, p.x, p.We, p.We, k0, k1, xs); /* also waits for the mods (and cache-row) copies */
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int p0 = k0 / 8, pe = min(k1, p.We) / 8; /* pieces with data */
+    const unsigned rank = cl_rank();
+#pragma unroll 1
+    for (int r = warp; r < p.H; r += NW) { /* partial sums of squares of this half */
+        double acc = 0.0;
+#pragma unroll 1
+        for (int c = p0 + lane; c < pe; c += 32) {
             float f[8];
-            unpack8(ldcg16(xr + 8 * c), f);
+            unpack8(*(const uint4 *)(xs + (size_t)r * p.lds + 8 * c), f);
 #pragma unroll
             for (int k = 0; k < 8; k++) acc += (double)f[k] * (double)f[k];
         }
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-        const float ms = __double2float_rn(acc / (double)p.We);
+        if (lane == 0) {
+            nsum[rank * NIB_EXPERT_MAX_ROWS + r] = acc;
+            st_peer(peer_addr(nsum + rank * NIB_EXPERT_MAX_ROWS + r, rank ^ 1u), acc);
+        }
+    }
+    seg_add(segp, 6, tlast);
+    cluster_sync();
+    seg_add(segp, 7, tlast);
+#pragma unroll 1
+    for (int r = warp; r < p.H; r += NW) {
+        const double tot = nsum[r] + nsum[NIB_EXPERT_MAX_ROWS + r];
+        const float ms = __double2float_rn(tot / (double)p.We);
         const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ms, p.eps)));
-        auto emit = [&](int c, uint4 u) {
+#pragma unroll 1
+        for (int c = p0 + lane; c < pe; c += 32) {
+            uint4 *px = (uint4 *)(xs + (size_t)r * p.lds + 8 * c);
             float f[8];
-            unpack8(u, f);
+            unpack8(*px, f);
             const float4 s0 = *(const float4 *)(scale + 8 * c), s1 = *(const float4 *)(scale + 8 * c + 4);
             const float4 h0 = *(const float4 *)(shift + 8 * c), h1 = *(const float4 *)(shift + 8 * c + 4);
             const float sc[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
@@ -199,36 +292,11 @@ __device__ void stage_norm(const Params &p, const float *mods_s, __nv_bfloat16 *
                 t = __fmul_rn(t, __fadd_rn(1.0f, sc[k]));
                 f[k] = __fadd_rn(t, sh[k]);
             }
-            *(uint4 *)(xs + (size_t)r * p.lds + 8 * c) = pack8(f);
-        };
-#pragma unroll
-        for (int i = 0; i < NXV; i++)
-            if (lane + 32 * i < c8) emit(lane + 32 * i, xv[i]);
-        for (int c = lane + 32 * NXV; c < c8; c += 32) emit(c, ldcg16(xr + 8 * c));
-        for (int c = c8 + lane; c < kp / 8; c += 32) *(uint4 *)(xs + (size_t)r * p.lds + 8 * c) = make_uint4(0, 0, 0, 0);
-    }
-    for (int c = threadIdx.x; c < kp / 8; c += NT) *(uint4 *)(xs + (size_t)p.H * p.lds + 8 * c) = make_uint4(0, 0, 0, 0);
-    __syncthreads();
-}
-/* rows of src [H][ld] (K columns, written earlier in this kernel) -> xs */
-__device__ void stage_copy(const Params &p, const __nv_bfloat16 *src, int ld, int K, int kp, __nv_bfloat16 *xs) {
-    const int c8 = kp / 8;
-    int r = threadIdx.x / c8, c = threadIdx.x - r * c8; /* (row, piece), advanced with a carry */
-    for (; r <= p.H;) {
-        const bool ok = r < p.H && 8 * c < K;
-        cp_async16(smem_u32(xs + (size_t)r * p.lds + 8 * c), ok ? (const void *)(src + (size_t)r * ld + 8 * c) : src,
-                   ok ? 16 : 0);
-        c += NT;
-        while (c >= c8) {
-            c -= c8;
-            r++;
+            *px = pack8(f);
         }
     }
-    cp_async_commit();
-    cp_async_wait_all();
     __syncthreads();
 }
-
 /* ---- NVFP4 tiles of one linear layer over the staged rows --------------------------------
  * CTA b owns row groups b, b + G, ...; Rp of them at a time, wk = 8 / Rp warps each splitting
  * the K chunks (chunks wkk, wkk + wk, ...), four tiles' loads in flight per warp. The first
@@ -236,40 +304,43 @@ __device__ void stage_copy(const Params &p, const __nv_bfloat16 *src, int ld, in
  * its epilogue adds are loaded by gemm_pre BEFORE the grid barrier that precedes the phase:
  * none of them depends on the phase before. */
 struct Map {
-    int U, Rp, wk, slot, wkk;
+    int U, Rp, wk, slot, wkk, GC, pair, c0, c1; /* pair: this CTA pair's index; [c0, c1): its K chunks */
     __device__ __forceinline__ Map(const LinDev &L) {
-        const int G = gridDim.x, b = blockIdx.x;
-        U = b < L.ng ? (L.ng - b + G - 1) / G : 0;
+        GC = gridDim.x / CL, pair = blockIdx.x / CL;
+        U = pair < L.ng ? (L.ng - pair + GC - 1) / GC : 0;
         Rp = U >= 5 ? 8 : U >= 3 ? 4 : U < 1 ? 1 : U;
         wk = NW / Rp;
         slot = (threadIdx.x >> 5) / wk;
         wkk = (threadIdx.x >> 5) - slot * wk;
+        const KHalf kh(L);
+        c0 = kh.c0, c1 = kh.c1;
     }
 };
 template <int MT> struct Pre {
     Chunk<NIB_WFMT_NVFP4> ch[4][1];
     float cs0, cs8, gt0, gt8; /* column scales and gates of rows pr, pr + 8 */
-    float res[MT][2][2];      /* [nt][i][row g / g + 8]: x values of the residual epilogue */
+    __nv_bfloat16 res[MT][2][2]; /* [nt][i][row g / g + 8]: x values of the residual epilogue (converted
+                                  * at use, so the loads stay in flight across the barrier) */
 };
 template <int MT>
 __device__ __forceinline__ void gemm_pre(const Params &p, const LinDev &L, const float *gate, Pre<MT> &pr) {
     const Map mp(L);
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    if (mp.slot >= mp.U) return; /* also: no row group on this CTA */
-    const int rg = blockIdx.x + mp.slot * gridDim.x, prow = rg * 16 + g;
+    if (mp.slot >= mp.U) return; /* also: no row group on this pair */
+    const int rg = mp.pair + mp.slot * mp.GC, prow = rg * 16 + g;
     const uint64_t pol = evict_first_policy();
     const uint8_t *wb = L.w + (size_t)rg * L.nchunks * 1024 + lane * 16;
     const uint8_t *sb = L.s + (size_t)rg * L.nchunks * 128 + g * 16;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        const int c = mp.wkk + i * mp.wk;
-        if (c < L.nchunks) {
+        const int c = mp.c0 + mp.wkk + i * mp.wk;
+        if (c < mp.c1) {
             pr.ch[i][0].e[0] = ldg_stream(wb + (size_t)c * 1024, pol);
             pr.ch[i][0].e[1] = ldg_stream(wb + (size_t)c * 1024 + 512, pol);
             pr.ch[i][0].s = ldg_stream(sb + (size_t)c * 128, pol);
         }
     }
-    if (mp.wkk) return;
+    if (mp.wkk || cl_rank()) return; /* the epilogue runs on rank 0 */
     pr.cs0 = L.colscale[prow], pr.cs8 = L.colscale[prow + 8];
     if (gate) {
         pr.gt0 = prow < L.n_out ? gate[prow] : 0.f;
@@ -280,8 +351,8 @@ __device__ __forceinline__ void gemm_pre(const Params &p, const LinDev &L, const
             for (int i = 0; i < 2; i++) {
                 const int mm = nt * 8 + 2 * t + i;
                 const __nv_bfloat16 *xr = p.x + (size_t)mm * p.We;
-                pr.res[nt][i][0] = mm < p.H && prow < L.n_out ? __bfloat162float(__ldcg(xr + prow)) : 0.f;
-                pr.res[nt][i][1] = mm < p.H && prow + 8 < L.n_out ? __bfloat162float(__ldcg(xr + prow + 8)) : 0.f;
+                pr.res[nt][i][0] = mm < p.H && prow < L.n_out ? __ldcg(xr + prow) : __float2bfloat16(0.f);
+                pr.res[nt][i][1] = mm < p.H && prow + 8 < L.n_out ? __ldcg(xr + prow + 8) : __float2bfloat16(0.f);
             }
     }
 }
@@ -294,11 +365,12 @@ __device__ __forceinline__ void residual_store(const Params &p, const LinDev &L,
  * instantiation and one call site, so the kernel's code stays small (instruction-cache misses
  * were a large share of the stalls when every phase had its own copy) */
 template <int MT>
-__device__ void gemm_phase(const Params &p, const LinDev &L, const __nv_bfloat16 *xs, float *red, const Pre<MT> &pr,
-                           int kind, const float *gate) {
+__device__ void gemm_phase(const Params &p, const LinDev &L, const __nv_bfloat16 *xs, float *red, float *xred,
+                           const Pre<MT> &pr, int kind, const float *gate, unsigned long long *segp, long long &tlast) {
     const Map mp(L);
-    if (mp.U == 0) return; /* uniform per CTA */
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, G = gridDim.x;
+    if (mp.U == 0) return; /* uniform per pair */
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const unsigned rank = cl_rank();
     const uint64_t pol = evict_first_policy();
     uint32_t brow[MT];
 #pragma unroll
@@ -307,10 +379,11 @@ __device__ void gemm_phase(const Params &p, const LinDev &L, const __nv_bfloat16
         brow[nt] = smem_u32(xs) + (uint32_t)(row * p.lds + (lane >> 3) * 8) * 2u;
     }
     constexpr int FR = MT * 4; /* accumulators per lane */
+    seg_add(segp, 5, tlast);
     for (int j0 = 0; j0 < mp.U; j0 += mp.Rp) {
         const int j = j0 + mp.slot;
         const bool ok = j < mp.U;
-        const int rg = blockIdx.x + j * G, prow = rg * 16 + g;
+        const int rg = mp.pair + j * mp.GC, prow = rg * 16 + g;
         float acc[1][MT][4], acc2[1][MT][4];
 #pragma unroll
         for (int nt = 0; nt < MT; nt++)
@@ -319,14 +392,14 @@ __device__ void gemm_phase(const Params &p, const LinDev &L, const __nv_bfloat16
         if (ok) {
             const uint8_t *wb = L.w + (size_t)rg * L.nchunks * 1024 + lane * 16;
             const uint8_t *sb = L.s + (size_t)rg * L.nchunks * 128 + g * 16;
-            for (int c0 = mp.wkk; c0 < L.nchunks; c0 += 4 * mp.wk) {
+            for (int c0 = mp.c0 + mp.wkk; c0 < mp.c1; c0 += 4 * mp.wk) {
                 Chunk<NIB_WFMT_NVFP4> ch[4][1];
-                const bool first = j0 == 0 && c0 == mp.wkk;
+                const bool first = j0 == 0 && c0 == mp.c0 + mp.wkk;
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
                     const int c = c0 + i * mp.wk;
                     if (first) ch[i][0] = pr.ch[i][0];
-                    else if (c < L.nchunks) {
+                    else if (c < mp.c1) {
                         ch[i][0].e[0] = ldg_stream(wb + (size_t)c * 1024, pol);
                         ch[i][0].e[1] = ldg_stream(wb + (size_t)c * 1024 + 512, pol);
                         ch[i][0].s = ldg_stream(sb + (size_t)c * 128, pol);
@@ -335,7 +408,7 @@ __device__ void gemm_phase(const Params &p, const LinDev &L, const __nv_bfloat16
 #pragma unroll 1
                 for (int i = 0; i < 4; i++) { /* rolled: one copy of the chunk code; tiles shift down */
                     const int c = c0 + i * mp.wk;
-                    if (c < L.nchunks) {
+                    if (c < mp.c1) {
                         uint32_t bw[MT];
 #pragma unroll
                         for (int nt = 0; nt < MT; nt++) bw[nt] = brow[nt] + (uint32_t)c * 256u;
@@ -346,6 +419,11 @@ __device__ void gemm_phase(const Params &p, const LinDev &L, const __nv_bfloat16
                     ch[2][0] = ch[3][0];
                 }
             }
+        }
+        if (segp && j0 == 0) { /* thread 0 only: warp 0's tiles of the first round */
+            const long long now = clock64();
+            segp[1] += (unsigned long long)(now - tlast);
+            tlast = now;
         }
 #pragma unroll
         for (int nt = 0; nt < MT; nt++)
@@ -369,7 +447,23 @@ __device__ void gemm_phase(const Params &p, const LinDev &L, const __nv_bfloat16
                         for (int i = 0; i < 4; i++) acc[0][nt][i] += src[(nt * 4 + i) * 32 + lane];
                 }
         }
-        if (ok && mp.wkk == 0) {
+        /* the pair: rank 1's sums into rank 0's xred, then rank 0 adds them (fixed order) */
+        if (ok && mp.wkk == 0 && rank == 1) {
+            const uint32_t dst = peer_addr(xred + mp.slot * FR * 32 + lane, 0);
+#pragma unroll
+            for (int nt = 0; nt < MT; nt++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) st_peer(dst + (uint32_t)((nt * 4 + i) * 32 * 4), acc[0][nt][i]);
+        }
+        cluster_sync();
+        if (ok && mp.wkk == 0 && rank == 0) {
+            const float *src = xred + mp.slot * FR * 32 + lane;
+#pragma unroll
+            for (int nt = 0; nt < MT; nt++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) acc[0][nt][i] += src[(nt * 4 + i) * 32];
+        }
+        if (ok && mp.wkk == 0 && rank == 0) {
             /* the first round's scales come from gemm_pre; later rounds load their own */
             const float cs0 = j0 == 0 ? pr.cs0 : L.colscale[prow], cs8 = j0 == 0 ? pr.cs8 : L.colscale[prow + 8];
             const float b0 = L.bias ? L.bias[prow] : 0.f, b8 = L.bias ? L.bias[prow + 8] : 0.f;
@@ -391,7 +485,12 @@ __device__ void gemm_phase(const Params &p, const LinDev &L, const __nv_bfloat16
                     }
                 }
         }
-        __syncthreads(); /* red is reused by the next round */
+        if (j0 + mp.Rp < mp.U) cluster_sync(); /* red and the partner's xred are reused by the next round */
+    }
+    if (segp) {
+        const long long now = clock64();
+        segp[2] += (unsigned long long)(now - tlast);
+        tlast = now;
     }
 }
 
@@ -438,7 +537,7 @@ struct AttnSmem {
 constexpr size_t ATTN_SMEM = (size_t)(16 + 2 * KC) * QLD * 2 + 2 * 16 * KC * sizeof(float) + 16 * PLD * 2;
 
 /* the cache rows (keys < P) of a task's key split, as cp.async copies (one commit group) */
-__device__ __forceinline__ void attn_issue_cache(const LayerDev &Ld, const AttnSmem &sm, int k0, int P) {
+__device__ __noinline__ void attn_issue_cache(const LayerDev &Ld, const AttnSmem &sm, int k0, int P) {
     const int j16 = threadIdx.x & 15, r16 = threadIdx.x >> 4;
     for (int kr = r16; kr < KC; kr += 16) {
         const int key = k0 + kr;
@@ -636,11 +735,11 @@ __device__ __forceinline__ void residual_store(const Params &p, const LinDev &L,
                                                bool first, const Pre<MT> &pre, int nt, int i, const float *gate) {
     __nv_bfloat16 *xr = p.x + (size_t)mm * p.We;
     if (pr < L.n_out) {
-        const float gt = first ? pre.gt0 : gate[pr], x0 = first ? pre.res[nt][i][0] : __bfloat162float(__ldcg(xr + pr));
+        const float gt = first ? pre.gt0 : gate[pr], x0 = first ? __bfloat162float(pre.res[nt][i][0]) : __bfloat162float(__ldcg(xr + pr));
         xr[pr] = __float2bfloat16(v * gt + x0);
     }
     if (pr + 8 < L.n_out) {
-        const float gt = first ? pre.gt8 : gate[pr + 8], x8 = first ? pre.res[nt][i][1] : __bfloat162float(__ldcg(xr + pr + 8));
+        const float gt = first ? pre.gt8 : gate[pr + 8], x8 = first ? __bfloat162float(pre.res[nt][i][1]) : __bfloat162float(__ldcg(xr + pr + 8));
         xr[pr + 8] = __float2bfloat16(v8 * gt + x8);
     }
 }
@@ -656,6 +755,25 @@ __global__ void __launch_bounds__(NT, 1) k_expert(const Params p) {
     unsigned char *abase = smem + p.attn_off;
     LayerDev *tab = (LayerDev *)(smem + p.tab_off); /* the layer table, in shared memory (L1 gets invalidated) */
     float *mods_s = (float *)(smem + p.mods_off);   /* the next adaRMS's (scale, shift) */
+    unsigned long long *segs = (unsigned long long *)(smem + p.seg_off);
+    float *xred = (float *)(smem + p.xred_off); /* rank 1's partial sums, written by rank 1 (rank 0 only) */
+    double *nsum = (double *)(smem + p.nsum_off); /* [rank][row] sums of squares of both halves */
+    const bool tr0 = p.seg && threadIdx.x == 0;
+    long long tlast = 0;
+    unsigned long long gt_start = 0;
+    if (tr0) {
+        for (int i = 0; i < 6 * NSEG; i++) segs[i] = 0;
+        gt_start = gtimer();
+        tlast = clock64();
+        p.seg[(size_t)blockIdx.x * SEGW + 6 * NSEG] = (unsigned long long)tlast;
+    }
+    auto stamp = [&](int ph, int s) {
+        if (tr0) {
+            const long long now = clock64();
+            segs[ph * NSEG + s] += (unsigned long long)(now - tlast);
+            tlast = now;
+        }
+    };
     for (int i = threadIdx.x; i < p.n_layers * (int)(sizeof(LayerDev) / 16); i += NT)
         ((uint4 *)tab)[i] = ((const uint4 *)p.layers)[i];
     stage_mods(p, p.mods, mods_s); /* layer 0's attention (scale, shift) */
@@ -672,43 +790,41 @@ __global__ void __launch_bounds__(NT, 1) k_expert(const Params p) {
     const int NS0 = (T0 + KC - 1) / KC, tasks0 = ((p.H * p.nh + 15) / 16) * NS0;
     const bool have_task = (int)blockIdx.x < tasks0;
     const int my_k0 = have_task ? ((int)blockIdx.x % NS0) * KC : 0;
-    if (threadIdx.x == 0)
-        for (int q = 0; q < 4; q++) {
-            prefetch_slice(tab[0].l[q].w, tab[0].l[q].w_bytes);
-            prefetch_slice(tab[0].l[q].s, tab[0].l[q].s_bytes);
-        }
+    const unsigned long long kv_bytes = (unsigned long long)P0 * HD * 2u; /* prefix K / V bytes per layer */
+    if (threadIdx.x == 0) prefetch_layer(tab[0], kv_bytes, blockIdx.x, gridDim.x);
     Pre<MT> pre;
     gemm_pre<MT>(p, tab[0].l[L_QKV], nullptr, pre);
+    /* layer 0's cache rows of this CTA's first attention task (later layers: issued before the
+     * barrier that precedes the layer); in flight during phase 1 */
+    if (have_task) attn_issue_cache(tab[0], AttnSmem(abase), my_k0, P0);
+    if (tr0) tlast = clock64();
     for (int layer = 0; layer < p.n_layers; layer++) {
         const LayerDev &Ld = tab[layer];
         const float *ma = p.mods + (size_t)(2 * layer) * 3 * p.We, *mf = ma + 3 * p.We;
-        if (threadIdx.x == 0 && layer + 1 < p.n_layers) {
-            const LayerDev &Ln = tab[layer + 1];
-            for (int q = 0; q < 4; q++) {
-                prefetch_slice(Ln.l[q].w, Ln.l[q].w_bytes);
-                prefetch_slice(Ln.l[q].s, Ln.l[q].s_bytes);
-            }
-            prefetch_slice(Ln.kc, (unsigned long long)P0 * HD * 2);
-            prefetch_slice(Ln.vc, (unsigned long long)P0 * HD * 2);
-        }
-        /* the cache rows of this CTA's first attention task: in flight during phase 1 */
-        if (have_task) attn_issue_cache(Ld, AttnSmem(abase), my_k0, P0);
-        else cp_async_commit(); /* an empty group: stage_norm counts on one group after the mods */
         /* phases 0 qkv, 1 attention, 2 merge, 3 O, 4 gate|up, 5 down; one call site per helper */
         for (int ph = 0; ph < 6; ph++) {
             if (ph == 1) {
                 attn_phase(p, Ld, abase, have_task, T0, P0);
+                stamp(ph, 1);
             } else if (ph == 2) {
                 merge_phase(p, T0);
+                stamp(ph, 1);
             } else {
                 const int li = ph == 0 ? L_QKV : ph == 3 ? L_O : ph == 4 ? L_GU : L_DOWN;
                 const LinDev &L = Ld.l[li];
-                if ((int)blockIdx.x < L.ng) {
-                    if (li == L_QKV || li == L_GU) stage_norm(p, mods_s, xs, L.kp, li == L_QKV);
-                    else if (li == L_O) stage_copy(p, p.o, p.nh * HD, p.nh * HD, L.kp, xs);
-                    else stage_copy(p, p.h, p.F, p.F, L.kp, xs);
+                if ((int)blockIdx.x / CL < L.ng) { /* uniform per pair */
+                    const KHalf kh(L);
+                    const int k0 = kh.c0 * 128, k1 = kh.c1 * 128;
+                    if (li == L_QKV || li == L_GU) stage_norm(p, mods_s, xs, nsum, k0, k1, tr0 ? segs + ph * NSEG : nullptr, tlast);
+                    else if (li == L_O) stage_copy(p, p.o, p.nh * HD, p.nh * HD, k0, k1, xs);
+                    else stage_copy(p, p.h, p.F, p.F, k0, k1, xs);
+                    stamp(ph, 0);
                     const int kind = li == L_QKV ? EPI_QKV : li == L_GU ? EPI_GEGLU : EPI_RESIDUAL;
-                    gemm_phase<MT>(p, L, xs, red, pre, kind, li == L_O ? ma + 2 * p.We : mf + 2 * p.We);
+                    gemm_phase<MT>(p, L, xs, red, xred, pre, kind, li == L_O ? ma + 2 * p.We : mf + 2 * p.We,
+                                   tr0 ? segs + ph * NSEG : nullptr, tlast);
+                } else if (li == L_O && threadIdx.x == 0 && (int)blockIdx.x >= p.pf_first && layer + 1 < p.n_layers) {
+                    /* no O tiles here: the next layer's L2 prefetch */
+                    prefetch_layer(tab[layer + 1], kv_bytes, blockIdx.x - p.pf_first, gridDim.x - p.pf_first);
                 }
             }
             if (ph == 5 && layer + 1 == p.n_layers) break; /* the last phase of the launch */
@@ -719,10 +835,27 @@ __global__ void __launch_bounds__(NT, 1) k_expert(const Params p) {
                 const float *gn = ph == 1 ? ma + 2 * p.We : ph == 4 ? mf + 2 * p.We : nullptr;
                 gemm_pre<MT>(p, Ln, gn, pre);
                 if (ph == 3) stage_mods(p, mf, mods_s);
-                if (ph == 5) stage_mods(p, ma + 6 * p.We, mods_s); /* the next layer's attention (scale, shift) */
+                if (ph == 5) { /* the next layer's attention (scale, shift) and first cache rows */
+                    stage_mods(p, ma + 6 * p.We, mods_s);
+                    if (have_task) attn_issue_cache(tab[layer + 1], AttnSmem(abase), my_k0, P0);
+                }
             }
-            grid_barrier(p, nbar);
+            if (p.seg) { /* uniform */
+                __syncthreads();
+                stamp(ph, 3);
+            }
+            /* the barrier after QKV: thread 0 issues the next layer's L2 prefetch while it waits */
+            grid_barrier(p, nbar, ph == 0 && layer + 1 < p.n_layers && p.pf_first >= (int)gridDim.x ? &tab[layer + 1] : nullptr,
+                         kv_bytes);
+            stamp(ph, 4);
         }
+    }
+    if (tr0) {
+        unsigned long long *o = p.seg + (size_t)blockIdx.x * SEGW;
+        for (int i = 0; i < 6 * NSEG; i++) o[i] = segs[i];
+        o[6 * NSEG + 1] = gt_start;
+        o[6 * NSEG + 2] = (unsigned long long)clock64();
+        o[6 * NSEG + 3] = gtimer();
     }
     kernel_exit(p);
 }
@@ -730,7 +863,7 @@ __global__ void __launch_bounds__(NT, 1) k_expert(const Params p) {
 /* ---- host side ------------------------------------------------------------------------------ */
 constexpr int TRACE_MAX_CTAS = 256;
 struct WsLayout {
-    size_t bar, layers, rope, ml, part, trace, total;
+    size_t bar, layers, rope, ml, part, trace, seg, total;
     int max_tasks;
 };
 
@@ -753,6 +886,7 @@ WsLayout ws_layout(const nib_expert_args *a) {
     w.bar = take(256);
     w.layers = take(sizeof(LayerDev) * (size_t)a->n_layers);
     w.trace = take(sizeof(unsigned long long) * 2 * TRACE_MAX_CTAS * 6 * (size_t)a->n_layers); /* rows-independent offset */
+    w.seg = take(sizeof(unsigned long long) * SEGW * TRACE_MAX_CTAS);
     w.rope = take(sizeof(float2) * (size_t)a->rows * HALF);
     w.ml = take(sizeof(float2) * (size_t)w.max_tasks * 16);
     w.part = take(sizeof(float) * (size_t)w.max_tasks * 16 * HD);
@@ -777,9 +911,14 @@ size_t attn_off(const nib_expert_args *a) {
 }
 size_t tab_off(const nib_expert_args *a) { return attn_off(a) + (ATTN_SMEM + 127) / 128 * 128; }
 size_t mods_off(const nib_expert_args *a) { return tab_off(a) + (sizeof(LayerDev) * (size_t)a->n_layers + 127) / 128 * 128; }
-size_t smem_bytes(const nib_expert_args *a) { return mods_off(a) + (size_t)a->width * 2 * sizeof(float); }
+size_t seg_off(const nib_expert_args *a) { return (mods_off(a) + (size_t)a->width * 2 * sizeof(float) + 15) / 16 * 16; }
+size_t xred_off(const nib_expert_args *a) { return (seg_off(a) + sizeof(unsigned long long) * 6 * NSEG + 15) / 16 * 16; }
+size_t nsum_off(const nib_expert_args *a) { return xred_off(a) + (size_t)NW * 2 * 4 * 32 * sizeof(float); }
+size_t smem_bytes(const nib_expert_args *a) { return nsum_off(a) + 2 * NIB_EXPERT_MAX_ROWS * sizeof(double); }
 
 int g_sms = 0, g_smem_max = 0;
+int g_grid = 0;            /* CTAs of the launch (pairs that can be co-resident x 2), for g_grid_smem */
+size_t g_grid_smem = 0;
 
 nib_status device_ready() {
     if (g_sms) return NIB_OK;
@@ -790,6 +929,36 @@ nib_status device_ready() {
     NIB_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
     g_smem_max = v;
     g_sms = d.sm_count;
+    return NIB_OK;
+}
+
+/* The launch grid for this shared-memory size: one CTA per SM, in pairs (clusters of CL = 2)
+ * that must all be co-resident (cooperative launch). */
+nib_status ensure_grid(const nib_expert_args *a) {
+    const size_t sm = smem_bytes(a);
+    if (g_grid && g_grid_smem == sm) return NIB_OK;
+    int best = g_sms / CL;
+    void (*const kerns[2])(const Params) = {k_expert<1>, k_expert<2>};
+    for (int i = 0; i < 2; i++) {
+        NIB_CUDA_CHECK(cudaFuncSetAttribute(kerns[i], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+        cudaLaunchConfig_t cfg = {};
+        cudaLaunchAttribute at[1];
+        at[0].id = cudaLaunchAttributeClusterDimension;
+        at[0].val.clusterDim.x = CL, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
+        cfg.gridDim = dim3((unsigned)(g_sms / CL * CL));
+        cfg.blockDim = dim3(NT);
+        cfg.dynamicSmemBytes = sm;
+        cfg.attrs = at;
+        cfg.numAttrs = 1;
+        int n = 0;
+        NIB_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, kerns[i], &cfg));
+        best = n < best ? n : best;
+    }
+    if (best < 1)
+        return NIB_ERR(NIB_ERR_UNSUPPORTED, "expert kernel: no pair of CTAs with %zu bytes of shared memory each can be "
+                       "resident", sm);
+    g_grid = best * CL;
+    g_grid_smem = sm;
     return NIB_OK;
 }
 
@@ -871,8 +1040,7 @@ extern "C" nib_status nib_cuda_expert_prepare(const nib_expert_args *a, void *ws
     nib_status st = NIB_OK;
     NIB_CUDA_TRY(cudaMemset(ws, 0, 256));
     NIB_CUDA_TRY(cudaMemcpy((uint8_t *)ws + w.layers, h, sizeof(LayerDev) * (size_t)a->n_layers, cudaMemcpyHostToDevice));
-    NIB_CUDA_TRY(cudaFuncSetAttribute(k_expert<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_bytes(a)));
-    NIB_CUDA_TRY(cudaFuncSetAttribute(k_expert<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_bytes(a)));
+    st = ensure_grid(a);
 fail:
     free(h);
     return st;
@@ -905,15 +1073,26 @@ extern "C" nib_status nib_cuda_expert_run(const nib_expert_args *a, void *ws, ui
     p.ml = (float2 *)(base + w.ml);
     p.part = (float *)(base + w.part);
     p.bar = (unsigned *)(base + w.bar);
-    p.attn_off = (int)attn_off(a), p.tab_off = (int)tab_off(a), p.mods_off = (int)mods_off(a);
+    p.attn_off = (int)attn_off(a), p.tab_off = (int)tab_off(a), p.mods_off = (int)mods_off(a), p.seg_off = (int)seg_off(a);
     const char *tr = getenv("NIB_EXPERT_TRACE");
-    p.trace = tr && *tr && strcmp(tr, "0") && g_sms <= TRACE_MAX_CTAS ? (unsigned long long *)(base + w.trace) : nullptr;
+    NIB_RETURN_IF_ERR(ensure_grid(a));
+    const int G = g_grid;
+    {
+        const long long o_groups = (long long)(a->layers[0].o->np / 16), pairs = G / CL;
+        const int o_ctas = CL * (int)(o_groups < pairs ? o_groups : pairs);
+        p.pf_first = o_ctas < G ? o_ctas : G;
+    }
+    p.xred_off = (int)xred_off(a), p.nsum_off = (int)nsum_off(a);
+    p.trace = tr && *tr && strcmp(tr, "0") && G <= TRACE_MAX_CTAS ? (unsigned long long *)(base + w.trace) : nullptr;
+    p.seg = p.trace ? (unsigned long long *)(base + w.seg) : nullptr;
     const size_t sm = smem_bytes(a);
-    cudaLaunchAttribute attr[2];
+    cudaLaunchAttribute attr[3];
     attr[0].id = cudaLaunchAttributeCooperative;
     attr[0].val.cooperative = 1;
+    attr[1].id = cudaLaunchAttributeClusterDimension;
+    attr[1].val.clusterDim.x = CL, attr[1].val.clusterDim.y = 1, attr[1].val.clusterDim.z = 1;
     auto kern = a->rows <= 8 ? k_expert<1> : k_expert<2>;
-    NIB_CUDA_CHECK(nib::launch_with(kern, dim3((unsigned)g_sms), dim3(NT), sm, (cudaStream_t)stream, attr, 1, p));
+    NIB_CUDA_CHECK(nib::launch_with(kern, dim3((unsigned)G), dim3(NT), sm, (cudaStream_t)stream, attr, 2, p));
     return NIB_OK;
 }
 
@@ -923,8 +1102,9 @@ extern "C" nib_status nib_cuda_expert_run(const nib_expert_args *a, void *ws, ui
 extern "C" nib_status nib_cuda_expert_trace_report(const nib_expert_args *a, void *ws, uint64_t ws_bytes, FILE *out) {
     NIB_RETURN_IF_ERR(device_ready());
     const WsLayout w = ws_layout(a);
-    if (ws_bytes < w.total || g_sms > TRACE_MAX_CTAS) return NIB_ERR(NIB_ERR_INVALID_ARG, "expert trace: no trace area");
-    const int nb = 6 * a->n_layers - 1, G = g_sms;
+    if (ws_bytes < w.total || !g_grid || g_grid > TRACE_MAX_CTAS)
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "expert trace: no trace area");
+    const int nb = 6 * a->n_layers - 1, G = g_grid;
     unsigned long long *t = (unsigned long long *)malloc(sizeof(unsigned long long) * 2 * (size_t)G * nb);
     if (!t) return NIB_ERR_OUT_OF_MEMORY;
     nib_status st = NIB_OK;
@@ -953,6 +1133,43 @@ extern "C" nib_status nib_cuda_expert_trace_report(const nib_expert_args *a, voi
             tw += work[i] / cnt[i], tb += bar[i] / cnt[i];
         }
         fprintf(out, "  total      work %6.2f  barrier %5.2f  (x %d layers)\n", tw, tb, (int)a->n_layers);
+    }
+    { /* per-CTA segments (thread 0's clock64), calibrated against globaltimer on CTA 0 */
+        unsigned long long *sg = (unsigned long long *)malloc(sizeof(unsigned long long) * SEGW * (size_t)G);
+        if (!sg) {
+            st = NIB_ERR_OUT_OF_MEMORY;
+            goto fail;
+        }
+        if (cudaMemcpy(sg, (uint8_t *)ws + w.seg, sizeof(unsigned long long) * SEGW * (size_t)G, cudaMemcpyDeviceToHost) !=
+            cudaSuccess) {
+            free(sg);
+            st = NIB_ERR(NIB_ERR_CUDA, "expert trace: copying the segment counters");
+            goto fail;
+        }
+        const double cyc = (double)(sg[6 * NSEG + 2] - sg[6 * NSEG]), ns = (double)(sg[6 * NSEG + 3] - sg[6 * NSEG + 1]);
+        const double ghz = ns > 0 ? cyc / ns : 1.0, per = 1e-3 / ghz / (double)a->n_layers;
+        static const char *const nm[6] = {"qkv", "attention", "merge", "o-proj", "gate|up", "down"};
+        static const char *const sn[NSEG] = {"stage", "tiles", "epi", "pre", "barrier", "setup", "nload", "nsync"};
+        fprintf(out, "expert kernel segments (thread 0 of each CTA, us per layer at %.3f GHz; mean / max over CTAs with "
+                     "work in the phase, barrier over all):\n", ghz);
+        for (int ph = 0; ph < 6; ph++) {
+            fprintf(out, "  %-10s", nm[ph]);
+            int nwork = 0;
+            for (int b = 0; b < G; b++) nwork += (sg[(size_t)b * SEGW + ph * NSEG + 1] > 0);
+            for (int s = 0; s < NSEG; s++) {
+                double sum = 0, mx = 0;
+                int n = 0;
+                for (int b = 0; b < G; b++) {
+                    const unsigned long long *c = sg + (size_t)b * SEGW + ph * NSEG;
+                    if ((s < 3 || s > 4) && !c[1]) continue;
+                    const double v = (double)c[s] * per;
+                    sum += v, n++, mx = v > mx ? v : mx;
+                }
+                fprintf(out, "  %s %5.2f/%5.2f", sn[s], n ? sum / n : 0.0, mx);
+            }
+            fprintf(out, "  (%d CTAs with work)\n", nwork);
+        }
+        free(sg);
     }
 fail:
     free(t);
