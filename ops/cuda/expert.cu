@@ -767,13 +767,6 @@ __global__ void __launch_bounds__(NT, 1) k_expert(const Params p) {
         tlast = clock64();
         p.seg[(size_t)blockIdx.x * SEGW + 6 * NSEG] = (unsigned long long)tlast;
     }
-    auto stamp = [&](int ph, int s) {
-        if (tr0) {
-            const long long now = clock64();
-            segs[ph * NSEG + s] += (unsigned long long)(now - tlast);
-            tlast = now;
-        }
-    };
     for (int i = threadIdx.x; i < p.n_layers * (int)(sizeof(LayerDev) / 16); i += NT)
         ((uint4 *)tab)[i] = ((const uint4 *)p.layers)[i];
     stage_mods(p, p.mods, mods_s); /* layer 0's attention (scale, shift) */
@@ -805,10 +798,10 @@ __global__ void __launch_bounds__(NT, 1) k_expert(const Params p) {
         for (int ph = 0; ph < 6; ph++) {
             if (ph == 1) {
                 attn_phase(p, Ld, abase, have_task, T0, P0);
-                stamp(ph, 1);
+                seg_add(tr0 ? segs + ph * NSEG : nullptr, 1, tlast);
             } else if (ph == 2) {
                 merge_phase(p, T0);
-                stamp(ph, 1);
+                seg_add(tr0 ? segs + ph * NSEG : nullptr, 1, tlast);
             } else {
                 const int li = ph == 0 ? L_QKV : ph == 3 ? L_O : ph == 4 ? L_GU : L_DOWN;
                 const LinDev &L = Ld.l[li];
@@ -818,7 +811,7 @@ __global__ void __launch_bounds__(NT, 1) k_expert(const Params p) {
                     if (li == L_QKV || li == L_GU) stage_norm(p, mods_s, xs, nsum, k0, k1, tr0 ? segs + ph * NSEG : nullptr, tlast);
                     else if (li == L_O) stage_copy(p, p.o, p.nh * HD, p.nh * HD, k0, k1, xs);
                     else stage_copy(p, p.h, p.F, p.F, k0, k1, xs);
-                    stamp(ph, 0);
+                    seg_add(tr0 ? segs + ph * NSEG : nullptr, 0, tlast);
                     const int kind = li == L_QKV ? EPI_QKV : li == L_GU ? EPI_GEGLU : EPI_RESIDUAL;
                     gemm_phase<MT>(p, L, xs, red, xred, pre, kind, li == L_O ? ma + 2 * p.We : mf + 2 * p.We,
                                    tr0 ? segs + ph * NSEG : nullptr, tlast);
@@ -842,12 +835,12 @@ __global__ void __launch_bounds__(NT, 1) k_expert(const Params p) {
             }
             if (p.seg) { /* uniform */
                 __syncthreads();
-                stamp(ph, 3);
+                seg_add(tr0 ? segs + ph * NSEG : nullptr, 3, tlast);
             }
             /* the barrier after QKV: thread 0 issues the next layer's L2 prefetch while it waits */
             grid_barrier(p, nbar, ph == 0 && layer + 1 < p.n_layers && p.pf_first >= (int)gridDim.x ? &tab[layer + 1] : nullptr,
                          kv_bytes);
-            stamp(ph, 4);
+            seg_add(tr0 ? segs + ph * NSEG : nullptr, 4, tlast);
         }
     }
     if (tr0) {
