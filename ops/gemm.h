@@ -139,6 +139,12 @@ nib_status nib_cuda_gemm_plan(const nib_qweight *w, int64_t m, uint64_t ws_elems
 typedef struct nib_blas nib_blas; /* opaque: cuBLASLt handle + workspace */
 nib_status nib_blas_create(nib_blas **out);
 void nib_blas_free(nib_blas *b);
+/* FP8 accumulation mode of this handle's later FP8 products: 1 (the default, or
+ * NIB_BLAS_FAST_ACCUM at creation) lets the tensor cores accumulate without cuBLASLt's periodic
+ * promotion to fp32 (faster; Hopper's FP8 accumulator keeps fewer mantissa bits than fp32);
+ * 0 promotes (error bounded as for fp32 accumulation). */
+void nib_blas_set_fp8_fast_accum(nib_blas *b, int on);
+int nib_blas_fp8_fast_accum(const nib_blas *b);
 /* bf16: Y[M,N] = X[M,K] · W[N,K]ᵀ (+ optional bias fp32 [N] through the cuBLASLt epilogue). */
 nib_status nib_blas_gemm_bf16(nib_blas *b, const void *x, const void *w, void *y, int64_t m,
                               int64_t n, int64_t k, void *stream);

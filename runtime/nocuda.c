@@ -45,6 +45,11 @@ nib_status nib_blas_create(nib_blas **out) {
     return NO_CUDA("nib_blas_create");
 }
 void nib_blas_free(nib_blas *b) { (void)b; }
+void nib_blas_set_fp8_fast_accum(nib_blas *b, int on) { (void)b, (void)on; }
+int nib_blas_fp8_fast_accum(const nib_blas *b) {
+    (void)b;
+    return 0;
+}
 nib_status nib_blas_gemm_bf16(nib_blas *b, const void *x, const void *w, void *y, int64_t m, int64_t n, int64_t k,
                               void *stream) {
     (void)b, (void)x, (void)w, (void)y, (void)m, (void)n, (void)k, (void)stream;

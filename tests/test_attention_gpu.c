@@ -348,6 +348,15 @@ NIB_TEST(attn_gpu_siglip) {
         {2, 2, 17, 17, 16, 16, 72},   /* awkward token count on the SigLIP kernel */
     };
     for (size_t i = 0; i < NIB_ARRAY_LEN(cs); i++) run_prefix(t, &rng, &cs[i]);
+    /* the planner does not split 256-token images (ops/cuda/attention.cu); the split + merge
+     * path of the head_dim-80 kernel, forced */
+    const pcase split[] = {
+        {2, 2, 256, 256, 16, 16, 72},
+        {3, 2, 200, 187, 16, 16, 72},
+    };
+    setenv("NIB_ATTN_SPLITS", "3", 1);
+    for (size_t i = 0; i < NIB_ARRAY_LEN(split); i++) run_prefix(t, &rng, &split[i]);
+    unsetenv("NIB_ATTN_SPLITS");
 }
 
 /* ======================================================================================

@@ -460,7 +460,10 @@ NIB_TEST(blas_gpu_bf16_and_fp8_w8a8) {
         if (!(fabs(y - ref[i]) <= bound) && over++ < 5)
             nib_test_fail(t, __FILE__, __LINE__, "bf16 [%lld]: %g vs %g", (long long)i, y, ref[i]);
     }
-    /* FP8 W8A8: X quantized per token on the GPU; the reference uses exactly those codes */
+    /* FP8 W8A8: X quantized per token on the GPU; the reference uses exactly those codes.
+     * First with promotion to fp32 (the bound of an fp32 accumulation), then fast accumulation */
+    CHECK(nib_blas_fp8_fast_accum(b) == 1 || getenv("NIB_BLAS_FAST_ACCUM")); /* the default */
+    nib_blas_set_fp8_fast_accum(b, 0);
     CHECK_OK(nib_cuda_quantize_fp8_rows(dx, m, k, 1, dxq, dsx, NULL));
     CHECK_OK(nib_blas_gemm_fp8(b, dxq, dsx, 1, dwq, dsw, 1, dy, m, n, k, NULL));
     CHECK_OK(nib_dev_download(hy, dy, (size_t)m * n * 2));
@@ -492,6 +495,36 @@ NIB_TEST(blas_gpu_bf16_and_fp8_w8a8) {
             if (!(fabs(y - s) <= bound) && over++ < 5)
                 nib_test_fail(t, __FILE__, __LINE__, "fp8 [%lld,%lld]: %g vs %g (bound %g)", (long long)i, (long long)j, y, s, bound);
         }
+    /* Fast accumulation: Hopper's FP8 tensor-core accumulator keeps 13 mantissa bits and
+     * truncates (e8m13; the software emulations that match it bit for bit drop 10 of fp32's 23
+     * bits). Bound: one truncation of the running sum (< 2^-13 of its magnitude) per 16 products,
+     * doubled for the alignment of the products inside a group: 2^-12 (sum over groups of
+     * |prefix sum| + sum |terms|), plus the bf16 output rounding. The prefix sums are taken in K
+     * order (the order the K loop visits). */
+    nib_blas_set_fp8_fast_accum(b, 1);
+    CHECK(nib_blas_fp8_fast_accum(b) == 1);
+    CHECK_OK(nib_blas_gemm_fp8(b, dxq, dsx, 1, dwq, dsw, 1, dy, m, n, k, NULL));
+    CHECK_OK(nib_dev_download(hy, dy, (size_t)m * n * 2));
+    over = 0;
+    double worst = 0;
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) {
+            double s = 0, a = 0, run = 0;
+            for (int64_t q = 0; q < k; q++) {
+                double tt = (double)nib_e4m3_to_f32(hxq[i * k + q]) * hsx[i] * (double)nib_e4m3_to_f32(hwq[j * k + q]) * hsw[j];
+                s += tt;
+                a += fabs(tt);
+                if (q % 16 == 15 || q == k - 1) run += fabs(s);
+            }
+            double y = nib_bf16_to_f32(hy[i * n + j]);
+            double bound = 0x1p-8 * fabs(s) * 1.01 + 0x1p-12 * (run + a);
+            if (fabs(y - s) / bound > worst) worst = fabs(y - s) / bound;
+            if (!(fabs(y - s) <= bound) && over++ < 5)
+                nib_test_fail(t, __FILE__, __LINE__, "fp8 fast accumulation [%lld,%lld]: %g vs %g (bound %g)",
+                              (long long)i, (long long)j, y, s, bound);
+        }
+    printf("  fp8 fast accumulation (K %lld): worst error / bound %.3f\n", (long long)k, worst);
+    nib_blas_set_fp8_fast_accum(b, 0);
     /* FP8 with scalar (per-tensor) scales, as used by the peak-throughput lab: same codes,
      * the first row's and the first channel's scales for the whole tensor */
     CHECK_OK(nib_blas_gemm_fp8(b, dxq, dsx, 0, dwq, dsw, 0, dy, m, n, k, NULL));

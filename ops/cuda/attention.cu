@@ -147,7 +147,12 @@ struct Plan {
 };
 
 /* Splits so that the busiest SM streams the fewest tiles: cost(s) = waves(s) * ceil(tiles / s)
- * + (s > 1: one tile's worth for the partial write + merge); ties keep fewer splits. */
+ * + (s > 1: the partial write + merge, in tiles: merge_tiles); ties keep fewer splits.
+ * merge_tiles is 1, except for the head_dim-80 prefix (SigLIP), whose tiles are so cheap that
+ * the merge pass (fp32 partials out and back, one more kernel) costs several of them: measured
+ * on H100 (`nib bench attn --sections prefix`, NIB_ATTN_SPLITS=1 vs the old 1-tile model):
+ * 256 tokens x 1 / 2 / 3 images 10 / 10 / 13 us unsplit vs 13 / 15 / 17 us with 4 / 2 / 2
+ * splits. 8 tiles = 512 keys: SigLIP's 256-token images never split. */
 /* Cache path with at most 128 rows (one row block: the suffix of H <= 16 tokens, decoding):
  * the cluster variant, where the CTAs of one cluster split the keys and merge through
  * distributed shared memory (no workspace round trip, no merge kernel). OPT-IN, because it
@@ -206,11 +211,12 @@ static nib_status make_plan(int fmt, int dp, int64_t rows_max, int64_t t_max, in
                        (long long)rb, (long long)z);
     const int64_t tiles = t_max > 0 ? (t_max + k->tk - 1) / k->tk : 1;
     const int64_t slots = (int64_t)g_sms * k->occ;
+    const double merge_tiles = !cache && dp == 80 ? 8.0 : 1.0;
     double best = 1e300;
     int bs = 1;
     for (int64_t s = 1; s <= tiles && s <= MAX_SPLITS; s++) {
         double waves = (double)((rb * z * s + slots - 1) / slots);
-        double cost = waves * (double)((tiles + s - 1) / s) + (s > 1 ? 1.0 : 0.0);
+        double cost = waves * (double)((tiles + s - 1) / s) + (s > 1 ? merge_tiles : 0.0);
         if (cost < best - 1e-9) {
             best = cost;
             bs = (int)s;
