@@ -146,6 +146,12 @@ __device__ __forceinline__ unsigned cl_rank() {
 __device__ __forceinline__ void cluster_sync() {
     asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
 }
+/* The start of the launch: the partner CTA's shared memory may be written only once the partner
+ * is known to be running (CUDA's rule for distributed shared memory; racecheck reports the first
+ * st_peer otherwise). Every thread arrives at entry and waits before the first remote store, so
+ * the prologue's loads overlap the handshake. */
+__device__ __forceinline__ void cluster_arrive_relaxed() { asm volatile("barrier.cluster.arrive.relaxed;" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait;" ::: "memory"); }
 /* the address of a shared variable in CTA `rank` of the cluster */
 __device__ __forceinline__ uint32_t peer_addr(const void *p, unsigned rank) {
     uint32_t r;
@@ -211,8 +217,13 @@ __device__ __forceinline__ void kernel_exit(const Params &p) {
 }
 
 /* ---- staging of the GEMM input rows (bf16, rows 0..H-1, zero row H, zero columns K..kp) ---- */
-/* (scale, shift) of an adaRMS (2 x width contiguous floats of mods) -> shared, one cp.async group */
+/* (scale, shift) of an adaRMS (2 x width contiguous floats of mods) -> shared, one cp.async group.
+ * The previous mods copy into the same buffer is waited for first: a CTA without tiles in the
+ * phase that waits (stage_copy) would otherwise have two copies to the same bytes in flight, and
+ * cp.async gives no order between them (racecheck: "invalid memcpy_async synchronization"). By
+ * now that copy finished long ago (a grid barrier lies between), so the wait costs nothing. */
 __device__ __forceinline__ void stage_mods(const Params &p, const float *ss, float *dst) {
+    cp_async_wait_all();
     for (int i = threadIdx.x; i < p.We / 2; i += NT) cp_async16(smem_u32(dst + 4 * i), ss + 4 * i, 16);
     cp_async_commit();
 }
@@ -748,7 +759,8 @@ __device__ __forceinline__ void residual_store(const Params &p, const LinDev &L,
 template <int MT>
 __global__ void __launch_bounds__(NT, 1) k_expert(const Params p) {
     extern __shared__ __align__(16) unsigned char smem[];
-    nib::pdl_wait(); /* x, the cache and the positions come from earlier kernels */
+    cluster_arrive_relaxed(); /* waited for before the layer loop (the first st_peer) */
+    nib::pdl_wait();          /* x, the cache and the positions come from earlier kernels */
     unsigned nbar = 0;
     __nv_bfloat16 *xs = (__nv_bfloat16 *)smem;
     float *red = (float *)(smem + (size_t)(NIB_EXPERT_MAX_ROWS + 1) * p.lds * 2);
@@ -790,6 +802,7 @@ __global__ void __launch_bounds__(NT, 1) k_expert(const Params p) {
     /* layer 0's cache rows of this CTA's first attention task (later layers: issued before the
      * barrier that precedes the layer); in flight during phase 1 */
     if (have_task) attn_issue_cache(tab[0], AttnSmem(abase), my_k0, P0);
+    cluster_wait(); /* the partner has started: its shared memory may be written */
     if (tr0) tlast = clock64();
     for (int layer = 0; layer < p.n_layers; layer++) {
         const LayerDev &Ld = tab[layer];
