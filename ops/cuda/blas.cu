@@ -19,11 +19,6 @@
 #include "runtime/launch.cuh"
 #include "runtime/device.h"
 
-#if __has_include(<nvtx3/nvToolsExtMemCudaRt.h>)
-#include <nvtx3/nvToolsExtMemCudaRt.h>
-#define NIB_HAVE_NVTX_MEM 1
-#endif
-
 #define NIB_BLAS_WS_BYTES (32u << 20)
 #define NIB_BLAS_CACHE 64
 
@@ -59,40 +54,6 @@ struct nib_blas {
     int next;
     int fast_accum; /* FP8 products without periodic promotion (see "FP8 accumulation") */
 };
-
-/* compute-sanitizer's initcheck does not see the stores of cuBLASLt's Hopper kernels (measured:
- * every read of a cuBLASLt output by the next nib kernel was reported as uninitialized, and the
- * results were right). Under a tool that implements the NVTX memory API (compute-sanitizer with
- * --nvtx yes, its default), the D rectangle cuBLASLt was asked to write -- m rows of n bf16, row
- * stride ld, nothing else -- is marked initialized after each call, so initcheck keeps checking
- * every nib kernel. Without such a tool nvtxDomainCreateA returns NULL and this costs one test. */
-static void mark_written(void *y, int64_t m, int64_t n, int64_t ld, void *stream) {
-#ifdef NIB_HAVE_NVTX_MEM
-    static nvtxDomainHandle_t dom = nvtxDomainCreateA("nib");
-    if (!dom || m <= 0) return;
-    enum { CHUNK = 64 };
-    nvtxMemVirtualRangeDesc_t r[CHUNK];
-    const int64_t rows_per = ld == n ? m : 1; /* contiguous: one range; else one per row */
-    for (int64_t i = 0; i < m;) {
-        int c = 0;
-        for (; c < CHUNK && i < m; c++, i += rows_per) {
-            r[c].ptr = (const char *)y + (size_t)i * (size_t)ld * 2u;
-            r[c].size = (size_t)(rows_per == 1 ? n : m * n) * 2u;
-        }
-        nvtxMemMarkInitializedBatch_t d;
-        memset(&d, 0, sizeof d);
-        d.extCompatID = NVTX_EXT_COMPATID_MEM;
-        d.structSize = sizeof d;
-        d.regionType = NVTX_MEM_TYPE_VIRTUAL_ADDRESS;
-        d.regionDescCount = (size_t)c;
-        d.regionDescElementSize = sizeof r[0];
-        d.regionDescElements = r;
-        nvtxMemCudaMarkInitialized(dom, (cudaStream_t)stream, 0, &d);
-    }
-#else
-    (void)y, (void)m, (void)n, (void)ld, (void)stream;
-#endif
-}
 
 nib_status nib_blas_create(nib_blas **out) {
     *out = NULL;
@@ -284,7 +245,6 @@ nib_status nib_blas_gemm_fused(nib_blas *b, const nib_blas_gemm_args *a, void *s
     NIB_BLAS_CHECK(cublasLtMatmul(b->lt, p->op, &alpha, a->w, p->a, a->x, p->b, &beta, a->c ? a->c : a->y,
                                   ldc > 0 ? p->c : p->d, a->y, p->d, &p->algo, b->ws, NIB_BLAS_WS_BYTES,
                                   (cudaStream_t)stream));
-    mark_written(a->y, a->m, a->n, a->ldy, stream);
     return NIB_OK;
 }
 
