@@ -590,6 +590,71 @@ NIB_TEST(gemm_gpu_argument_errors) {
  * bf16 rows, bit for bit (codes and scales), across every kernel path: register-resident vector
  * widths 1/2/4/8 chunks per thread, the scalar fallback (K % 8 != 0, misaligned rows), an
  * all-zero row, a row whose scale hits the FLT_MIN floor, and a row with one huge outlier. */
+/* cuBLASLt into output buffers nib never wrote before (no guard fill, no upload): the plain
+ * product, and the residual form with C in its own buffer (the SigLIP patch embedding's call).
+ * Normally a plain correctness check at a tiny-config shape. Under compute-sanitizer initcheck it
+ * is the probe docs/reliability.md asks for: the download reads every output byte, so the tool
+ * reports it if it does not see cuBLASLt's stores. */
+NIB_TEST(blas_gpu_fresh_output_buffers) {
+    NIB_REQUIRE_GPU();
+    nib_rng rng;
+    nib_test_rng(t, &rng);
+    const int64_t m = 16, n = 96, k = 592;
+    nib_blas *b = NULL;
+    CHECK_OK(nib_blas_create(&b));
+    REQUIRE(b);
+    uint16_t *hx = nib_malloc((size_t)m * k * 2), *hw = nib_malloc((size_t)n * k * 2);
+    uint16_t *hc = nib_malloc((size_t)m * n * 2), *hy = nib_malloc((size_t)m * n * 2);
+    REQUIRE(hx && hw && hc && hy);
+    for (int64_t i = 0; i < m * k; i++) hx[i] = nib_f32_to_bf16((float)nib_rng_normal(&rng));
+    for (int64_t i = 0; i < n * k; i++) hw[i] = nib_f32_to_bf16((float)(0.05 * nib_rng_normal(&rng)));
+    for (int64_t i = 0; i < m * n; i++) hc[i] = nib_f32_to_bf16((float)nib_rng_normal(&rng));
+    void *dx = NULL, *dw = NULL, *dc = NULL, *dy[2] = {NULL, NULL};
+    CHECK_OK(nib_dev_malloc(&dx, (size_t)m * k * 2, "x"));
+    CHECK_OK(nib_dev_malloc(&dw, (size_t)n * k * 2, "w"));
+    CHECK_OK(nib_dev_malloc(&dc, (size_t)m * n * 2, "c"));
+    CHECK_OK(nib_dev_malloc(&dy[0], (size_t)m * n * 2, "y (plain)"));
+    CHECK_OK(nib_dev_malloc(&dy[1], (size_t)m * n * 2, "y (residual)"));
+    REQUIRE(dx && dw && dc && dy[0] && dy[1]);
+    CHECK_OK(nib_dev_upload(dx, hx, (size_t)m * k * 2));
+    CHECK_OK(nib_dev_upload(dw, hw, (size_t)n * k * 2));
+    CHECK_OK(nib_dev_upload(dc, hc, (size_t)m * n * 2));
+    for (int res = 0; res <= 1; res++) {
+        nib_blas_gemm_args a = {0, dx, NULL, 0, dw, NULL, 0, m, n, k, NULL, res ? dc : NULL, n, dy[res], n};
+        nib_status st = nib_blas_gemm_fused(b, &a, NULL);
+        if (st == NIB_ERR_UNSUPPORTED && res) {
+            printf("  note: cuBLASLt offers no residual algorithm here: %s\n", nib_last_error());
+            continue;
+        }
+        CHECK_OK(st);
+        if (st) continue;
+        CHECK_OK(nib_dev_download(hy, dy[res], (size_t)m * n * 2));
+        int over = 0;
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < n; j++) {
+                double s = 0, ab = 0;
+                for (int64_t q = 0; q < k; q++) {
+                    const double tt = (double)nib_bf16_to_f32(hx[i * k + q]) * nib_bf16_to_f32(hw[j * k + q]);
+                    s += tt, ab += fabs(tt);
+                }
+                const double extra = res ? nib_bf16_to_f32(hc[i * n + j]) : 0.0, want = s + extra;
+                /* one bf16 rounding of the fp32 result, fp32 accumulation over K, C added in fp32 */
+                const double bound = 0x1p-8 * 1.01 * fabs(want) + (k + 64) * 0x1p-22 * ab + 0x1p-22 * fabs(extra);
+                const double y = nib_bf16_to_f32(hy[i * n + j]);
+                if (!(fabs(y - want) <= bound) && over++ < 5)
+                    nib_test_fail(t, __FILE__, __LINE__, "%s [%lld,%lld]: %g vs %g (bound %g)",
+                                  res ? "residual" : "plain", (long long)i, (long long)j, y, want, bound);
+            }
+    }
+    nib_dev_free(dx, (size_t)m * k * 2);
+    nib_dev_free(dw, (size_t)n * k * 2);
+    nib_dev_free(dc, (size_t)m * n * 2);
+    nib_dev_free(dy[0], (size_t)m * n * 2);
+    nib_dev_free(dy[1], (size_t)m * n * 2);
+    nib_blas_free(b);
+    nib_free(hx), nib_free(hw), nib_free(hc), nib_free(hy);
+}
+
 NIB_TEST(blas_gpu_fp8_row_quantizer_paths) {
     NIB_REQUIRE_GPU();
     nib_rng rng;
