@@ -4,7 +4,10 @@
 #   scripts/sanitize.sh                    negative control, then memcheck, racecheck, synccheck
 #                                          and initcheck over every test (whole suite per tool)
 #   scripts/sanitize.sh --negative-control only the negative control
-#   scripts/sanitize.sh --tools "memcheck" --filter gpu    a subset (FILTER = nib_tests substring)
+#   scripts/sanitize.sh --tools "memcheck" --filter gpu    a subset (FILTER = nib_tests substrings,
+#                                          comma-separated: --filter pi05_gpu,blas_gpu)
+#   scripts/sanitize.sh --tools racecheck --shard 1/4      the second of 4 round-robin shards of the
+#                                          selected tests (one device call each, for the slow tools)
 #   scripts/sanitize.sh --parallel --timeout 540          the four tools at once (one GPU is
 #                                          enough: each process holds < 10 GB), each killed after
 #                                          540 s (a tool that does not finish fails the run)
@@ -30,6 +33,7 @@ cd "$(dirname "$0")/.."
 
 tools="memcheck racecheck synccheck initcheck"
 filter=""
+shard=""
 only_negctl=0
 parallel=0
 tlimit=0
@@ -40,9 +44,10 @@ while [ $# -gt 0 ]; do
         --negative-control) only_negctl=1 ;;
         --tools) tools=$2; shift ;;
         --filter) filter=$2; shift ;;
+        --shard) shard=$2; shift ;;
         --parallel) parallel=1 ;;
         --timeout) tlimit=$2; shift ;;
-        -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,/^set -uo/{/^set -uo/!p}' "$0"; exit 0 ;;
         *) echo "sanitize: unknown argument '$1'" >&2; exit 2 ;;
     esac
     shift
@@ -98,7 +103,7 @@ run_tool() { # tool -> its log; exit status of the sanitizer (124: killed by --t
     local pre=()
     [ "$tlimit" -gt 0 ] && pre=(timeout "$tlimit")
     "${pre[@]}" "$san" --tool "$tool" "${extra[@]}" --error-exitcode 1 --print-limit 200 \
-        "$build/nib_tests" $filter >"$build/sanitize-$tool.log" 2>&1
+        "$build/nib_tests" ${shard:+--shard "$shard"} $filter >"$build/sanitize-$tool.log" 2>&1
 }
 report_tool() { # tool rc seconds -> one line; returns 1 on any error
     local tool=$1 rc=$2 secs=$3 log=$build/sanitize-$1.log

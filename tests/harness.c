@@ -150,21 +150,47 @@ static int cmp_tests(const void *a, const void *b) {
     return strcmp(ta->name, tb->name);
 }
 
+int nib_test_name_matches(const char *name, const char *filter) {
+    if (!filter || !*filter) return 1;
+    for (const char *p = filter;;) {
+        const char *e = strchr(p, ',');
+        const size_t n = e ? (size_t)(e - p) : strlen(p);
+        if (n) {
+            for (const char *q = name; strlen(q) >= n; q++)
+                if (!strncmp(q, p, n)) return 1;
+        }
+        if (!e) return 0;
+        p = e + 1;
+    }
+}
+
 int main(int argc, char **argv) {
     const char *filter = NULL;
-    int list = 0;
+    int list = 0, shard = 0, nshards = 1;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-l") || !strcmp(argv[i], "--list")) list = 1;
         else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            printf("usage: nib_tests [-l] [SUBSTRING]\n"
-                   "Runs every registered test whose name contains SUBSTRING.\n"
+            printf("usage: nib_tests [-l] [--shard I/N] [SUBSTRING[,SUBSTRING...]]\n"
+                   "Runs every registered test whose name contains one of the SUBSTRINGs (all tests\n"
+                   "without one). --shard I/N keeps the I-th of N round-robin shards (0 <= I < N) of\n"
+                   "the selected tests, in name order, so long runs (compute-sanitizer) can be split.\n"
                    "NIB_TEST_SEED=N changes the random inputs (default 1).\n");
             return 0;
+        } else if (!strcmp(argv[i], "--shard")) {
+            char *end = NULL;
+            if (i + 1 < argc) shard = (int)strtol(argv[i + 1], &end, 10);
+            if (!end || *end != '/' || (nshards = (int)strtol(end + 1, &end, 10)) < 1 || *end || shard < 0 ||
+                shard >= nshards) {
+                fprintf(stderr, "nib_tests: --shard needs I/N with 0 <= I < N, e.g. --shard 0/4\n");
+                return 2;
+            }
+            i++;
         } else filter = argv[i];
     }
     qsort(g_tests, (size_t)g_ntests, sizeof g_tests[0], cmp_tests);
     if (list) {
-        for (int i = 0; i < g_ntests; i++) printf("%s\n", g_tests[i].name);
+        for (int i = 0, sel = 0; i < g_ntests; i++)
+            if (nib_test_name_matches(g_tests[i].name, filter) && sel++ % nshards == shard) printf("%s\n", g_tests[i].name);
         return 0;
     }
     uint64_t seed = 1;
@@ -172,8 +198,8 @@ int main(int argc, char **argv) {
     if (se && *se) seed = strtoull(se, NULL, 0);
     setvbuf(stdout, NULL, _IOLBF, 0);
     int passed = 0, failed = 0, skipped = 0;
-    for (int i = 0; i < g_ntests; i++) {
-        if (filter && !strstr(g_tests[i].name, filter)) continue;
+    for (int i = 0, sel = 0; i < g_ntests; i++) {
+        if (!nib_test_name_matches(g_tests[i].name, filter) || sel++ % nshards != shard) continue;
         nib_test_ctx t;
         memset(&t, 0, sizeof t);
         t.name = g_tests[i].name;

@@ -47,6 +47,9 @@ const char *nib_test_tmpdir(void);
  * the exit status, 128 + N for a child killed by signal N, or -1 if it could not be started.
  * For tests that need a process of their own (a sticky device error, a second process). */
 int nib_test_run_self(const char *filter, const char *const *env, char *out, size_t cap);
+/* 1 if the test NAME is selected by FILTER, a comma-separated list of substrings (any one
+ * matches; empty items match nothing; a NULL or empty filter selects every test) */
+int nib_test_name_matches(const char *name, const char *filter);
 
 #define NIB_TEST(fn)                                                                          \
     static void fn(nib_test_ctx *t);                                                          \

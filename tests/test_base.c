@@ -136,6 +136,21 @@ NIB_TEST(harness_run_self_child) {
     CHECK(strcmp(v, "fail") != 0);
 }
 
+NIB_TEST(harness_filter_lists_and_substrings) {
+    CHECK(nib_test_name_matches("pi05_gpu_bf16_vs_reference", NULL));
+    CHECK(nib_test_name_matches("pi05_gpu_bf16_vs_reference", "bf16"));
+    CHECK(nib_test_name_matches("pi05_gpu_bf16_vs_reference", "reference"));   /* at the end */
+    CHECK(nib_test_name_matches("pi05_gpu_bf16_vs_reference", "pi05_gpu_bf16_vs_reference"));
+    CHECK(!nib_test_name_matches("pi05_gpu_bf16_vs_reference", "pi05_gpu_bf16_vs_reference_"));
+    CHECK(!nib_test_name_matches("blas_gpu", "ops"));
+    CHECK(nib_test_name_matches("blas_gpu", "ops,blas"));  /* the second item */
+    CHECK(nib_test_name_matches("ops_gpu_rope", "ops,blas")); /* the first item */
+    CHECK(!nib_test_name_matches("attn_gpu_decode", "ops,blas"));
+    CHECK(!nib_test_name_matches("attn_gpu_decode", ","));   /* empty items match nothing */
+    CHECK(nib_test_name_matches("attn_gpu_decode", ""));     /* as no filter */
+    CHECK(nib_test_name_matches("attn_gpu_decode", ",decode,"));
+}
+
 NIB_TEST(harness_run_self_spawns_this_binary) {
     static char out[8192];
     const char *ok[] = {"NIB_TEST_SELF_CHILD=7", NULL}, *bad[] = {"NIB_TEST_SELF_CHILD=fail", NULL};
