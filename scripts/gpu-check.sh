@@ -12,7 +12,8 @@
 #   load      nib quantize --pi05 fast of the synthetic checkpoint, then nib run --timing on it:
 #             time from file to the first call done
 # Environment: NIB_GIT_COMMIT (recorded in the JSON), JOBS (make -j, default nproc),
-#              GEMM_ARGS (extra args for nib bench gemm).
+#              GEMM_ARGS (extra args for nib bench gemm), SAN_ARGS (extra args for
+#              scripts/sanitize.sh in the sanitize step, e.g. "--tools racecheck --shard 0/4").
 set -u
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
@@ -44,10 +45,13 @@ if has tests; then
     note "tests (rc $rc): $(tail -1 "$OUT/tests.log")"
 fi
 if has sanitize; then
-    for tool in memcheck racecheck synccheck initcheck; do
-        compute-sanitizer --tool $tool --error-exitcode 3 ./build/nib_tests ${filter:-gpu} >"$OUT/sanitize-$tool.log" 2>&1
-        note "compute-sanitizer $tool (rc $?): $(grep -E 'ERROR SUMMARY|passed,' "$OUT/sanitize-$tool.log" | tail -2 | tr '\n' ' ')"
-    done
+    # scripts/sanitize.sh: negative control first, then every tool with the project's options
+    # (racecheck's suppressions for cuBLASLt's kernels); SAN_ARGS adds e.g. --tools / --shard
+    bash scripts/sanitize.sh --filter "${filter:-gpu}" ${SAN_ARGS:-} >"$OUT/sanitize.log" 2>&1
+    rc=$?
+    cp build-sanitize/sanitize-*.log "$OUT/" 2>/dev/null
+    grep -E '^sanitize' "$OUT/sanitize.log" | tee -a "$LOG"
+    note "sanitize (rc $rc): $(grep -cE '^sanitize [a-z]+: 0 errors' "$OUT/sanitize.log") tool(s) with 0 errors"
 fi
 if has gemm; then
     ./build/nib bench gemm --json "$OUT/gemm.json" ${GEMM_ARGS:-} >"$OUT/gemm.log" 2>&1
