@@ -348,24 +348,27 @@ int nib_cmd_accuracy(int argc, char **argv) {
 
 /* ---- bench --------------------------------------------------------------------------------- */
 int nib_bench_pi05(int argc, char **argv) {
-    const char *ckpt = NULL, *json = NULL, *only_preset = NULL;
+    const char *ckpt = NULL, *json = NULL, *only_preset = NULL, *over = NULL;
     int reps = 100, ntext = 20, only_cams = 0, only_h = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (nib_cli_is_help(a)) {
             printf("usage: nib bench pi05 [--checkpoint M] [--reps N] [--text L] [--json FILE]\n"
-                   "                      [--preset bf16|fast] [--cams 1|2|3] [--horizon 10|50]\n"
+                   "                      [--preset bf16|fast] [--precision SPEC] [--cams 1|2|3] [--horizon 10|50]\n"
                    "Graph-replay latency of one Pi0.5 call for {1,2,3} cameras x H in {10,50} x {bf16, fast},\n"
                    "L text tokens (20): median of N (100) calls after warm-up, timed with events inside the\n"
                    "graph, with the per-stage breakdown and each stage's floor (weight bytes / measured copy\n"
                    "bandwidth and FLOPs / measured cuBLASLt peak, whichever is larger). --preset, --cams and\n"
-                   "--horizon keep only the matching rows.\n");
+                   "--horizon keep only the matching rows. --precision applies per-component overrides to\n"
+                   "every preset timed, e.g. --preset fast --precision vision=bf16 (components vision, prefix,\n"
+                   "expert: bf16|fp8|nvfp4|mxfp4|int4; kv: bf16|fp8|nvfp4); the floors follow the result.\n");
             return 0;
         } else if (!strcmp(a, "--checkpoint") && v) ckpt = v, i++;
         else if (!strcmp(a, "--reps") && v) reps = atoi(v) < 5 ? 5 : atoi(v), i++;
         else if (!strcmp(a, "--text") && v) ntext = atoi(v), i++;
         else if (!strcmp(a, "--json") && v) json = v, i++;
         else if (!strcmp(a, "--preset") && v && (!strcmp(v, "bf16") || !strcmp(v, "fast"))) only_preset = v, i++;
+        else if (!strcmp(a, "--precision") && v) over = v, i++;
         else if (!strcmp(a, "--cams") && v && atoi(v) >= 1 && atoi(v) <= 3) only_cams = atoi(v), i++;
         else if (!strcmp(a, "--horizon") && v && (atoi(v) == 10 || atoi(v) == 50)) only_h = atoi(v), i++;
         else {
@@ -373,8 +376,17 @@ int nib_bench_pi05(int argc, char **argv) {
             return 2;
         }
     }
+    nib_status st = NIB_OK;
+    if (over) { /* a bad spec fails here, before any checkpoint is synthesized or loaded */
+        nib_pi05_precision pp;
+        if ((st = nib_pi05_preset("bf16", &pp)) || (st = nib_pi05_precision_override(&pp, over)))
+            return nib_cli_fail("bench pi05 --precision", st);
+        if (pp.backend == NIB_BE_REF)
+            return nib_cli_fail("bench pi05 --precision",
+                                NIB_ERR(NIB_ERR_INVALID_ARG, "backend=ref is not timed: the bench runs GPU presets"));
+    }
     nib_device_info dev;
-    nib_status st = nib_device_require(&dev);
+    st = nib_device_require(&dev);
     if (st) return nib_cli_fail("bench pi05", st);
     if (!ckpt) {
         ckpt = tmp_ckpt_path("nib-demo-pi05.safetensors");
@@ -398,14 +410,10 @@ int nib_bench_pi05(int argc, char **argv) {
     if (json) {
         jf = fopen(json, "w");
         if (!jf) return nib_cli_fail("bench pi05", NIB_ERR(NIB_ERR_IO, "cannot write '%s'", json));
-        char date[64];
-        time_t now = time(NULL);
-        strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
-        const char *commit = getenv("NIB_GIT_COMMIT");
-        fprintf(jf, "{\n  \"bench\": \"pi05\", \"date\": \"%s\", \"git_commit\": \"%s\", \"device\": \"%s\",\n"
-                    "  \"driver_version\": %d, \"command\": \"nib bench pi05\", \"copy_gbps\": %.1f, \"bf16_tflops\": %.1f, \"fp8_tflops\": %.1f,\n"
+        nib_cli_json_head(jf, "pi05", "nib bench", argc, argv, &dev);
+        fprintf(jf, "  \"copy_gbps\": %.1f, \"bf16_tflops\": %.1f, \"fp8_tflops\": %.1f,\n"
                     "  \"timing\": \"median over reps of the in-graph event time of one call; wall = host time per call incl. upload/download\",\n  \"rows\": [",
-                date, commit && *commit ? commit : "unknown", dev.name, dev.driver_version, bw, pk_bf16, pk_fp8);
+                bw, pk_bf16, pk_fp8);
     }
     const char *presets[2] = {"bf16", "fast"};
     int first = 1;
@@ -413,9 +421,13 @@ int nib_bench_pi05(int argc, char **argv) {
         if (only_preset && strcmp(only_preset, presets[p])) continue;
         nib_st_file *f = NULL;
         nib_pi05 *m = NULL;
-        st = nib_cli_pi05_open(ckpt, presets[p], NULL, 0, 50, &f, &m, 1);
+        st = nib_cli_pi05_open(ckpt, presets[p], over, 0, 50, &f, &m, 1);
         if (st) break;
         const nib_pi05_config *c = nib_pi05_cfg(m);
+        const nib_pi05_precision *pr = nib_pi05_prec(m);
+        char label[64], pstr[128];
+        snprintf(label, sizeof label, "%s%s", presets[p], over ? "+" : "");
+        nib_pi05_precision_str(pr, pstr, sizeof pstr);
         for (int cams = 1; cams <= 3 && !st; cams++)
             for (int hi = 0; hi < 2 && !st; hi++) {
                 int H = hi ? 50 : 10;
@@ -449,19 +461,20 @@ int nib_bench_pi05(int argc, char **argv) {
                     for (int s = 0; s < t.steps; s++) steps += t.step_ms[s];
                     nib_pi05_cost k;
                     nib_pi05_cost_of(m, cams, ntext, H, &k);
-                    int vf8 = p == 1, pf8 = p == 1;
+                    /* FP8 components run W8A8 on the FP8 tensor cores; the others compute in bf16 */
+                    int vf8 = pr->vision == NIB_WFMT_FP8, pf8 = pr->prefix == NIB_WFMT_FP8;
                     double fv = fmax(k.vision_bytes / (bw * 1e6), k.vision_flops / ((vf8 ? pk_fp8 : pk_bf16) * 1e9));
                     double fp = fmax(k.prefix_bytes / (bw * 1e6), k.prefix_flops / ((pf8 ? pk_fp8 : pk_bf16) * 1e9));
                     double fs = fmax(k.step_bytes / (bw * 1e6), k.step_flops / (pk_bf16 * 1e9));
                     double ft = fv + fp + c->steps * fs;
                     printf("%-5s %4d %3d %7.3fms %7.3fms %7.3fms %7.3fms %7.3fms | %6.3fms %6.3fms %6.3fms %7.3fms\n",
-                           presets[p], cams, H, t.total_ms, t.vision_ms, t.prefix_ms, steps / t.steps, wall[reps / 2], fv, fp,
+                           label, cams, H, t.total_ms, t.vision_ms, t.prefix_ms, steps / t.steps, wall[reps / 2], fv, fp,
                            fs, ft);
                     if (jf)
-                        fprintf(jf, "%s\n    {\"preset\": \"%s\", \"cameras\": %d, \"horizon\": %d, \"text\": %d, \"total_ms\": %.4f, "
+                        fprintf(jf, "%s\n    {\"preset\": \"%s\", \"overrides\": \"%s\", \"precision\": \"%s\", \"cameras\": %d, \"horizon\": %d, \"text\": %d, \"total_ms\": %.4f, "
                                     "\"vision_ms\": %.4f, \"prefix_ms\": %.4f, \"step_ms\": %.4f, \"wall_ms\": %.4f, "
                                     "\"floor_vision_ms\": %.4f, \"floor_prefix_ms\": %.4f, \"floor_step_ms\": %.4f, \"floor_total_ms\": %.4f}",
-                                first ? "" : ",", presets[p], cams, H, ntext, t.total_ms, t.vision_ms, t.prefix_ms,
+                                first ? "" : ",", presets[p], over ? over : "", pstr, cams, H, ntext, t.total_ms, t.vision_ms, t.prefix_ms,
                                 steps / t.steps, wall[reps / 2], fv, fp, fs, ft);
                     first = 0;
                 }

@@ -118,6 +118,14 @@ nib_status nib_be_init(nib_be *be, nib_be_kind kind, const nib_be_sizes *sz) {
     NIB_TRY(nib_dev_malloc((void **)&be->xs8, (size_t)sz->max_m * 4 + 256, "FP8 activation scales"));
     be->attn_ws_bytes = sz->attn_ws_bytes;
     if (be->attn_ws_bytes) NIB_TRY(nib_dev_malloc(&be->attn_ws, be->attn_ws_bytes, "attention workspace"));
+    /* Activations and scratch start as zeros, once, at creation (one memset each, at load time):
+     * bytes no op writes (row padding, rows past a call's valid length) then read as 0 in every
+     * process, never as stale data. It is also what makes initcheck usable: it does not see the
+     * stores of cuBLASLt's Hopper kernels (docs/reliability.md, "initcheck"), so without it every
+     * read of a cuBLASLt output is reported as uninitialized. */
+    NIB_TRY(nib_dev_memset(be->act.base, 0, be->act.cap));
+    NIB_TRY(nib_dev_memset(be->gemm_tmp, 0, be->gemm_tmp_bytes));
+    if (be->attn_ws_bytes) NIB_TRY(nib_dev_memset(be->attn_ws, 0, be->attn_ws_bytes));
     return NIB_OK;
 fail:
     nib_be_free(be);

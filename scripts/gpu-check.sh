@@ -13,7 +13,8 @@
 #             time from file to the first call done
 # Environment: NIB_GIT_COMMIT (recorded in the JSON), JOBS (make -j, default nproc),
 #              GEMM_ARGS (extra args for nib bench gemm), SAN_ARGS (extra args for
-#              scripts/sanitize.sh in the sanitize step, e.g. "--tools racecheck --shard 0/4").
+#              scripts/sanitize.sh in the sanitize step, e.g. "--tools racecheck --split 8";
+#              its logs come back as sanitize-logs.tgz).
 set -u
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
@@ -46,12 +47,14 @@ if has tests; then
 fi
 if has sanitize; then
     # scripts/sanitize.sh: negative control first, then every tool with the project's options
-    # (racecheck's suppressions for cuBLASLt's kernels); SAN_ARGS adds e.g. --tools / --shard
-    bash scripts/sanitize.sh --filter "${filter:-gpu}" ${SAN_ARGS:-} >"$OUT/sanitize.log" 2>&1
+    # (racecheck's suppressions for cuBLASLt's kernels); SAN_ARGS adds e.g. --tools / --split.
+    # Default selection: every test that touches the GPU ("gpu" in the name, and the fail_
+    # failure-path tests); the other tests never call CUDA, so the tools have nothing to check.
+    bash scripts/sanitize.sh --filter "${filter:-gpu,fail_}" ${SAN_ARGS:-} >"$OUT/sanitize.log" 2>&1
     rc=$?
-    cp build-sanitize/sanitize-*.log "$OUT/" 2>/dev/null
+    tar czf "$OUT/sanitize-logs.tgz" build-sanitize/sanitize-*.log 2>/dev/null
     grep -E '^sanitize' "$OUT/sanitize.log" | tee -a "$LOG"
-    note "sanitize (rc $rc): $(grep -cE '^sanitize [a-z]+: 0 errors' "$OUT/sanitize.log") tool(s) with 0 errors"
+    note "sanitize (rc $rc): $(grep -cE '^sanitize [a-z]+(\[[0-9/]+\])?: 0 errors' "$OUT/sanitize.log") run(s) with 0 errors"
 fi
 if has gemm; then
     ./build/nib bench gemm --json "$OUT/gemm.json" ${GEMM_ARGS:-} >"$OUT/gemm.log" 2>&1

@@ -8,6 +8,9 @@
 #                                          comma-separated: --filter pi05_gpu,blas_gpu)
 #   scripts/sanitize.sh --tools racecheck --shard 1/4      the second of 4 round-robin shards of the
 #                                          selected tests (one device call each, for the slow tools)
+#   scripts/sanitize.sh --tools racecheck --split 8     the 8 shards at once, one process each
+#                                          sharing the GPU (logs sanitize-racecheck-<i>o8.log);
+#                                          each tool's shards finish before the next tool starts
 #   scripts/sanitize.sh --parallel --timeout 540          the four tools at once (one GPU is
 #                                          enough: each process holds < 10 GB), each killed after
 #                                          540 s (a tool that does not finish fails the run)
@@ -36,6 +39,7 @@ filter=""
 shard=""
 only_negctl=0
 parallel=0
+split=0
 tlimit=0
 build=${BUILD_DIR:-build-sanitize}
 negbuild=build-sanitize-negctl
@@ -46,6 +50,7 @@ while [ $# -gt 0 ]; do
         --filter) filter=$2; shift ;;
         --shard) shard=$2; shift ;;
         --parallel) parallel=1 ;;
+        --split) split=$2; shift ;;
         --timeout) tlimit=$2; shift ;;
         -h|--help) sed -n '2,/^set -uo/{/^set -uo/!p}' "$0"; exit 0 ;;
         *) echo "sanitize: unknown argument '$1'" >&2; exit 2 ;;
@@ -68,7 +73,9 @@ jobs=$(nproc 2>/dev/null || echo 4)
 # ---- negative control -------------------------------------------------------------------
 make BUILD="$negbuild" NIB_NEGATIVE_CONTROL=1 -j"$jobs" "$negbuild/nib_tests" >"$negbuild.build.log" 2>&1 ||
     { echo "sanitize: FAILED: negative-control build (see $negbuild.build.log)" >&2; exit 1; }
-neglog=$negbuild/sanitize-negative-control.log
+tag=$tools${shard:+-$shard}
+[ "$split" -gt 0 ] && tag="$tag-split$split"
+neglog=$negbuild/sanitize-negative-control-$(echo "$tag" | tr " /" "-o").log # several invocations may run at once
 "$san" --tool memcheck --error-exitcode 1 --print-limit 20 \
     "$negbuild/nib_tests" negative_control_gpu_oob_write >"$neglog" 2>&1
 rc=$?
@@ -88,8 +95,8 @@ fi
 # ---- the suite under each tool ----------------------------------------------------------
 make BUILD="$build" -j"$jobs" "$build/nib_tests" >"$build.build.log" 2>&1 ||
     { echo "sanitize: FAILED: build (see $build.build.log)" >&2; exit 1; }
-run_tool() { # tool -> its log; exit status of the sanitizer (124: killed by --timeout)
-    local tool=$1 extra=()
+run_tool() { # tool shard(i/N or "") log -> exit status of the sanitizer (124: killed by --timeout)
+    local tool=$1 sh=$2 log=$3 extra=()
     case "$tool" in
         memcheck) extra=(--leak-check full) ;;
         # cuBLASLt's Hopper kernels (nvjet*) order shared memory with TMA and mbarriers, which
@@ -102,18 +109,19 @@ run_tool() { # tool -> its log; exit status of the sanitizer (124: killed by --t
     esac
     local pre=()
     [ "$tlimit" -gt 0 ] && pre=(timeout "$tlimit")
-    "${pre[@]}" "$san" --tool "$tool" "${extra[@]}" --error-exitcode 1 --print-limit 200 \
-        "$build/nib_tests" ${shard:+--shard "$shard"} $filter >"$build/sanitize-$tool.log" 2>&1
+    # --require-cuda-init no: a shard whose tests all skip before touching CUDA is not an error
+    "${pre[@]}" "$san" --tool "$tool" "${extra[@]}" --require-cuda-init no --error-exitcode 1 --print-limit 200 \
+        "$build/nib_tests" ${sh:+--shard "$sh"} $filter >"$log" 2>&1
 }
-report_tool() { # tool rc seconds -> one line; returns 1 on any error
-    local tool=$1 rc=$2 secs=$3 log=$build/sanitize-$1.log
+report_run() { # label rc seconds log -> one line; returns 1 on any error
+    local label=$1 rc=$2 secs=$3 log=$4
     local errs summary
     errs=$(sed -n 's/.*ERROR SUMMARY: \([0-9]*\) error.*/\1/p' "$log" | tail -1)
     [ -z "$errs" ] && errs=$(grep -c "^========= \(Invalid\|Race\|Uninitialized\|Barrier\|Program hit\|Error\)" "$log")
     summary=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$log" | tail -1)
     local why=""
     [ "$rc" -eq 124 ] && why=" (killed after ${tlimit} s: did not finish)"
-    echo "sanitize $tool: $errs errors, exit $rc$why, $secs s, tests: ${summary:-no summary line}, log $log"
+    echo "sanitize $label: $errs errors, exit $rc$why, $secs s, tests: ${summary:-no summary line}, log $log"
     if [ "$rc" -ne 0 ] || [ "${errs:-1}" != "0" ] || [ -z "$summary" ]; then
         grep -E "^========= (Invalid|Race|Uninitialized|Barrier|Program hit|Error|    at )" "$log" | head -n 20
         return 1
@@ -122,20 +130,48 @@ report_tool() { # tool rc seconds -> one line; returns 1 on any error
 }
 # tests that provoke device errors on purpose skip, heavy repetition shrinks (tests/harness.h)
 export NIB_UNDER_SANITIZER=1
+# the runs: one per tool, or with --split N one per tool and shard i/N (label tool[i/N])
+runs=()
+for tool in $tools; do
+    if [ "$split" -gt 0 ]; then
+        for ((i = 0; i < split; i++)); do runs+=("$tool $i/$split"); done
+    else
+        runs+=("$tool $shard")
+    fi
+done
+launch() { # "tool shard" -> sets tl (tool), sh (shard or empty), lab (label), lg (log)
+    set -- $1
+    tl=$1 sh=${2:-}
+    lab=$tl${sh:+[$sh]}
+    lg=$build/sanitize-$tl${sh:+-$(echo "$sh" | tr / o)}.log
+}
 fail=0
-if [ $parallel -eq 1 ]; then
-    declare -A pid
-    t0=$(date +%s)
-    for tool in $tools; do run_tool "$tool" & pid[$tool]=$!; done
-    for tool in $tools; do
-        wait "${pid[$tool]}"; rc=$?
-        report_tool "$tool" $rc $(( $(date +%s) - t0 )) || fail=1
+declare -A pid
+if [ $parallel -eq 1 ] || [ "$split" -gt 0 ]; then
+    # concurrent: every shard of a tool at once (--split), and every tool at once (--parallel);
+    # with --split alone the tools run one after another
+    groups=()
+    if [ $parallel -eq 1 ]; then groups=("*"); else groups=($tools); fi
+    for g in "${groups[@]}"; do
+        t0=$(date +%s)
+        group=()
+        for r in "${runs[@]}"; do
+            if [ "$g" = "*" ] || [ "${r%% *}" = "$g" ]; then group+=("$r"); fi
+        done
+        for r in "${group[@]}"; do
+            launch "$r"; run_tool "$tl" "$sh" "$lg" & pid[$r]=$!
+        done
+        for r in "${group[@]}"; do
+            launch "$r"; wait "${pid[$r]}"; rc=$?
+            report_run "$lab" $rc $(( $(date +%s) - t0 )) "$lg" || fail=1
+        done
     done
 else
-    for tool in $tools; do
+    for r in "${runs[@]}"; do
+        launch "$r"
         t0=$(date +%s)
-        run_tool "$tool"; rc=$?
-        report_tool "$tool" $rc $(( $(date +%s) - t0 )) || fail=1
+        run_tool "$tl" "$sh" "$lg"; rc=$?
+        report_run "$lab" $rc $(( $(date +%s) - t0 )) "$lg" || fail=1
     done
 fi
 if [ $fail -ne 0 ]; then
