@@ -4,11 +4,14 @@
 # to $OUT (default ./gpu-out); a short table is printed last.
 #
 #   scripts/gpu-check.sh [build] [doctor] [tests] [gemm] [ops] [attn] [demo] [pi05] [accuracy]
-#                        [load] [sanitize] [T=filter]
+#                        [load] [sanitize] [profile] [T=filter]
 #   (no step names = build doctor tests gemm ops attn demo pi05 accuracy load)
 #   demo      nib demo (synthesizes the full-size checkpoint in $TMPDIR once)
 #   pi05      nib bench pi05 --json pi05.json
 #   accuracy  nib accuracy pi05 --json pi05-accuracy.json
+#   profile   Nsight Compute counters of nib's low-bit GEMM (ncu-gemm-m<M>.csv), one ncu run per
+#             M in PROFILE_M (default 16,50) on PROFILE_SHAPES (default 1024:2560), format
+#             PROFILE_VARIANT (nvfp4); clocks left as they are (--clock-control none)
 #   load      nib quantize --pi05 fast of the synthetic checkpoint, then nib run --timing on it:
 #             time from file to the first call done
 # Environment: NIB_GIT_COMMIT (recorded in the JSON), JOBS (make -j, default nproc),
@@ -55,6 +58,19 @@ if has sanitize; then
     tar czf "$OUT/sanitize-logs.tgz" build-sanitize/sanitize-*.log 2>/dev/null
     grep -E '^sanitize' "$OUT/sanitize.log" | tee -a "$LOG"
     note "sanitize (rc $rc): $(grep -cE '^sanitize [a-z]+(\[[0-9/]+\])?: 0 errors' "$OUT/sanitize.log") run(s) with 0 errors"
+fi
+if has profile; then
+    # where the low-bit GEMM's time goes at M = 16 vs 50 (issue 3: M = 50 is ~3x M = 16). The
+    # bench warms up and replays graphs; ncu profiles the first kernels of the lab's own launches.
+    ncu_bin=$(command -v ncu 2>/dev/null || echo "${CUDA_HOME:-/usr/local/cuda}/bin/ncu")
+    for pm in $(echo "${PROFILE_M:-16,50}" | tr , ' '); do
+        "$ncu_bin" --clock-control none --kernel-name regex:k_gemm_lowbit --launch-count 3 \
+            --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+            --section SchedulerStats --section MemoryWorkloadAnalysis --csv --page details \
+            ./build/nib bench gemm --shapes "${PROFILE_SHAPES:-1024:2560}" --m "$pm" \
+            --variants "${PROFILE_VARIANT:-nvfp4}" --reps 5 >"$OUT/ncu-gemm-m$pm.csv" 2>"$OUT/ncu-gemm-m$pm.err"
+        note "profile M=$pm (rc $?): ncu-gemm-m$pm.csv, $(grep -c 'k_gemm_lowbit' "$OUT/ncu-gemm-m$pm.csv") metric rows"
+    done
 fi
 if has gemm; then
     ./build/nib bench gemm --json "$OUT/gemm.json" ${GEMM_ARGS:-} >"$OUT/gemm.log" 2>&1
