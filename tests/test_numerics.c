@@ -346,3 +346,23 @@ NIB_TEST(pi05_ref_check_numerics_cli) {
     CHECK_MSG(capture_stdout(nib_cmd_run, 11, a3, out, sizeof out) == 1, "a faulty model must make nib run exit 1");
     CHECK_MSG(strstr(out, "NIB_ERR_NUMERICS") && strstr(out, "prefix layer 0 output"), "nib run printed: %s", out);
 }
+
+/* `nib bench pi05 --precision`: documented in --help; a bad spec or the reference backend is
+ * refused before any device work or checkpoint synthesis (so this runs without a GPU too) */
+NIB_TEST(cli_bench_pi05_precision_option) {
+    static char out[8192];
+    char *help[] = {"pi05", "--help", NULL};
+    CHECK(capture_stdout(nib_bench_pi05, 2, help, out, sizeof out) == 0);
+    CHECK_MSG(strstr(out, "--precision") != NULL, "nib bench pi05 --help does not document --precision");
+    char *bad[] = {"pi05", "--preset", "fast", "--precision", "vision=fp5", NULL};
+    CHECK(capture_stdout(nib_bench_pi05, 5, bad, out, sizeof out) == 1);
+    CHECK_MSG(strstr(out, "vision=fp5") != NULL && strstr(out, "NIB_ERR_INVALID_ARG") != NULL,
+              "a bad --precision spec is not named: %s", out);
+    CHECK_MSG(strstr(out, "synthesizing") == NULL, "a bad --precision spec started work first: %s", out);
+    char *ref[] = {"pi05", "--precision", "backend=ref", NULL};
+    CHECK(capture_stdout(nib_bench_pi05, 3, ref, out, sizeof out) == 1);
+    CHECK_MSG(strstr(out, "backend=ref is not timed") != NULL, "backend=ref was not refused: %s", out);
+    char *unknown[] = {"pi05", "--precison", "vision=bf16", NULL};
+    CHECK(capture_stdout(nib_bench_pi05, 3, unknown, out, sizeof out) == 2);
+    CHECK_MSG(strstr(out, "unknown or incomplete option '--precison'") != NULL, "a misspelt option is not named: %s", out);
+}
