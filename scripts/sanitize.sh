@@ -145,35 +145,30 @@ launch() { # "tool shard" -> sets tl (tool), sh (shard or empty), lab (label), l
     lab=$tl${sh:+[$sh]}
     lg=$build/sanitize-$tl${sh:+-$(echo "$sh" | tr / o)}.log
 }
+# Runs of one group go at once, groups one after another: all runs form one group with
+# --parallel, each tool's shards one with --split, and otherwise every run is its own group.
+group_of() { # "tool shard" -> its group key
+    if [ $parallel -eq 1 ]; then echo "*"; elif [ "$split" -gt 0 ]; then echo "${1%% *}"; else echo "$1"; fi
+}
 fail=0
 declare -A pid
-if [ $parallel -eq 1 ] || [ "$split" -gt 0 ]; then
-    # concurrent: every shard of a tool at once (--split), and every tool at once (--parallel);
-    # with --split alone the tools run one after another
-    groups=()
-    if [ $parallel -eq 1 ]; then groups=("*"); else groups=($tools); fi
-    for g in "${groups[@]}"; do
-        t0=$(date +%s)
-        group=()
-        for r in "${runs[@]}"; do
-            if [ "$g" = "*" ] || [ "${r%% *}" = "$g" ]; then group+=("$r"); fi
-        done
-        for r in "${group[@]}"; do
-            launch "$r"; run_tool "$tl" "$sh" "$lg" & pid[$r]=$!
-        done
-        for r in "${group[@]}"; do
-            launch "$r"; wait "${pid[$r]}"; rc=$?
-            report_run "$lab" $rc $(( $(date +%s) - t0 )) "$lg" || fail=1
-        done
+keys=()
+for r in "${runs[@]}"; do
+    k=$(group_of "$r")
+    [[ " ${keys[*]-} " == *" [$k] "* ]] || keys+=("[$k]")
+done
+for key in "${keys[@]}"; do
+    t0=$(date +%s)
+    group=()
+    for r in "${runs[@]}"; do [ "[$(group_of "$r")]" = "$key" ] && group+=("$r"); done
+    for r in "${group[@]}"; do
+        launch "$r"; run_tool "$tl" "$sh" "$lg" & pid[$r]=$!
     done
-else
-    for r in "${runs[@]}"; do
-        launch "$r"
-        t0=$(date +%s)
-        run_tool "$tl" "$sh" "$lg"; rc=$?
+    for r in "${group[@]}"; do
+        launch "$r"; wait "${pid[$r]}"; rc=$?
         report_run "$lab" $rc $(( $(date +%s) - t0 )) "$lg" || fail=1
     done
-fi
+done
 if [ $fail -ne 0 ]; then
     echo "sanitize: FAILED (see the logs above)"
     exit 1
