@@ -35,6 +35,8 @@ typedef struct bench_cfg {
     int64_t m[MAX_MS];
     int enabled[V_COUNT];
     int reps;
+    int sweep; /* --sweep: also time every launch plan of the low-bit kernels */
+    int sms;   /* the device's SM count */
     const char *json_path;
 } bench_cfg;
 
@@ -44,6 +46,7 @@ typedef struct bench_row {
     double us, gbps, tflops, speedup, pct_bw;
     uint64_t bytes;
     char plan[64];
+    int sweep; /* 1: a plan-sweep row (not the planner's choice); 2: the planner's choice in a sweep */
 } bench_row;
 
 typedef struct gemm_ctx {
@@ -57,6 +60,7 @@ typedef struct gemm_ctx {
     int64_t m, n, k;
     nib_blas *blas;
     nib_gemm_ws *ws;
+    const nib_gemm_plan *plan; /* NULL: the planner's choice */
 } gemm_ctx;
 
 static nib_status gemm_call(void *c, int i, void *stream) {
@@ -69,7 +73,7 @@ static nib_status gemm_call(void *c, int i, void *stream) {
     case V_W8A8:
         NIB_RETURN_IF_ERR(nib_cuda_quantize_fp8_rows(g->x, g->m, g->k, 1, g->xq, g->sx, stream));
         return nib_blas_gemm_fp8(g->blas, g->xq, g->sx, 1, g->bw[j], g->sw, 1, g->y, g->m, g->n, g->k, stream);
-    default: return nib_cuda_gemm(&g->w[j], g->x, g->m, g->k, g->y, g->n, NULL, g->ws, stream);
+    default: return nib_cuda_gemm_planned(&g->w[j], g->x, g->m, g->k, g->y, g->n, NULL, g->ws, g->plan, stream);
     }
 }
 
@@ -159,9 +163,34 @@ static nib_status make_random_wsrc(nib_rng *r, nib_wfmt f, int64_t n, int64_t k,
 static double now_wall(void) { return nib_now_s(); }
 
 static void print_row(const bench_row *r) {
-    printf("%6lld %6lld %5lld  %-13s %9.2f %8.0f %8.1f %7.2fx %6.1f%%  %s\n", (long long)r->k,
+    printf("%6lld %6lld %5lld  %-13s %9.2f %8.0f %8.1f %7.2fx %6.1f%%  %s%s\n", (long long)r->k,
            (long long)r->n, (long long)r->m, k_vname[r->v], r->us, r->gbps, r->tflops, r->speedup, r->pct_bw,
-           r->plan);
+           r->sweep == 1 ? "  sweep " : "", r->plan);
+}
+
+static void plan_str(const nib_gemm_plan *pl, char *buf, size_t n) {
+    snprintf(buf, n, "mt%d r%d wk%d ks%d occ%d ctas%d", pl->mt, pl->r, pl->wk, pl->ksplit, pl->occ, pl->ctas);
+}
+
+/* One timed row of variant g->v at g->m (g->plan: the plan, or NULL for the planner's). */
+static nib_status time_row(const bench_cfg *cfg, gemm_ctx *g, int reps, uint64_t canon_bytes, double copy_gbps,
+                           double bf16_us, bench_row *row) {
+    const int calls = g->ncopies * ((20 + g->ncopies - 1) / g->ncopies); /* >= 20 calls, whole rotations */
+    nib_lab_timing tm;
+    (void)cfg;
+    NIB_RETURN_IF_ERR(nib_lab_time_graph(gemm_call, g, calls, reps, &tm));
+    memset(row, 0, sizeof *row);
+    row->k = g->k;
+    row->n = g->n;
+    row->m = g->m;
+    row->v = g->v;
+    row->us = tm.median_us;
+    row->bytes = canon_bytes;
+    row->gbps = (double)canon_bytes / (tm.median_us * 1e3);
+    row->tflops = 2.0 * (double)g->m * g->n * g->k / (tm.median_us * 1e6);
+    row->pct_bw = 100.0 * row->gbps / copy_gbps;
+    row->speedup = (g->v == V_BF16 ? tm.median_us : bf16_us) / tm.median_us;
+    return NIB_OK;
 }
 
 /* One variant of one shape: weights (rotated copies), then every M. */
@@ -239,29 +268,41 @@ static nib_status bench_variant(const bench_cfg *cfg, variant v, gemm_ctx *g, ni
     for (int mi = 0; mi < cfg->nm; mi++) {
         if (*nrows >= max_rows) break;
         g->m = cfg->m[mi];
-        int calls = copies * ((20 + copies - 1) / copies); /* >= 20 calls, whole rotations */
-        nib_lab_timing tm;
-        NIB_TRY(nib_lab_time_graph(gemm_call, g, calls, cfg->reps, &tm));
+        g->plan = NULL;
         bench_row *row = &rows[(*nrows)++];
-        memset(row, 0, sizeof *row);
-        row->k = k;
-        row->n = n;
-        row->m = g->m;
-        row->v = (variant)v;
-        row->us = tm.median_us;
-        row->bytes = canon_bytes;
-        row->gbps = (double)canon_bytes / (tm.median_us * 1e3);
-        row->tflops = 2.0 * (double)g->m * n * k / (tm.median_us * 1e6);
-        row->pct_bw = 100.0 * row->gbps / copy_gbps;
-        if (v == V_BF16) bf16_us[mi] = tm.median_us;
-        row->speedup = bf16_us[mi] / tm.median_us;
-        if (v >= V_NVFP4) {
-            nib_gemm_plan pl;
-            if (!nib_cuda_gemm_plan(&g->w[0], g->m, g->ws->acc_elems, &pl))
-                snprintf(row->plan, sizeof row->plan, "mt%d r%d wk%d ks%d ctas%d", pl.mt, pl.r, pl.wk,
-                         pl.ksplit, pl.ctas);
-        }
+        NIB_TRY(time_row(cfg, g, cfg->reps, canon_bytes, copy_gbps, bf16_us[mi], row));
+        if (v == V_BF16) bf16_us[mi] = row->us;
+        nib_gemm_plan chosen;
+        memset(&chosen, 0, sizeof chosen);
+        if (v >= V_NVFP4 && !nib_cuda_gemm_plan(&g->w[0], g->m, g->ws->acc_elems, &chosen))
+            plan_str(&chosen, row->plan, sizeof row->plan);
+        row->sweep = cfg->sweep && v >= V_NVFP4 ? 2 : 0;
         print_row(row);
+        if (!cfg->sweep || v < V_NVFP4) continue;
+        /* every other plan that fits, up to 4 waves of CTAs: where the planner's pick stands */
+        nib_gemm_plan pls[256];
+        int np = nib_cuda_gemm_plans(&g->w[0], g->m, g->ws->acc_elems, pls, 256);
+        double best = row->us;
+        char best_plan[64];
+        snprintf(best_plan, sizeof best_plan, "%s", row->plan);
+        for (int i = 0; i < np && *nrows < max_rows; i++) {
+            const nib_gemm_plan *pl = &pls[i];
+            if (pl->wk == chosen.wk && pl->ksplit == chosen.ksplit && pl->occ == chosen.occ) continue;
+            if (pl->ctas > 4 * pl->occ * cfg->sms) continue;
+            g->plan = pl;
+            bench_row *sr = &rows[(*nrows)++];
+            NIB_TRY(time_row(cfg, g, cfg->reps < 5 ? cfg->reps : 5, canon_bytes, copy_gbps, bf16_us[mi], sr));
+            plan_str(pl, sr->plan, sizeof sr->plan);
+            sr->sweep = 1;
+            print_row(sr);
+            if (sr->us < best) {
+                best = sr->us;
+                snprintf(best_plan, sizeof best_plan, "%s", sr->plan);
+            }
+        }
+        g->plan = NULL;
+        printf("%6lld %6lld %5lld  %-13s best plan %s: %.2f us (planner's %.2f us, %.2fx)\n", (long long)k,
+               (long long)n, (long long)g->m, k_vname[v], best_plan, best, row->us, row->us / best);
     }
 fail:
     nib_dev_arena_free(&arena);
@@ -344,9 +385,10 @@ static nib_status write_json(const char *path, const nib_device_info *d, double 
         fprintf(f,
                 "    {\"k\": %lld, \"n\": %lld, \"m\": %lld, \"variant\": \"%s\", \"us\": %.3f, \"weight_bytes\": "
                 "%llu, \"gbps\": %.1f, \"tflops\": %.2f, \"speedup_vs_cublas_bf16\": %.3f, \"pct_copy_bw\": "
-                "%.1f, \"plan\": \"%s\"}%s\n",
+                "%.1f, \"plan\": \"%s\"%s}%s\n",
                 (long long)r->k, (long long)r->n, (long long)r->m, k_vname[r->v], r->us,
                 (unsigned long long)r->bytes, r->gbps, r->tflops, r->speedup, r->pct_bw, r->plan,
+                r->sweep == 1 ? ", \"sweep\": true" : r->sweep == 2 ? ", \"planner\": true" : "",
                 i + 1 < nrows ? "," : "");
     }
     fprintf(f, "  ]\n}\n");
@@ -366,13 +408,17 @@ static int bench_gemm(int argc, char **argv) {
         const char *a = argv[i];
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (nib_cli_is_help(a)) {
-            printf("usage: nib bench gemm [--shapes K:N,...] [--m M,...] [--variants LIST] [--reps N] [--json FILE]\n"
+            printf("usage: nib bench gemm [--shapes K:N,...] [--m M,...] [--variants LIST] [--reps N] [--sweep]\n"
+                   "                      [--json FILE]\n"
                    "The GEMM kernel lab. Variants: cublas-bf16 (baseline), cublaslt-fp8 (GEMM only),\n"
                    "fp8-w8a8 (per-token quantize + cuBLASLt fp8), nvfp4, mxfp4, int4-g128, fp8-wo (nib's\n"
                    "weight-only kernels). Default shapes are the Pi0.5 / Gemma shapes of issue 3 and\n"
                    "M = 1,4,10,16,50,128,532,1024. Each row: median µs per call (CUDA-graph replay,\n"
                    "weights rotated over > 3x L2), effective GB/s of the canonical weight bytes, TFLOP/s,\n"
-                   "speedup over cuBLAS bf16 at the same shape and M, and %% of the copy bandwidth.\n");
+                   "speedup over cuBLAS bf16 at the same shape and M, and %% of the copy bandwidth.\n"
+                   "--sweep: for nib's low-bit variants, also time every launch plan that fits (warps\n"
+                   "along K, K splits, register budget; up to 4 waves of CTAs; 5 reps each) and print\n"
+                   "the best against the planner's choice (rows marked sweep; JSON: \"sweep\": true).\n");
             return 0;
         } else if (!strcmp(a, "--shapes") && val) {
             if (parse_shapes(val, &cfg) <= 0) {
@@ -409,6 +455,8 @@ static int bench_gemm(int argc, char **argv) {
         } else if (!strcmp(a, "--json") && val) {
             cfg.json_path = val;
             i++;
+        } else if (!strcmp(a, "--sweep")) {
+            cfg.sweep = 1;
         } else {
             fprintf(stderr, "nib bench gemm: unknown or incomplete option '%s' (see --help)\n", a);
             return 2;
@@ -417,6 +465,7 @@ static int bench_gemm(int argc, char **argv) {
     nib_device_info d;
     nib_status st = nib_device_require(&d);
     if (st) return nib_cli_fail("bench gemm", st);
+    cfg.sms = d.sm_count;
     double copy_gbps = 0;
     st = nib_lab_copy_bandwidth((uint64_t)16 * (uint64_t)d.l2_bytes, &copy_gbps);
     if (st) return nib_cli_fail("bench gemm", st);
@@ -427,7 +476,7 @@ static int bench_gemm(int argc, char **argv) {
     nib_blas *blas = NULL;
     nib_gemm_ws ws;
     memset(&ws, 0, sizeof ws);
-    int max_rows = cfg.nshapes * cfg.nm * V_COUNT, nrows = 0;
+    int max_rows = cfg.nshapes * cfg.nm * V_COUNT * (cfg.sweep ? 256 : 1), nrows = 0;
     bench_row *rows = nib_calloc((size_t)max_rows, sizeof *rows);
     int64_t max_m = 1, max_n = 1;
     for (int i = 0; i < cfg.nm; i++) max_m = cfg.m[i] > max_m ? cfg.m[i] : max_m;

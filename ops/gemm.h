@@ -129,11 +129,19 @@ typedef struct nib_gemm_plan {
     int r;         /* 16-row groups per warp (1) */
     int wk;        /* warps along K per CTA (8 warps) */
     int ksplit;    /* CTAs along K */
+    int occ;       /* resident CTAs per SM the kernel's registers are budgeted for (1, 2) */
     int row_blocks, m_chunks, ctas;
     int xw, nxb, lds, ring_bytes; /* X window (pipeline steps), X buffers, X row stride, ring bytes */
     size_t smem;                  /* dynamic shared memory per CTA */
 } nib_gemm_plan;
 nib_status nib_cuda_gemm_plan(const nib_qweight *w, int64_t m, uint64_t ws_elems, nib_gemm_plan *plan);
+/* Every launch plan that fits (each K split count, warps along K, register budget), for the
+ * lab's plan sweep; returns how many were written to out (at most max), or -1. */
+int nib_cuda_gemm_plans(const nib_qweight *w, int64_t m, uint64_t ws_elems, nib_gemm_plan *out, int max);
+/* nib_cuda_gemm with a plan from nib_cuda_gemm_plans (NULL: the planner's choice). */
+nib_status nib_cuda_gemm_planned(const nib_qweight *w, const void *x, int64_t m, int64_t ldx, void *y,
+                                 int64_t ldy, const nib_gemm_epi *epi, nib_gemm_ws *ws,
+                                 const nib_gemm_plan *plan, void *stream);
 
 /* ---- cuBLAS / cuBLASLt baselines and the FP8 W8A8 path ------------------------------ */
 typedef struct nib_blas nib_blas; /* opaque: cuBLASLt handle + workspace */

@@ -40,6 +40,16 @@ nib_status nib_cuda_gemm_plan(const nib_qweight *w, int64_t m, uint64_t ws_elems
     memset(plan, 0, sizeof *plan);
     return NO_CUDA("nib_cuda_gemm_plan");
 }
+int nib_cuda_gemm_plans(const nib_qweight *w, int64_t m, uint64_t ws_elems, nib_gemm_plan *out, int max) {
+    (void)w, (void)m, (void)ws_elems, (void)out, (void)max;
+    return -1;
+}
+nib_status nib_cuda_gemm_planned(const nib_qweight *w, const void *x, int64_t m, int64_t ldx, void *y,
+                                 int64_t ldy, const nib_gemm_epi *epi, nib_gemm_ws *ws,
+                                 const nib_gemm_plan *plan, void *stream) {
+    (void)w, (void)x, (void)m, (void)ldx, (void)y, (void)ldy, (void)epi, (void)ws, (void)plan, (void)stream;
+    return NO_CUDA("nib_cuda_gemm_planned");
+}
 nib_status nib_blas_create(nib_blas **out) {
     *out = NULL;
     return NO_CUDA("nib_blas_create");

@@ -11,7 +11,9 @@
 #   accuracy  nib accuracy pi05 --json pi05-accuracy.json
 #   profile   Nsight Compute counters of nib's low-bit GEMM (ncu-gemm-m<M>.csv), one ncu run per
 #             M in PROFILE_M (default 16,50) on PROFILE_SHAPES (default 1024:2560), format
-#             PROFILE_VARIANT (nvfp4); clocks left as they are (--clock-control none)
+#             PROFILE_VARIANT (nvfp4); clocks left as they are (--clock-control none);
+#             PROFILE_SOURCE=1 adds the stall reasons (ncu-gemm-raw-m<M>.csv) and per-SASS-
+#             instruction samples (ncu-gemm-sass-m<M>.csv) of one launch
 #   load      nib quantize --pi05 fast of the synthetic checkpoint, then nib run --timing on it:
 #             time from file to the first call done
 # Environment: NIB_GIT_COMMIT (recorded in the JSON), JOBS (make -j, default nproc),
@@ -70,6 +72,19 @@ if has profile; then
             ./build/nib bench gemm --shapes "${PROFILE_SHAPES:-1024:2560}" --m "$pm" \
             --variants "${PROFILE_VARIANT:-nvfp4}" --reps 5 >"$OUT/ncu-gemm-m$pm.csv" 2>"$OUT/ncu-gemm-m$pm.err"
         note "profile M=$pm (rc $?): ncu-gemm-m$pm.csv, $(grep -c 'k_gemm_lowbit' "$OUT/ncu-gemm-m$pm.csv") metric rows"
+        if [ "${PROFILE_SOURCE:-0}" = 1 ]; then
+            # where the warps wait: the stall reasons (raw page) and per-SASS-instruction samples
+            # (source page) of one launch
+            "$ncu_bin" --clock-control none --kernel-name regex:k_gemm_lowbit --launch-skip 2 --launch-count 1 \
+                --section WarpStateStats --section InstructionStats --page raw --csv \
+                ./build/nib bench gemm --shapes "${PROFILE_SHAPES:-1024:2560}" --m "$pm" \
+                --variants "${PROFILE_VARIANT:-nvfp4}" --reps 5 >"$OUT/ncu-gemm-raw-m$pm.csv" 2>>"$OUT/ncu-gemm-m$pm.err"
+            "$ncu_bin" --clock-control none --kernel-name regex:k_gemm_lowbit --launch-skip 2 --launch-count 1 \
+                --section SourceCounters --page source --print-source sass --csv \
+                ./build/nib bench gemm --shapes "${PROFILE_SHAPES:-1024:2560}" --m "$pm" \
+                --variants "${PROFILE_VARIANT:-nvfp4}" --reps 5 >"$OUT/ncu-gemm-sass-m$pm.csv" 2>>"$OUT/ncu-gemm-m$pm.err"
+            note "profile M=$pm source (rc $?): ncu-gemm-raw-m$pm.csv, ncu-gemm-sass-m$pm.csv ($(wc -l <"$OUT/ncu-gemm-sass-m$pm.csv") lines)"
+        fi
     done
 fi
 if has gemm; then

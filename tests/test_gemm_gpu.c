@@ -136,6 +136,7 @@ static int make_rand_w(nib_rng *rng, nib_wfmt f, int64_t n, int64_t k, int asym,
 
 typedef struct case_opts {
     int geglu, use_gate, use_residual, inplace;
+    const nib_gemm_plan *plan; /* NULL: the planner's choice */
 } case_opts;
 
 /* Runs one GEMM on the GPU and checks it. Returns the worst error/bound ratio (<= 1 passes). */
@@ -182,11 +183,11 @@ static double run_case(nib_test_ctx *t, nib_rng *rng, const nib_wsrc *w, int64_t
     void *y0 = (uint16_t *)dy + ldy; /* row 0 and row m+1 are guards */
     nib_gemm_epi epi = {o->geglu, o->use_gate ? dg : NULL,
                         o->use_residual ? (o->inplace ? y0 : dr) : NULL, o->inplace ? ldy : n_out};
-    CHECK_OK(nib_cuda_gemm(&qw, dx, m, k, y0, ldy, &epi, ws, NULL));
+    CHECK_OK(nib_cuda_gemm_planned(&qw, dx, m, k, y0, ldy, &epi, ws, o->plan, NULL));
     CHECK_OK(nib_dev_sync());
     CHECK_OK(nib_dev_download(hy, dy, (size_t)rows * ldy * 2));
     if (check_determinism && !o->inplace) {
-        CHECK_OK(nib_cuda_gemm(&qw, dx, m, k, y0, ldy, &epi, ws, NULL));
+        CHECK_OK(nib_cuda_gemm_planned(&qw, dx, m, k, y0, ldy, &epi, ws, o->plan, NULL));
         CHECK_OK(nib_dev_download(hy2, dy, (size_t)rows * ldy * 2));
         CHECK_MSG(!memcmp(hy, hy2, (size_t)rows * ldy * 2), "second call differs bitwise");
     }
@@ -276,7 +277,7 @@ static void sweep(nib_test_ctx *t, int64_t n, int64_t k, const int64_t *ms, int 
         rand_w rw;
         REQUIRE(make_rand_w(&rng, fc->f, n, kk, fc->asym, fc->act_order, fc->per_channel, with_bias, &rw));
         for (int mi = 0; mi < nm; mi++) {
-            case_opts o = {0, 0, 0, 0};
+            case_opts o = {0, 0, 0, 0, NULL};
             double worst = run_case(t, &rng, &rw.w, ms[mi], &o, &ws, mi == 0);
             printf("  %-12s N=%-5lld K=%-5lld M=%-4lld worst err/bound %.3f\n", fc->name, (long long)n,
                    (long long)kk, (long long)ms[mi], worst);
@@ -326,12 +327,55 @@ NIB_TEST(gemm_gpu_split_k_deterministic) {
         nib_dev_arena_free(&a);
         const int64_t ms[] = {3, 64, 200};
         for (int mi = 0; mi < 3; mi++) {
-            case_opts o = {0, 0, 0, 0};
+            case_opts o = {0, 0, 0, 0, NULL};
             double worst = run_case(t, &rng, &rw.w, ms[mi], &o, &ws, 1);
             printf("  %-6s N=64 K=16384 M=%-4lld worst err/bound %.3f\n", nib_wfmt_name(fs[i]), (long long)ms[mi], worst);
         }
         rand_w_free(&rw);
     }
+    nib_cuda_gemm_ws_free(&ws);
+}
+
+/* Every launch plan the planner could pick (warps along K, K splits, both register budgets of
+ * MT = 8) gives a correct, deterministic result: the planner's cost model may choose any of them. */
+NIB_TEST(gemm_gpu_every_plan) {
+    NIB_REQUIRE_GPU();
+    nib_rng rng;
+    nib_test_rng(t, &rng);
+    nib_gemm_ws ws;
+    CHECK_OK(nib_cuda_gemm_ws_init(&ws, 128, 1024));
+    const nib_wfmt fs[] = {NIB_WFMT_NVFP4, NIB_WFMT_INT4};
+    const int64_t ms[] = {1, 17, 50, 63, 100};
+    int total = 0, occ1 = 0, occ2_mt8 = 0;
+    for (size_t i = 0; i < NIB_ARRAY_LEN(fs); i++) {
+        rand_w rw;
+        REQUIRE(make_rand_w(&rng, fs[i], 400, 1152, 1, 0, 1, 0, &rw));
+        nib_dev_arena a;
+        uint64_t b;
+        CHECK_OK(nib_cuda_weight_bytes(&rw.w, 1, &b));
+        CHECK_OK(nib_dev_arena_init(&a, b + 65536, "plan probe"));
+        nib_qweight q;
+        CHECK_OK(nib_cuda_weight_load(&rw.w, 1, "probe", &a, &q)); /* same padded shape with and without GeGLU */
+        for (size_t mi = 0; mi < NIB_ARRAY_LEN(ms); mi++) {
+            nib_gemm_plan pls[128];
+            int np = nib_cuda_gemm_plans(&q, ms[mi], ws.acc_elems, pls, 128);
+            CHECK_MSG(np >= 2, "M=%lld: only %d plans", (long long)ms[mi], np);
+            for (int p = 0; p < np; p++) {
+                /* alternate the epilogues over the plans: GeGLU, and gate + residual (plain) */
+                case_opts o = {p % 2 == 0, p % 2 == 1, p % 2 == 1, 0, &pls[p]};
+                double worst = run_case(t, &rng, &rw.w, ms[mi], &o, &ws, 1);
+                CHECK_MSG(worst <= 1.0, "%s M=%lld plan wk%d ks%d occ%d: err/bound %.3f", nib_wfmt_name(fs[i]),
+                          (long long)ms[mi], pls[p].wk, pls[p].ksplit, pls[p].occ, worst);
+                total++;
+                occ1 += pls[p].occ == 1;
+                occ2_mt8 += pls[p].occ == 2 && pls[p].mt == 8;
+            }
+        }
+        nib_dev_arena_free(&a);
+        rand_w_free(&rw);
+    }
+    printf("  %d plans checked (%d with one CTA per SM, %d MT=8 with two)\n", total, occ1, occ2_mt8);
+    CHECK_MSG(occ1 > 0 && occ2_mt8 > 0, "both register budgets of MT=8 must be exercised");
     nib_cuda_gemm_ws_free(&ws);
 }
 
@@ -346,13 +390,13 @@ NIB_TEST(gemm_gpu_epilogues) {
         rand_w rw;
         /* bias + residual (separate buffer), bias + gate + in-place residual */
         REQUIRE(make_rand_w(&rng, fs[i], 200, 1152, 0, 0, 0, 1, &rw));
-        case_opts o1 = {0, 0, 1, 0}, o2 = {0, 1, 1, 1};
+        case_opts o1 = {0, 0, 1, 0, NULL}, o2 = {0, 1, 1, 1, NULL};
         run_case(t, &rng, &rw.w, 17, &o1, &ws, 1);
         run_case(t, &rng, &rw.w, 5, &o2, &ws, 0);
         rand_w_free(&rw);
         /* GeGLU over a fused gate|up weight: without and with split-K */
         REQUIRE(make_rand_w(&rng, fs[i], 2 * 136, 1152, 1, 0, 0, 1, &rw));
-        case_opts og = {1, 0, 0, 0}, ogr = {1, 1, 1, 0};
+        case_opts og = {1, 0, 0, 0, NULL}, ogr = {1, 1, 1, 0, NULL};
         run_case(t, &rng, &rw.w, 1, &og, &ws, 1);
         run_case(t, &rng, &rw.w, 17, &ogr, &ws, 1);
         rand_w_free(&rw);
@@ -371,7 +415,7 @@ NIB_TEST(gemm_gpu_int4_act_order) {
     CHECK_OK(nib_cuda_gemm_ws_init(&ws, 1024, 4096));
     rand_w rw;
     REQUIRE(make_rand_w(&rng, NIB_WFMT_INT4, 72, 512, 1, 1, 0, 0, &rw));
-    case_opts o = {0, 0, 0, 0};
+    case_opts o = {0, 0, 0, 0, NULL};
     run_case(t, &rng, &rw.w, 1, &o, &ws, 1);
     run_case(t, &rng, &rw.w, 17, &o, &ws, 0);
     rand_w_free(&rw);

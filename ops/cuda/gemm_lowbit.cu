@@ -224,8 +224,10 @@ __device__ __forceinline__ void prefetch_l2(const void *a) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
 }
 
-template <int FMT, int MT, int R>
-__global__ void __launch_bounds__(WARPS * 32, (MT >= 8 ? 1 : 2)) k_gemm_lowbit(GemmParams p) {
+/* OCC: resident CTAs per SM the registers are budgeted for (MT = 8 exists with 1 and 2: 1 has
+ * no spills, 2 spills a few prologue values but doubles the resident CTAs; the planner picks) */
+template <int FMT, int MT, int R, int OCC>
+__global__ void __launch_bounds__(WARPS * 32, OCC) k_gemm_lowbit(GemmParams p) {
     constexpr int S = Stages<MT>::S;
     extern __shared__ __align__(16) unsigned char smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -833,7 +835,73 @@ static int plan_x(int xrows_alloc, int wk, int cps, int steps, int S, int budget
     return 0;
 }
 
-nib_status nib_cuda_gemm_plan(const nib_qweight *w, int64_t m, uint64_t ws_elems, nib_gemm_plan *pl) {
+/* One launch plan: wk warps along K, occ_regs resident CTAs per SM the registers are budgeted
+ * for (2, or 1 for MT = 8), ks CTAs along K. Returns 0 when it does not fit or is not distinct;
+ * *cost is the planner's estimate in pipeline-step units. */
+static int plan_eval(const nib_qweight *w, int64_t m, uint64_t ws_elems, int wk, int occ_regs, int ks_req,
+                     nib_gemm_plan *pl, double *cost_out) {
+    memset(pl, 0, sizeof *pl);
+    pl->mt = m <= 8 ? 1 : m <= 16 ? 2 : m <= 32 ? 4 : 8;
+    if (occ_regs != 2 && !(occ_regs == 1 && pl->mt == 8)) return 0; /* instantiated: OCC 2, MT 8 also OCC 1 */
+    pl->r = 1;
+    pl->occ = occ_regs;
+    pl->m_chunks = (int)((m + MCHUNK - 1) / MCHUNK);
+    const int ng = (int)(w->np / 16), nchunks = (int)(w->kp / KCH);
+    const int S = stages_for_mt(pl->mt), cps = cps_for_mt(pl->mt);
+    /* ring bytes for `steps` pipeline steps: a CTA with fewer steps than stages only ever
+     * touches stages 0 .. steps-1 (stage j holds step j), so it needs only those (at M = 10 and
+     * K = 1024 one step per warp: 24 KB instead of 96 KB, two CTAs per SM instead of one) */
+    auto ring_for = [&](int steps) { return WARPS * 32 * (steps < S ? steps : S) * pieces_for(w->fmt) * cps * 16; };
+    /* M chunks of 64 tokens at one CTA per SM may use more shared memory for X */
+    const int xbudget = occ_regs == 1 ? 2 * X_BUDGET : X_BUDGET;
+    /* X rows in shared memory: the real tokens of the largest M chunk + one zero row */
+    const int xrows_alloc = (int)(m < pl->mt * 8 ? m : pl->mt * 8) + 1;
+    const uint64_t slot = (uint64_t)pl->m_chunks * w->np * MCHUNK; /* floats per split */
+    int max_ks_ws = slot ? (int)(ws_elems / slot) : 0;
+    if (max_ks_ws < 1) max_ks_ws = 1; /* ksplit 1 needs no workspace */
+    const int wn = WARPS / wk;
+    const int rb = (ng + wn - 1) / wn;
+    const int base = rb * pl->m_chunks;
+    int ks = ks_req;
+    const int maxks = nchunks / (wk * cps) > 0 ? nchunks / (wk * cps) : 1; /* every warp gets a step */
+    if (ks < 1 || ks > maxks || ks > max_ks_ws) return 0;
+    const int cpc = (nchunks + ks - 1) / ks;
+    if ((nchunks + cpc - 1) / cpc != ks) return 0; /* the same split as a smaller ks */
+    const int steps = (cpc + wk * cps - 1) / (wk * cps);
+    int xw, nxb, lds;
+    if (!plan_x(xrows_alloc, wk, cps, steps, S, xbudget, &xw, &nxb, &lds)) return 0;
+    const int ring = ring_for(steps);
+    const size_t xs = (size_t)nxb * xrows_alloc * lds * 2;
+    const size_t red = (size_t)(wk - 1) * wn * pl->mt * 4 * 32 * 4;
+    const size_t smem = ring + xs > red ? ring + xs : red;
+    if (smem > 200 * 1024) return 0;
+    const int ctas = base * ks;
+    /* Cost model, in pipeline-step units, fitted to `nib bench gemm --sweep` on the H100 (every
+     * plan of the nine lab shapes at M = 1, 10, 16, 50, 128, 532; bench/results/
+     * gemm-sweep-h100-v1.json): a CTA costs a fixed ~4 steps (prologue, X staging, pipeline fill,
+     * epilogue) plus its chunk steps; the CTAs that share an SM take turns (co-resident CTAs
+     * share its issue slots and bandwidth, so they do not overlap for free); a K split adds the
+     * slot round trip, more with more tokens; the spilling MT = 8 build for two CTAs per SM is
+     * ~20 % slower per CTA. Against the best measured plan of each case the picks are 1.035x
+     * (geometric mean) and at most 1.38x; the previous model (fill occupancy x SMs first) was
+     * 1.22x and 2.57x. */
+    const int per_sm = (ctas + g_num_sms - 1) / g_num_sms;
+    double cost = per_sm * (4.0 + steps * cps) + (ks > 1 ? 2.0 * (1.0 + 0.25 * pl->mt) : 0.0);
+    if (pl->mt == 8 && occ_regs == 2) cost *= 1.2;
+    pl->wk = wk;
+    pl->ksplit = ks;
+    pl->row_blocks = rb;
+    pl->xw = xw;
+    pl->nxb = nxb;
+    pl->lds = lds;
+    pl->ring_bytes = ring;
+    pl->smem = smem;
+    pl->ctas = ctas;
+    *cost_out = cost;
+    return 1;
+}
+
+static nib_status plan_prep(const nib_qweight *w, int64_t m) {
     if (m < 1) return NIB_ERR(NIB_ERR_INVALID_ARG, "gemm: M = %lld", (long long)m);
     if (!g_num_sms) {
         nib_device_info d;
@@ -843,100 +911,117 @@ nib_status nib_cuda_gemm_plan(const nib_qweight *w, int64_t m, uint64_t ws_elems
     if (!w || w->np < 16 || w->kp < KCH || !w->w)
         return NIB_ERR(NIB_ERR_INVALID_ARG, "gemm: weight is not loaded (padded shape %lld x %lld)",
                        w ? (long long)w->np : 0LL, w ? (long long)w->kp : 0LL);
-    memset(pl, 0, sizeof *pl);
-    pl->mt = m <= 8 ? 1 : m <= 16 ? 2 : m <= 32 ? 4 : 8;
-    pl->r = 1;
-    pl->m_chunks = (int)((m + MCHUNK - 1) / MCHUNK);
-    const int ng = (int)(w->np / 16), nchunks = (int)(w->kp / KCH);
-    const int S = stages_for_mt(pl->mt), cps = cps_for_mt(pl->mt);
-    /* ring bytes for `steps` pipeline steps: a CTA with fewer steps than stages only ever
-     * touches stages 0 .. steps-1 (stage j holds step j), so it needs only those (at M = 10 and
-     * K = 1024 one step per warp: 24 KB instead of 96 KB, two CTAs per SM instead of one) */
-    auto ring_for = [&](int steps) { return WARPS * 32 * (steps < S ? steps : S) * pieces_for(w->fmt) * cps * 16; };
-    /* M chunks of 64 tokens run one CTA per SM: they may use more shared memory for X */
-    const int xbudget = pl->mt >= 8 ? 2 * X_BUDGET : X_BUDGET;
-    /* X rows in shared memory: the real tokens of the largest M chunk + one zero row */
-    const int xrows_alloc = (int)(m < pl->mt * 8 ? m : pl->mt * 8) + 1;
-    const uint64_t slot = (uint64_t)pl->m_chunks * w->np * MCHUNK; /* floats per split */
-    int max_ks_ws = slot ? (int)(ws_elems / slot) : 0;
-    if (max_ks_ws < 1) max_ks_ws = 1; /* ksplit 1 needs no workspace */
-    double best = 1e30;
-    for (int wk = 1; wk <= WARPS; wk *= 2) {
-        int wn = WARPS / wk;
-        int rb = (ng + wn - 1) / wn;
-        int base = rb * pl->m_chunks;
-        int steps0 = (nchunks + wk * cps - 1) / (wk * cps), xw0, nxb0, lds0; /* X at its largest (no split) */
-        if (!plan_x(xrows_alloc, wk, cps, steps0, S, xbudget, &xw0, &nxb0, &lds0))
-            xw0 = 1, nxb0 = S, lds0 = wk * cps * KCH + 8;
-        /* resident CTAs per SM: registers (launch bounds) and shared memory (ring + X) */
-        int occ_regs = pl->mt <= 4 ? 2 : 1; /* = the launch bounds */
-        int occ_smem = (int)(227 * 1024 / (ring_for(steps0) + (size_t)nxb0 * xrows_alloc * lds0 * 2 + 1024));
-        int occ = occ_regs < occ_smem ? occ_regs : occ_smem;
-        if (occ < 1) occ = 1;
-        int target = occ * g_num_sms;
-        int ks = (target + base - 1) / base;
-        int maxks = nchunks / (wk * cps) > 0 ? nchunks / (wk * cps) : 1;
-        if (ks > maxks) ks = maxks;
-        if (ks > max_ks_ws) ks = max_ks_ws;
-        if (ks < 1) ks = 1;
-        int cpc = (nchunks + ks - 1) / ks;
-        ks = (nchunks + cpc - 1) / cpc;
-        int steps = (cpc + wk * cps - 1) / (wk * cps);
-        int xw, nxb, lds;
-        if (!plan_x(xrows_alloc, wk, cps, steps, S, xbudget, &xw, &nxb, &lds)) continue;
-        int ctas = base * ks;
-        /* cost model: chunk steps of the busiest SM, padded row groups, idle warps in the last
-         * step, split-K slot traffic, window barriers */
-        double waves = ceil((double)ctas / target);
-        double idle = (double)(rb * wn - ng) / (rb * wn) + (double)(steps * wk * cps - cpc) / (steps * wk * cps);
-        double cost = waves * steps * (1.0 + idle) + (ks > 1 ? 0.02 * ks * pl->mt * wn : 0) +
-                      0.3 * (double)((steps + xw - 1) / xw);
-        if (ctas < g_num_sms) cost *= (double)g_num_sms / ctas;
-        if (cost < best - 1e-9) {
-            best = cost;
-            pl->wk = wk;
-            pl->ksplit = ks;
-            pl->row_blocks = rb;
-            pl->xw = xw;
-            pl->nxb = nxb;
-            pl->lds = lds;
-            const int ring = ring_for(steps);
-            pl->ring_bytes = ring;
-            size_t xs = (size_t)nxb * xrows_alloc * lds * 2;
-            size_t red = (size_t)(wk - 1) * wn * pl->mt * 4 * 32 * 4;
-            pl->smem = ring + xs > red ? ring + xs : red;
-        }
-    }
-    if (!pl->wk) return NIB_ERR(NIB_ERR_INTERNAL, "gemm: no launch plan fits shared memory (M=%lld)", (long long)m);
-    pl->ctas = pl->row_blocks * pl->ksplit * pl->m_chunks;
     return NIB_OK;
 }
 
-template <int FMT, int MT, int R>
+/* The planner searches every (register budget, warps along K, K split): up to ~2,000 candidates
+ * for K = 32768, too slow to redo on every eager call. Plans are cached per thread by what they
+ * depend on (direct-mapped; a collision only costs a new search). */
+struct PlanKey {
+    int64_t np, kp, m;
+    uint64_t ws_elems;
+    int fmt, sms;
+};
+struct PlanCacheEntry {
+    PlanKey key;
+    nib_gemm_plan plan;
+    int valid;
+};
+static thread_local PlanCacheEntry t_plan_cache[64];
+
+static nib_status plan_search(const nib_qweight *w, int64_t m, uint64_t ws_elems, nib_gemm_plan *pl);
+
+nib_status nib_cuda_gemm_plan(const nib_qweight *w, int64_t m, uint64_t ws_elems, nib_gemm_plan *pl) {
+    NIB_RETURN_IF_ERR(plan_prep(w, m));
+    PlanKey key;
+    memset(&key, 0, sizeof key);
+    key.np = w->np;
+    key.kp = w->kp;
+    key.m = m;
+    key.ws_elems = ws_elems;
+    key.fmt = (int)w->fmt;
+    key.sms = g_num_sms;
+    uint64_t h = (uint64_t)key.np * 0x9E3779B97F4A7C15ull ^ (uint64_t)key.kp * 0xC2B2AE3D27D4EB4Full ^
+                 (uint64_t)m * 0x165667B19E3779F9ull ^ ws_elems ^ (uint64_t)key.fmt << 7;
+    PlanCacheEntry &e = t_plan_cache[(h ^ (h >> 29)) & 63];
+    if (e.valid && !memcmp(&e.key, &key, sizeof key)) {
+        *pl = e.plan;
+        return NIB_OK;
+    }
+    NIB_RETURN_IF_ERR(plan_search(w, m, ws_elems, pl));
+    e.key = key;
+    e.plan = *pl;
+    e.valid = 1;
+    return NIB_OK;
+}
+
+static nib_status plan_search(const nib_qweight *w, int64_t m, uint64_t ws_elems, nib_gemm_plan *pl) {
+    double best = 1e30;
+    nib_gemm_plan cand;
+    memset(pl, 0, sizeof *pl);
+    const int nchunks = (int)(w->kp / KCH);
+    for (int occ = 2; occ >= 1; occ--)
+        for (int wk = 1; wk <= WARPS; wk *= 2)
+            for (int cpc = nchunks, prev = 0; cpc >= 1; cpc--) { /* each distinct K split once */
+                const int ks = (nchunks + cpc - 1) / cpc;
+                if (ks == prev) continue;
+                prev = ks;
+                double cost;
+                /* equal cost: the fewer K splits (fewer partial slots to write and add) */
+                if (plan_eval(w, m, ws_elems, wk, occ, ks, &cand, &cost) &&
+                    (cost < best - 1e-9 || (cost < best + 1e-9 && ks < pl->ksplit))) {
+                    best = cost;
+                    *pl = cand;
+                }
+            }
+    if (!pl->wk) return NIB_ERR(NIB_ERR_INTERNAL, "gemm: no launch plan fits shared memory (M=%lld)", (long long)m);
+    return NIB_OK;
+}
+
+int nib_cuda_gemm_plans(const nib_qweight *w, int64_t m, uint64_t ws_elems, nib_gemm_plan *out, int max) {
+    if (plan_prep(w, m)) return -1;
+    int n = 0;
+    const int nchunks = (int)(w->kp / KCH);
+    for (int occ = 2; occ >= 1; occ--)
+        for (int wk = 1; wk <= WARPS; wk *= 2)
+            for (int ks = 1; ks <= nchunks && n < max; ks++) {
+                double cost;
+                if (plan_eval(w, m, ws_elems, wk, occ, ks, &out[n], &cost)) n++;
+            }
+    return n;
+}
+
+template <int FMT, int MT, int R, int OCC>
 static nib_status launch_t(const GemmParams &p, dim3 grid, size_t smem, cudaStream_t stream) {
     static int attr_set;
     if (!attr_set) {
-        NIB_CUDA_CHECK(cudaFuncSetAttribute(k_gemm_lowbit<FMT, MT, R>,
+        NIB_CUDA_CHECK(cudaFuncSetAttribute(k_gemm_lowbit<FMT, MT, R, OCC>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
         attr_set = 1;
     }
-    NIB_CUDA_CHECK(nib::launch(k_gemm_lowbit<FMT, MT, R>, grid, dim3(WARPS * 32), smem, stream, p));
+    NIB_CUDA_CHECK(nib::launch(k_gemm_lowbit<FMT, MT, R, OCC>, grid, dim3(WARPS * 32), smem, stream, p));
     NIB_LAUNCH_CHECK("k_gemm_lowbit");
     return NIB_OK;
 }
 
 template <int FMT>
-static nib_status launch_mt(int mt, const GemmParams &p, dim3 g, size_t smem, cudaStream_t s) {
+static nib_status launch_mt(int mt, int occ, const GemmParams &p, dim3 g, size_t smem, cudaStream_t s) {
     switch (mt) {
-    case 1: return launch_t<FMT, 1, 1>(p, g, smem, s);
-    case 2: return launch_t<FMT, 2, 1>(p, g, smem, s);
-    case 4: return launch_t<FMT, 4, 1>(p, g, smem, s);
-    default: return launch_t<FMT, 8, 1>(p, g, smem, s);
+    case 1: return launch_t<FMT, 1, 1, 2>(p, g, smem, s);
+    case 2: return launch_t<FMT, 2, 1, 2>(p, g, smem, s);
+    case 4: return launch_t<FMT, 4, 1, 2>(p, g, smem, s);
+    default: return occ == 1 ? launch_t<FMT, 8, 1, 1>(p, g, smem, s) : launch_t<FMT, 8, 1, 2>(p, g, smem, s);
     }
 }
 
 nib_status nib_cuda_gemm(const nib_qweight *w, const void *x, int64_t m, int64_t ldx, void *y,
                          int64_t ldy, const nib_gemm_epi *epi, nib_gemm_ws *ws, void *stream) {
+    return nib_cuda_gemm_planned(w, x, m, ldx, y, ldy, epi, ws, NULL, stream);
+}
+
+nib_status nib_cuda_gemm_planned(const nib_qweight *w, const void *x, int64_t m, int64_t ldx, void *y,
+                                 int64_t ldy, const nib_gemm_epi *epi, nib_gemm_ws *ws,
+                                 const nib_gemm_plan *plan, void *stream) {
     if (!w || !x || !y) return NIB_ERR(NIB_ERR_INVALID_ARG, "gemm: NULL weight, x or y");
     if (w->fmt == NIB_WFMT_BF16)
         return NIB_ERR(NIB_ERR_UNSUPPORTED, "gemm: bf16 weights go through nib_blas_gemm_bf16");
@@ -949,7 +1034,17 @@ nib_status nib_cuda_gemm(const nib_qweight *w, const void *x, int64_t m, int64_t
         return NIB_ERR(NIB_ERR_INVALID_ARG, "gemm: epilogue GeGLU=%d but the weight was repacked with GeGLU=%d",
                        epi->geglu, w->geglu);
     nib_gemm_plan pl;
-    NIB_RETURN_IF_ERR(nib_cuda_gemm_plan(w, m, ws ? ws->acc_elems : 0, &pl));
+    if (plan) {
+        const int mt = m <= 8 ? 1 : m <= 16 ? 2 : m <= 32 ? 4 : 8;
+        if (plan->mt != mt || plan->m_chunks != (int)((m + MCHUNK - 1) / MCHUNK))
+            return NIB_ERR(NIB_ERR_INVALID_ARG, "gemm: the given plan was made for another M (mt %d, M = %lld)",
+                           plan->mt, (long long)m);
+        if (plan->ksplit > 1 && (!ws || (uint64_t)plan->ksplit * plan->m_chunks * w->np * MCHUNK > ws->acc_elems))
+            return NIB_ERR(NIB_ERR_SHAPE, "gemm: the given plan's %d K splits do not fit the workspace", plan->ksplit);
+        pl = *plan;
+    } else {
+        NIB_RETURN_IF_ERR(nib_cuda_gemm_plan(w, m, ws ? ws->acc_elems : 0, &pl));
+    }
     if (pl.ksplit > 1 && (uint64_t)pl.m_chunks * pl.row_blocks > ws->n_counters)
         return NIB_ERR(NIB_ERR_SHAPE, "gemm: workspace has %llu tile counters, M=%lld with padded N=%lld needs %llu",
                        (unsigned long long)ws->n_counters, (long long)m, (long long)w->np,
@@ -992,10 +1087,10 @@ nib_status nib_cuda_gemm(const nib_qweight *w, const void *x, int64_t m, int64_t
     size_t smem = pl.smem;
     cudaStream_t s = (cudaStream_t)stream;
     switch (w->fmt) {
-    case NIB_WFMT_NVFP4: return launch_mt<NIB_WFMT_NVFP4>(pl.mt, p, grid, smem, s);
-    case NIB_WFMT_MXFP4: return launch_mt<NIB_WFMT_MXFP4>(pl.mt, p, grid, smem, s);
-    case NIB_WFMT_INT4: return launch_mt<NIB_WFMT_INT4>(pl.mt, p, grid, smem, s);
-    case NIB_WFMT_FP8: return launch_mt<NIB_WFMT_FP8>(pl.mt, p, grid, smem, s);
+    case NIB_WFMT_NVFP4: return launch_mt<NIB_WFMT_NVFP4>(pl.mt, pl.occ, p, grid, smem, s);
+    case NIB_WFMT_MXFP4: return launch_mt<NIB_WFMT_MXFP4>(pl.mt, pl.occ, p, grid, smem, s);
+    case NIB_WFMT_INT4: return launch_mt<NIB_WFMT_INT4>(pl.mt, pl.occ, p, grid, smem, s);
+    case NIB_WFMT_FP8: return launch_mt<NIB_WFMT_FP8>(pl.mt, pl.occ, p, grid, smem, s);
     default: return NIB_ERR(NIB_ERR_UNSUPPORTED, "gemm: format %d", (int)w->fmt);
     }
 }
