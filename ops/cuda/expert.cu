@@ -232,14 +232,17 @@ __device__ __forceinline__ void stage_mods(const Params &p, const float *ss, flo
 __device__ void stage_copy(const Params &p, const __nv_bfloat16 *src, int ld, int K, int k0, int k1, __nv_bfloat16 *xs) {
     const int w8 = (k1 - k0) / 8, p0 = k0 / 8;
     if (w8 > 0) {
-        int r = threadIdx.x / w8, c = threadIdx.x - r * w8; /* (row, piece), advanced with a carry */
+        /* (row, piece), advanced by (NT / w8, NT % w8) with one carry per copy */
+        int r = threadIdx.x / w8, c = threadIdx.x - r * w8;
+        const int dr = NT / w8, dc = NT - dr * w8;
         for (; r <= p.H;) {
             const int col = 8 * (p0 + c);
             const bool ok = r < p.H && col < K;
             cp_async16(smem_u32(xs + (size_t)r * p.lds + col), ok ? (const void *)(src + (size_t)r * ld + col) : src,
                        ok ? 16 : 0);
-            c += NT;
-            while (c >= w8) {
+            r += dr;
+            c += dc;
+            if (c >= w8) {
                 c -= w8;
                 r++;
             }

@@ -119,29 +119,61 @@ __device__ __forceinline__ void read_chunk(Chunk<FMT> &ch, const unsigned char *
     }
 }
 
-/* X window -> shared buffer: xrows real token rows x (xw*wk*128) columns from column kbase. */
-__device__ __forceinline__ void issue_x_window(const GemmParams &p, __nv_bfloat16 *xs, int xrows, int m0,
-                                               int kbase) {
-    const int pieces_per_row = p.xw * p.wk * p.cps * (KCH / 8);
-    /* (row, piece) of this thread's idx = threadIdx.x + i * blockDim.x, advanced incrementally
-     * (one division for the whole window, not one per 16-byte copy) */
-    int row = (int)threadIdx.x / pieces_per_row, pc = (int)threadIdx.x - row * pieces_per_row;
-    for (; row < xrows; pc += blockDim.x) {
-        while (pc >= pieces_per_row) {
-            pc -= pieces_per_row;
-            row++;
+/* This thread's walk over the 16-byte pieces of an X window (xrows rows x ppr pieces per row,
+ * piece index threadIdx.x + i * 256): its first (row, piece) and the (row, piece) advance per
+ * copy, found with one division per launch. Each copy then costs a compare and a few adds (the
+ * earlier per-copy carry loop ran ppr / 256 times per copy: at M = 50 the X copies were half of
+ * the kernel's instructions, nib bench gemm under Nsight Compute). */
+struct XWalk {
+    int row0, pc0, drow, dpc, ppr;
+    __device__ __forceinline__ void init(int pieces_per_row) {
+        ppr = pieces_per_row;
+        row0 = (int)threadIdx.x / ppr;
+        pc0 = (int)threadIdx.x - row0 * ppr;
+        drow = (WARPS * 32) / ppr;
+        dpc = WARPS * 32 - drow * ppr;
+    }
+};
+
+/* X window -> shared buffer: xrows real token rows x (xw*wk*cps*128) columns from column kbase. */
+__device__ __forceinline__ void issue_x_window(const GemmParams &p, const XWalk &xw, __nv_bfloat16 *xs, int xrows,
+                                               int m0, int kbase) {
+    int row = xw.row0, pc = xw.pc0;
+    if (!p.perm) {
+        const __nv_bfloat16 *src = p.x + (long long)(m0 + row) * p.ldx + kbase + pc * 8;
+        uint32_t dst = smem_u32(xs + row * p.lds + pc * 8);
+        const long long src_step = (long long)xw.drow * p.ldx + xw.dpc * 8, src_wrap = p.ldx - (long long)xw.ppr * 8;
+        const uint32_t dst_step = (uint32_t)(xw.drow * p.lds + xw.dpc * 8) * 2u,
+                       dst_wrap = (uint32_t)(p.lds - xw.ppr * 8) * 2u;
+        while (row < xrows) {
+            const bool ok = kbase + pc * 8 < p.k;
+            cp_async16(dst, ok ? (const void *)src : (const void *)p.x, ok ? 16 : 0);
+            row += xw.drow;
+            pc += xw.dpc;
+            src += src_step;
+            dst += dst_step;
+            if (pc >= xw.ppr) {
+                pc -= xw.ppr;
+                row++;
+                src += src_wrap;
+                dst += dst_wrap;
+            }
         }
-        if (row >= xrows) break;
-        int col = kbase + pc * 8;
+        return;
+    }
+    /* act-order INT4: gather input channels (the stored column order) */
+    while (row < xrows) {
+        const int col = kbase + pc * 8;
         __nv_bfloat16 *dst = xs + row * p.lds + pc * 8;
-        bool ok = col < p.k;
-        if (!p.perm) {
-            const __nv_bfloat16 *src = ok ? p.x + (long long)(m0 + row) * p.ldx + col : p.x;
-            cp_async16(smem_u32(dst), src, ok ? 16 : 0);
-        } else { /* act-order INT4: gather input channels (the stored column order) */
+        const bool ok = col < p.k;
 #pragma unroll
-            for (int i = 0; i < 8; i++)
-                dst[i] = ok ? p.x[(long long)(m0 + row) * p.ldx + p.perm[col + i]] : __float2bfloat16(0.f);
+        for (int i = 0; i < 8; i++)
+            dst[i] = ok ? p.x[(long long)(m0 + row) * p.ldx + p.perm[col + i]] : __float2bfloat16(0.f);
+        row += xw.drow;
+        pc += xw.dpc;
+        if (pc >= xw.ppr) {
+            pc -= xw.ppr;
+            row++;
         }
     }
 }
@@ -179,6 +211,7 @@ template <int FMT, int MT> struct IssueState {
     int j, stage, in, xb, c, kcol, nsteps, c_end, xrows, m0, xs_stride;
     bool rg_ok;
     __nv_bfloat16 *xs0;
+    XWalk xwalk;
     __device__ __forceinline__ void init(const GemmParams &p, int rg0, int c_begin, int wkk, int lane, int g,
                                          int nsteps_, int c_end_, bool rg_ok_, __nv_bfloat16 *xs0_, int xs_stride_,
                                          int xrows_, int m0_) {
@@ -199,13 +232,14 @@ template <int FMT, int MT> struct IssueState {
         xs_stride = xs_stride_;
         xrows = xrows_;
         m0 = m0_;
+        xwalk.init(p.xw * p.wk * p.cps * (KCH / 8));
     }
     /* issue pipeline position j (weights of step j; the X window starting at step j) */
     __device__ __forceinline__ void step(const GemmParams &p, uint32_t ring) {
         if (j < nsteps) {
             issue_chunks<FMT, CPS>(ring, stage, wp, sp, rg_ok, c, c_end);
             if (in == 0) {
-                issue_x_window(p, xs0 + xb * xs_stride, xrows, m0, kcol);
+                issue_x_window(p, xwalk, xs0 + xb * xs_stride, xrows, m0, kcol);
                 xb = xb + 1 == p.nxb ? 0 : xb + 1;
             }
             in = in + 1 == p.xw ? 0 : in + 1;
@@ -877,14 +911,15 @@ static int plan_eval(const nib_qweight *w, int64_t m, uint64_t ws_elems, int wk,
     if (smem > 200 * 1024) return 0;
     const int ctas = base * ks;
     /* Cost model, in pipeline-step units, fitted to `nib bench gemm --sweep` on the H100 (every
-     * plan of the nine lab shapes at M = 1, 10, 16, 50, 128, 532; bench/results/
-     * gemm-sweep-h100-v1.json): a CTA costs a fixed ~4 steps (prologue, X staging, pipeline fill,
-     * epilogue) plus its chunk steps; the CTAs that share an SM take turns (co-resident CTAs
-     * share its issue slots and bandwidth, so they do not overlap for free); a K split adds the
-     * slot round trip, more with more tokens; the spilling MT = 8 build for two CTAs per SM is
-     * ~20 % slower per CTA. Against the best measured plan of each case the picks are 1.035x
-     * (geometric mean) and at most 1.38x; the previous model (fill occupancy x SMs first) was
-     * 1.22x and 2.57x. */
+     * plan of the nine lab shapes at M = 1, 10, 16, 50, 128, 532): a CTA costs a fixed ~4 steps
+     * (prologue, X staging, pipeline fill, epilogue) plus its chunk steps; the CTAs that share an
+     * SM take turns (co-resident CTAs share its issue slots and bandwidth, so they do not overlap
+     * for free); a K split adds the slot round trip, more with more tokens; the MT = 8 build for
+     * two CTAs per SM is taken as ~20 % slower per CTA. Against the best measured plan of each
+     * case the picks are 1.035x (geometric mean) and at most 1.38x on the sweep it was fitted to
+     * (bench/results/gemm-sweep-h100-v1.json; the previous model, fill occupancy x SMs first:
+     * 1.22x, at most 2.57x), and 1.032x, at most 1.56x, after the X-copy change
+     * (gemm-sweep-h100-v2.json; worst case 2048->2560 at M = 128). */
     const int per_sm = (ctas + g_num_sms - 1) / g_num_sms;
     double cost = per_sm * (4.0 + steps * cps) + (ks > 1 ? 2.0 * (1.0 + 0.25 * pl->mt) : 0.0);
     if (pl->mt == 8 && occ_regs == 2) cost *= 1.2;

@@ -235,10 +235,13 @@ __device__ __forceinline__ void compute_chunk(float (&acc)[R][MT][4], float (&ac
                 chunk_a<FMT>(ch[r], s, scale_add, zg[r], zg8[r], a);
 #pragma unroll
                 for (int nt = 0; nt < MT; nt++) { /* even / odd steps into separate accumulators */
+                    /* (MT = 8 has 8 independent products per step already: one set of
+                     * accumulators, 32 registers fewer) */
+                    const bool second = ss && MT < 8;
                     if (FMT == NIB_WFMT_INT4)
-                        mma_bf16(ss ? tmp2[r][nt] : tmp[r][nt], a, b[nt][2 * ss], b[nt][2 * ss + 1]);
+                        mma_bf16(second ? tmp2[r][nt] : tmp[r][nt], a, b[nt][2 * ss], b[nt][2 * ss + 1]);
                     else
-                        mma_bf16(ss ? acc2[r][nt] : acc[r][nt], a, b[nt][2 * ss], b[nt][2 * ss + 1]);
+                        mma_bf16(second ? acc2[r][nt] : acc[r][nt], a, b[nt][2 * ss], b[nt][2 * ss + 1]);
                 }
             }
         }
