@@ -16,7 +16,8 @@
 #             instruction samples (ncu-gemm-sass-m<M>.csv) of one launch
 #   load      nib quantize --pi05 fast of the synthetic checkpoint, then nib run --timing on it:
 #             time from file to the first call done
-# Environment: NIB_GIT_COMMIT (recorded in the JSON), JOBS (make -j, default nproc),
+# Environment: NIB_GIT_COMMIT (recorded in the JSON; pass the commit from the machine you commit on:
+#              the device copy's git metadata may not have your latest commits), JOBS (make -j, default nproc),
 #              GEMM_ARGS (extra args for nib bench gemm), SAN_ARGS (extra args for
 #              scripts/sanitize.sh in the sanitize step, e.g. "--tools racecheck --split 8";
 #              its logs come back as sanitize-logs.tgz).
