@@ -305,6 +305,16 @@ NIB_TEST(gemm_gpu_formats_siglip_k4304) {
     sweep(t, 1040, 4304, ms, 2, 0); /* INT4 runs at K = 4352, MXFP4 at 4320 */
 }
 
+/* w loaded into its own arena a (freed by the caller), for plan queries. */
+static void load_probe(nib_test_ctx *t, const nib_wsrc *w, int geglu, nib_dev_arena *a, nib_qweight *q) {
+    uint64_t b = 0;
+    memset(a, 0, sizeof *a);
+    memset(q, 0, sizeof *q);
+    CHECK_OK(nib_cuda_weight_bytes(w, geglu, &b));
+    CHECK_OK(nib_dev_arena_init(a, b + 65536, "plan probe"));
+    CHECK_OK(nib_cuda_weight_load(w, geglu, "probe", a, q));
+}
+
 NIB_TEST(gemm_gpu_split_k_deterministic) {
     NIB_REQUIRE_GPU();
     nib_rng rng;
@@ -316,11 +326,8 @@ NIB_TEST(gemm_gpu_split_k_deterministic) {
         rand_w rw;
         REQUIRE(make_rand_w(&rng, fs[i], 64, 16384, 1, 0, 1, 1, &rw));
         nib_dev_arena a;
-        uint64_t b;
-        CHECK_OK(nib_cuda_weight_bytes(&rw.w, 0, &b));
-        CHECK_OK(nib_dev_arena_init(&a, b + 65536, "plan probe"));
         nib_qweight q;
-        CHECK_OK(nib_cuda_weight_load(&rw.w, 0, "probe", &a, &q));
+        load_probe(t, &rw.w, 0, &a, &q);
         nib_gemm_plan pl;
         CHECK_OK(nib_cuda_gemm_plan(&q, 3, ws.acc_elems, &pl));
         CHECK_MSG(pl.ksplit > 1, "expected this shape to split K, plan has ksplit %d", pl.ksplit);
@@ -351,11 +358,8 @@ NIB_TEST(gemm_gpu_every_plan) {
         rand_w rw;
         REQUIRE(make_rand_w(&rng, fs[i], 400, 1152, 1, 0, 1, 0, &rw));
         nib_dev_arena a;
-        uint64_t b;
-        CHECK_OK(nib_cuda_weight_bytes(&rw.w, 1, &b));
-        CHECK_OK(nib_dev_arena_init(&a, b + 65536, "plan probe"));
         nib_qweight q;
-        CHECK_OK(nib_cuda_weight_load(&rw.w, 1, "probe", &a, &q)); /* same padded shape with and without GeGLU */
+        load_probe(t, &rw.w, 1, &a, &q); /* same padded shape with and without GeGLU */
         for (size_t mi = 0; mi < NIB_ARRAY_LEN(ms); mi++) {
             nib_gemm_plan pls[128];
             int np = nib_cuda_gemm_plans(&q, ms[mi], ws.acc_elems, pls, 128);
