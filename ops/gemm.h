@@ -123,6 +123,18 @@ void nib_cuda_gemm_ws_free(nib_gemm_ws *ws);
 nib_status nib_cuda_gemm(const nib_qweight *w, const void *x, int64_t m, int64_t ldx, void *y,
                          int64_t ldy, const nib_gemm_epi *epi, nib_gemm_ws *ws, void *stream);
 
+/* Geometry of the low-bit GEMM kernel, shared by the kernel (ops/cuda/gemm_lowbit.cu) and its
+ * launch planner (ops/gemm_plan.c, host code compiled in every build). */
+#define NIB_GEMM_KCH 128                                          /* K elements per chunk */
+#define NIB_GEMM_WARPS 8                                          /* warps per CTA */
+#define NIB_GEMM_MCHUNK 64                                        /* tokens per M chunk */
+#define NIB_GEMM_MT(m) ((m) <= 8 ? 1 : (m) <= 16 ? 2 : (m) <= 32 ? 4 : 8) /* 8-token tiles per chunk */
+#define NIB_GEMM_STAGES(mt) ((mt) >= 8 ? 3 : 4)                   /* weight pipeline stages */
+#define NIB_GEMM_CPS(mt) ((mt) <= 2 ? 2 : 1)                      /* chunks per pipeline step */
+#define NIB_GEMM_PIECES(fmt) ((fmt) == NIB_WFMT_FP8 ? 4 : 3)      /* 16-byte pieces per lane and chunk */
+#define NIB_GEMM_X_BUDGET (48 * 1024) /* shared memory for X windows per CTA (x2 at one CTA per SM) */
+#define NIB_GEMM_MAX_SMEM (200 * 1024) /* dynamic shared memory a plan may use */
+
 /* Launch plan the CUDA GEMM would use (for the lab and tests). */
 typedef struct nib_gemm_plan {
     int mt;        /* n-tiles of 8 tokens per M chunk (1, 2, 4, 8) */
@@ -134,6 +146,19 @@ typedef struct nib_gemm_plan {
     int xw, nxb, lds, ring_bytes; /* X window (pipeline steps), X buffers, X row stride, ring bytes */
     size_t smem;                  /* dynamic shared memory per CTA */
 } nib_gemm_plan;
+/* The planner itself, for a padded weight shape (np rows, multiple of 16; kp columns, multiple
+ * of 128) on a device with `sms` SMs and a split-K workspace of ws_elems floats: host code,
+ * available without CUDA (tests/test_gemm_plan.c checks it against the recorded plan sweep).
+ * Plans are cached per thread. */
+typedef struct nib_gemm_shape {
+    nib_wfmt fmt;
+    int64_t np, kp;
+} nib_gemm_shape;
+nib_status nib_gemm_plan_for(const nib_gemm_shape *w, int64_t m, uint64_t ws_elems, int sms, nib_gemm_plan *plan);
+/* Every plan that fits, in a fixed order; returns how many were written to out (at most max),
+ * or -1 (with the error set) for a bad shape. */
+int nib_gemm_plans_for(const nib_gemm_shape *w, int64_t m, uint64_t ws_elems, int sms, nib_gemm_plan *out, int max);
+/* The same for a loaded weight on the current device. */
 nib_status nib_cuda_gemm_plan(const nib_qweight *w, int64_t m, uint64_t ws_elems, nib_gemm_plan *plan);
 /* Every launch plan that fits (each K split count, warps along K, register budget), for the
  * lab's plan sweep; returns how many were written to out (at most max), or -1. */

@@ -30,9 +30,9 @@
 
 using namespace nib;
 
-#define KCH 128          /* K elements per chunk */
-#define WARPS 8          /* warps per CTA */
-#define MCHUNK 64        /* tokens per M chunk (MT = 8) */
+#define KCH NIB_GEMM_KCH       /* K elements per chunk */
+#define WARPS NIB_GEMM_WARPS   /* warps per CTA */
+#define MCHUNK NIB_GEMM_MCHUNK /* tokens per M chunk (MT = 8) */
 
 static int fmt_parts(nib_wfmt f) { return f == NIB_WFMT_FP8 ? 4 : 2; }
 static int fmt_sb(nib_wfmt f) {
@@ -66,8 +66,14 @@ struct GemmParams {
  * __syncthreads at each window start makes the other threads' X pieces visible). */
 template <int FMT> struct Pieces { enum { N = FmtT<FMT>::PARTS + (FMT == NIB_WFMT_FP8 ? 0 : 1) }; };
 /* pipeline stages, chunks per step (amortizes the per-step work at small M) */
-template <int MT> struct Stages { enum { S = MT >= 8 ? 3 : 4 }; };
-template <int MT> struct Cps { enum { N = MT <= 2 ? 2 : 1 }; };
+template <int MT> struct Stages { enum { S = NIB_GEMM_STAGES(MT) }; };
+template <int MT> struct Cps { enum { N = NIB_GEMM_CPS(MT) }; };
+/* the planner (ops/gemm_plan.c) sizes the ring with NIB_GEMM_PIECES */
+static_assert(Pieces<NIB_WFMT_NVFP4>::N == NIB_GEMM_PIECES(NIB_WFMT_NVFP4) &&
+                  Pieces<NIB_WFMT_MXFP4>::N == NIB_GEMM_PIECES(NIB_WFMT_MXFP4) &&
+                  Pieces<NIB_WFMT_INT4>::N == NIB_GEMM_PIECES(NIB_WFMT_INT4) &&
+                  Pieces<NIB_WFMT_FP8>::N == NIB_GEMM_PIECES(NIB_WFMT_FP8),
+              "ring pieces per chunk differ between the kernel and its planner");
 
 /* 16-byte async copy, or a zero fill when !ok. (No L2 cache-hint and no 8-byte copies here:
  * on sm_90 those variants raised illegal-instruction faults in this pipeline.) */
@@ -849,94 +855,8 @@ void nib_cuda_gemm_ws_free(nib_gemm_ws *ws) {
 
 static int g_num_sms;
 
-static int stages_for_mt(int mt) { return mt >= 8 ? 3 : 4; } /* = Stages<MT>::S */
-static int cps_for_mt(int mt) { return mt <= 2 ? 2 : 1; }     /* = Cps<MT>::N */
-static int pieces_for(nib_wfmt f) { return f == NIB_WFMT_FP8 ? 4 : 3; }           /* = Pieces<FMT>::N */
-#define X_BUDGET (48 * 1024) /* shared memory for X windows per CTA */
-
-/* X windows for `steps` pipeline steps: the largest window (in steps) whose buffers fit. */
-static int plan_x(int xrows_alloc, int wk, int cps, int steps, int S, int budget, int *xw, int *nxb, int *lds) {
-    for (int w = steps; w >= 1; w--) {
-        int nb = w >= steps ? 1 : 1 + (S - 1 + w - 1) / w;
-        int l = w * wk * cps * KCH + 8; /* +8 elements: conflict-free ldmatrix rows */
-        if ((long)nb * xrows_alloc * l * 2 <= budget) {
-            *xw = w;
-            *nxb = nb;
-            *lds = l;
-            return 1;
-        }
-    }
-    return 0;
-}
-
-/* One launch plan: wk warps along K, occ_regs resident CTAs per SM the registers are budgeted
- * for (2, or 1 for MT = 8), ks CTAs along K. Returns 0 when it does not fit or is not distinct;
- * *cost is the planner's estimate in pipeline-step units. */
-static int plan_eval(const nib_qweight *w, int64_t m, uint64_t ws_elems, int wk, int occ_regs, int ks_req,
-                     nib_gemm_plan *pl, double *cost_out) {
-    memset(pl, 0, sizeof *pl);
-    pl->mt = m <= 8 ? 1 : m <= 16 ? 2 : m <= 32 ? 4 : 8;
-    if (occ_regs != 2 && !(occ_regs == 1 && pl->mt == 8)) return 0; /* instantiated: OCC 2, MT 8 also OCC 1 */
-    pl->r = 1;
-    pl->occ = occ_regs;
-    pl->m_chunks = (int)((m + MCHUNK - 1) / MCHUNK);
-    const int ng = (int)(w->np / 16), nchunks = (int)(w->kp / KCH);
-    const int S = stages_for_mt(pl->mt), cps = cps_for_mt(pl->mt);
-    /* ring bytes for `steps` pipeline steps: a CTA with fewer steps than stages only ever
-     * touches stages 0 .. steps-1 (stage j holds step j), so it needs only those (at M = 10 and
-     * K = 1024 one step per warp: 24 KB instead of 96 KB, two CTAs per SM instead of one) */
-    auto ring_for = [&](int steps) { return WARPS * 32 * (steps < S ? steps : S) * pieces_for(w->fmt) * cps * 16; };
-    /* M chunks of 64 tokens at one CTA per SM may use more shared memory for X */
-    const int xbudget = occ_regs == 1 ? 2 * X_BUDGET : X_BUDGET;
-    /* X rows in shared memory: the real tokens of the largest M chunk + one zero row */
-    const int xrows_alloc = (int)(m < pl->mt * 8 ? m : pl->mt * 8) + 1;
-    const uint64_t slot = (uint64_t)pl->m_chunks * w->np * MCHUNK; /* floats per split */
-    int max_ks_ws = slot ? (int)(ws_elems / slot) : 0;
-    if (max_ks_ws < 1) max_ks_ws = 1; /* ksplit 1 needs no workspace */
-    const int wn = WARPS / wk;
-    const int rb = (ng + wn - 1) / wn;
-    const int base = rb * pl->m_chunks;
-    int ks = ks_req;
-    const int maxks = nchunks / (wk * cps) > 0 ? nchunks / (wk * cps) : 1; /* every warp gets a step */
-    if (ks < 1 || ks > maxks || ks > max_ks_ws) return 0;
-    const int cpc = (nchunks + ks - 1) / ks;
-    if ((nchunks + cpc - 1) / cpc != ks) return 0; /* the same split as a smaller ks */
-    const int steps = (cpc + wk * cps - 1) / (wk * cps);
-    int xw, nxb, lds;
-    if (!plan_x(xrows_alloc, wk, cps, steps, S, xbudget, &xw, &nxb, &lds)) return 0;
-    const int ring = ring_for(steps);
-    const size_t xs = (size_t)nxb * xrows_alloc * lds * 2;
-    const size_t red = (size_t)(wk - 1) * wn * pl->mt * 4 * 32 * 4;
-    const size_t smem = ring + xs > red ? ring + xs : red;
-    if (smem > 200 * 1024) return 0;
-    const int ctas = base * ks;
-    /* Cost model, in pipeline-step units, fitted to `nib bench gemm --sweep` on the H100 (every
-     * plan of the nine lab shapes at M = 1, 10, 16, 50, 128, 532): a CTA costs a fixed ~4 steps
-     * (prologue, X staging, pipeline fill, epilogue) plus its chunk steps; the CTAs that share an
-     * SM take turns (co-resident CTAs share its issue slots and bandwidth, so they do not overlap
-     * for free); a K split adds the slot round trip, more with more tokens; the MT = 8 build for
-     * two CTAs per SM is taken as ~20 % slower per CTA. Against the best measured plan of each
-     * case the picks are 1.035x (geometric mean) and at most 1.38x on the sweep it was fitted to
-     * (bench/results/gemm-sweep-h100-v1.json; the previous model, fill occupancy x SMs first:
-     * 1.22x, at most 2.57x), and 1.032x, at most 1.56x, after the X-copy change
-     * (gemm-sweep-h100-v2.json; worst case 2048->2560 at M = 128). */
-    const int per_sm = (ctas + g_num_sms - 1) / g_num_sms;
-    double cost = per_sm * (4.0 + steps * cps) + (ks > 1 ? 2.0 * (1.0 + 0.25 * pl->mt) : 0.0);
-    if (pl->mt == 8 && occ_regs == 2) cost *= 1.2;
-    pl->wk = wk;
-    pl->ksplit = ks;
-    pl->row_blocks = rb;
-    pl->xw = xw;
-    pl->nxb = nxb;
-    pl->lds = lds;
-    pl->ring_bytes = ring;
-    pl->smem = smem;
-    pl->ctas = ctas;
-    *cost_out = cost;
-    return 1;
-}
-
-static nib_status plan_prep(const nib_qweight *w, int64_t m) {
+/* The planner (ops/gemm_plan.c) for a loaded weight on this device. */
+static nib_status weight_shape(const nib_qweight *w, int64_t m, nib_gemm_shape *sh) {
     if (m < 1) return NIB_ERR(NIB_ERR_INVALID_ARG, "gemm: M = %lld", (long long)m);
     if (!g_num_sms) {
         nib_device_info d;
@@ -946,84 +866,22 @@ static nib_status plan_prep(const nib_qweight *w, int64_t m) {
     if (!w || w->np < 16 || w->kp < KCH || !w->w)
         return NIB_ERR(NIB_ERR_INVALID_ARG, "gemm: weight is not loaded (padded shape %lld x %lld)",
                        w ? (long long)w->np : 0LL, w ? (long long)w->kp : 0LL);
+    sh->fmt = w->fmt;
+    sh->np = w->np;
+    sh->kp = w->kp;
     return NIB_OK;
 }
-
-/* The planner searches every (register budget, warps along K, K split): up to ~2,000 candidates
- * for K = 32768, too slow to redo on every eager call. Plans are cached per thread by what they
- * depend on (direct-mapped; a collision only costs a new search). */
-struct PlanKey {
-    int64_t np, kp, m;
-    uint64_t ws_elems;
-    int fmt, sms;
-};
-struct PlanCacheEntry {
-    PlanKey key;
-    nib_gemm_plan plan;
-    int valid;
-};
-static thread_local PlanCacheEntry t_plan_cache[64];
-
-static nib_status plan_search(const nib_qweight *w, int64_t m, uint64_t ws_elems, nib_gemm_plan *pl);
 
 nib_status nib_cuda_gemm_plan(const nib_qweight *w, int64_t m, uint64_t ws_elems, nib_gemm_plan *pl) {
-    NIB_RETURN_IF_ERR(plan_prep(w, m));
-    PlanKey key;
-    memset(&key, 0, sizeof key);
-    key.np = w->np;
-    key.kp = w->kp;
-    key.m = m;
-    key.ws_elems = ws_elems;
-    key.fmt = (int)w->fmt;
-    key.sms = g_num_sms;
-    uint64_t h = (uint64_t)key.np * 0x9E3779B97F4A7C15ull ^ (uint64_t)key.kp * 0xC2B2AE3D27D4EB4Full ^
-                 (uint64_t)m * 0x165667B19E3779F9ull ^ ws_elems ^ (uint64_t)key.fmt << 7;
-    PlanCacheEntry &e = t_plan_cache[(h ^ (h >> 29)) & 63];
-    if (e.valid && !memcmp(&e.key, &key, sizeof key)) {
-        *pl = e.plan;
-        return NIB_OK;
-    }
-    NIB_RETURN_IF_ERR(plan_search(w, m, ws_elems, pl));
-    e.key = key;
-    e.plan = *pl;
-    e.valid = 1;
-    return NIB_OK;
-}
-
-static nib_status plan_search(const nib_qweight *w, int64_t m, uint64_t ws_elems, nib_gemm_plan *pl) {
-    double best = 1e30;
-    nib_gemm_plan cand;
-    memset(pl, 0, sizeof *pl);
-    const int nchunks = (int)(w->kp / KCH);
-    for (int occ = 2; occ >= 1; occ--)
-        for (int wk = 1; wk <= WARPS; wk *= 2)
-            for (int cpc = nchunks, prev = 0; cpc >= 1; cpc--) { /* each distinct K split once */
-                const int ks = (nchunks + cpc - 1) / cpc;
-                if (ks == prev) continue;
-                prev = ks;
-                double cost;
-                /* equal cost: the fewer K splits (fewer partial slots to write and add) */
-                if (plan_eval(w, m, ws_elems, wk, occ, ks, &cand, &cost) &&
-                    (cost < best - 1e-9 || (cost < best + 1e-9 && ks < pl->ksplit))) {
-                    best = cost;
-                    *pl = cand;
-                }
-            }
-    if (!pl->wk) return NIB_ERR(NIB_ERR_INTERNAL, "gemm: no launch plan fits shared memory (M=%lld)", (long long)m);
-    return NIB_OK;
+    nib_gemm_shape sh;
+    NIB_RETURN_IF_ERR(weight_shape(w, m, &sh));
+    return nib_gemm_plan_for(&sh, m, ws_elems, g_num_sms, pl);
 }
 
 int nib_cuda_gemm_plans(const nib_qweight *w, int64_t m, uint64_t ws_elems, nib_gemm_plan *out, int max) {
-    if (plan_prep(w, m)) return -1;
-    int n = 0;
-    const int nchunks = (int)(w->kp / KCH);
-    for (int occ = 2; occ >= 1; occ--)
-        for (int wk = 1; wk <= WARPS; wk *= 2)
-            for (int ks = 1; ks <= nchunks && n < max; ks++) {
-                double cost;
-                if (plan_eval(w, m, ws_elems, wk, occ, ks, &out[n], &cost)) n++;
-            }
-    return n;
+    nib_gemm_shape sh;
+    if (weight_shape(w, m, &sh)) return -1;
+    return nib_gemm_plans_for(&sh, m, ws_elems, g_num_sms, out, max);
 }
 
 template <int FMT, int MT, int R, int OCC>
@@ -1031,7 +889,7 @@ static nib_status launch_t(const GemmParams &p, dim3 grid, size_t smem, cudaStre
     static int attr_set;
     if (!attr_set) {
         NIB_CUDA_CHECK(cudaFuncSetAttribute(k_gemm_lowbit<FMT, MT, R, OCC>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, NIB_GEMM_MAX_SMEM));
         attr_set = 1;
     }
     NIB_CUDA_CHECK(nib::launch(k_gemm_lowbit<FMT, MT, R, OCC>, grid, dim3(WARPS * 32), smem, stream, p));
@@ -1070,7 +928,7 @@ nib_status nib_cuda_gemm_planned(const nib_qweight *w, const void *x, int64_t m,
                        epi->geglu, w->geglu);
     nib_gemm_plan pl;
     if (plan) {
-        const int mt = m <= 8 ? 1 : m <= 16 ? 2 : m <= 32 ? 4 : 8;
+        const int mt = NIB_GEMM_MT(m);
         if (plan->mt != mt || plan->m_chunks != (int)((m + MCHUNK - 1) / MCHUNK))
             return NIB_ERR(NIB_ERR_INVALID_ARG, "gemm: the given plan was made for another M (mt %d, M = %lld)",
                            plan->mt, (long long)m);
@@ -1115,7 +973,7 @@ nib_status nib_cuda_gemm_planned(const nib_qweight *w, const void *x, int64_t m,
     p.nxb = pl.nxb;
     p.lds = pl.lds;
     p.ring_bytes = pl.ring_bytes;
-    p.cps = cps_for_mt(pl.mt);
+    p.cps = NIB_GEMM_CPS(pl.mt);
     p.scale_add = w->scale_add;
     if (p.res && p.ldr < p.n_out) return NIB_ERR(NIB_ERR_SHAPE, "gemm: residual ldr %lld < N_out %d", (long long)p.ldr, p.n_out);
     dim3 grid(pl.row_blocks, pl.ksplit, pl.m_chunks);

@@ -1,0 +1,179 @@
+/* gemm_plan.c — launch plans of the low-bit weight GEMM (ops/cuda/gemm_lowbit.cu).
+ *
+ * A plan is (MT = 8-token tiles per M chunk, wk = warps along K of the CTA's 8, ks = CTAs along
+ * K, occ = resident CTAs per SM the kernel's registers are budgeted for), plus the X window and
+ * shared-memory layout that follow from it. The planner enumerates every plan that fits and
+ * keeps the cheapest by a cost model fitted to `nib bench gemm --sweep` on the H100. This file
+ * is host code with no CUDA dependency, so the model is checked in every build against the
+ * recorded sweep (tests/test_gemm_plan.c).
+ */
+#include <string.h>
+
+#include "ops/gemm.h"
+
+/* X windows for `steps` pipeline steps: the largest window (in steps) whose buffers fit. */
+static int plan_x(int xrows_alloc, int wk, int cps, int steps, int stages, int budget, int *xw, int *nxb,
+                  int *lds) {
+    for (int w = steps; w >= 1; w--) {
+        int nb = w >= steps ? 1 : 1 + (stages - 1 + w - 1) / w;
+        int l = w * wk * cps * NIB_GEMM_KCH + 8; /* +8 elements: conflict-free ldmatrix rows */
+        if ((long)nb * xrows_alloc * l * 2 <= budget) {
+            *xw = w;
+            *nxb = nb;
+            *lds = l;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* One launch plan: wk warps along K, occ_regs resident CTAs per SM the registers are budgeted
+ * for (2, or 1 for MT = 8), ks CTAs along K. Returns 0 when it does not fit or is not distinct;
+ * *cost_out is the planner's estimate in pipeline-step units. */
+static int plan_eval(const nib_gemm_shape *w, int64_t m, uint64_t ws_elems, int sms, int wk, int occ_regs,
+                     int ks, nib_gemm_plan *pl, double *cost_out) {
+    memset(pl, 0, sizeof *pl);
+    pl->mt = NIB_GEMM_MT(m);
+    if (occ_regs != 2 && !(occ_regs == 1 && pl->mt == 8)) return 0; /* instantiated: OCC 2, MT 8 also OCC 1 */
+    pl->r = 1;
+    pl->occ = occ_regs;
+    pl->m_chunks = (int)((m + NIB_GEMM_MCHUNK - 1) / NIB_GEMM_MCHUNK);
+    const int ng = (int)(w->np / 16), nchunks = (int)(w->kp / NIB_GEMM_KCH);
+    const int stages = NIB_GEMM_STAGES(pl->mt), cps = NIB_GEMM_CPS(pl->mt);
+    /* M chunks of 64 tokens at one CTA per SM may use more shared memory for X */
+    const int xbudget = occ_regs == 1 ? 2 * NIB_GEMM_X_BUDGET : NIB_GEMM_X_BUDGET;
+    /* X rows in shared memory: the real tokens of the largest M chunk + one zero row */
+    const int xrows_alloc = (int)(m < pl->mt * 8 ? m : pl->mt * 8) + 1;
+    const uint64_t slot = (uint64_t)pl->m_chunks * (uint64_t)w->np * NIB_GEMM_MCHUNK; /* floats per split */
+    int max_ks_ws = slot ? (int)(ws_elems / slot) : 0;
+    if (max_ks_ws < 1) max_ks_ws = 1; /* ksplit 1 needs no workspace */
+    const int wn = NIB_GEMM_WARPS / wk;
+    const int rb = (ng + wn - 1) / wn;
+    const int base = rb * pl->m_chunks;
+    const int maxks = nchunks / (wk * cps) > 0 ? nchunks / (wk * cps) : 1; /* every warp gets a step */
+    if (ks < 1 || ks > maxks || ks > max_ks_ws) return 0;
+    const int cpc = (nchunks + ks - 1) / ks;
+    if ((nchunks + cpc - 1) / cpc != ks) return 0; /* the same split as a smaller ks */
+    const int steps = (cpc + wk * cps - 1) / (wk * cps);
+    int xw, nxb, lds;
+    if (!plan_x(xrows_alloc, wk, cps, steps, stages, xbudget, &xw, &nxb, &lds)) return 0;
+    /* ring bytes: a CTA with fewer steps than stages only ever touches stages 0 .. steps-1
+     * (stage j holds step j), so it needs only those (at M = 10 and K = 1024 one step per warp:
+     * 24 KB instead of 96 KB, two CTAs per SM instead of one) */
+    const int ring = NIB_GEMM_WARPS * 32 * (steps < stages ? steps : stages) * NIB_GEMM_PIECES(w->fmt) * cps * 16;
+    const size_t xs = (size_t)nxb * xrows_alloc * lds * 2;
+    const size_t red = (size_t)(wk - 1) * wn * pl->mt * 4 * 32 * 4;
+    const size_t smem = ring + xs > red ? ring + xs : red;
+    if (smem > NIB_GEMM_MAX_SMEM) return 0;
+    const int ctas = base * ks;
+    /* Cost model, in pipeline-step units, fitted to `nib bench gemm --sweep` on the H100 (every
+     * plan of the nine lab shapes at M = 1, 10, 16, 50, 128, 532): a CTA costs a fixed ~4 steps
+     * (prologue, X staging, pipeline fill, epilogue) plus its chunk steps; the CTAs that share an
+     * SM take turns (co-resident CTAs share its issue slots and bandwidth, so they do not overlap
+     * for free); a K split adds the slot round trip, more with more tokens; the MT = 8 build for
+     * two CTAs per SM is taken as ~20 % slower per CTA. Against the best measured plan of each
+     * case the picks are 1.035x (geometric mean) and at most 1.38x on the sweep it was fitted to
+     * (bench/results/gemm-sweep-h100-v1.json; the previous model, fill occupancy x SMs first:
+     * 1.22x, at most 2.57x), and 1.032x, at most 1.56x, after the X-copy change
+     * (gemm-sweep-h100-v2.json; worst case 2048->2560 at M = 128). tests/test_gemm_plan.c keeps
+     * it there. */
+    const int per_sm = (ctas + sms - 1) / sms;
+    double cost = per_sm * (4.0 + steps * cps) + (ks > 1 ? 2.0 * (1.0 + 0.25 * pl->mt) : 0.0);
+    if (pl->mt == 8 && occ_regs == 2) cost *= 1.2;
+    pl->wk = wk;
+    pl->ksplit = ks;
+    pl->row_blocks = rb;
+    pl->xw = xw;
+    pl->nxb = nxb;
+    pl->lds = lds;
+    pl->ring_bytes = ring;
+    pl->smem = smem;
+    pl->ctas = ctas;
+    *cost_out = cost;
+    return 1;
+}
+
+static nib_status shape_check(const nib_gemm_shape *w, int64_t m, int sms) {
+    if (m < 1) return NIB_ERR(NIB_ERR_INVALID_ARG, "gemm: M = %lld", (long long)m);
+    if (!w || w->np < 16 || w->np % 16 || w->kp < NIB_GEMM_KCH || w->kp % NIB_GEMM_KCH || w->np > INT32_MAX / 2 ||
+        w->kp > INT32_MAX / 2)
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "gemm: padded weight shape %lld x %lld is not a multiple of 16 x %d",
+                       w ? (long long)w->np : 0LL, w ? (long long)w->kp : 0LL, NIB_GEMM_KCH);
+    if (sms < 1) return NIB_ERR(NIB_ERR_INVALID_ARG, "gemm: SM count %d", sms);
+    return NIB_OK;
+}
+
+static nib_status plan_search(const nib_gemm_shape *w, int64_t m, uint64_t ws_elems, int sms, nib_gemm_plan *pl) {
+    double best = 1e30;
+    nib_gemm_plan cand;
+    memset(pl, 0, sizeof *pl);
+    const int nchunks = (int)(w->kp / NIB_GEMM_KCH);
+    for (int occ = 2; occ >= 1; occ--)
+        for (int wk = 1; wk <= NIB_GEMM_WARPS; wk *= 2)
+            for (int cpc = nchunks, prev = 0; cpc >= 1; cpc--) { /* each distinct K split once */
+                const int ks = (nchunks + cpc - 1) / cpc;
+                if (ks == prev) continue;
+                prev = ks;
+                double cost;
+                /* equal cost: the fewer K splits (fewer partial slots to write and add) */
+                if (plan_eval(w, m, ws_elems, sms, wk, occ, ks, &cand, &cost) &&
+                    (cost < best - 1e-9 || (cost < best + 1e-9 && ks < pl->ksplit))) {
+                    best = cost;
+                    *pl = cand;
+                }
+            }
+    if (!pl->wk) return NIB_ERR(NIB_ERR_INTERNAL, "gemm: no launch plan fits shared memory (M=%lld)", (long long)m);
+    return NIB_OK;
+}
+
+/* The search looks at up to ~2,000 candidates for K = 32768, too slow to redo on every eager
+ * call: plans are cached per thread by what they depend on (direct-mapped; a collision only
+ * costs a new search). */
+typedef struct plan_key {
+    int64_t np, kp, m;
+    uint64_t ws_elems;
+    int fmt, sms;
+} plan_key;
+typedef struct plan_cache_entry {
+    plan_key key;
+    nib_gemm_plan plan;
+    int valid;
+} plan_cache_entry;
+static _Thread_local plan_cache_entry t_plan_cache[64];
+
+nib_status nib_gemm_plan_for(const nib_gemm_shape *w, int64_t m, uint64_t ws_elems, int sms, nib_gemm_plan *pl) {
+    NIB_RETURN_IF_ERR(shape_check(w, m, sms));
+    plan_key key;
+    memset(&key, 0, sizeof key); /* padding too: the key is compared with memcmp */
+    key.np = w->np;
+    key.kp = w->kp;
+    key.m = m;
+    key.ws_elems = ws_elems;
+    key.fmt = (int)w->fmt;
+    key.sms = sms;
+    uint64_t h = (uint64_t)key.np * 0x9E3779B97F4A7C15ull ^ (uint64_t)key.kp * 0xC2B2AE3D27D4EB4Full ^
+                 (uint64_t)m * 0x165667B19E3779F9ull ^ ws_elems ^ (uint64_t)key.fmt << 7 ^ (uint64_t)sms << 17;
+    plan_cache_entry *e = &t_plan_cache[(h ^ (h >> 29)) & 63];
+    if (e->valid && !memcmp(&e->key, &key, sizeof key)) {
+        *pl = e->plan;
+        return NIB_OK;
+    }
+    NIB_RETURN_IF_ERR(plan_search(w, m, ws_elems, sms, pl));
+    e->key = key;
+    e->plan = *pl;
+    e->valid = 1;
+    return NIB_OK;
+}
+
+int nib_gemm_plans_for(const nib_gemm_shape *w, int64_t m, uint64_t ws_elems, int sms, nib_gemm_plan *out, int max) {
+    if (shape_check(w, m, sms)) return -1;
+    int n = 0;
+    const int nchunks = (int)(w->kp / NIB_GEMM_KCH);
+    for (int occ = 2; occ >= 1; occ--)
+        for (int wk = 1; wk <= NIB_GEMM_WARPS; wk *= 2)
+            for (int ks = 1; ks <= nchunks && n < max; ks++) {
+                double cost;
+                if (plan_eval(w, m, ws_elems, sms, wk, occ, ks, &out[n], &cost)) n++;
+            }
+    return n;
+}

@@ -1,0 +1,166 @@
+/* test_gemm_plan.c — the low-bit GEMM's launch planner (ops/gemm_plan.c), on the CPU.
+ *
+ * The planner's cost model was fitted to measurements: `nib bench gemm --sweep` timed every
+ * launch plan of the nine lab shapes at M = 1, 10, 16, 50, 128, 532 on an H100
+ * (bench/results/gemm-sweep-h100-v2.json). The first test replays the planner on those cases
+ * and checks how much slower its picks were than the best measured plan, so a change to the
+ * model that picks worse on the recorded data fails here, in every build, without a GPU. The
+ * bounds are the current model's values on that file (1.032x geometric mean, 1.56x worst),
+ * rounded up in the third digit: they are a ratchet, not a derived error bound.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "io/json.h"
+#include "ops/gemm.h"
+#include "tests/harness.h"
+
+#define SWEEP_FILE "bench/results/gemm-sweep-h100-v2.json"
+/* the lab's split-K workspace for that run (nib bench gemm: max M 532 -> 9 M chunks, widest
+ * shape 32768 rows): 9 x 32768 x 64 x 2 floats */
+#define SWEEP_WS_ELEMS (9ull * 32768 * 64 * 2)
+#define SWEEP_SMS 132
+
+static nib_status read_sweep(char **text, size_t *len, char *path, size_t cap) {
+    snprintf(path, cap, "%s", SWEEP_FILE);
+    if (nib_read_file(path, 64u << 20, text, len) == NIB_OK) return NIB_OK;
+    nib_clear_error();
+    /* run from elsewhere: the repository root is the parent of this file's directory */
+    const char *slash = strrchr(__FILE__, '/');
+    int dir = slash ? (int)(slash - __FILE__) : 0;
+    snprintf(path, cap, "%.*s/../%s", dir, __FILE__, SWEEP_FILE);
+    return nib_read_file(path, 64u << 20, text, len);
+}
+
+static void plan_text(const nib_gemm_plan *pl, char *buf, size_t n) {
+    /* the lab's plan column (cli/cmd_bench.c plan_str) */
+    snprintf(buf, n, "mt%d r%d wk%d ks%d occ%d ctas%d", pl->mt, pl->r, pl->wk, pl->ksplit, pl->occ, pl->ctas);
+}
+
+NIB_TEST(gemm_plan_matches_recorded_sweep) {
+    char path[1024], *text = NULL;
+    size_t len = 0;
+    nib_status st = read_sweep(&text, &len, path, sizeof path);
+    CHECK_MSG(st == NIB_OK, "cannot read %s (%s)", path, nib_last_error());
+    if (st) return;
+    nib_json_doc *doc = NULL;
+    CHECK_OK(nib_json_parse(text, len, 0, &doc));
+    free(text);
+    if (!doc) return;
+    const nib_json_value *rows = nib_json_get(nib_json_root(doc), "rows");
+    const size_t nrows = nib_json_count(rows);
+    CHECK_MSG(nrows > 100, "%s has %zu rows", path, nrows);
+    /* every (K, N, M) case of the NVFP4 rows: its best measured time, and the planner's pick */
+    int cases = 0, worst_k = 0, worst_n = 0, worst_m = 0;
+    double log_sum = 0.0, worst = 1.0;
+    for (size_t i = 0; i < nrows; i++) {
+        const nib_json_value *r = nib_json_elem(rows, i);
+        const char *v = nib_json_string(nib_json_get(r, "variant"), NULL);
+        if (!v || strcmp(v, "nvfp4") || !nib_json_bool(nib_json_get(r, "planner"))) continue;
+        int64_t k = 0, n = 0, m = 0;
+        CHECK_OK(nib_json_int64(nib_json_get(r, "k"), &k));
+        CHECK_OK(nib_json_int64(nib_json_get(r, "n"), &n));
+        CHECK_OK(nib_json_int64(nib_json_get(r, "m"), &m));
+        double best = INFINITY, picked = NAN;
+        nib_gemm_shape sh = {NIB_WFMT_NVFP4, (n + 15) / 16 * 16, (k + NIB_GEMM_KCH - 1) / NIB_GEMM_KCH * NIB_GEMM_KCH};
+        nib_gemm_plan pl;
+        CHECK_OK(nib_gemm_plan_for(&sh, m, SWEEP_WS_ELEMS, SWEEP_SMS, &pl));
+        char want[96];
+        plan_text(&pl, want, sizeof want);
+        for (size_t j = 0; j < nrows; j++) {
+            const nib_json_value *q = nib_json_elem(rows, j);
+            const char *qv = nib_json_string(nib_json_get(q, "variant"), NULL);
+            int64_t qk = 0, qn = 0, qm = 0;
+            if (!qv || strcmp(qv, "nvfp4") || nib_json_int64(nib_json_get(q, "k"), &qk) ||
+                nib_json_int64(nib_json_get(q, "n"), &qn) || nib_json_int64(nib_json_get(q, "m"), &qm) || qk != k ||
+                qn != n || qm != m)
+                continue;
+            const double us = nib_json_double(nib_json_get(q, "us"));
+            if (us < best) best = us;
+            const char *qp = nib_json_string(nib_json_get(q, "plan"), NULL);
+            if (qp && !strcmp(qp, want)) picked = us;
+        }
+        nib_clear_error();
+        CHECK_MSG(!isnan(picked), "K=%lld N=%lld M=%lld: the planner picks %s, which the sweep did not time",
+                  (long long)k, (long long)n, (long long)m, want);
+        if (isnan(picked)) continue;
+        const double regret = picked / best;
+        log_sum += log(regret);
+        cases++;
+        if (regret > worst) {
+            worst = regret;
+            worst_k = (int)k, worst_n = (int)n, worst_m = (int)m;
+        }
+    }
+    nib_json_free(doc);
+    CHECK_MSG(cases == 54, "expected 54 cases (9 shapes x 6 M), found %d", cases);
+    const double geo = cases ? exp(log_sum / cases) : 0.0;
+    printf("  %d cases: the planner's picks are %.4fx the best measured plan (geometric mean), worst %.3fx "
+           "(K=%d N=%d M=%d)\n", cases, geo, worst, worst_k, worst_n, worst_m);
+    CHECK_MSG(geo <= 1.033, "geometric-mean regret %.4f > 1.033 (the model as fitted)", geo);
+    CHECK_MSG(worst <= 1.561, "worst regret %.3f > 1.561 (the model as fitted)", worst);
+}
+
+/* Every enumerated plan is self-consistent and fits; the pick is one of them; cached and fresh
+ * answers agree; bad shapes are errors, not plans. */
+NIB_TEST(gemm_plan_invariants) {
+    const int shapes[][2] = {{2048, 2560}, {2048, 32768}, {16384, 2048}, {1024, 2560}, {2048, 1024},
+                             {1024, 8192}, {4096, 1024},  {1152, 4304},  {4304, 1152}, {1040, 400}};
+    const int64_t ms[] = {1, 3, 8, 9, 16, 17, 32, 33, 50, 64, 65, 127, 532, 1024};
+    const nib_wfmt fmts[] = {NIB_WFMT_NVFP4, NIB_WFMT_MXFP4, NIB_WFMT_INT4, NIB_WFMT_FP8};
+    const uint64_t wss[] = {0, 4u << 20, SWEEP_WS_ELEMS};
+    static nib_gemm_plan all[1024];
+    int checked = 0;
+    for (size_t f = 0; f < NIB_ARRAY_LEN(fmts); f++)
+        for (size_t s = 0; s < NIB_ARRAY_LEN(shapes); s++)
+            for (size_t mi = 0; mi < NIB_ARRAY_LEN(ms); mi++)
+                for (size_t wi = 0; wi < NIB_ARRAY_LEN(wss); wi++) {
+                    const int64_t m = ms[mi];
+                    nib_gemm_shape sh = {fmts[f], (shapes[s][1] + 15) / 16 * 16,
+                                         (shapes[s][0] + NIB_GEMM_KCH - 1) / NIB_GEMM_KCH * NIB_GEMM_KCH};
+                    const int ng = (int)(sh.np / 16), nchunks = (int)(sh.kp / NIB_GEMM_KCH);
+                    const int mchunks = (int)((m + NIB_GEMM_MCHUNK - 1) / NIB_GEMM_MCHUNK);
+                    int n = nib_gemm_plans_for(&sh, m, wss[wi], SWEEP_SMS, all, 1024);
+                    REQUIRE(n > 0 && n < 1024);
+                    for (int i = 0; i < n; i++) {
+                        const nib_gemm_plan *p = &all[i];
+                        const int cps = NIB_GEMM_CPS(p->mt), cpc = (nchunks + p->ksplit - 1) / p->ksplit;
+                        const int bad = p->mt != NIB_GEMM_MT(m) || p->m_chunks != mchunks ||
+                                        p->row_blocks != (ng + NIB_GEMM_WARPS / p->wk - 1) / (NIB_GEMM_WARPS / p->wk) ||
+                                        p->ctas != p->row_blocks * p->ksplit * p->m_chunks ||
+                                        p->smem > NIB_GEMM_MAX_SMEM || (nchunks + cpc - 1) / cpc != p->ksplit ||
+                                        p->ksplit * p->wk * cps > (nchunks > p->wk * cps ? nchunks : p->wk * cps) ||
+                                        (p->ksplit > 1 && (uint64_t)p->ksplit * mchunks * sh.np * NIB_GEMM_MCHUNK > wss[wi]) ||
+                                        (p->occ != 2 && !(p->occ == 1 && p->mt == 8)) || p->xw < 1 || p->nxb < 1 ||
+                                        p->lds % 8 != 0;
+                        CHECK_MSG(!bad, "fmt %d K=%lld N=%lld M=%lld ws=%llu: inconsistent plan wk%d ks%d occ%d ctas%d smem%zu",
+                                  (int)fmts[f], (long long)sh.kp, (long long)sh.np, (long long)m,
+                                  (unsigned long long)wss[wi], p->wk, p->ksplit, p->occ, p->ctas, p->smem);
+                        for (int j = 0; j < i; j++)
+                            CHECK_MSG(!(all[j].wk == p->wk && all[j].ksplit == p->ksplit && all[j].occ == p->occ),
+                                      "plan wk%d ks%d occ%d enumerated twice", p->wk, p->ksplit, p->occ);
+                    }
+                    nib_gemm_plan pick, again;
+                    CHECK_OK(nib_gemm_plan_for(&sh, m, wss[wi], SWEEP_SMS, &pick));
+                    CHECK_OK(nib_gemm_plan_for(&sh, m, wss[wi], SWEEP_SMS, &again)); /* from the cache */
+                    CHECK_MSG(!memcmp(&pick, &again, sizeof pick), "cached plan differs");
+                    int found = 0;
+                    for (int i = 0; i < n; i++) found |= !memcmp(&all[i], &pick, sizeof pick);
+                    CHECK_MSG(found, "fmt %d K=%lld N=%lld M=%lld: the pick wk%d ks%d occ%d is not an enumerated plan",
+                              (int)fmts[f], (long long)sh.kp, (long long)sh.np, (long long)m, pick.wk, pick.ksplit,
+                              pick.occ);
+                    checked += n;
+                }
+    printf("  %d plans checked\n", checked);
+    nib_gemm_plan pl;
+    nib_gemm_shape odd = {NIB_WFMT_NVFP4, 100, 1024}, ok = {NIB_WFMT_NVFP4, 128, 1024}, kodd = {NIB_WFMT_NVFP4, 128, 1000};
+    CHECK_ST(nib_gemm_plan_for(&odd, 1, 0, SWEEP_SMS, &pl), NIB_ERR_INVALID_ARG);
+    CHECK_ST(nib_gemm_plan_for(&kodd, 1, 0, SWEEP_SMS, &pl), NIB_ERR_INVALID_ARG);
+    CHECK_ST(nib_gemm_plan_for(&ok, 0, 0, SWEEP_SMS, &pl), NIB_ERR_INVALID_ARG);
+    CHECK_ST(nib_gemm_plan_for(&ok, 1, 0, 0, &pl), NIB_ERR_INVALID_ARG);
+    CHECK_ST(nib_gemm_plan_for(NULL, 1, 0, SWEEP_SMS, &pl), NIB_ERR_INVALID_ARG);
+    CHECK_MSG(nib_gemm_plans_for(&odd, 1, 0, SWEEP_SMS, &pl, 1) == -1, "a bad shape enumerates plans");
+    nib_clear_error();
+}
