@@ -173,11 +173,10 @@ static void plan_str(const nib_gemm_plan *pl, char *buf, size_t n) {
 }
 
 /* One timed row of variant g->v at g->m (g->plan: the plan, or NULL for the planner's). */
-static nib_status time_row(const bench_cfg *cfg, gemm_ctx *g, int reps, uint64_t canon_bytes, double copy_gbps,
-                           double bf16_us, bench_row *row) {
+static nib_status time_row(gemm_ctx *g, int reps, uint64_t canon_bytes, double copy_gbps, double bf16_us,
+                           bench_row *row) {
     const int calls = g->ncopies * ((20 + g->ncopies - 1) / g->ncopies); /* >= 20 calls, whole rotations */
     nib_lab_timing tm;
-    (void)cfg;
     NIB_RETURN_IF_ERR(nib_lab_time_graph(gemm_call, g, calls, reps, &tm));
     memset(row, 0, sizeof *row);
     row->k = g->k;
@@ -270,7 +269,7 @@ static nib_status bench_variant(const bench_cfg *cfg, variant v, gemm_ctx *g, ni
         g->m = cfg->m[mi];
         g->plan = NULL;
         bench_row *row = &rows[(*nrows)++];
-        NIB_TRY(time_row(cfg, g, cfg->reps, canon_bytes, copy_gbps, bf16_us[mi], row));
+        NIB_TRY(time_row(g, cfg->reps, canon_bytes, copy_gbps, bf16_us[mi], row));
         if (v == V_BF16) bf16_us[mi] = row->us;
         nib_gemm_plan chosen;
         memset(&chosen, 0, sizeof chosen);
@@ -291,7 +290,7 @@ static nib_status bench_variant(const bench_cfg *cfg, variant v, gemm_ctx *g, ni
             if (pl->ctas > 4 * pl->occ * cfg->sms) continue;
             g->plan = pl;
             bench_row *sr = &rows[(*nrows)++];
-            NIB_TRY(time_row(cfg, g, cfg->reps < 5 ? cfg->reps : 5, canon_bytes, copy_gbps, bf16_us[mi], sr));
+            NIB_TRY(time_row(g, cfg->reps < 5 ? cfg->reps : 5, canon_bytes, copy_gbps, bf16_us[mi], sr));
             plan_str(pl, sr->plan, sizeof sr->plan);
             sr->sweep = 1;
             print_row(sr);
