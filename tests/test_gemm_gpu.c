@@ -315,6 +315,20 @@ static void load_probe(nib_test_ctx *t, const nib_wsrc *w, int geglu, nib_dev_ar
     CHECK_OK(nib_cuda_weight_load(w, geglu, "probe", a, q));
 }
 
+#ifdef NIB_HAVE_CUDA
+int nib_test_fp4_layout(char *msg, size_t cap); /* tests/fp4_layout_check.cu */
+#endif
+
+/* The FP4 word layout: repack bit positions and the kernel's decoder agree (host code; no GPU). */
+NIB_TEST(gemm_fp4_layout_decodes_every_code) {
+#ifndef NIB_HAVE_CUDA
+    SKIP("CPU-only build: the layout lives in the CUDA kernel's header");
+#else
+    char msg[256] = "";
+    CHECK_MSG(nib_test_fp4_layout(msg, sizeof msg), "%s", msg);
+#endif
+}
+
 NIB_TEST(gemm_gpu_split_k_deterministic) {
     NIB_REQUIRE_GPU();
     nib_rng rng;
