@@ -55,6 +55,11 @@ struct GemmParams {
     int xw, nxb, lds, ring_bytes; /* X window steps, X buffers, X row stride (elements), ring size */
     int cps;                      /* chunks per pipeline step (= Cps<MT>) */
     uint32_t scale_add;
+    /* launch constants the host computes once, so the kernel's prologue divides nothing */
+    int wn_shift;                 /* log2(warps along N) = log2(WARPS / wk) */
+    int nsteps_full, nsteps_last; /* pipeline steps of a CTA with chunks_per_cta chunks / the last K split */
+    int x_drow, x_dpc;            /* X walk: (row, piece) advance per copy (256 / ppr, 256 % ppr) */
+    uint32_t x_magic;             /* ceil(2^32 / ppr): threadIdx.x / ppr as one multiply-high */
 };
 
 /* ---- the per-thread cp.async ring -------------------------------------------------------
@@ -132,12 +137,20 @@ __device__ __forceinline__ void read_chunk(Chunk<FMT> &ch, const unsigned char *
  * the kernel's instructions, nib bench gemm under Nsight Compute). */
 struct XWalk {
     int row0, pc0, drow, dpc, ppr;
-    __device__ __forceinline__ void init(int pieces_per_row) {
+    __device__ __forceinline__ void init(int pieces_per_row) { /* two divisions: for per-CTA use */
         ppr = pieces_per_row;
         row0 = (int)threadIdx.x / ppr;
         pc0 = (int)threadIdx.x - row0 * ppr;
         drow = (WARPS * 32) / ppr;
         dpc = WARPS * 32 - drow * ppr;
+    }
+    /* the X window walk from the host's constants (exact: threadIdx.x < 2^8, ppr < 2^24) */
+    __device__ __forceinline__ void init_x(const GemmParams &p, int pieces_per_row) {
+        ppr = pieces_per_row;
+        row0 = (int)__umulhi(threadIdx.x, p.x_magic);
+        pc0 = (int)threadIdx.x - row0 * ppr;
+        drow = p.x_drow;
+        dpc = p.x_dpc;
     }
 };
 
@@ -238,7 +251,7 @@ template <int FMT, int MT> struct IssueState {
         xs_stride = xs_stride_;
         xrows = xrows_;
         m0 = m0_;
-        xwalk.init(p.xw * p.wk * p.cps * (KCH / 8));
+        xwalk.init_x(p, p.xw * p.wk * p.cps * (KCH / 8));
     }
     /* issue pipeline position j (weights of step j; the X window starting at step j) */
     __device__ __forceinline__ void step(const GemmParams &p, uint32_t ring) {
@@ -271,30 +284,32 @@ __global__ void __launch_bounds__(WARPS * 32, OCC) k_gemm_lowbit(GemmParams p) {
     constexpr int S = Stages<MT>::S;
     extern __shared__ __align__(16) unsigned char smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int wn_count = WARPS / p.wk;
-    const int wn = warp % wn_count, wkk = warp / wn_count;
+    const int wn_count = 1 << p.wn_shift; /* warps along N (WARPS / wk, a power of two) */
+    const int wn = warp & (wn_count - 1), wkk = warp >> p.wn_shift;
     const int rg0 = (blockIdx.x * wn_count + wn) * R;
     const int m0 = blockIdx.z * MCHUNK;
     const int c_begin = blockIdx.y * p.chunks_per_cta;
     const int c_end = min(c_begin + p.chunks_per_cta, p.nchunks);
     constexpr int CPS = Cps<MT>::N;
-    const int nsteps = (c_end - c_begin + p.wk * CPS - 1) / (p.wk * CPS); /* uniform across the CTA */
+    const int nsteps = (int)blockIdx.y == p.ksplit - 1 ? p.nsteps_last : p.nsteps_full; /* uniform across the CTA */
     /* Before the PDL wait (runtime/launch.cuh): the weights do not depend on the previous
      * kernel, so pull the start of this CTA's weight (and scale) slice into L2 while that kernel
-     * finishes; the pipeline below then finds it there. At most PF_LINES lines per CTA. */
+     * finishes; the pipeline below then finds it there. Each row group's first lines, at most
+     * PF_LINES per CTA, by the wk warps that stream that row group (no divisions). */
     {
         constexpr int PB = FmtT<FMT>::PARTS * 512, SBB = FmtT<FMT>::SB, PF_LINES = 256;
-        const int rgc = min(wn_count * R, p.ng - (int)blockIdx.x * wn_count * R);
-        const int lpr = (c_end - c_begin) * (PB / 128), spr = SBB ? (c_end - c_begin) * SBB / 128 : 0;
-        const int tot = min(rgc * lpr, PF_LINES), stot = min(rgc * spr, PF_LINES / 4);
-        const int rgb = blockIdx.x * wn_count * R;
-        for (int l = threadIdx.x; l < tot; l += blockDim.x) {
-            const int rr = l / lpr;
-            prefetch_l2(p.w + ((size_t)(rgb + rr) * p.nchunks + c_begin) * PB + (size_t)(l - rr * lpr) * 128);
-        }
-        for (int l = threadIdx.x; l < stot; l += blockDim.x) {
-            const int rr = l / max(spr, 1);
-            prefetch_l2(p.s + ((size_t)(rgb + rr) * p.nchunks + c_begin) * SBB + (size_t)(l - rr * spr) * 128);
+        const int cap = PF_LINES >> p.wn_shift; /* lines per row group */
+        const int lpr = min((c_end - c_begin) * (PB / 128), cap);
+        const int spr = SBB ? min((c_end - c_begin) * SBB / 128, cap / 4) : 0;
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            if (rg0 + r >= p.ng) continue;
+            const uint8_t *wb = p.w + ((size_t)(rg0 + r) * p.nchunks + c_begin) * PB;
+            for (int l = wkk * 32 + lane; l < lpr; l += p.wk * 32) prefetch_l2(wb + (size_t)l * 128);
+            if (SBB) {
+                const uint8_t *sb = p.s + ((size_t)(rg0 + r) * p.nchunks + c_begin) * SBB;
+                for (int l = wkk * 32 + lane; l < spr; l += p.wk * 32) prefetch_l2(sb + (size_t)l * 128);
+            }
         }
     }
     nib::pdl_enter();
@@ -445,22 +460,36 @@ __global__ void __launch_bounds__(WARPS * 32, OCC) k_gemm_lowbit(GemmParams p) {
         for (int q = 0; q < p.ksplit; q++) v += __ldcg(wsb + q * slot_stride + (size_t)pr * MCHUNK + j);
         return v;
     };
+    /* (output q, token j) of idx = threadIdx.x + i * 256, advanced with one carry (two divisions
+     * per CTA, not one per output) */
+    XWalk ow;
+    ow.init(toks);
     if (p.geglu) {
         const int outs = rows / 2;
-        for (int idx = threadIdx.x; idx < outs * toks; idx += blockDim.x) {
-            int q = idx / toks, j = idx - q * toks;
-            int n = pb / 2 + q;
-            if (n >= p.n_out) continue;
-            int pg = (n >> 3) * 16 + (n & 7);
-            float vg = epi_val(p, pg, partial(pg, j)), vu = epi_val(p, pg + 8, partial(pg + 8, j));
-            epi_store(p, n, m0 + j, gelu_tanh(vg) * vu);
+        for (int q = ow.row0, j = ow.pc0; q < outs;) {
+            const int n = pb / 2 + q;
+            if (n < p.n_out) {
+                const int pg = (n >> 3) * 16 + (n & 7);
+                const float vg = epi_val(p, pg, partial(pg, j)), vu = epi_val(p, pg + 8, partial(pg + 8, j));
+                epi_store(p, n, m0 + j, gelu_tanh(vg) * vu);
+            }
+            q += ow.drow;
+            j += ow.dpc;
+            if (j >= toks) {
+                j -= toks;
+                q++;
+            }
         }
     } else {
-        for (int idx = threadIdx.x; idx < rows * toks; idx += blockDim.x) {
-            int q = idx / toks, j = idx - q * toks;
-            int pr = pb + q;
-            if (pr >= p.n_out) continue;
-            epi_store(p, pr, m0 + j, epi_val(p, pr, partial(pr, j)));
+        for (int q = ow.row0, j = ow.pc0; q < rows;) {
+            const int pr = pb + q;
+            if (pr < p.n_out) epi_store(p, pr, m0 + j, epi_val(p, pr, partial(pr, j)));
+            q += ow.drow;
+            j += ow.dpc;
+            if (j >= toks) {
+                j -= toks;
+                q++;
+            }
         }
     }
     __syncthreads();
@@ -975,6 +1004,21 @@ nib_status nib_cuda_gemm_planned(const nib_qweight *w, const void *x, int64_t m,
     p.ring_bytes = pl.ring_bytes;
     p.cps = NIB_GEMM_CPS(pl.mt);
     p.scale_add = w->scale_add;
+    {
+        const int wn = WARPS / pl.wk; /* warps along N: a power of two (wk is 1, 2, 4 or 8) */
+        p.wn_shift = 0;
+        while ((1 << p.wn_shift) < wn) p.wn_shift++;
+        if ((1 << p.wn_shift) != wn || wn * pl.wk != WARPS)
+            return NIB_ERR(NIB_ERR_INTERNAL, "gemm: plan with %d warps along K of %d", pl.wk, WARPS);
+        const int per_step = pl.wk * p.cps;
+        const int last = p.nchunks - (pl.ksplit - 1) * p.chunks_per_cta;
+        p.nsteps_full = (p.chunks_per_cta + per_step - 1) / per_step;
+        p.nsteps_last = (last + per_step - 1) / per_step;
+        const int ppr = pl.xw * pl.wk * p.cps * (KCH / 8);
+        p.x_drow = (WARPS * 32) / ppr;
+        p.x_dpc = WARPS * 32 - p.x_drow * ppr;
+        p.x_magic = (uint32_t)(((1ull << 32) + (uint64_t)ppr - 1) / (uint64_t)ppr);
+    }
     if (p.res && p.ldr < p.n_out) return NIB_ERR(NIB_ERR_SHAPE, "gemm: residual ldr %lld < N_out %d", (long long)p.ldr, p.n_out);
     dim3 grid(pl.row_blocks, pl.ksplit, pl.m_chunks);
     size_t smem = pl.smem;
