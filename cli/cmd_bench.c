@@ -169,7 +169,8 @@ static void print_row(const bench_row *r) {
 }
 
 static void plan_str(const nib_gemm_plan *pl, char *buf, size_t n) {
-    snprintf(buf, n, "mt%d r%d wk%d ks%d occ%d ctas%d", pl->mt, pl->r, pl->wk, pl->ksplit, pl->occ, pl->ctas);
+    snprintf(buf, n, "mt%d r%d wk%d ks%d occ%d ctas%d%s", pl->mt, pl->r, pl->wk, pl->ksplit, pl->occ, pl->ctas,
+             pl->reg ? " regw" : "");
 }
 
 /* One timed row of variant g->v at g->m (g->plan: the plan, or NULL for the planner's). */
@@ -286,7 +287,8 @@ static nib_status bench_variant(const bench_cfg *cfg, variant v, gemm_ctx *g, ni
         snprintf(best_plan, sizeof best_plan, "%s", row->plan);
         for (int i = 0; i < np && *nrows < max_rows; i++) {
             const nib_gemm_plan *pl = &pls[i];
-            if (pl->wk == chosen.wk && pl->ksplit == chosen.ksplit && pl->occ == chosen.occ) continue;
+            if (pl->wk == chosen.wk && pl->ksplit == chosen.ksplit && pl->occ == chosen.occ && pl->reg == chosen.reg)
+                continue;
             if (pl->ctas > 4 * pl->occ * cfg->sms) continue;
             g->plan = pl;
             bench_row *sr = &rows[(*nrows)++];

@@ -142,6 +142,7 @@ typedef struct nib_gemm_plan {
     int wk;        /* warps along K per CTA (8 warps) */
     int ksplit;    /* CTAs along K */
     int occ;       /* resident CTAs per SM the kernel's registers are budgeted for (1, 2) */
+    int reg;       /* 1: weights loaded straight into registers (MT <= 4; lab variant, not planned) */
     int row_blocks, m_chunks, ctas;
     int xw, nxb, lds, ring_bytes; /* X window (pipeline steps), X buffers, X row stride, ring bytes */
     size_t smem;                  /* dynamic shared memory per CTA */

@@ -222,8 +222,9 @@ __device__ __forceinline__ void epi_pair(const GemmParams &p, int rg, int g, int
     }
 }
 
-/* The issue side of the weight/X pipeline of one thread (see the kernel). */
-template <int FMT, int MT> struct IssueState {
+/* The issue side of the weight/X pipeline of one thread (see the kernel). REG: the weights
+ * go straight to registers (the kernel loads them); only the X windows go through cp.async. */
+template <int FMT, int MT, int REG> struct IssueState {
     enum { S = Stages<MT>::S, PARTS = FmtT<FMT>::PARTS, CPS = Cps<MT>::N };
     const uint8_t *wp, *sp;
     size_t wstep, sstep;
@@ -256,7 +257,7 @@ template <int FMT, int MT> struct IssueState {
     /* issue pipeline position j (weights of step j; the X window starting at step j) */
     __device__ __forceinline__ void step(const GemmParams &p, uint32_t ring) {
         if (j < nsteps) {
-            issue_chunks<FMT, CPS>(ring, stage, wp, sp, rg_ok, c, c_end);
+            if (!REG) issue_chunks<FMT, CPS>(ring, stage, wp, sp, rg_ok, c, c_end);
             if (in == 0) {
                 issue_x_window(p, xwalk, xs0 + xb * xs_stride, xrows, m0, kcol);
                 xb = xb + 1 == p.nxb ? 0 : xb + 1;
@@ -277,9 +278,36 @@ __device__ __forceinline__ void prefetch_l2(const void *a) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
 }
 
+/* One step's weight chunks of this lane straight into registers (REG plans): the same bytes the
+ * ring would hold, zeros where the chunk is past the CTA's range or the row group past N. */
+template <int FMT, int CPS>
+__device__ __forceinline__ void load_chunks_reg(Chunk<FMT> (&dst)[CPS], const uint8_t *wp, const uint8_t *sp, bool rg_ok,
+                                                int c, int c_end, int g, uint64_t pol) {
+    constexpr int PARTS = FmtT<FMT>::PARTS, SB = FMT == NIB_WFMT_NVFP4 ? 128 : 64;
+#pragma unroll
+    for (int cc = 0; cc < CPS; cc++) {
+        if (rg_ok && c + cc < c_end) {
+#pragma unroll
+            for (int q = 0; q < PARTS; q++) dst[cc].e[q] = ldg_stream(wp + (cc * PARTS + q) * 512, pol);
+            if (FMT == NIB_WFMT_NVFP4) {
+                dst[cc].s = ldg_stream(sp + cc * SB, pol);
+            } else if (FMT != NIB_WFMT_FP8) { /* the aligned 16-byte pair that holds this lane group's 8 bytes */
+                const uint4 v = ldg_stream(sp + cc * SB, pol);
+                dst[cc].s = (g & 1) ? make_uint4(v.z, v.w, 0u, 0u) : make_uint4(v.x, v.y, 0u, 0u);
+            }
+        } else {
+#pragma unroll
+            for (int q = 0; q < PARTS; q++) dst[cc].e[q] = make_uint4(0u, 0u, 0u, 0u);
+            dst[cc].s = make_uint4(0u, 0u, 0u, 0u);
+        }
+    }
+}
+
 /* OCC: resident CTAs per SM the registers are budgeted for (MT = 8 exists with 1 and 2: 1 has
- * no spills, 2 spills a few prologue values but doubles the resident CTAs; the planner picks) */
-template <int FMT, int MT, int R, int OCC>
+ * no spills, 2 spills a few prologue values but doubles the resident CTAs; the planner picks).
+ * REG (MT <= 4): weights loaded straight into registers one pipeline step ahead instead of
+ * through the per-thread cp.async ring (no shared-memory round trip for them). */
+template <int FMT, int MT, int R, int OCC, int REG>
 __global__ void __launch_bounds__(WARPS * 32, OCC) k_gemm_lowbit(GemmParams p) {
     constexpr int S = Stages<MT>::S;
     extern __shared__ __align__(16) unsigned char smem[];
@@ -345,8 +373,18 @@ __global__ void __launch_bounds__(WARPS * 32, OCC) k_gemm_lowbit(GemmParams p) {
 
     /* issue side of the pipeline (position j = weight chunk of step j, plus the X window that
      * starts at step j); all counters incremental: no divisions in the loop */
-    IssueState<FMT, MT> is;
+    IssueState<FMT, MT, REG> is;
     is.init(p, rg0, c_begin, wkk, lane, g, nsteps, c_end, rg_ok[0], xs0, xs_stride, xrows, m0);
+    /* REG: this lane's weight stream (the pointers IssueState starts from), step 0 in flight
+     * before the X prologue */
+    const uint8_t *rwp = is.wp, *rsp = is.sp;
+    int rc = is.c;
+    Chunk<FMT> nxt[CPS];
+    uint64_t pol = 0;
+    if (REG) {
+        pol = evict_first_policy();
+        if (nsteps > 0) load_chunks_reg<FMT, CPS>(nxt, rwp, rsp, rg_ok[0], rc, c_end, g, pol);
+    }
 #pragma unroll
     for (int j = 0; j < S - 1; j++) is.step(p, ring);
 
@@ -355,8 +393,17 @@ __global__ void __launch_bounds__(WARPS * 32, OCC) k_gemm_lowbit(GemmParams p) {
         cp_async_wait<S - 2>();
         if (use_in == 0) __syncthreads(); /* X window complete in every thread */
         Chunk<FMT> ch[CPS][R];
+        if (REG) {
 #pragma unroll
-        for (int cc = 0; cc < CPS; cc++) read_chunk<FMT, CPS>(ch[cc][0], smem, use_stage, cc, g);
+            for (int cc = 0; cc < CPS; cc++) ch[cc][0] = nxt[cc];
+            rwp += is.wstep;
+            rsp += is.sstep;
+            rc += p.wk * CPS;
+            if (i + 1 < nsteps) load_chunks_reg<FMT, CPS>(nxt, rwp, rsp, rg_ok[0], rc, c_end, g, pol);
+        } else {
+#pragma unroll
+            for (int cc = 0; cc < CPS; cc++) read_chunk<FMT, CPS>(ch[cc][0], smem, use_stage, cc, g);
+        }
         is.step(p, ring);
 #pragma unroll
         for (int cc = 0; cc < CPS; cc++) {
@@ -913,26 +960,27 @@ int nib_cuda_gemm_plans(const nib_qweight *w, int64_t m, uint64_t ws_elems, nib_
     return nib_gemm_plans_for(&sh, m, ws_elems, g_num_sms, out, max);
 }
 
-template <int FMT, int MT, int R, int OCC>
+template <int FMT, int MT, int R, int OCC, int REG>
 static nib_status launch_t(const GemmParams &p, dim3 grid, size_t smem, cudaStream_t stream) {
     static int attr_set;
     if (!attr_set) {
-        NIB_CUDA_CHECK(cudaFuncSetAttribute(k_gemm_lowbit<FMT, MT, R, OCC>,
+        NIB_CUDA_CHECK(cudaFuncSetAttribute(k_gemm_lowbit<FMT, MT, R, OCC, REG>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, NIB_GEMM_MAX_SMEM));
         attr_set = 1;
     }
-    NIB_CUDA_CHECK(nib::launch(k_gemm_lowbit<FMT, MT, R, OCC>, grid, dim3(WARPS * 32), smem, stream, p));
+    NIB_CUDA_CHECK(nib::launch(k_gemm_lowbit<FMT, MT, R, OCC, REG>, grid, dim3(WARPS * 32), smem, stream, p));
     NIB_LAUNCH_CHECK("k_gemm_lowbit");
     return NIB_OK;
 }
 
 template <int FMT>
-static nib_status launch_mt(int mt, int occ, const GemmParams &p, dim3 g, size_t smem, cudaStream_t s) {
+static nib_status launch_mt(int mt, int occ, int reg, const GemmParams &p, dim3 g, size_t smem, cudaStream_t s) {
     switch (mt) {
-    case 1: return launch_t<FMT, 1, 1, 2>(p, g, smem, s);
-    case 2: return launch_t<FMT, 2, 1, 2>(p, g, smem, s);
-    case 4: return launch_t<FMT, 4, 1, 2>(p, g, smem, s);
-    default: return occ == 1 ? launch_t<FMT, 8, 1, 1>(p, g, smem, s) : launch_t<FMT, 8, 1, 2>(p, g, smem, s);
+    case 1: return reg ? launch_t<FMT, 1, 1, 2, 1>(p, g, smem, s) : launch_t<FMT, 1, 1, 2, 0>(p, g, smem, s);
+    case 2: return reg ? launch_t<FMT, 2, 1, 2, 1>(p, g, smem, s) : launch_t<FMT, 2, 1, 2, 0>(p, g, smem, s);
+    case 4: return reg ? launch_t<FMT, 4, 1, 2, 1>(p, g, smem, s) : launch_t<FMT, 4, 1, 2, 0>(p, g, smem, s);
+    default:
+        return occ == 1 ? launch_t<FMT, 8, 1, 1, 0>(p, g, smem, s) : launch_t<FMT, 8, 1, 2, 0>(p, g, smem, s);
     }
 }
 
@@ -1024,10 +1072,10 @@ nib_status nib_cuda_gemm_planned(const nib_qweight *w, const void *x, int64_t m,
     size_t smem = pl.smem;
     cudaStream_t s = (cudaStream_t)stream;
     switch (w->fmt) {
-    case NIB_WFMT_NVFP4: return launch_mt<NIB_WFMT_NVFP4>(pl.mt, pl.occ, p, grid, smem, s);
-    case NIB_WFMT_MXFP4: return launch_mt<NIB_WFMT_MXFP4>(pl.mt, pl.occ, p, grid, smem, s);
-    case NIB_WFMT_INT4: return launch_mt<NIB_WFMT_INT4>(pl.mt, pl.occ, p, grid, smem, s);
-    case NIB_WFMT_FP8: return launch_mt<NIB_WFMT_FP8>(pl.mt, pl.occ, p, grid, smem, s);
+    case NIB_WFMT_NVFP4: return launch_mt<NIB_WFMT_NVFP4>(pl.mt, pl.occ, pl.reg, p, grid, smem, s);
+    case NIB_WFMT_MXFP4: return launch_mt<NIB_WFMT_MXFP4>(pl.mt, pl.occ, pl.reg, p, grid, smem, s);
+    case NIB_WFMT_INT4: return launch_mt<NIB_WFMT_INT4>(pl.mt, pl.occ, pl.reg, p, grid, smem, s);
+    case NIB_WFMT_FP8: return launch_mt<NIB_WFMT_FP8>(pl.mt, pl.occ, pl.reg, p, grid, smem, s);
     default: return NIB_ERR(NIB_ERR_UNSUPPORTED, "gemm: format %d", (int)w->fmt);
     }
 }
