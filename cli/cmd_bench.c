@@ -36,6 +36,7 @@ typedef struct bench_cfg {
     int enabled[V_COUNT];
     int reps;
     int sweep; /* --sweep: also time every launch plan of the low-bit kernels */
+    int algos; /* --algos N: also time cuBLASLt's first N heuristic candidates (cuBLAS variants) */
     int sms;   /* the device's SM count */
     const char *json_path;
 } bench_cfg;
@@ -169,7 +170,8 @@ static void print_row(const bench_row *r) {
 }
 
 static void plan_str(const nib_gemm_plan *pl, char *buf, size_t n) {
-    snprintf(buf, n, "mt%d r%d wk%d ks%d occ%d ctas%d", pl->mt, pl->r, pl->wk, pl->ksplit, pl->occ, pl->ctas);
+    snprintf(buf, n, "mt%d r%d wk%d ks%d occ%d ctas%d%s", pl->mt, pl->r, pl->wk, pl->ksplit, pl->occ, pl->ctas,
+             pl->reg ? " regw" : "");
 }
 
 /* One timed row of variant g->v at g->m (g->plan: the plan, or NULL for the planner's). */
@@ -188,8 +190,57 @@ static nib_status time_row(gemm_ctx *g, int reps, uint64_t canon_bytes, double c
     row->gbps = (double)canon_bytes / (tm.median_us * 1e3);
     row->tflops = 2.0 * (double)g->m * g->n * g->k / (tm.median_us * 1e6);
     row->pct_bw = 100.0 * row->gbps / copy_gbps;
-    row->speedup = (g->v == V_BF16 ? tm.median_us : bf16_us) / tm.median_us;
+    /* against cuBLAS bf16's default at this shape and M (the bf16 row itself: 1.0) */
+    row->speedup = (isnan(bf16_us) ? tm.median_us : bf16_us) / tm.median_us;
     return NIB_OK;
+}
+
+static void algo_str(const nib_blas_algo_desc *d, int i, char *buf, size_t n) {
+    snprintf(buf, n, "algo%d id%d tile%d st%d sk%d red%d sw%d cu%d cl%d in%d w%.2f", i, d->id, d->tile, d->stages,
+             d->splitk, d->reduction, d->swizzle, d->custom, d->cluster, d->inner, d->waves);
+}
+
+/* --algos: the default row (cuBLASLt's first candidate, already timed in *row) labelled with its
+ * configuration, then each further candidate the heuristic offers, timed the same way. */
+static nib_status bench_algos(const bench_cfg *cfg, gemm_ctx *g, uint64_t canon_bytes, double copy_gbps,
+                              double bf16_us, bench_row *row, bench_row *rows, int *nrows, int max_rows) {
+    nib_blas_algo_desc ds[32];
+    int nd = 0;
+    const int fp8 = g->v != V_BF16;
+    NIB_RETURN_IF_ERR(nib_blas_algos(g->blas, fp8, g->m, g->n, g->k, g->sx, g->sw, ds, cfg->algos, &nd));
+    if (nd > 0) algo_str(&ds[0], 0, row->plan, sizeof row->plan);
+    row->sweep = 2;
+    print_row(row);
+    double best = row->us;
+    int best_i = 0;
+    nib_status st = NIB_OK;
+    for (int i = 1; i < nd && *nrows < max_rows && !st; i++) {
+        nib_blas_set_algo_index(g->blas, i);
+        bench_row *ar = &rows[(*nrows)++];
+        st = time_row(g, cfg->reps < 5 ? cfg->reps : 5, canon_bytes, copy_gbps, bf16_us, ar);
+        if (st == NIB_ERR_UNSUPPORTED || st == NIB_ERR_CUDA) { /* a candidate that fails here is reported, not fatal */
+            printf("%6lld %6lld %5lld  %-13s algo%d: %s\n", (long long)g->k, (long long)g->n, (long long)g->m,
+                   k_vname[g->v], i, nib_last_error());
+            nib_clear_error();
+            (*nrows)--;
+            st = NIB_OK;
+            continue;
+        }
+        if (st) break;
+        algo_str(&ds[i], i, ar->plan, sizeof ar->plan);
+        ar->sweep = 1;
+        print_row(ar);
+        if (ar->us < best) {
+            best = ar->us;
+            best_i = i;
+        }
+    }
+    nib_blas_set_algo_index(g->blas, 0);
+    if (!st)
+        printf("%6lld %6lld %5lld  %-13s best of %d candidates: algo%d %.2f us (cuBLASLt's first %.2f us, %.2fx)\n",
+               (long long)g->k, (long long)g->n, (long long)g->m, k_vname[g->v], nd, best_i, best, row->us,
+               row->us / best);
+    return st;
 }
 
 /* One variant of one shape: weights (rotated copies), then every M. */
@@ -276,6 +327,10 @@ static nib_status bench_variant(const bench_cfg *cfg, variant v, gemm_ctx *g, ni
         if (v >= V_NVFP4 && !nib_cuda_gemm_plan(&g->w[0], g->m, g->ws->acc_elems, &chosen))
             plan_str(&chosen, row->plan, sizeof row->plan);
         row->sweep = cfg->sweep && v >= V_NVFP4 ? 2 : 0;
+        if (cfg->algos > 0 && v < V_NVFP4) {
+            NIB_TRY(bench_algos(cfg, g, canon_bytes, copy_gbps, bf16_us[mi], row, rows, nrows, max_rows));
+            continue;
+        }
         print_row(row);
         if (!cfg->sweep || v < V_NVFP4) continue;
         /* every other plan that fits, up to 4 waves of CTAs: where the planner's pick stands */
@@ -286,7 +341,8 @@ static nib_status bench_variant(const bench_cfg *cfg, variant v, gemm_ctx *g, ni
         snprintf(best_plan, sizeof best_plan, "%s", row->plan);
         for (int i = 0; i < np && *nrows < max_rows; i++) {
             const nib_gemm_plan *pl = &pls[i];
-            if (pl->wk == chosen.wk && pl->ksplit == chosen.ksplit && pl->occ == chosen.occ) continue;
+            if (pl->wk == chosen.wk && pl->ksplit == chosen.ksplit && pl->occ == chosen.occ && pl->reg == chosen.reg)
+                continue;
             if (pl->ctas > 4 * pl->occ * cfg->sms) continue;
             g->plan = pl;
             bench_row *sr = &rows[(*nrows)++];
@@ -408,7 +464,7 @@ static int bench_gemm(int argc, char **argv) {
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (nib_cli_is_help(a)) {
             printf("usage: nib bench gemm [--shapes K:N,...] [--m M,...] [--variants LIST] [--reps N] [--sweep]\n"
-                   "                      [--json FILE]\n"
+                   "                      [--algos N] [--json FILE]\n"
                    "The GEMM kernel lab. Variants: cublas-bf16 (baseline), cublaslt-fp8 (GEMM only),\n"
                    "fp8-w8a8 (per-token quantize + cuBLASLt fp8), nvfp4, mxfp4, int4-g128, fp8-wo (nib's\n"
                    "weight-only kernels). Default shapes are the Pi0.5 / Gemma shapes of issue 3 and\n"
@@ -417,7 +473,10 @@ static int bench_gemm(int argc, char **argv) {
                    "speedup over cuBLAS bf16 at the same shape and M, and %% of the copy bandwidth.\n"
                    "--sweep: for nib's low-bit variants, also time every launch plan that fits (warps\n"
                    "along K, K splits, register budget; up to 4 waves of CTAs; 5 reps each) and print\n"
-                   "the best against the planner's choice (rows marked sweep; JSON: \"sweep\": true).\n");
+                   "the best against the planner's choice (rows marked sweep; JSON: \"sweep\": true).\n"
+                   "--algos N: for the cuBLAS variants, also time cuBLASLt's first N heuristic candidates\n"
+                   "(1..32; tile, stages, split-K, swizzle, cluster ids and the heuristic's wave count in\n"
+                   "the plan column; 5 reps each) and print the best against cuBLASLt's first choice.\n");
             return 0;
         } else if (!strcmp(a, "--shapes") && val) {
             if (parse_shapes(val, &cfg) <= 0) {
@@ -456,6 +515,13 @@ static int bench_gemm(int argc, char **argv) {
             i++;
         } else if (!strcmp(a, "--sweep")) {
             cfg.sweep = 1;
+        } else if (!strcmp(a, "--algos") && val) {
+            cfg.algos = atoi(val);
+            if (cfg.algos < 1 || cfg.algos > 32) {
+                fprintf(stderr, "nib bench gemm: --algos wants 1..32 candidates, got '%s'\n", val);
+                return 2;
+            }
+            i++;
         } else {
             fprintf(stderr, "nib bench gemm: unknown or incomplete option '%s' (see --help)\n", a);
             return 2;
@@ -475,7 +541,7 @@ static int bench_gemm(int argc, char **argv) {
     nib_blas *blas = NULL;
     nib_gemm_ws ws;
     memset(&ws, 0, sizeof ws);
-    int max_rows = cfg.nshapes * cfg.nm * V_COUNT * (cfg.sweep ? 256 : 1), nrows = 0;
+    int max_rows = cfg.nshapes * cfg.nm * V_COUNT * (cfg.sweep ? 256 : 1) * (cfg.algos > 0 ? cfg.algos : 1), nrows = 0;
     bench_row *rows = nib_calloc((size_t)max_rows, sizeof *rows);
     int64_t max_m = 1, max_n = 1;
     for (int i = 0; i < cfg.nm; i++) max_m = cfg.m[i] > max_m ? cfg.m[i] : max_m;

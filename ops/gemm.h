@@ -142,6 +142,7 @@ typedef struct nib_gemm_plan {
     int wk;        /* warps along K per CTA (8 warps) */
     int ksplit;    /* CTAs along K */
     int occ;       /* resident CTAs per SM the kernel's registers are budgeted for (1, 2) */
+    int reg;       /* 1: weights loaded straight into registers (MT <= 4; lab variant, not planned) */
     int row_blocks, m_chunks, ctas;
     int xw, nxb, lds, ring_bytes; /* X window (pipeline steps), X buffers, X row stride, ring bytes */
     size_t smem;                  /* dynamic shared memory per CTA */
@@ -178,6 +179,20 @@ void nib_blas_free(nib_blas *b);
  * 0 promotes (error bounded as for fp32 accumulation). */
 void nib_blas_set_fp8_fast_accum(nib_blas *b, int on);
 int nib_blas_fp8_fast_accum(const nib_blas *b);
+/* Lab (nib bench gemm --algos): products planned from now on use cuBLASLt's i-th heuristic
+ * candidate instead of its first (i <= 0: the first, as always outside the lab). Plans are
+ * cached per shape and candidate; a candidate cuBLASLt does not offer is NIB_ERR_UNSUPPORTED. */
+void nib_blas_set_algo_index(nib_blas *b, int i);
+typedef struct nib_blas_algo_desc {
+    int id, tile, stages, splitk, reduction, swizzle, custom, cluster, inner; /* cublasLtMatmulAlgoConfig */
+    float waves;        /* the heuristic's wavesCount (1.0: one full wave of CTAs) */
+    uint64_t workspace; /* bytes */
+} nib_blas_algo_desc;
+/* cuBLASLt's heuristic candidates, best first, for the plain product Y = X Wᵀ (no bias, no C;
+ * fp8: per-token sx and per-channel sw device scales, the handle's accumulation mode); at most
+ * max (<= 32) into out, their number in *count. */
+nib_status nib_blas_algos(nib_blas *b, int fp8, int64_t m, int64_t n, int64_t k, const float *sx, const float *sw,
+                          nib_blas_algo_desc *out, int max, int *count);
 /* bf16: Y[M,N] = X[M,K] · W[N,K]ᵀ (+ optional bias fp32 [N] through the cuBLASLt epilogue). */
 nib_status nib_blas_gemm_bf16(nib_blas *b, const void *x, const void *w, void *y, int64_t m,
                               int64_t n, int64_t k, void *stream);

@@ -31,12 +31,14 @@ static int plan_x(int xrows_alloc, int wk, int cps, int steps, int stages, int b
  * for (2, or 1 for MT = 8), ks CTAs along K. Returns 0 when it does not fit or is not distinct;
  * *cost_out is the planner's estimate in pipeline-step units. */
 static int plan_eval(const nib_gemm_shape *w, int64_t m, uint64_t ws_elems, int sms, int wk, int occ_regs,
-                     int ks, nib_gemm_plan *pl, double *cost_out) {
+                     int ks, int reg, nib_gemm_plan *pl, double *cost_out) {
     memset(pl, 0, sizeof *pl);
     pl->mt = NIB_GEMM_MT(m);
     if (occ_regs != 2 && !(occ_regs == 1 && pl->mt == 8)) return 0; /* instantiated: OCC 2, MT 8 also OCC 1 */
+    if (reg && pl->mt == 8) return 0;                                  /* register weights: MT <= 4 */
     pl->r = 1;
     pl->occ = occ_regs;
+    pl->reg = reg;
     pl->m_chunks = (int)((m + NIB_GEMM_MCHUNK - 1) / NIB_GEMM_MCHUNK);
     const int ng = (int)(w->np / 16), nchunks = (int)(w->kp / NIB_GEMM_KCH);
     const int stages = NIB_GEMM_STAGES(pl->mt), cps = NIB_GEMM_CPS(pl->mt);
@@ -60,7 +62,8 @@ static int plan_eval(const nib_gemm_shape *w, int64_t m, uint64_t ws_elems, int 
     /* ring bytes: a CTA with fewer steps than stages only ever touches stages 0 .. steps-1
      * (stage j holds step j), so it needs only those (at M = 10 and K = 1024 one step per warp:
      * 24 KB instead of 96 KB, two CTAs per SM instead of one) */
-    const int ring = NIB_GEMM_WARPS * 32 * (steps < stages ? steps : stages) * NIB_GEMM_PIECES(w->fmt) * cps * 16;
+    const int ring = reg ? 0 /* register weights need no ring */
+                         : NIB_GEMM_WARPS * 32 * (steps < stages ? steps : stages) * NIB_GEMM_PIECES(w->fmt) * cps * 16;
     const size_t xs = (size_t)nxb * xrows_alloc * lds * 2;
     const size_t red = (size_t)(wk - 1) * wn * pl->mt * 4 * 32 * 4;
     const size_t smem = ring + xs > red ? ring + xs : red;
@@ -116,7 +119,8 @@ static nib_status plan_search(const nib_gemm_shape *w, int64_t m, uint64_t ws_el
                 prev = ks;
                 double cost;
                 /* equal cost: the fewer K splits (fewer partial slots to write and add) */
-                if (plan_eval(w, m, ws_elems, sms, wk, occ, ks, &cand, &cost) &&
+                /* reg = 0: register-loaded weights are a lab variant until measured */
+                if (plan_eval(w, m, ws_elems, sms, wk, occ, ks, 0, &cand, &cost) &&
                     (cost < best - 1e-9 || (cost < best + 1e-9 && ks < pl->ksplit))) {
                     best = cost;
                     *pl = cand;
@@ -169,11 +173,12 @@ int nib_gemm_plans_for(const nib_gemm_shape *w, int64_t m, uint64_t ws_elems, in
     if (shape_check(w, m, sms)) return -1;
     int n = 0;
     const int nchunks = (int)(w->kp / NIB_GEMM_KCH);
-    for (int occ = 2; occ >= 1; occ--)
-        for (int wk = 1; wk <= NIB_GEMM_WARPS; wk *= 2)
-            for (int ks = 1; ks <= nchunks && n < max; ks++) {
-                double cost;
-                if (plan_eval(w, m, ws_elems, sms, wk, occ, ks, &out[n], &cost)) n++;
-            }
+    for (int reg = 0; reg <= 1; reg++)
+        for (int occ = 2; occ >= 1; occ--)
+            for (int wk = 1; wk <= NIB_GEMM_WARPS; wk *= 2)
+                for (int ks = 1; ks <= nchunks && n < max; ks++) {
+                    double cost;
+                    if (plan_eval(w, m, ws_elems, sms, wk, occ, ks, reg, &out[n], &cost)) n++;
+                }
     return n;
 }

@@ -56,6 +56,13 @@ nib_status nib_blas_create(nib_blas **out) {
 }
 void nib_blas_free(nib_blas *b) { (void)b; }
 void nib_blas_set_fp8_fast_accum(nib_blas *b, int on) { (void)b, (void)on; }
+void nib_blas_set_algo_index(nib_blas *b, int i) { (void)b, (void)i; }
+nib_status nib_blas_algos(nib_blas *b, int fp8, int64_t m, int64_t n, int64_t k, const float *sx, const float *sw,
+                          nib_blas_algo_desc *out, int max, int *count) {
+    (void)b, (void)fp8, (void)m, (void)n, (void)k, (void)sx, (void)sw, (void)out, (void)max;
+    *count = 0;
+    return NO_CUDA("nib_blas_algos");
+}
 int nib_blas_fp8_fast_accum(const nib_blas *b) {
     (void)b;
     return 0;

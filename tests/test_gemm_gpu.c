@@ -315,6 +315,20 @@ static void load_probe(nib_test_ctx *t, const nib_wsrc *w, int geglu, nib_dev_ar
     CHECK_OK(nib_cuda_weight_load(w, geglu, "probe", a, q));
 }
 
+#ifdef NIB_HAVE_CUDA
+int nib_test_fp4_layout(char *msg, size_t cap); /* tests/fp4_layout_check.cu */
+#endif
+
+/* The FP4 word layout: repack bit positions and the kernel's decoder agree (host code; no GPU). */
+NIB_TEST(gemm_fp4_layout_decodes_every_code) {
+#ifndef NIB_HAVE_CUDA
+    SKIP("CPU-only build: the layout lives in the CUDA kernel's header");
+#else
+    char msg[256] = "";
+    CHECK_MSG(nib_test_fp4_layout(msg, sizeof msg), "%s", msg);
+#endif
+}
+
 NIB_TEST(gemm_gpu_split_k_deterministic) {
     NIB_REQUIRE_GPU();
     nib_rng rng;
@@ -353,7 +367,7 @@ NIB_TEST(gemm_gpu_every_plan) {
     CHECK_OK(nib_cuda_gemm_ws_init(&ws, 128, 1024));
     const nib_wfmt fs[] = {NIB_WFMT_NVFP4, NIB_WFMT_INT4};
     const int64_t ms[] = {1, 17, 50, 63, 100};
-    int total = 0, occ1 = 0, occ2_mt8 = 0;
+    int total = 0, occ1 = 0, occ2_mt8 = 0, regw = 0;
     for (size_t i = 0; i < NIB_ARRAY_LEN(fs); i++) {
         rand_w rw;
         REQUIRE(make_rand_w(&rng, fs[i], 400, 1152, 1, 0, 1, 0, &rw));
@@ -373,13 +387,16 @@ NIB_TEST(gemm_gpu_every_plan) {
                 total++;
                 occ1 += pls[p].occ == 1;
                 occ2_mt8 += pls[p].occ == 2 && pls[p].mt == 8;
+                regw += pls[p].reg;
             }
         }
         nib_dev_arena_free(&a);
         rand_w_free(&rw);
     }
-    printf("  %d plans checked (%d with one CTA per SM, %d MT=8 with two)\n", total, occ1, occ2_mt8);
+    printf("  %d plans checked (%d with one CTA per SM, %d MT=8 with two, %d with register-loaded weights)\n", total,
+           occ1, occ2_mt8, regw);
     CHECK_MSG(occ1 > 0 && occ2_mt8 > 0, "both register budgets of MT=8 must be exercised");
+    CHECK_MSG(regw > 0, "the register-loaded weight variant must be exercised");
     nib_cuda_gemm_ws_free(&ws);
 }
 

@@ -138,14 +138,18 @@ NIB_TEST(gemm_plan_invariants) {
                         CHECK_MSG(!bad, "fmt %d K=%lld N=%lld M=%lld ws=%llu: inconsistent plan wk%d ks%d occ%d ctas%d smem%zu",
                                   (int)fmts[f], (long long)sh.kp, (long long)sh.np, (long long)m,
                                   (unsigned long long)wss[wi], p->wk, p->ksplit, p->occ, p->ctas, p->smem);
+                        CHECK_MSG(!p->reg || (p->mt <= 4 && p->ring_bytes == 0), "register-weight plan with mt%d ring %d",
+                                  p->mt, p->ring_bytes);
                         for (int j = 0; j < i; j++)
-                            CHECK_MSG(!(all[j].wk == p->wk && all[j].ksplit == p->ksplit && all[j].occ == p->occ),
-                                      "plan wk%d ks%d occ%d enumerated twice", p->wk, p->ksplit, p->occ);
+                            CHECK_MSG(!(all[j].wk == p->wk && all[j].ksplit == p->ksplit && all[j].occ == p->occ &&
+                                        all[j].reg == p->reg),
+                                      "plan wk%d ks%d occ%d reg%d enumerated twice", p->wk, p->ksplit, p->occ, p->reg);
                     }
                     nib_gemm_plan pick, again;
                     CHECK_OK(nib_gemm_plan_for(&sh, m, wss[wi], SWEEP_SMS, &pick));
                     CHECK_OK(nib_gemm_plan_for(&sh, m, wss[wi], SWEEP_SMS, &again)); /* from the cache */
                     CHECK_MSG(!memcmp(&pick, &again, sizeof pick), "cached plan differs");
+                    CHECK_MSG(!pick.reg, "the planner picked a register-weight plan (a lab variant)");
                     int found = 0;
                     for (int i = 0; i < n; i++) found |= !memcmp(&all[i], &pick, sizeof pick);
                     CHECK_MSG(found, "fmt %d K=%lld N=%lld M=%lld: the pick wk%d ks%d occ%d is not an enumerated plan",

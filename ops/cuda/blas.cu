@@ -42,6 +42,7 @@ typedef struct blas_plan {
     int bias;          /* CUBLASLT_EPILOGUE_BIAS with a bf16 bias vector */
     int64_t ldc, ldd;  /* ldc 0: no C (beta = 0); -1: C is D (in place, one descriptor) */
     int unsupported;   /* cuBLASLt has no algorithm for this combination (remembered) */
+    int algo_index;    /* which heuristic candidate (0: cuBLASLt's first choice; the lab's --algos) */
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t a, b, c, d;
     cublasLtMatmulAlgo_t algo;
@@ -53,7 +54,10 @@ struct nib_blas {
     blas_plan cache[NIB_BLAS_CACHE];
     int next;
     int fast_accum; /* FP8 products without periodic promotion (see "FP8 accumulation") */
+    int algo_index; /* heuristic candidate for plans made from now on (nib_blas_set_algo_index) */
 };
+
+#define NIB_BLAS_MAX_ALGOS 32
 
 nib_status nib_blas_create(nib_blas **out) {
     *out = NULL;
@@ -78,10 +82,11 @@ nib_status nib_blas_create(nib_blas **out) {
 
 static void plan_release(blas_plan *p) {
     if (!p->used) return;
-    cublasLtMatmulDescDestroy(p->op);   /* unchecked: releasing a plan; nothing to do on failure */
-    cublasLtMatrixLayoutDestroy(p->a); /* unchecked: releasing a plan */
-    cublasLtMatrixLayoutDestroy(p->b); /* unchecked: releasing a plan */
-    cublasLtMatrixLayoutDestroy(p->d); /* unchecked: releasing a plan */
+    /* a plan whose creation failed part-way has only some of its descriptors */
+    if (p->op) cublasLtMatmulDescDestroy(p->op);  /* unchecked: releasing a plan; nothing to do on failure */
+    if (p->a) cublasLtMatrixLayoutDestroy(p->a); /* unchecked: releasing a plan */
+    if (p->b) cublasLtMatrixLayoutDestroy(p->b); /* unchecked: releasing a plan */
+    if (p->d) cublasLtMatrixLayoutDestroy(p->d); /* unchecked: releasing a plan */
     if (p->c) cublasLtMatrixLayoutDestroy(p->c); /* unchecked: releasing a plan */
     memset(p, 0, sizeof *p);
 }
@@ -115,25 +120,12 @@ int nib_blas_fp8_fast_accum(const nib_blas *b) { return b ? b->fast_accum : 0; }
 /* sx/sw: the scale pointers of the first call. They are set before the heuristic runs: an
  * FP8 algorithm chosen without scale pointers is not valid once they are set (cuBLASLt then
  * answers NOT_SUPPORTED), and OUTER_VEC mode without pointers is rejected outright. */
-static nib_status plan_get(nib_blas *b, int kind, int64_t m, int64_t n, int64_t k, int sx_vec,
-                           int sw_vec, const float *sx, const float *sw, const void *bias, int64_t ldc,
-                           int64_t ldd, blas_plan **out) {
-    const int has_bias = bias != NULL, fast = kind ? b->fast_accum : 0;
-    for (int i = 0; i < NIB_BLAS_CACHE; i++) {
-        blas_plan *p = &b->cache[i];
-        if (p->used && p->kind == kind && p->m == m && p->n == n && p->k == k && p->sx_vec == sx_vec &&
-            p->sw_vec == sw_vec && p->fast == fast && p->bias == has_bias && p->ldc == ldc && p->ldd == ldd) {
-            if (p->unsupported)
-                return NIB_ERR(NIB_ERR_UNSUPPORTED, "cuBLASLt has no %s algorithm for M=%lld N=%lld K=%lld%s%s",
-                               kind ? "fp8" : "bf16", (long long)m, (long long)n, (long long)k,
-                               has_bias ? " with a bias epilogue" : "", ldc ? " with C" : "");
-            *out = p;
-            return NIB_OK;
-        }
-    }
-    blas_plan *p = &b->cache[b->next];
-    b->next = (b->next + 1) % NIB_BLAS_CACHE;
-    plan_release(p);
+/* The matmul descriptor and the four layouts of one product, into p (p->used is set on every
+ * path, so plan_release frees what was created). */
+static nib_status plan_descs(blas_plan *p, int kind, int64_t m, int64_t n, int64_t k, int sx_vec, int sw_vec,
+                             const float *sx, const float *sw, const void *bias, int64_t ldc, int64_t ldd,
+                             int fast) {
+    p->used = 1;
     cudaDataType_t ab = kind ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
     NIB_BLAS_CHECK(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
@@ -152,7 +144,7 @@ static nib_status plan_get(nib_blas *b, int kind, int64_t m, int64_t n, int64_t 
         const int8_t fa = (int8_t)fast;
         NIB_BLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fa, sizeof fa));
     }
-    if (has_bias) {
+    if (bias) {
         /* bias type left at its default, bf16 (the D type; an fp32 bias is refused on H100 with
          * cuBLASLt 13: INVALID_VALUE for bf16, NOT_SUPPORTED for fp8 inputs) */
         cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
@@ -163,6 +155,14 @@ static nib_status plan_get(nib_blas *b, int kind, int64_t m, int64_t n, int64_t 
     NIB_BLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, ab, (uint64_t)k, (uint64_t)m, k));
     NIB_BLAS_CHECK(cublasLtMatrixLayoutCreate(&p->d, CUDA_R_16BF, (uint64_t)n, (uint64_t)m, ldd));
     if (ldc > 0) NIB_BLAS_CHECK(cublasLtMatrixLayoutCreate(&p->c, CUDA_R_16BF, (uint64_t)n, (uint64_t)m, ldc));
+    return NIB_OK;
+}
+
+/* cuBLASLt's heuristic candidates for the product in p (at most max, max <= NIB_BLAS_MAX_ALGOS),
+ * limited to nib's workspace. *st is the heuristic's status (the caller decides what a failure
+ * means); a failure to set the preference is returned as an error. */
+static nib_status plan_heuristic(nib_blas *b, const blas_plan *p, int64_t ldc, int max,
+                                 cublasLtMatmulHeuristicResult_t *res, int *found, cublasStatus_t *st) {
     cublasLtMatmulPreference_t pref;
     NIB_BLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     uint64_t wsb = NIB_BLAS_WS_BYTES;
@@ -172,20 +172,53 @@ static nib_status plan_get(nib_blas *b, int kind, int64_t m, int64_t n, int64_t 
                                                              sizeof wsb);
     if (ps != CUBLAS_STATUS_SUCCESS) {
         cublasLtMatmulPreferenceDestroy(pref); /* unchecked: cleanup; the first error is returned */
-        p->used = 1;                           /* so plan_release frees the descriptors */
-        plan_release(p);
         return blas_status(ps, "cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE_BYTES)", __FILE__, __LINE__);
     }
-    cublasLtMatmulHeuristicResult_t res;
+    *found = 0;
+    *st = cublasLtMatmulAlgoGetHeuristic(b->lt, p->op, p->a, p->b, ldc > 0 ? p->c : p->d, p->d, pref, max, res,
+                                         found);
+    cublasLtMatmulPreferenceDestroy(pref); /* unchecked: only the heuristic used it */
+    return NIB_OK;
+}
+
+static nib_status plan_get(nib_blas *b, int kind, int64_t m, int64_t n, int64_t k, int sx_vec,
+                           int sw_vec, const float *sx, const float *sw, const void *bias, int64_t ldc,
+                           int64_t ldd, blas_plan **out) {
+    const int has_bias = bias != NULL, fast = kind ? b->fast_accum : 0;
+    const int ai = b->algo_index > 0 ? b->algo_index : 0;
+    for (int i = 0; i < NIB_BLAS_CACHE; i++) {
+        blas_plan *p = &b->cache[i];
+        if (p->used && p->kind == kind && p->m == m && p->n == n && p->k == k && p->sx_vec == sx_vec &&
+            p->sw_vec == sw_vec && p->fast == fast && p->bias == has_bias && p->ldc == ldc && p->ldd == ldd &&
+            p->algo_index == ai) {
+            if (p->unsupported)
+                return NIB_ERR(NIB_ERR_UNSUPPORTED, "cuBLASLt has no %s algorithm for M=%lld N=%lld K=%lld%s%s",
+                               kind ? "fp8" : "bf16", (long long)m, (long long)n, (long long)k,
+                               has_bias ? " with a bias epilogue" : "", ldc ? " with C" : "");
+            *out = p;
+            return NIB_OK;
+        }
+    }
+    blas_plan *p = &b->cache[b->next];
+    b->next = (b->next + 1) % NIB_BLAS_CACHE;
+    plan_release(p);
+    nib_status ds = plan_descs(p, kind, m, n, k, sx_vec, sw_vec, sx, sw, bias, ldc, ldd, fast);
+    if (ds) {
+        plan_release(p);
+        return ds;
+    }
+    cublasLtMatmulHeuristicResult_t res[NIB_BLAS_MAX_ALGOS];
     int found = 0;
-    cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(b->lt, p->op, p->a, p->b, ldc > 0 ? p->c : p->d, p->d, pref,
-                                                      1, &res, &found);
+    cublasStatus_t s = CUBLAS_STATUS_SUCCESS;
+    ds = plan_heuristic(b, p, ldc, ai + 1, res, &found, &s);
+    if (ds) {
+        plan_release(p);
+        return ds;
+    }
     /* an epilogue cuBLASLt does not offer for this type combination is remembered as such (the
      * caller then runs the plain product and nib's epilogue kernel); other failures are errors */
     const int unsup = (s == CUBLAS_STATUS_NOT_SUPPORTED || s == CUBLAS_STATUS_INVALID_VALUE ||
                        (s == CUBLAS_STATUS_SUCCESS && !found)) && (has_bias || ldc);
-    cublasLtMatmulPreferenceDestroy(pref); /* unchecked: only the heuristic used it */
-    p->used = 1; /* so plan_release frees the descriptors on the error paths too */
     p->kind = kind;
     p->m = m;
     p->n = n;
@@ -196,6 +229,7 @@ static nib_status plan_get(nib_blas *b, int kind, int64_t m, int64_t n, int64_t 
     p->bias = has_bias;
     p->ldc = ldc;
     p->ldd = ldd;
+    p->algo_index = ai;
     if (unsup) {
         p->unsupported = 1;
         return NIB_ERR(NIB_ERR_UNSUPPORTED, "cuBLASLt has no %s algorithm for M=%lld N=%lld K=%lld%s%s (status %d)",
@@ -211,9 +245,61 @@ static nib_status plan_get(nib_blas *b, int kind, int64_t m, int64_t n, int64_t 
         return NIB_ERR(NIB_ERR_UNSUPPORTED, "cuBLASLt has no %s algorithm for M=%lld N=%lld K=%lld",
                        kind ? "fp8" : "bf16", (long long)m, (long long)n, (long long)k);
     }
-    p->algo = res.algo;
+    if (found <= ai) {
+        plan_release(p);
+        return NIB_ERR(NIB_ERR_UNSUPPORTED, "cuBLASLt offers %d %s algorithm(s) for M=%lld N=%lld K=%lld, not candidate %d",
+                       found, kind ? "fp8" : "bf16", (long long)m, (long long)n, (long long)k, ai);
+    }
+    p->algo = res[ai].algo;
     *out = p;
     return NIB_OK;
+}
+
+void nib_blas_set_algo_index(nib_blas *b, int i) {
+    if (b) b->algo_index = i > 0 ? (i < NIB_BLAS_MAX_ALGOS ? i : NIB_BLAS_MAX_ALGOS - 1) : 0;
+}
+
+static uint32_t algo_attr(const cublasLtMatmulAlgo_t *a, cublasLtMatmulAlgoConfigAttributes_t attr) {
+    uint32_t v = 0; /* every attribute read here is 16 or 32 bits wide: a zeroed 32-bit buffer holds either */
+    size_t written = 0;
+    if (cublasLtMatmulAlgoConfigGetAttribute(a, attr, &v, sizeof v, &written) != CUBLAS_STATUS_SUCCESS) return 0;
+    return written == 2 ? (v & 0xFFFFu) : v;
+}
+
+nib_status nib_blas_algos(nib_blas *b, int fp8, int64_t m, int64_t n, int64_t k, const float *sx, const float *sw,
+                          nib_blas_algo_desc *out, int max, int *count) {
+    *count = 0;
+    if (!b || !out || max < 1) return NIB_ERR(NIB_ERR_INVALID_ARG, "blas algos: NULL handle/output or max < 1");
+    if (m < 1 || n < 1 || k < 1) return NIB_ERR(NIB_ERR_SHAPE, "blas algos: M=%lld N=%lld K=%lld", (long long)m,
+                                              (long long)n, (long long)k);
+    if (fp8 && (!sx || !sw)) return NIB_ERR(NIB_ERR_INVALID_ARG, "blas algos: fp8 needs its scale pointers");
+    if (max > NIB_BLAS_MAX_ALGOS) max = NIB_BLAS_MAX_ALGOS;
+    blas_plan p;
+    memset(&p, 0, sizeof p);
+    nib_status st = plan_descs(&p, fp8, m, n, k, fp8, fp8, sx, sw, NULL, 0, n, fp8 ? b->fast_accum : 0);
+    cublasLtMatmulHeuristicResult_t res[NIB_BLAS_MAX_ALGOS];
+    int found = 0;
+    cublasStatus_t hs = CUBLAS_STATUS_SUCCESS;
+    if (!st) st = plan_heuristic(b, &p, 0, max, res, &found, &hs);
+    if (!st && hs != CUBLAS_STATUS_SUCCESS) st = blas_status(hs, "cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__);
+    for (int i = 0; !st && i < found; i++) {
+        nib_blas_algo_desc *d = &out[i];
+        memset(d, 0, sizeof *d);
+        d->id = (int)algo_attr(&res[i].algo, CUBLASLT_ALGO_CONFIG_ID);
+        d->tile = (int)algo_attr(&res[i].algo, CUBLASLT_ALGO_CONFIG_TILE_ID);
+        d->stages = (int)algo_attr(&res[i].algo, CUBLASLT_ALGO_CONFIG_STAGES_ID);
+        d->splitk = (int)algo_attr(&res[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM);
+        d->reduction = (int)algo_attr(&res[i].algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME);
+        d->swizzle = (int)algo_attr(&res[i].algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING);
+        d->custom = (int)algo_attr(&res[i].algo, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION);
+        d->cluster = (int)algo_attr(&res[i].algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID);
+        d->inner = (int)algo_attr(&res[i].algo, CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID);
+        d->waves = res[i].wavesCount;
+        d->workspace = (uint64_t)res[i].workspaceSize;
+    }
+    if (!st) *count = found;
+    plan_release(&p);
+    return st;
 }
 
 nib_status nib_blas_gemm_fused(nib_blas *b, const nib_blas_gemm_args *a, void *stream) {

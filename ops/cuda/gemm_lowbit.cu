@@ -55,6 +55,11 @@ struct GemmParams {
     int xw, nxb, lds, ring_bytes; /* X window steps, X buffers, X row stride (elements), ring size */
     int cps;                      /* chunks per pipeline step (= Cps<MT>) */
     uint32_t scale_add;
+    /* launch constants the host computes once, so the kernel's prologue divides nothing */
+    int wn_shift;                 /* log2(warps along N) = log2(WARPS / wk) */
+    int nsteps_full, nsteps_last; /* pipeline steps of a CTA with chunks_per_cta chunks / the last K split */
+    int x_drow, x_dpc;            /* X walk: (row, piece) advance per copy (256 / ppr, 256 % ppr) */
+    uint32_t x_magic;             /* ceil(2^32 / ppr): threadIdx.x / ppr as one multiply-high */
 };
 
 /* ---- the per-thread cp.async ring -------------------------------------------------------
@@ -132,12 +137,20 @@ __device__ __forceinline__ void read_chunk(Chunk<FMT> &ch, const unsigned char *
  * the kernel's instructions, nib bench gemm under Nsight Compute). */
 struct XWalk {
     int row0, pc0, drow, dpc, ppr;
-    __device__ __forceinline__ void init(int pieces_per_row) {
+    __device__ __forceinline__ void init(int pieces_per_row) { /* two divisions: for per-CTA use */
         ppr = pieces_per_row;
         row0 = (int)threadIdx.x / ppr;
         pc0 = (int)threadIdx.x - row0 * ppr;
         drow = (WARPS * 32) / ppr;
         dpc = WARPS * 32 - drow * ppr;
+    }
+    /* the X window walk from the host's constants (exact: threadIdx.x < 2^8, ppr < 2^24) */
+    __device__ __forceinline__ void init_x(const GemmParams &p, int pieces_per_row) {
+        ppr = pieces_per_row;
+        row0 = (int)__umulhi(threadIdx.x, p.x_magic);
+        pc0 = (int)threadIdx.x - row0 * ppr;
+        drow = p.x_drow;
+        dpc = p.x_dpc;
     }
 };
 
@@ -209,8 +222,9 @@ __device__ __forceinline__ void epi_pair(const GemmParams &p, int rg, int g, int
     }
 }
 
-/* The issue side of the weight/X pipeline of one thread (see the kernel). */
-template <int FMT, int MT> struct IssueState {
+/* The issue side of the weight/X pipeline of one thread (see the kernel). REG: the weights
+ * go straight to registers (the kernel loads them); only the X windows go through cp.async. */
+template <int FMT, int MT, int REG> struct IssueState {
     enum { S = Stages<MT>::S, PARTS = FmtT<FMT>::PARTS, CPS = Cps<MT>::N };
     const uint8_t *wp, *sp;
     size_t wstep, sstep;
@@ -238,12 +252,12 @@ template <int FMT, int MT> struct IssueState {
         xs_stride = xs_stride_;
         xrows = xrows_;
         m0 = m0_;
-        xwalk.init(p.xw * p.wk * p.cps * (KCH / 8));
+        xwalk.init_x(p, p.xw * p.wk * p.cps * (KCH / 8));
     }
     /* issue pipeline position j (weights of step j; the X window starting at step j) */
     __device__ __forceinline__ void step(const GemmParams &p, uint32_t ring) {
         if (j < nsteps) {
-            issue_chunks<FMT, CPS>(ring, stage, wp, sp, rg_ok, c, c_end);
+            if (!REG) issue_chunks<FMT, CPS>(ring, stage, wp, sp, rg_ok, c, c_end);
             if (in == 0) {
                 issue_x_window(p, xwalk, xs0 + xb * xs_stride, xrows, m0, kcol);
                 xb = xb + 1 == p.nxb ? 0 : xb + 1;
@@ -264,37 +278,66 @@ __device__ __forceinline__ void prefetch_l2(const void *a) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
 }
 
+/* One step's weight chunks of this lane straight into registers (REG plans): the same bytes the
+ * ring would hold, zeros where the chunk is past the CTA's range or the row group past N. */
+template <int FMT, int CPS>
+__device__ __forceinline__ void load_chunks_reg(Chunk<FMT> (&dst)[CPS], const uint8_t *wp, const uint8_t *sp, bool rg_ok,
+                                                int c, int c_end, int g, uint64_t pol) {
+    constexpr int PARTS = FmtT<FMT>::PARTS, SB = FMT == NIB_WFMT_NVFP4 ? 128 : 64;
+#pragma unroll
+    for (int cc = 0; cc < CPS; cc++) {
+        if (rg_ok && c + cc < c_end) {
+#pragma unroll
+            for (int q = 0; q < PARTS; q++) dst[cc].e[q] = ldg_stream(wp + (cc * PARTS + q) * 512, pol);
+            if (FMT == NIB_WFMT_NVFP4) {
+                dst[cc].s = ldg_stream(sp + cc * SB, pol);
+            } else if (FMT != NIB_WFMT_FP8) { /* the aligned 16-byte pair that holds this lane group's 8 bytes */
+                const uint4 v = ldg_stream(sp + cc * SB, pol);
+                dst[cc].s = (g & 1) ? make_uint4(v.z, v.w, 0u, 0u) : make_uint4(v.x, v.y, 0u, 0u);
+            }
+        } else {
+#pragma unroll
+            for (int q = 0; q < PARTS; q++) dst[cc].e[q] = make_uint4(0u, 0u, 0u, 0u);
+            dst[cc].s = make_uint4(0u, 0u, 0u, 0u);
+        }
+    }
+}
+
 /* OCC: resident CTAs per SM the registers are budgeted for (MT = 8 exists with 1 and 2: 1 has
- * no spills, 2 spills a few prologue values but doubles the resident CTAs; the planner picks) */
-template <int FMT, int MT, int R, int OCC>
+ * no spills, 2 spills a few prologue values but doubles the resident CTAs; the planner picks).
+ * REG (MT <= 4): weights loaded straight into registers one pipeline step ahead instead of
+ * through the per-thread cp.async ring (no shared-memory round trip for them). */
+template <int FMT, int MT, int R, int OCC, int REG>
 __global__ void __launch_bounds__(WARPS * 32, OCC) k_gemm_lowbit(GemmParams p) {
     constexpr int S = Stages<MT>::S;
     extern __shared__ __align__(16) unsigned char smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int wn_count = WARPS / p.wk;
-    const int wn = warp % wn_count, wkk = warp / wn_count;
+    const int wn_count = 1 << p.wn_shift; /* warps along N (WARPS / wk, a power of two) */
+    const int wn = warp & (wn_count - 1), wkk = warp >> p.wn_shift;
     const int rg0 = (blockIdx.x * wn_count + wn) * R;
     const int m0 = blockIdx.z * MCHUNK;
     const int c_begin = blockIdx.y * p.chunks_per_cta;
     const int c_end = min(c_begin + p.chunks_per_cta, p.nchunks);
     constexpr int CPS = Cps<MT>::N;
-    const int nsteps = (c_end - c_begin + p.wk * CPS - 1) / (p.wk * CPS); /* uniform across the CTA */
+    const int nsteps = (int)blockIdx.y == p.ksplit - 1 ? p.nsteps_last : p.nsteps_full; /* uniform across the CTA */
     /* Before the PDL wait (runtime/launch.cuh): the weights do not depend on the previous
      * kernel, so pull the start of this CTA's weight (and scale) slice into L2 while that kernel
-     * finishes; the pipeline below then finds it there. At most PF_LINES lines per CTA. */
+     * finishes; the pipeline below then finds it there. Each row group's first lines, at most
+     * PF_LINES per CTA, by the wk warps that stream that row group (no divisions). */
     {
         constexpr int PB = FmtT<FMT>::PARTS * 512, SBB = FmtT<FMT>::SB, PF_LINES = 256;
-        const int rgc = min(wn_count * R, p.ng - (int)blockIdx.x * wn_count * R);
-        const int lpr = (c_end - c_begin) * (PB / 128), spr = SBB ? (c_end - c_begin) * SBB / 128 : 0;
-        const int tot = min(rgc * lpr, PF_LINES), stot = min(rgc * spr, PF_LINES / 4);
-        const int rgb = blockIdx.x * wn_count * R;
-        for (int l = threadIdx.x; l < tot; l += blockDim.x) {
-            const int rr = l / lpr;
-            prefetch_l2(p.w + ((size_t)(rgb + rr) * p.nchunks + c_begin) * PB + (size_t)(l - rr * lpr) * 128);
-        }
-        for (int l = threadIdx.x; l < stot; l += blockDim.x) {
-            const int rr = l / max(spr, 1);
-            prefetch_l2(p.s + ((size_t)(rgb + rr) * p.nchunks + c_begin) * SBB + (size_t)(l - rr * spr) * 128);
+        const int cap = PF_LINES >> p.wn_shift; /* lines per row group */
+        const int lpr = min((c_end - c_begin) * (PB / 128), cap);
+        const int spr = SBB ? min((c_end - c_begin) * SBB / 128, cap / 4) : 0;
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            if (rg0 + r >= p.ng) continue;
+            const uint8_t *wb = p.w + ((size_t)(rg0 + r) * p.nchunks + c_begin) * PB;
+            for (int l = wkk * 32 + lane; l < lpr; l += p.wk * 32) prefetch_l2(wb + (size_t)l * 128);
+            if (SBB) {
+                const uint8_t *sb = p.s + ((size_t)(rg0 + r) * p.nchunks + c_begin) * SBB;
+                for (int l = wkk * 32 + lane; l < spr; l += p.wk * 32) prefetch_l2(sb + (size_t)l * 128);
+            }
         }
     }
     nib::pdl_enter();
@@ -330,8 +373,18 @@ __global__ void __launch_bounds__(WARPS * 32, OCC) k_gemm_lowbit(GemmParams p) {
 
     /* issue side of the pipeline (position j = weight chunk of step j, plus the X window that
      * starts at step j); all counters incremental: no divisions in the loop */
-    IssueState<FMT, MT> is;
+    IssueState<FMT, MT, REG> is;
     is.init(p, rg0, c_begin, wkk, lane, g, nsteps, c_end, rg_ok[0], xs0, xs_stride, xrows, m0);
+    /* REG: this lane's weight stream (the pointers IssueState starts from), step 0 in flight
+     * before the X prologue */
+    const uint8_t *rwp = is.wp, *rsp = is.sp;
+    int rc = is.c;
+    Chunk<FMT> nxt[CPS];
+    uint64_t pol = 0;
+    if (REG) {
+        pol = evict_first_policy();
+        if (nsteps > 0) load_chunks_reg<FMT, CPS>(nxt, rwp, rsp, rg_ok[0], rc, c_end, g, pol);
+    }
 #pragma unroll
     for (int j = 0; j < S - 1; j++) is.step(p, ring);
 
@@ -340,8 +393,17 @@ __global__ void __launch_bounds__(WARPS * 32, OCC) k_gemm_lowbit(GemmParams p) {
         cp_async_wait<S - 2>();
         if (use_in == 0) __syncthreads(); /* X window complete in every thread */
         Chunk<FMT> ch[CPS][R];
+        if (REG) {
 #pragma unroll
-        for (int cc = 0; cc < CPS; cc++) read_chunk<FMT, CPS>(ch[cc][0], smem, use_stage, cc, g);
+            for (int cc = 0; cc < CPS; cc++) ch[cc][0] = nxt[cc];
+            rwp += is.wstep;
+            rsp += is.sstep;
+            rc += p.wk * CPS;
+            if (i + 1 < nsteps) load_chunks_reg<FMT, CPS>(nxt, rwp, rsp, rg_ok[0], rc, c_end, g, pol);
+        } else {
+#pragma unroll
+            for (int cc = 0; cc < CPS; cc++) read_chunk<FMT, CPS>(ch[cc][0], smem, use_stage, cc, g);
+        }
         is.step(p, ring);
 #pragma unroll
         for (int cc = 0; cc < CPS; cc++) {
@@ -445,22 +507,36 @@ __global__ void __launch_bounds__(WARPS * 32, OCC) k_gemm_lowbit(GemmParams p) {
         for (int q = 0; q < p.ksplit; q++) v += __ldcg(wsb + q * slot_stride + (size_t)pr * MCHUNK + j);
         return v;
     };
+    /* (output q, token j) of idx = threadIdx.x + i * 256, advanced with one carry (two divisions
+     * per CTA, not one per output) */
+    XWalk ow;
+    ow.init(toks);
     if (p.geglu) {
         const int outs = rows / 2;
-        for (int idx = threadIdx.x; idx < outs * toks; idx += blockDim.x) {
-            int q = idx / toks, j = idx - q * toks;
-            int n = pb / 2 + q;
-            if (n >= p.n_out) continue;
-            int pg = (n >> 3) * 16 + (n & 7);
-            float vg = epi_val(p, pg, partial(pg, j)), vu = epi_val(p, pg + 8, partial(pg + 8, j));
-            epi_store(p, n, m0 + j, gelu_tanh(vg) * vu);
+        for (int q = ow.row0, j = ow.pc0; q < outs;) {
+            const int n = pb / 2 + q;
+            if (n < p.n_out) {
+                const int pg = (n >> 3) * 16 + (n & 7);
+                const float vg = epi_val(p, pg, partial(pg, j)), vu = epi_val(p, pg + 8, partial(pg + 8, j));
+                epi_store(p, n, m0 + j, gelu_tanh(vg) * vu);
+            }
+            q += ow.drow;
+            j += ow.dpc;
+            if (j >= toks) {
+                j -= toks;
+                q++;
+            }
         }
     } else {
-        for (int idx = threadIdx.x; idx < rows * toks; idx += blockDim.x) {
-            int q = idx / toks, j = idx - q * toks;
-            int pr = pb + q;
-            if (pr >= p.n_out) continue;
-            epi_store(p, pr, m0 + j, epi_val(p, pr, partial(pr, j)));
+        for (int q = ow.row0, j = ow.pc0; q < rows;) {
+            const int pr = pb + q;
+            if (pr < p.n_out) epi_store(p, pr, m0 + j, epi_val(p, pr, partial(pr, j)));
+            q += ow.drow;
+            j += ow.dpc;
+            if (j >= toks) {
+                j -= toks;
+                q++;
+            }
         }
     }
     __syncthreads();
@@ -884,26 +960,27 @@ int nib_cuda_gemm_plans(const nib_qweight *w, int64_t m, uint64_t ws_elems, nib_
     return nib_gemm_plans_for(&sh, m, ws_elems, g_num_sms, out, max);
 }
 
-template <int FMT, int MT, int R, int OCC>
+template <int FMT, int MT, int R, int OCC, int REG>
 static nib_status launch_t(const GemmParams &p, dim3 grid, size_t smem, cudaStream_t stream) {
     static int attr_set;
     if (!attr_set) {
-        NIB_CUDA_CHECK(cudaFuncSetAttribute(k_gemm_lowbit<FMT, MT, R, OCC>,
+        NIB_CUDA_CHECK(cudaFuncSetAttribute(k_gemm_lowbit<FMT, MT, R, OCC, REG>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, NIB_GEMM_MAX_SMEM));
         attr_set = 1;
     }
-    NIB_CUDA_CHECK(nib::launch(k_gemm_lowbit<FMT, MT, R, OCC>, grid, dim3(WARPS * 32), smem, stream, p));
+    NIB_CUDA_CHECK(nib::launch(k_gemm_lowbit<FMT, MT, R, OCC, REG>, grid, dim3(WARPS * 32), smem, stream, p));
     NIB_LAUNCH_CHECK("k_gemm_lowbit");
     return NIB_OK;
 }
 
 template <int FMT>
-static nib_status launch_mt(int mt, int occ, const GemmParams &p, dim3 g, size_t smem, cudaStream_t s) {
+static nib_status launch_mt(int mt, int occ, int reg, const GemmParams &p, dim3 g, size_t smem, cudaStream_t s) {
     switch (mt) {
-    case 1: return launch_t<FMT, 1, 1, 2>(p, g, smem, s);
-    case 2: return launch_t<FMT, 2, 1, 2>(p, g, smem, s);
-    case 4: return launch_t<FMT, 4, 1, 2>(p, g, smem, s);
-    default: return occ == 1 ? launch_t<FMT, 8, 1, 1>(p, g, smem, s) : launch_t<FMT, 8, 1, 2>(p, g, smem, s);
+    case 1: return reg ? launch_t<FMT, 1, 1, 2, 1>(p, g, smem, s) : launch_t<FMT, 1, 1, 2, 0>(p, g, smem, s);
+    case 2: return reg ? launch_t<FMT, 2, 1, 2, 1>(p, g, smem, s) : launch_t<FMT, 2, 1, 2, 0>(p, g, smem, s);
+    case 4: return reg ? launch_t<FMT, 4, 1, 2, 1>(p, g, smem, s) : launch_t<FMT, 4, 1, 2, 0>(p, g, smem, s);
+    default:
+        return occ == 1 ? launch_t<FMT, 8, 1, 1, 0>(p, g, smem, s) : launch_t<FMT, 8, 1, 2, 0>(p, g, smem, s);
     }
 }
 
@@ -975,15 +1052,30 @@ nib_status nib_cuda_gemm_planned(const nib_qweight *w, const void *x, int64_t m,
     p.ring_bytes = pl.ring_bytes;
     p.cps = NIB_GEMM_CPS(pl.mt);
     p.scale_add = w->scale_add;
+    {
+        const int wn = WARPS / pl.wk; /* warps along N: a power of two (wk is 1, 2, 4 or 8) */
+        p.wn_shift = 0;
+        while ((1 << p.wn_shift) < wn) p.wn_shift++;
+        if ((1 << p.wn_shift) != wn || wn * pl.wk != WARPS)
+            return NIB_ERR(NIB_ERR_INTERNAL, "gemm: plan with %d warps along K of %d", pl.wk, WARPS);
+        const int per_step = pl.wk * p.cps;
+        const int last = p.nchunks - (pl.ksplit - 1) * p.chunks_per_cta;
+        p.nsteps_full = (p.chunks_per_cta + per_step - 1) / per_step;
+        p.nsteps_last = (last + per_step - 1) / per_step;
+        const int ppr = pl.xw * pl.wk * p.cps * (KCH / 8);
+        p.x_drow = (WARPS * 32) / ppr;
+        p.x_dpc = WARPS * 32 - p.x_drow * ppr;
+        p.x_magic = (uint32_t)(((1ull << 32) + (uint64_t)ppr - 1) / (uint64_t)ppr);
+    }
     if (p.res && p.ldr < p.n_out) return NIB_ERR(NIB_ERR_SHAPE, "gemm: residual ldr %lld < N_out %d", (long long)p.ldr, p.n_out);
     dim3 grid(pl.row_blocks, pl.ksplit, pl.m_chunks);
     size_t smem = pl.smem;
     cudaStream_t s = (cudaStream_t)stream;
     switch (w->fmt) {
-    case NIB_WFMT_NVFP4: return launch_mt<NIB_WFMT_NVFP4>(pl.mt, pl.occ, p, grid, smem, s);
-    case NIB_WFMT_MXFP4: return launch_mt<NIB_WFMT_MXFP4>(pl.mt, pl.occ, p, grid, smem, s);
-    case NIB_WFMT_INT4: return launch_mt<NIB_WFMT_INT4>(pl.mt, pl.occ, p, grid, smem, s);
-    case NIB_WFMT_FP8: return launch_mt<NIB_WFMT_FP8>(pl.mt, pl.occ, p, grid, smem, s);
+    case NIB_WFMT_NVFP4: return launch_mt<NIB_WFMT_NVFP4>(pl.mt, pl.occ, pl.reg, p, grid, smem, s);
+    case NIB_WFMT_MXFP4: return launch_mt<NIB_WFMT_MXFP4>(pl.mt, pl.occ, pl.reg, p, grid, smem, s);
+    case NIB_WFMT_INT4: return launch_mt<NIB_WFMT_INT4>(pl.mt, pl.occ, pl.reg, p, grid, smem, s);
+    case NIB_WFMT_FP8: return launch_mt<NIB_WFMT_FP8>(pl.mt, pl.occ, pl.reg, p, grid, smem, s);
     default: return NIB_ERR(NIB_ERR_UNSUPPORTED, "gemm: format %d", (int)w->fmt);
     }
 }
