@@ -11,7 +11,7 @@
  *           than 3x L2, so every call reads its KV from DRAM; "hot": one cache, L2-resident (as
  *           the Pi0.5 prefix KV of 18 layers, ~10 MB, is in practice).
  *   decode  1 query x 8 heads over T = 1024 .. 32768 slots, each dtype, cold (rotating caches).
- * --variants auto,dec,r4,r8,cl repeats the cache and decode sections with the kernel variant forced
+ * --variants auto,dec,r4,r8,cl,rk repeats the cache and decode sections with the kernel variant forced
  * (NIB_ATTN_VARIANT; "auto" = the planner's choice), to measure the alternatives in one run.
  * KV bytes = what one call must read: element planes + block scales + per-(token, head) scales
  * of the T visible slots. FLOPs = 4 x rows x T x D (Q.K and P.V).
@@ -313,17 +313,22 @@ int nib_bench_attn(int argc, char **argv) {
     const char *json = NULL;
     int reps = 15, do_prefix = 1, do_cache = 1, do_decode = 1;
     const char *variants = "auto";
+    int Ts[16] = {1024, 4096, 16384, 32768}, nT = 4;
+    int kv_on[NIB_KV_COUNT];
+    for (int k = 0; k < NIB_KV_COUNT; k++) kv_on[k] = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (nib_cli_is_help(a)) {
-            printf("usage: nib bench attn [--sections prefix,cache,decode] [--variants auto,dec,r4,r8,cl] [--reps N]\n"
-                   "                      [--json FILE]\n"
+            printf("usage: nib bench attn [--sections prefix,cache,decode] [--variants auto,dec,r4,r8,cl,rk] [--reps N]\n"
+                   "                      [--t T1,T2,..] [--kv bf16,fp8,nvfp4] [--json FILE]\n"
                    "The attention kernel lab: prefix self-attention (Gemma S = 532, 968; SigLIP 1..3 images),\n"
                    "the Pi0.5 suffix over the KV cache (P = 532, 768, 1024 x H = 10, 50 x bf16/fp8/nvfp4, cold\n"
                    "and hot L2) and decoding (T = 1024 .. 32768 x each dtype, cold). Each row: median us per\n"
                    "call (CUDA-graph replay), KV bytes read, GB/s, %% of the copy bandwidth measured in this\n"
                    "run, FLOPs, TFLOP/s (%% of the cuBLASLt bf16 peak measured in this run), the floor (bytes /\n"
-                   "copy bw or FLOPs / peak), the plan.\n");
+                   "copy bw or FLOPs / peak), the plan.\n"
+                   "--t sets the decode lengths (default 1024,4096,16384,32768; 1..1048576 each, at most 16);\n"
+                   "--kv limits the cache and decode sections to the named cache dtypes.\n");
             return 0;
         } else if (!strcmp(a, "--json") && val) {
             json = val;
@@ -334,6 +339,40 @@ int nib_bench_attn(int argc, char **argv) {
             i++;
         } else if (!strcmp(a, "--variants") && val) {
             variants = val;
+            i++;
+        } else if (!strcmp(a, "--t") && val) {
+            nT = 0;
+            char tb[256];
+            snprintf(tb, sizeof tb, "%s", val);
+            for (char *sv = NULL, *t = strtok_r(tb, ",", &sv); t; t = strtok_r(NULL, ",", &sv)) {
+                char *end = NULL;
+                long v = strtol(t, &end, 10);
+                if (!end || *end || v < 1 || v > (1 << 20) || nT >= 16) {
+                    fprintf(stderr, "nib bench attn: --t wants up to 16 lengths in 1..1048576; got '%s'\n", val);
+                    return 2;
+                }
+                Ts[nT++] = (int)v;
+            }
+            if (!nT) {
+                fprintf(stderr, "nib bench attn: --t wants a list of lengths; got '%s'\n", val);
+                return 2;
+            }
+            i++;
+        } else if (!strcmp(a, "--kv") && val) {
+            int any = 0;
+            for (int k = 0; k < NIB_KV_COUNT; k++) {
+                kv_on[k] = 0;
+                const char *nm = nib_kv_dtype_name((nib_kv_dtype)k);
+                for (const char *q = strstr(val, nm); q; q = strstr(q + 1, nm)) {
+                    size_t n = strlen(nm);
+                    if ((q == val || q[-1] == ',') && (q[n] == 0 || q[n] == ',')) kv_on[k] = 1;
+                }
+                any |= kv_on[k];
+            }
+            if (!any) {
+                fprintf(stderr, "nib bench attn: --kv wants bf16, fp8 and/or nvfp4; got '%s'\n", val);
+                return 2;
+            }
             i++;
         } else if (!strcmp(a, "--sections") && val) {
             do_prefix = strstr(val, "prefix") != NULL;
@@ -385,25 +424,25 @@ int nib_bench_attn(int argc, char **argv) {
     snprintf(vbuf, sizeof vbuf, "%s", variants);
     for (char *save = NULL, *v = strtok_r(vbuf, ",", &save); v; v = strtok_r(NULL, ",", &save)) {
         if (!strcmp(v, "auto")) unsetenv("NIB_ATTN_VARIANT");
-        else if (!strcmp(v, "dec") || !strcmp(v, "r4") || !strcmp(v, "r8") || !strcmp(v, "cl"))
+        else if (!strcmp(v, "dec") || !strcmp(v, "r4") || !strcmp(v, "r8") || !strcmp(v, "cl") || !strcmp(v, "rk"))
             setenv("NIB_ATTN_VARIANT", v, 1);
         else {
-            printf("  unknown variant '%s' skipped (auto, dec, r4, r8, cl)\n", v);
+            printf("  unknown variant '%s' skipped (auto, dec, r4, r8, cl, rk)\n", v);
             continue;
         }
         const int cl = !strcmp(v, "cl"); /* the cluster variant takes <= 128 rows: H = 10 only */
-        if (do_cache) {
+        if (do_cache && strcmp(v, "rk")) { /* rk (the decode kernel) takes <= 8 rows: decode only */
             const int Ps[] = {532, 768, 1024}, Hs[] = {10, 50};
             for (int cold = 1; cold >= 0; cold--)
                 for (int pi = 0; pi < 3; pi++)
                     for (int hi = 0; hi < 2 - cl; hi++)
                         for (int dt = 0; dt < NIB_KV_COUNT; dt++)
-                            RUN(bench_cache(b, "cache", (nib_kv_dtype)dt, Ps[pi] + Hs[hi], Hs[hi], cold));
+                            if (kv_on[dt]) RUN(bench_cache(b, "cache", (nib_kv_dtype)dt, Ps[pi] + Hs[hi], Hs[hi], cold));
         }
         if (do_decode) {
-            const int Ts[] = {1024, 4096, 16384, 32768};
-            for (int ti = 0; ti < 4; ti++)
-                for (int dt = 0; dt < NIB_KV_COUNT; dt++) RUN(bench_cache(b, "decode", (nib_kv_dtype)dt, Ts[ti], 1, 1));
+            for (int ti = 0; ti < nT; ti++)
+                for (int dt = 0; dt < NIB_KV_COUNT; dt++)
+                    if (kv_on[dt]) RUN(bench_cache(b, "decode", (nib_kv_dtype)dt, Ts[ti], 1, 1));
         }
     }
     unsetenv("NIB_ATTN_VARIANT");

@@ -4,7 +4,7 @@
 # to $OUT (default ./gpu-out); a short table is printed last.
 #
 #   scripts/gpu-check.sh [build] [doctor] [tests] [gemm] [ops] [attn] [demo] [pi05] [accuracy]
-#                        [load] [sanitize] [profile] [T=filter]
+#                        [load] [sanitize] [profile] [attnprof] [T=filter]
 #   (no step names = build doctor tests gemm ops attn demo pi05 accuracy load)
 #   demo      nib demo (synthesizes the full-size checkpoint in $TMPDIR once)
 #   pi05      nib bench pi05 --json pi05.json
@@ -14,11 +14,13 @@
 #             PROFILE_VARIANT (nvfp4); clocks left as they are (--clock-control none);
 #             PROFILE_SOURCE=1 adds the stall reasons (ncu-gemm-raw-m<M>.csv) and per-SASS-
 #             instruction samples (ncu-gemm-sass-m<M>.csv) of one launch
+#   attn      nib bench attn --json attn.json $ATTN_ARGS
+#   attnprof  Nsight Compute on the decode rows of nib bench attn (ATTNPROF_T, ATTNPROF_KV)
 #   load      nib quantize --pi05 fast of the synthetic checkpoint, then nib run --timing on it:
 #             time from file to the first call done
 # Environment: NIB_GIT_COMMIT (recorded in the JSON; pass the commit from the machine you commit on:
 #              the device copy's git metadata may not have your latest commits), JOBS (make -j, default nproc),
-#              GEMM_ARGS (extra args for nib bench gemm), SAN_ARGS (extra args for
+#              GEMM_ARGS / ATTN_ARGS / PI05_ARGS (extra args for nib bench gemm / attn / pi05), SAN_ARGS (extra args for
 #              scripts/sanitize.sh in the sanitize step, e.g. "--tools racecheck --split 8";
 #              its logs come back as sanitize-logs.tgz).
 set -u
@@ -97,8 +99,28 @@ if has ops; then
     note "bench ops (rc $?)"
 fi
 if has attn; then
-    ./build/nib bench attn --json "$OUT/attn.json" >>"$LOG" 2>&1
-    note "bench attn (rc $?)"
+    ./build/nib bench attn --json "$OUT/attn.json" ${ATTN_ARGS:-} >"$OUT/attn.log" 2>&1
+    note "bench attn (rc $?): $(tail -1 "$OUT/attn.log")"
+fi
+if has attnprof; then
+    # Nsight Compute on the attention lab's decode rows: the eager call and the first graph
+    # calls of each (T, kv dtype) in ATTNPROF_T (default 32768) x ATTNPROF_KV (bf16,fp8,nvfp4);
+    # every kernel of those calls (attention and split merge), details page + raw stall reasons
+    ncu_bin=$(command -v ncu 2>/dev/null || echo "${CUDA_HOME:-/usr/local/cuda}/bin/ncu")
+    for kv in $(echo "${ATTNPROF_KV:-bf16,fp8,nvfp4}" | tr , ' '); do
+        for t in $(echo "${ATTNPROF_T:-32768}" | tr , ' '); do
+            "$ncu_bin" --clock-control none --kernel-name regex:k_attn --launch-count "${ATTNPROF_LAUNCHES:-4}" \
+                --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+                --section MemoryWorkloadAnalysis --section SchedulerStats --csv --page details \
+                ./build/nib bench attn --sections decode --t "$t" --kv "$kv" --reps 3 \
+                >"$OUT/ncu-attn-$kv-t$t.csv" 2>"$OUT/ncu-attn-$kv-t$t.err"
+            note "attnprof $kv T=$t (rc $?): $(grep -c '"k_attn' "$OUT/ncu-attn-$kv-t$t.csv") metric rows"
+            "$ncu_bin" --clock-control none --kernel-name regex:k_attn --launch-count "${ATTNPROF_LAUNCHES:-4}" \
+                --section WarpStateStats --section InstructionStats --page raw --csv \
+                ./build/nib bench attn --sections decode --t "$t" --kv "$kv" --reps 3 \
+                >"$OUT/ncu-attn-raw-$kv-t$t.csv" 2>>"$OUT/ncu-attn-$kv-t$t.err"
+        done
+    done
 fi
 CKPT=${TMPDIR:-/tmp}/nib-demo-pi05.safetensors
 if has demo; then
@@ -106,7 +128,7 @@ if has demo; then
     note "demo (rc $?): $(grep -E '^  (bf16|fast) ' "$OUT/demo.log" | tr -s ' ' | tr '\n' ';')"
 fi
 if has pi05; then
-    ./build/nib bench pi05 --json "$OUT/pi05.json" >"$OUT/pi05.log" 2>&1
+    ./build/nib bench pi05 --json "$OUT/pi05.json" ${PI05_ARGS:-} >"$OUT/pi05.log" 2>&1
     note "bench pi05 (rc $?): $(grep -E '^(bf16|fast) +2 +10 ' "$OUT/pi05.log" | tr -s ' ' | tr '\n' ';')"
 fi
 if has accuracy; then

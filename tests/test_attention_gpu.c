@@ -630,13 +630,16 @@ NIB_TEST(attn_gpu_cache_edges) {
      * every shape it takes (NIB_ATTN_VARIANT / NIB_ATTN_CLUSTER are read at every plan): the
      * opt-in cluster variant on a long cache (10 tiles per split), with clusters of 8 too, on
      * GQA, on the suffix and on a nothing-visible cache */
-    const char *forced[] = {"r4", "r8", "dec", "cl", "cl8", "cl"};
+    const char *forced[] = {"r4", "r8", "dec", "cl", "cl8", "cl", "rk"};
     const ccase fc[][2] = {{{700, 650, 6, 6, 8, 1}, {600, 560, 50, 10, 8, 1}},
                            {{700, 650, 6, 6, 8, 1}, {600, 560, 50, 10, 8, 1}},
                            {{700, 650, 6, 6, 8, 1}, {552, 552, 10, 10, 8, 1}},
                            {{5000, 4100, 1, 1, 8, 1}, {300, 257, 3, 3, 8, 2}},
                            {{5000, 33, 1, 1, 8, 1}, {700, 650, 16, 13, 8, 1}},
-                           {{576, 542, 10, 10, 8, 1}, {64, 0, 2, 2, 8, 1}}};
+                           {{576, 542, 10, 10, 8, 1}, {64, 0, 2, 2, 8, 1}},
+                           /* the decode kernel: 2 tokens x 4 heads per KV head (8 rows), and
+                            * 2 tokens x 4 heads with 1 valid (4 of 8 rows) */
+                           {{300, 257, 2, 2, 8, 2}, {600, 560, 2, 1, 4, 1}}};
     for (size_t v = 0; v < NIB_ARRAY_LEN(forced); v++) {
         setenv("NIB_ATTN_VARIANT", v == 4 ? "cl" : forced[v], 1);
         if (v == 4) setenv("NIB_ATTN_CLUSTER", "8", 1);
@@ -676,6 +679,10 @@ NIB_TEST(attn_gpu_decode) {
         ccase c = {32768, Ts[i], 1, 1, 8, 1};
         cache_all_dtypes(t, &rng, &c);
     }
+    /* fewer heads than the kernel's 8 rows (4 heads: rows 4..7 idle), a length that is not a
+     * multiple of 16, and 2 KV heads of 4 query heads each */
+    const ccase cs[] = {{1000, 777, 1, 1, 4, 1}, {2000, 1999, 1, 1, 8, 2}};
+    for (size_t i = 0; i < NIB_ARRAY_LEN(cs); i++) cache_all_dtypes(t, &rng, &cs[i]);
 }
 
 /* One captured CUDA graph serves every valid length: capture once, then change t_valid on the

@@ -46,6 +46,7 @@
 
 #include "ops/attention.h"
 #include "ops/cuda/attention.cuh"
+#include "ops/cuda/attn_dec.cuh"
 #include "runtime/cuda_check.h"
 #include "runtime/device.h"
 #include "runtime/launch.cuh"
@@ -61,6 +62,7 @@ struct KInfo {
     attn_kernel_t kern;
     int fmt, dp, wr, wt, tk, threads, smem;
     const char *name;
+    int rows;       /* query rows per CTA */
     int cl;         /* cluster-merge variant */
     int ready, occ; /* attributes set, CTAs per SM */
     int cl_max;     /* cluster variant: largest cluster that fits (16, 8, or 0: none) */
@@ -68,10 +70,11 @@ struct KInfo {
 
 #define KI(F, DP, WR, WT, KW, ST, NAME)                                                        \
     {k_attn<F, DP, WR, WT, KW, ST>, F, DP, WR, WT, Cfg<F, DP, WR, WT, KW, ST>::TK,            \
-     Cfg<F, DP, WR, WT, KW, ST>::NT, Cfg<F, DP, WR, WT, KW, ST>::SMEM, NAME, 0, 0, 0, 0}
+     Cfg<F, DP, WR, WT, KW, ST>::NT, Cfg<F, DP, WR, WT, KW, ST>::SMEM, NAME, 16 * WR, 0, 0, 0, 0}
 #define KIC(F)                                                                                 \
     {k_attn<F, 256, 8, 1, 2, 3, 1>, F, 256, 8, 1, Cfg<F, 256, 8, 1, 2, 3, 1>::TK,              \
-     Cfg<F, 256, 8, 1, 2, 3, 1>::NT, Cfg<F, 256, 8, 1, 2, 3, 1>::SMEM, "cl", 1, 0, 0, 0}
+     Cfg<F, 256, 8, 1, 2, 3, 1>::NT, Cfg<F, 256, 8, 1, 2, 3, 1>::SMEM, "cl", 128, 1, 0, 0, 0}
+#define KID(F) {k_attn_dec<F>, F, 256, 0, DEC_NW, DEC_TK, DEC_NT, 0, "rk", 8, 0, 0, 0, 0}
 
 enum { V_DEC = 0, V_R4 = 1, V_R8 = 2, V_PER_FMT = 3 };
 static KInfo g_kinfo[] = {
@@ -80,13 +83,17 @@ static KInfo g_kinfo[] = {
     KI(F_NVFP4, 256, 1, 2, 1, 3, "dec"), KI(F_NVFP4, 256, 4, 1, 4, 2, "r4"), KI(F_NVFP4, 256, 8, 1, 4, 2, "r8"),
     KI(F_BF16, 80, 4, 1, 4, 2, "r4"),
     KIC(F_BF16), KIC(F_FP8), KIC(F_NVFP4),
+    KID(F_BF16), KID(F_FP8), KID(F_NVFP4),
 };
 #define K_D80 (3 * V_PER_FMT)
-#define K_CL (K_D80 + 1) /* + fmt */
+#define K_CL (K_D80 + 1)     /* + fmt */
+#define K_RK (K_CL + 3)      /* + fmt: the decode kernel (attn_dec.cuh) */
 
 static int g_sms;
 
-/* NIB_ATTN_VARIANT=dec|r4|r8 forces the head_dim-256 variant (a lab knob for measuring the
+/* Cache path with <= 8 query rows per KV head (decoding one token): the register-fragment
+ * decode kernel k_attn_dec ("rk", attn_dec.cuh).
+ * NIB_ATTN_VARIANT=dec|r4|r8|rk forces the head_dim-256 variant (rk: <= 8 rows, cache path) (a lab knob for measuring the
  * alternatives; every variant is correct for every shape). Read at every plan (host side only;
  * a captured graph keeps the plan it was captured with). */
 /* Cache path (Pi0.5 suffix) with up to 128 rows (H <= 16 tokens x 8 heads): the 16-row dec
@@ -97,6 +104,7 @@ static int pick_variant(int fmt, int dp, int64_t rows, int cache) {
     const char *e = getenv("NIB_ATTN_VARIANT");
     int forced = !e || !*e ? -1 : !strcmp(e, "dec") ? V_DEC : !strcmp(e, "r4") ? V_R4 : !strcmp(e, "r8") ? V_R8 : -1;
     if (dp == 80) return K_D80;
+    if ((e && !strcmp(e, "rk")) || (forced < 0 && cache && rows <= 8)) return rows <= 8 ? K_RK + fmt : -1;
     int v = forced >= 0 ? forced : rows <= 16 || (cache && rows <= 128) ? V_DEC : rows <= 64 ? V_R4 : V_R8;
     return fmt * V_PER_FMT + v;
 }
@@ -142,7 +150,7 @@ static nib_status kinfo_ready(KInfo *k) {
 
 struct Plan {
     int ki;
-    int row_blocks, n_splits, z, sl_log2;
+    int row_blocks, n_splits, z, sl_log2, merge_per;
     uint64_t ws_bytes, ws_o_elems, ws_ml_elems;
 };
 
@@ -202,15 +210,20 @@ static nib_status make_plan(int fmt, int dp, int64_t rows_max, int64_t t_max, in
         if (used) return NIB_OK;
     }
     pl->ki = pick_variant(fmt, dp, rows_max, cache);
+    if (pl->ki < 0)
+        return NIB_ERR(NIB_ERR_UNSUPPORTED, "attention: NIB_ATTN_VARIANT=rk (the decode kernel) takes <= 8 query rows per "
+                       "KV head; got %lld", (long long)rows_max);
     KInfo *k = &g_kinfo[pl->ki];
     NIB_RETURN_IF_ERR(kinfo_ready(k));
-    const int64_t rows_cta = 16 * k->wr;
+    const int64_t rows_cta = k->rows;
     const int64_t rb = (rows_max + rows_cta - 1) / rows_cta;
     if (rb > 0x7FFFFFFF || z > 65535)
         return NIB_ERR(NIB_ERR_UNSUPPORTED, "attention: %lld row blocks x %lld (sequence, KV head) pairs exceed the grid",
                        (long long)rb, (long long)z);
     const int64_t tiles = t_max > 0 ? (t_max + k->tk - 1) / k->tk : 1;
-    const int64_t slots = (int64_t)g_sms * k->occ;
+    /* the decode kernel: one CTA per SM measured best (H100, T = 32768: 132 splits 21.7 / 17.5 /
+     * 17.4 us for bf16 / fp8 / nvfp4 vs 24.8 / 18.7 / 17.5 us with 264 at 2 per SM) */
+    const int64_t slots = (int64_t)g_sms * (pl->ki >= K_RK ? 1 : k->occ);
     const double merge_tiles = !cache && dp == 80 ? 8.0 : 1.0;
     double best = 1e300;
     int bs = 1;
@@ -231,8 +244,10 @@ static nib_status make_plan(int fmt, int dp, int64_t rows_max, int64_t t_max, in
     pl->row_blocks = (int)rb;
     pl->n_splits = bs;
     pl->z = (int)z;
-    int sl = 0; /* merge: split lanes so each thread sums at most 8 splits (<= 32 lanes) */
-    while ((1 << sl) < 32 && (1 << sl) * 8 < bs) sl++;
+    /* merge: each thread sums at most PER splits (4, 8 or 16), split lanes <= 32 */
+    pl->merge_per = bs <= 4 ? 4 : bs <= 8 * 32 ? 8 : 16;
+    int sl = 0;
+    while ((1 << sl) < 32 && (1 << sl) * pl->merge_per < bs) sl++;
     pl->sl_log2 = sl;
     if (bs > 1) {
         pl->ws_o_elems = (uint64_t)z * bs * rows_max * d;
@@ -247,8 +262,8 @@ static void fill_plan_out(const Plan &pl, nib_attn_plan *o) {
     const KInfo &k = g_kinfo[pl.ki];
     memset(o, 0, sizeof *o);
     snprintf(o->kernel, sizeof o->kernel, "%s d%d %s tk%d", nib_kv_dtype_name((nib_kv_dtype)k.fmt), k.dp, k.name, k.tk);
-    o->rows_per_cta = 16 * k.wr;
-    o->warps = k.wr * k.wt;
+    o->rows_per_cta = k.rows;
+    o->warps = k.threads / 32;
     o->tile_tokens = k.tk;
     o->n_splits = pl.n_splits;
     o->row_blocks = pl.row_blocks;
@@ -309,7 +324,8 @@ static nib_status launch(AttnParams p, const Plan &pl, void *ws, cudaStream_t st
         if (threads > 0x7FFFFFFFLL) /* the merge kernel indexes threads in 32 bits */
             return NIB_ERR(NIB_ERR_UNSUPPORTED, "attention merge: %lld threads (rows x head_dim / 4 x split lanes)",
                            threads);
-        NIB_CUDA_CHECK(nib::launch(k_attn_merge, dim3((unsigned)blocks, (unsigned)pl.z), dim3(256), 0, stream, m));
+        NIB_CUDA_CHECK(nib::launch(pl.merge_per == 16 ? k_attn_merge<16> : pl.merge_per == 8 ? k_attn_merge<8> : k_attn_merge<4>,
+                                   dim3((unsigned)blocks, (unsigned)pl.z), dim3(256), 0, stream, m));
         NIB_LAUNCH_CHECK("k_attn_merge");
     }
     return NIB_OK;

@@ -621,8 +621,11 @@ __global__ void __launch_bounds__(Cfg<FMT, DP, WR, WT, KW, ST, CL>::NT, Cfg<FMT,
 }
 
 /* ---- split merge --------------------------------------------------------------------------
- * Thread = (row r, 4 dims c, split lane sl of SL): sums splits sl, sl + SL, ... then the SL
- * lanes (adjacent, aligned) reduce by shuffles. Grid: x over rows * d/4 * SL, y = z. */
+ * Thread = (row r, 4 dims c, split lane sl of SL = 2^sl_log2): it sums splits sl, sl + SL, ...
+ * (at most PER), then the SL lanes (adjacent, aligned) reduce by shuffles in a fixed order.
+ * Every load of a thread (PER x (m, l, float4 o), predicated) is issued before any is used, so
+ * the kernel is one L2 round trip deep (a loop over the splits with the loads inside it was
+ * one round trip per split: ~10 us at any split count). Grid: x over rows * d/4 * SL, y = z. */
 struct MergeParams {
     const float *ws_o, *ws_m, *ws_l;
     __nv_bfloat16 *o;
@@ -631,7 +634,7 @@ struct MergeParams {
     int t_max, nq_max, n_seq, n_kv, group, d, rows_max, n_splits, tk, sl_log2;
 };
 
-__global__ void __launch_bounds__(256) k_attn_merge(MergeParams p) {
+template <int PER> __global__ void __launch_bounds__(256) k_attn_merge(MergeParams p) {
     nib::pdl_enter(); /* runtime/launch.cuh: first, before any access or return */
     const int SL = 1 << p.sl_log2, c4 = p.d / 4;
     /* 32-bit index math: the host caps blocks x 256 below 2^31 (unsigned division, no 64-bit) */
@@ -648,21 +651,32 @@ __global__ void __launch_bounds__(256) k_attn_merge(MergeParams p) {
     const unsigned lane = threadIdx.x & 31;
     const unsigned gmask = SL == 32 ? 0xffffffffu : ((1u << SL) - 1u) << (lane & ~(unsigned)(SL - 1));
     const size_t zb = (size_t)z * p.n_splits;
+    float mv[PER], lv[PER];
+    float4 ov[PER];
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+        const int s = sl + i * SL;
+        const size_t e = (zb + s) * p.rows_max + r;
+        const bool ok = s < na;
+        mv[i] = ok ? __ldcg(p.ws_m + e) : -INFINITY;
+        lv[i] = ok ? __ldcg(p.ws_l + e) : 0.f;
+        ov[i] = ok ? __ldcg((const float4 *)p.ws_o + e * c4 + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
     float m = -INFINITY;
-    for (int s = sl; s < na; s += SL) m = fmaxf(m, p.ws_m[(zb + s) * p.rows_max + r]);
+#pragma unroll
+    for (int i = 0; i < PER; i++) m = fmaxf(m, mv[i]);
     for (int off = SL >> 1; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(gmask, m, off));
     const float mu = m == -INFINITY ? 0.f : m;
     float l = 0.f;
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int s = sl; s < na; s += SL) {
-        size_t e = (zb + s) * p.rows_max + r;
-        float w = p.ws_l[e] * exp2f(p.ws_m[e] - mu);
-        float4 v = ((const float4 *)p.ws_o)[e * c4 + c];
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+        const float w = sl + i * SL < na ? lv[i] * exp2f(mv[i] - mu) : 0.f;
         l += w;
-        acc.x += w * v.x;
-        acc.y += w * v.y;
-        acc.z += w * v.z;
-        acc.w += w * v.w;
+        acc.x += w * ov[i].x;
+        acc.y += w * ov[i].y;
+        acc.z += w * ov[i].z;
+        acc.w += w * ov[i].w;
     }
     for (int off = SL >> 1; off > 0; off >>= 1) {
         l += __shfl_xor_sync(gmask, l, off);

@@ -1,0 +1,345 @@
+/* attn_dec.cuh — the decode attention kernel (ops/cuda/attention.cu picks it for up to 8 query
+ * rows per KV head: one decoded token x 8 MQA heads), for every cache dtype, head_dim 256.
+ *
+ * Why a second kernel: decoding is a pure stream over the cache (each K/V byte is used by the 8
+ * rows once), and the tile kernel (k_attn "dec": 2 warps, cp.async tiles through shared memory,
+ * low-bit tiles decoded into a bf16 tile first, 2-3 CTAs per SM) reached 45 / 22 / 11 % of the
+ * copy bandwidth at T = 32768 for bf16 / fp8 / nvfp4 — the same ~21 us for all three dtypes:
+ * latency- and issue-bound, not bandwidth-bound.
+ *
+ * Here K and V go from global memory straight into mma.sync fragments in registers (no shared
+ * memory tiles, no block barriers in the loop), and the MMAs are transposed so that the 8 rows
+ * are the N = 8 side of m16n8k16 (no padding rows):
+ *   S^T (16 keys x 8 rows) = K (16 keys x 256) . Q^T      A = K rows, B = Q (from shared memory)
+ *   O^T (256 dims x 8 rows) += V^T (dims x 16 keys) . P^T  A = V^T, B = P^T (movmatrix.trans of
+ *                                                        the S^T accumulators, as bf16)
+ * A dot product does not care in which order its terms come, so each lane's K loads (16-byte
+ * chunks, 4 lanes of a key reading 64 contiguous bytes) are used as A fragments as they are;
+ * Q is staged in shared memory in the same permuted dim order. For V^T the 16 m rows of an m
+ * tile are a permutation of the head dims chosen so that a lane's V chunk (its 8 / 16 / 32
+ * dims of one key) holds all its rows; two keys' words are paired into a fragment register by
+ * one prmt. Low-bit caches are decoded in registers: K and V words exactly into bf16 (e4m3, or
+ * e2m1 x its e4m3 block scale, as in k_attn); the per-key K scale multiplies the logits, the
+ * per-key V scale is folded into P: p * v_scale as a bf16 pair hi + lo and a second MMA for lo
+ * (with P alone in bf16, a single visible key measured 2x the rms error of the naive reference:
+ * the scale's own bf16 rounding; k_attn rounds bf16(v * v_scale) per element instead).
+ *
+ * CTA = 4 warps; a split's keys [t0, t1) go in 16-key steps, warp w taking steps w, w + 4, ...
+ * (the 4 warps read 64 consecutive keys at a time). Each warp runs its own online softmax (per
+ * lane: rows 2t and 2t + 1, t = lane % 4); the next step's K is loaded while this step's P.V
+ * runs, its V while the next S = Q.K runs; the first step's K and V are issued before Q is
+ * staged. At the end the 4 warps merge through shared memory in
+ * warp order (deterministic) and the CTA writes the split's (m, l, o / l) to the workspace, or
+ * o / l as bf16 when there is one split; k_attn_merge combines the splits as for k_attn.
+ */
+#ifndef NIB_ATTN_DEC_CUH
+#define NIB_ATTN_DEC_CUH
+
+#include "ops/cuda/attention.cuh"
+
+namespace nib {
+
+template <int FMT> struct DecFmt {
+    static constexpr int CH = FMT == F_BF16 ? 8 : FMT == F_FP8 ? 16 : 32; /* dims per 16-byte chunk */
+    static constexpr int WPC = CH / 2;                                    /* bf16x2 words per chunk */
+    static constexpr int NKC = 256 / CH / 4;                              /* K chunks per lane per key */
+    static constexpr int NVC = 256 / CH / 8;                              /* V chunks per lane per key */
+    static constexpr int KROW = FMT == F_BF16 ? 512 : FMT == F_FP8 ? 256 : 128; /* bytes per key */
+};
+constexpr int DEC_NW = 4, DEC_NT = DEC_NW * 32, DEC_TK = DEC_NW * 16; /* keys per CTA round */
+
+__device__ __forceinline__ uint4 ldg_nc16(const void *p) {
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+    return r;
+}
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
+    uint32_t r;
+    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(r) : "r"(x));
+    return r;
+}
+/* bf16x2 factor for an NVFP4 block: bf16(e4m3 scale * 2^118) in both halves (see k_attn) */
+__device__ __forceinline__ uint32_t fp4_block_factor(uint32_t e4m3) {
+    uint32_t fb = (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(e4m3_to_f32(e4m3) * 0x1p118f));
+    return fb | (fb << 16);
+}
+/* word u (dims 2u, 2u + 1 of the chunk) of a 16-byte chunk as bf16x2; fb: NVFP4 block factors
+ * (block 0 for words 0..7, block 1 for 8..15) */
+template <int FMT>
+__device__ __forceinline__ uint32_t dec_word(const uint4 &c, int u, uint32_t fb0, uint32_t fb1) {
+    if constexpr (FMT == F_BF16) {
+        return u4get(c, u);
+    } else if constexpr (FMT == F_FP8) {
+        return e4m3x2_to_bf16x2(u4get(c, u >> 1), (u & 1) ? 0x3424u : 0x1404u);
+    } else {
+        const uint32_t w = u4get(c, u >> 2), jj = (uint32_t)(u & 3);
+        const uint32_t ev = w & 0x0F0F0F0Fu, od = (w >> 4) & 0x0F0F0F0Fu;
+        const uint32_t vv = prmt(ev, od, jj | (jj << 4) | ((4 + jj) << 8) | ((4 + jj) << 12));
+        const uint32_t e = ((vv << 6) & 0x01C001C0u) | ((vv << 12) & 0x80008000u);
+        return bf2_mul(e, u < 8 ? fb0 : fb1);
+    }
+}
+/* the head dim of K-step ks, lane t, half b (b = 0: k = 2t, 2t+1; b = 1: k = 2t+8, 2t+9) —
+ * the first of two consecutive dims. Lane t's K chunk j is chunk 4j + t of the key; a chunk
+ * serves WPC / 2 k-steps, words 2h + b. */
+template <int FMT> __host__ __device__ __forceinline__ int dec_kdim(int ks, int t, int b) {
+    using F = DecFmt<FMT>;
+    const int j = ks / (F::WPC / 2), h = ks % (F::WPC / 2);
+    return F::CH * (4 * j + t) + 4 * h + 2 * b;
+}
+/* the head dim of O^T row (m tile mt, row r = g + 8v): lane g's V chunk i is chunk g + 8i; its
+ * word u is m tile WPC * i + u, the low half row g, the high half row g + 8 */
+template <int FMT> __host__ __device__ __forceinline__ int dec_odim(int mt, int r) {
+    using F = DecFmt<FMT>;
+    const int i = mt / F::WPC, u = mt % F::WPC, g = r & 7, v = r >> 3;
+    return F::CH * (g + 8 * i) + 2 * u + v;
+}
+
+template <int FMT>
+__global__ void __launch_bounds__(DEC_NT, 2) k_attn_dec(AttnParams p) {
+    nib::pdl_enter(); /* runtime/launch.cuh: first, before any access or return */
+    using F = DecFmt<FMT>;
+    constexpr int CH = F::CH, WPC = F::WPC, NKC = F::NKC, NVC = F::NVC, KROW = F::KROW;
+    __shared__ __align__(16) uint32_t qf[16][4][8][2];      /* [k-step][t][row g][b] bf16x2 */
+    __shared__ __align__(16) float red_o[DEC_NW][8][256 + 4];
+    __shared__ float red_m[DEC_NW][8], red_l[DEC_NW][8];
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int z = blockIdx.z, seq = z / p.n_kv, hkv = z % p.n_kv, split = blockIdx.y;
+    if (seq >= read_len(p.nseq_valid, p.n_seq)) return;
+    const int T = read_len(p.t_valid, p.t_max);
+    const int rows_valid = read_len(p.nq_valid, p.nq_max) * p.group;
+    int t0, t1;
+    const int n_active = nib_attn_split_range(T, p.n_splits, DEC_TK, split, &t0, &t1);
+    if (split >= n_active) return;
+
+    const uint8_t *const kbase = p.k + seq * p.k_seq + hkv * p.kv_head;
+    const uint8_t *const vbase = p.v + seq * p.v_seq + hkv * p.kv_head;
+    const int n_steps = (t1 - t0 + 15) / 16;
+
+    /* per lane: K of keys g, g + 8 (NKC chunks each) and their scales; V of keys 2t, 2t+1,
+     * 2t+8, 2t+9 (NVC chunks each) and the V scales of keys g, g + 8 (folded into P) */
+    uint4 kr[2][NKC], vr[4][NVC];
+    uint32_t kfb[2][NKC][2] = {}, vfb[4][2] = {};
+    float ksc[2] = {1.f, 1.f}, vsc[2] = {1.f, 1.f};
+    auto load_k = [&](int step) {
+        const int key0 = t0 + 16 * step;
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int tok = key0 + g + 8 * e;
+            const bool ok = tok < t1;
+            const uint8_t *row = kbase + (long long)tok * p.k_tok;
+#pragma unroll
+            for (int j = 0; j < NKC; j++) kr[e][j] = ok ? ldg_nc16(row + (4 * j + t) * 16) : make_uint4(0, 0, 0, 0);
+            if constexpr (FMT != F_BF16) {
+                const long long sidx = (long long)tok * p.n_kv + hkv;
+                ksc[e] = ok ? __ldg(p.ks + sidx) * (FMT == F_NVFP4 ? 256.0f : 1.0f) : 0.f;
+                vsc[e] = ok ? __ldg(p.vs + sidx) * (FMT == F_NVFP4 ? 256.0f : 1.0f) : 0.f;
+                if constexpr (FMT == F_NVFP4) {
+                    const uint8_t *bs = p.kb + sidx * 16;
+#pragma unroll
+                    for (int j = 0; j < NKC; j++) { /* chunk 4j + t: block-scale bytes 2(4j+t), +1 */
+                        const uint32_t two = ok ? (uint32_t)__ldg((const unsigned short *)(bs + 2 * (4 * j + t))) : 0u;
+                        kfb[e][j][0] = fp4_block_factor(two & 0xFFu);
+                        kfb[e][j][1] = fp4_block_factor(two >> 8);
+                    }
+                }
+            }
+        }
+    };
+    auto load_v = [&](int step) {
+        const int key0 = t0 + 16 * step;
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int tok = key0 + 2 * t + (e & 1) + 8 * (e >> 1);
+            const bool ok = tok < t1;
+            const uint8_t *row = vbase + (long long)tok * p.v_tok;
+#pragma unroll
+            for (int i = 0; i < NVC; i++) vr[e][i] = ok ? ldg_nc16(row + (g + 8 * i) * 16) : make_uint4(0, 0, 0, 0);
+            if constexpr (FMT == F_NVFP4) { /* NVC = 1: chunk g, block-scale bytes 2g, 2g + 1 */
+                const uint8_t *bs = p.vb + ((long long)tok * p.n_kv + hkv) * 16;
+                const uint32_t two = ok ? (uint32_t)__ldg((const unsigned short *)(bs + 2 * g)) : 0u;
+                vfb[e][0] = fp4_block_factor(two & 0xFFu);
+                vfb[e][1] = fp4_block_factor(two >> 8);
+            }
+        }
+    };
+
+    float oacc[16][4];
+#pragma unroll
+    for (int m = 0; m < 16; m++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) oacc[m][c] = 0.f;
+    float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.f, 0.f}; /* rows 2t, 2t + 1 */
+
+    /* the warp's first K and V in flight before Q is staged (Q does not gate the loads) */
+    if (warp < n_steps) {
+        load_k(warp);
+        load_v(warp);
+    }
+    /* Q rows (row r = token r / group, head hkv * group + r % group) in the K-step order: the
+     * thread's (b, row, t) are fixed by tid, its k-steps are tid / 64 + 2k */
+    {
+        static_assert(DEC_NT == 128, "the Q staging below assumes 128 threads");
+        const int b = tid & 1, r = (tid >> 1) & 7, tq = (tid >> 4) & 3, ks0 = tid >> 6;
+        const __nv_bfloat16 *q = r < rows_valid ? p.q + seq * p.q_seq + (long long)(r / p.group) * p.q_tok +
+                                                      (long long)(hkv * p.group + r % p.group) * p.d
+                                                : nullptr;
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const int ks = ks0 + 2 * k;
+            qf[ks][tq][r][b] = q ? *(const uint32_t *)(q + dec_kdim<FMT>(ks, tq, b)) : 0u;
+        }
+    }
+    __syncthreads();
+
+#pragma unroll 1
+    for (int step = warp; step < n_steps; step += DEC_NW) {
+        /* S^T = K Q^T: two accumulator chains (even / odd k-steps) */
+        float s[4] = {0.f, 0.f, 0.f, 0.f}, s2[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int ks = 0; ks < 16; ks++) {
+            const int j = ks / (WPC / 2), h = ks % (WPC / 2);
+            uint32_t a[4];
+            a[0] = dec_word<FMT>(kr[0][j], 2 * h, kfb[0][j][0], kfb[0][j][1]);
+            a[1] = dec_word<FMT>(kr[1][j], 2 * h, kfb[1][j][0], kfb[1][j][1]);
+            a[2] = dec_word<FMT>(kr[0][j], 2 * h + 1, kfb[0][j][0], kfb[0][j][1]);
+            a[3] = dec_word<FMT>(kr[1][j], 2 * h + 1, kfb[1][j][0], kfb[1][j][1]);
+            const uint2 qb = *(const uint2 *)&qf[ks][t][g][0];
+            mma_bf16(ks & 1 ? s2 : s, a, qb.x, qb.y);
+        }
+        float sk[2] = {ksc[0], ksc[1]}, sv[2] = {vsc[0], vsc[1]};
+        if (step + DEC_NW < n_steps) load_k(step + DEC_NW); /* kr, ksc, vsc are free now */
+        /* logits in log2 units; keys past t1 -> -inf */
+        const int key0 = t0 + 16 * step;
+        float x[4];
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            const int e = c >> 1; /* key g + 8e */
+            float v = s[c] + s2[c];
+            if constexpr (FMT != F_BF16) v *= sk[e];
+            x[c] = key0 + g + 8 * e < t1 ? v * LOG2E_F : -INFINITY;
+        }
+        float mx[2] = {fmaxf(x[0], x[2]), fmaxf(x[1], x[3])}, alpha[2], mu[2];
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+#pragma unroll
+            for (int off = 4; off < 32; off <<= 1) mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], off));
+            const float mn = fmaxf(mrow[i], mx[i]);
+            mu[i] = mn == -INFINITY ? 0.f : mn;
+            alpha[i] = exp2f(mrow[i] - mu[i]);
+            mrow[i] = mn;
+            lrow[i] *= alpha[i];
+        }
+        float pr[4];
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            pr[c] = exp2f(x[c] - mu[c & 1]);
+            lrow[c & 1] += pr[c];
+        }
+        /* P^T fragments: keys 2t, 2t+1 (pb0) and 2t+8, 2t+9 (pb1) of row g. Low-bit: P times
+         * the per-key V scale, as a bf16 pair hi + lo (hi = bf16(x), lo = bf16(x - hi): x to
+         * ~2^-17), so the scale costs no precision: a second MMA per m tile for lo */
+        uint32_t pb0, pb1, pl0 = 0, pl1 = 0;
+        if constexpr (FMT == F_BF16) {
+            pb0 = movmatrix_trans(pack_bf16(pr[0], pr[1]));
+            pb1 = movmatrix_trans(pack_bf16(pr[2], pr[3]));
+        } else {
+            const float y0 = pr[0] * sv[0], y1 = pr[1] * sv[0], y2 = pr[2] * sv[1], y3 = pr[3] * sv[1];
+            const uint32_t h01 = pack_bf16(y0, y1), h23 = pack_bf16(y2, y3);
+            const uint32_t l01 = pack_bf16(y0 - __uint_as_float(h01 << 16), y1 - __uint_as_float(h01 & 0xFFFF0000u));
+            const uint32_t l23 = pack_bf16(y2 - __uint_as_float(h23 << 16), y3 - __uint_as_float(h23 & 0xFFFF0000u));
+            pb0 = movmatrix_trans(h01);
+            pb1 = movmatrix_trans(h23);
+            pl0 = movmatrix_trans(l01);
+            pl1 = movmatrix_trans(l23);
+        }
+        /* O^T += V^T P^T */
+#pragma unroll
+        for (int mt = 0; mt < 16; mt++) {
+            const int i = mt / WPC, u = mt % WPC;
+            oacc[mt][0] *= alpha[0];
+            oacc[mt][1] *= alpha[1];
+            oacc[mt][2] *= alpha[0];
+            oacc[mt][3] *= alpha[1];
+            const uint32_t wa = dec_word<FMT>(vr[0][i], u, vfb[0][0], vfb[0][1]);
+            const uint32_t wb = dec_word<FMT>(vr[1][i], u, vfb[1][0], vfb[1][1]);
+            const uint32_t wc = dec_word<FMT>(vr[2][i], u, vfb[2][0], vfb[2][1]);
+            const uint32_t wd = dec_word<FMT>(vr[3][i], u, vfb[3][0], vfb[3][1]);
+            uint32_t a[4];
+            a[0] = prmt(wa, wb, 0x5410u); /* row g (low halves), keys 2t, 2t+1 */
+            a[1] = prmt(wa, wb, 0x7632u); /* row g + 8 (high halves) */
+            a[2] = prmt(wc, wd, 0x5410u); /* keys 2t+8, 2t+9 */
+            a[3] = prmt(wc, wd, 0x7632u);
+            mma_bf16(oacc[mt], a, pb0, pb1);
+            if constexpr (FMT != F_BF16) mma_bf16(oacc[mt], a, pl0, pl1);
+        }
+        if (step + DEC_NW < n_steps) load_v(step + DEC_NW); /* vr is free now */
+    }
+    (void)CH;
+    (void)KROW;
+
+    /* row sums over the 8 key lanes g */
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int off = 4; off < 32; off <<= 1) lrow[i] += __shfl_xor_sync(0xffffffffu, lrow[i], off);
+    /* warps -> shared memory: O^T accumulator (mt, row g + 8v, cols 2t + c) = o[row 2t + c][dim] */
+#pragma unroll
+    for (int mt = 0; mt < 16; mt++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) red_o[warp][2 * t + (c & 1)][dec_odim<FMT>(mt, g + 8 * (c >> 1))] = oacc[mt][c];
+    if (g == 0) {
+        red_m[warp][2 * t] = mrow[0], red_m[warp][2 * t + 1] = mrow[1];
+        red_l[warp][2 * t] = lrow[0], red_l[warp][2 * t + 1] = lrow[1];
+    }
+    __syncthreads();
+    /* thread -> row r = tid / 16, dims 16 (tid % 16) .. + 15 */
+    const int r = tid >> 4, d0 = (tid & 15) * 16;
+    if (r >= rows_valid) return;
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < DEC_NW; w++) M = fmaxf(M, red_m[w][r]);
+    const float mu = M == -INFINITY ? 0.f : M;
+    float f[DEC_NW], L = 0.f;
+#pragma unroll
+    for (int w = 0; w < DEC_NW; w++) {
+        f[w] = exp2f(red_m[w][r] - mu);
+        L += f[w] * red_l[w][r];
+    }
+    const float inv = L > 0.f ? 1.f / L : 0.f;
+    float o[16];
+#pragma unroll
+    for (int k = 0; k < 16; k += 4) {
+        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int w = 0; w < DEC_NW; w++) {
+            const float4 v = *(const float4 *)&red_o[w][r][d0 + k];
+            acc.x += f[w] * v.x, acc.y += f[w] * v.y, acc.z += f[w] * v.z, acc.w += f[w] * v.w;
+        }
+        o[k] = acc.x * inv, o[k + 1] = acc.y * inv, o[k + 2] = acc.z * inv, o[k + 3] = acc.w * inv;
+    }
+    if (p.n_splits == 1) {
+        __nv_bfloat16 *dst = p.o + seq * p.o_seq + (long long)(r / p.group) * p.o_tok +
+                             (long long)(hkv * p.group + r % p.group) * p.d + d0;
+#pragma unroll
+        for (int k = 0; k < 16; k += 8)
+            *(uint4 *)(dst + k) = make_uint4(pack_bf16(o[k], o[k + 1]), pack_bf16(o[k + 2], o[k + 3]),
+                                             pack_bf16(o[k + 4], o[k + 5]), pack_bf16(o[k + 6], o[k + 7]));
+    } else {
+        const size_t row = ((size_t)z * p.n_splits + split) * p.rows_max + r;
+        float *dst = p.ws_o + row * p.d + d0;
+#pragma unroll
+        for (int k = 0; k < 16; k += 4) *(float4 *)(dst + k) = make_float4(o[k], o[k + 1], o[k + 2], o[k + 3]);
+        if (d0 == 0) {
+            p.ws_m[row] = M;
+            p.ws_l[row] = L;
+        }
+    }
+}
+
+} // namespace nib
+
+#endif
