@@ -249,8 +249,15 @@ void nib_dev_free(void *p, size_t bytes) {
     g_allocated = g_allocated >= bytes ? g_allocated - bytes : 0;
 }
 
+/* cudaMemcpy from pageable memory may return before the DMA has landed, and cudaMemset /
+ * device-to-device cudaMemcpy return before they run: each is then only ordered on the legacy
+ * default stream, not against work the caller queues next on a non-blocking stream (found when
+ * a test's poison fill, queued before a graph launch on its own stream, landed on top of the
+ * kernel's output under compute-sanitizer initcheck). Waiting on the legacy stream makes these
+ * helpers complete on return, as device.h says. */
 nib_status nib_dev_upload(void *dst, const void *src, size_t bytes) {
     NIB_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+    NIB_CUDA_CHECK(cudaStreamSynchronize((cudaStream_t)0));
     return NIB_OK;
 }
 nib_status nib_dev_download(void *dst, const void *src, size_t bytes) {
@@ -259,10 +266,12 @@ nib_status nib_dev_download(void *dst, const void *src, size_t bytes) {
 }
 nib_status nib_dev_memset(void *dst, int value, size_t bytes) {
     NIB_CUDA_CHECK(cudaMemset(dst, value, bytes));
+    NIB_CUDA_CHECK(cudaStreamSynchronize((cudaStream_t)0));
     return NIB_OK;
 }
 nib_status nib_dev_copy(void *dst, const void *src, size_t bytes) {
     NIB_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
+    NIB_CUDA_CHECK(cudaStreamSynchronize((cudaStream_t)0));
     return NIB_OK;
 }
 nib_status nib_dev_sync(void) {

@@ -80,7 +80,8 @@ nib_status nib_dev_arena_alloc(nib_dev_arena *a, size_t bytes, void **out, const
 void nib_dev_arena_reset(nib_dev_arena *a);
 void nib_dev_arena_free(nib_dev_arena *a);
 
-/* Host<->device copies (synchronous, checked). */
+/* Host<->device copies and fills, checked and complete on return (so ordered before anything
+ * queued afterwards on any stream; download: the caller first waits for the writers of src). */
 nib_status nib_dev_upload(void *dst, const void *src, size_t bytes);
 nib_status nib_dev_download(void *dst, const void *src, size_t bytes);
 nib_status nib_dev_memset(void *dst, int value, size_t bytes);
