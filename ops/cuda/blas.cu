@@ -175,8 +175,9 @@ static nib_status plan_heuristic(nib_blas *b, const blas_plan *p, int64_t ldc, i
         return blas_status(ps, "cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE_BYTES)", __FILE__, __LINE__);
     }
     *found = 0;
-    *st = cublasLtMatmulAlgoGetHeuristic(b->lt, p->op, p->a, p->b, ldc > 0 ? p->c : p->d, p->d, pref, max, res,
-                                         found);
+    const cublasStatus_t hs =
+        cublasLtMatmulAlgoGetHeuristic(b->lt, p->op, p->a, p->b, ldc > 0 ? p->c : p->d, p->d, pref, max, res, found); /* unchecked: returned in *st, tested by the callers */
+    *st = hs;
     cublasLtMatmulPreferenceDestroy(pref); /* unchecked: only the heuristic used it */
     return NIB_OK;
 }
