@@ -44,7 +44,6 @@ template <int FMT> struct DecFmt {
     static constexpr int WPC = CH / 2;                                    /* bf16x2 words per chunk */
     static constexpr int NKC = 256 / CH / 4;                              /* K chunks per lane per key */
     static constexpr int NVC = 256 / CH / 8;                              /* V chunks per lane per key */
-    static constexpr int KROW = FMT == F_BF16 ? 512 : FMT == F_FP8 ? 256 : 128; /* bytes per key */
 };
 constexpr int DEC_NW = 4, DEC_NT = DEC_NW * 32, DEC_TK = DEC_NW * 16; /* keys per CTA round */
 
@@ -101,7 +100,7 @@ template <int FMT>
 __global__ void __launch_bounds__(DEC_NT, 2) k_attn_dec(AttnParams p) {
     nib::pdl_enter(); /* runtime/launch.cuh: first, before any access or return */
     using F = DecFmt<FMT>;
-    constexpr int CH = F::CH, WPC = F::WPC, NKC = F::NKC, NVC = F::NVC, KROW = F::KROW;
+    constexpr int WPC = F::WPC, NKC = F::NKC, NVC = F::NVC;
     __shared__ __align__(16) uint32_t qf[16][4][8][2];      /* [k-step][t][row g][b] bf16x2 */
     __shared__ __align__(16) float red_o[DEC_NW][8][256 + 4];
     __shared__ float red_m[DEC_NW][8], red_l[DEC_NW][8];
@@ -278,8 +277,6 @@ __global__ void __launch_bounds__(DEC_NT, 2) k_attn_dec(AttnParams p) {
         }
         if (step + DEC_NW < n_steps) load_v(step + DEC_NW); /* vr is free now */
     }
-    (void)CH;
-    (void)KROW;
 
     /* row sums over the 8 key lanes g */
 #pragma unroll
