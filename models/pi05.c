@@ -885,7 +885,7 @@ static nib_status expert_ws_bytes(const nib_pi05 *m, uint64_t *out) {
     for (int l = 0; l < c->e_layers; l++) tmp[l].kv.t_max = kv_slots(m);
     nib_expert_args a;
     memset(&a, 0, sizeof a);
-    a.n_layers = c->e_layers, a.layers = tmp, a.rows = expert_rows(m), a.n_heads = c->e_heads;
+    a.n_layers = c->e_layers, a.layers = tmp, a.rows = expert_rows(m), a.n_heads = c->e_heads, a.width = c->e_width;
     nib_status st = nib_cuda_expert_ws_bytes(&a, out);
     nib_free(tmp);
     return st;

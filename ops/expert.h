@@ -67,7 +67,7 @@ typedef struct nib_expert_args {
  * NIB_ERR_UNSUPPORTED naming the condition that fails. Host-side only, no device work. */
 nib_status nib_cuda_expert_supported(const nib_expert_args *a);
 /* Device workspace for `a` at its maxima (rows, the caches' t_max). Reads only n_layers, rows,
- * n_heads and layers[].kv.t_max (the weights may not be loaded yet). */
+ * n_heads, width and layers[].kv.t_max (the weights may not be loaded yet). */
 nib_status nib_cuda_expert_ws_bytes(const nib_expert_args *a, uint64_t *bytes);
 /* Write the layer table and reset the grid barrier in `ws` (synchronous; once after loading). */
 nib_status nib_cuda_expert_prepare(const nib_expert_args *a, void *ws, uint64_t ws_bytes);

@@ -3,9 +3,10 @@
  *
  * Layout: one CTA of 8 warps per SM, in pairs (thread-block clusters of 2; cooperative launch:
  * all CTAs resident). Per layer, six phases separated by grid barriers:
- *   1 QKV    each pair's CTAs copy their half of the K columns of x into shared memory, sum
- *            the squares of their half, exchange the sums through distributed shared memory and
- *            normalize (adaRMS); then their warps run NVFP4 tiles over that half (16 weight rows
+ *   1 QKV    each pair's CTAs copy their half of the K columns of x into shared memory while
+ *            they sum the row statistics of the adaRMS (from the per-16-column sums of squares the
+ *            previous down epilogue wrote; layer 0: from x itself), and normalize; then their warps
+ *            run NVFP4 tiles over that half (16 weight rows
  *            x 128 K, the repacked layout of gemm_lowbit.cuh, decoded in registers into bf16
  *            mma.sync A fragments; the H <= 16 token rows are the B operand via ldmatrix);
  *            rank 1 sends its partial sums to rank 0, which adds them and writes raw bf16 qkv
@@ -14,7 +15,8 @@
  *            load); S = q kᵀ and O = P v on tensor cores; unnormalized O, row max and sum out
  *   3 merge  splits combined (max, exp2 weights) -> o bf16
  *   4 O      the pair's halves of o staged; tiles; rank 0: x = bf16(gate * acc + x) in place
- *            (each element has one writer and no other reader in this phase)
+ *            (each element has one writer and no other reader in this phase), and per row group
+ *            the rows' sums of squares of the 16 new values (the next adaRMS's statistics)
  *   5 gate|up  adaRMS of x as in QKV; tiles; GeGLU of the interleaved gate/up rows -> h bf16
  *   6 down   the halves of h staged; tiles; gated residual into x
  * Why pairs: at H = 10 every CTA that multiplies needs the whole activation row block, and
@@ -58,7 +60,8 @@ constexpr int PLD = KC + 8;         /* shared row stride of P */
 constexpr float LOG2E = 1.4426950408889634f;
 /* trace segments of a phase (thread 0's clock64, summed over layers): staging of the GEMM rows,
  * warp 0's tiles (attention / merge: the whole phase), reduction + epilogue (+ later rounds),
- * the next phase's preloads (to the CTA's last warp), the grid barrier. SEGW: 6 phases x NSEG,
+ * the next phase's preloads (to the CTA's last warp), the grid barrier, the GEMM setup, and for the
+ * adaRMS phases: copy issued + statistics summed (nstat), the copy waited for (nwait). SEGW: 6 phases x NSEG,
  * then clock64 / globaltimer at start and end (clock calibration). */
 constexpr int NSEG = 8, SEGW = 6 * NSEG + 4;
 /* thread 0 (segp != NULL): add the cycles since tlast to segment s */
@@ -95,10 +98,13 @@ struct Params {
     float2 *rope;   /* [H][HALF] (cos, sin) */
     float *part;    /* [max_tasks][16][HD] */
     float2 *ml;     /* [max_tasks][16] (max (log2 units), sum) */
+    float *nst;     /* [2][MAX_ROWS][nstld]: per-16-column sums of squares of x written by the O (0) and down (1)
+                     * epilogues, for the adaRMS of gate|up and of the next layer's QKV */
+    int ngx, nstld; /* ceil(We / 16) slots per row, row stride (even) */
     unsigned *bar;  /* [0] barrier arrivals, [32] kernel exits (separate 128-byte lines) */
     unsigned long long *trace; /* NULL, or [barriers][G][2] globaltimer stamps (NIB_EXPERT_TRACE) */
     unsigned long long *seg;   /* NULL, or [G][SEGW]: per-CTA cycles per phase segment (NIB_EXPERT_TRACE) */
-    int attn_off, tab_off, mods_off, seg_off, xred_off, nsum_off; /* shared-memory offsets: attention tiles,
+    int attn_off, tab_off, mods_off, seg_off, xred_off, rinv_off; /* shared-memory offsets: attention tiles,
                                                * layer table, adaRMS mods, segment counters, the partner's
                                                * partial sums, the row statistics of both halves */
     int pf_first; /* CTAs >= pf_first have no O-phase tiles: they prefetch the next layer then (else
@@ -161,9 +167,6 @@ __device__ __forceinline__ uint32_t peer_addr(const void *p, unsigned rank) {
 __device__ __forceinline__ void st_peer(uint32_t a, float v) {
     asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(a), "f"(v) : "memory");
 }
-__device__ __forceinline__ void st_peer(uint32_t a, double v) {
-    asm volatile("st.shared::cluster.f64 [%0], %1;" ::"r"(a), "d"(v) : "memory");
-}
 /* the K columns [k0, k1) of a linear this CTA of the pair stages and multiplies: chunks
  * [0, h) on rank 0 and [h, nchunks) on rank 1, h = ceil(nchunks / 2) */
 struct KHalf {
@@ -183,6 +186,7 @@ __device__ __forceinline__ unsigned ld_relaxed(const unsigned *p) {
 __device__ __forceinline__ void red_release_add(unsigned *p, unsigned v) {
     asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
+__device__ __forceinline__ void fence_acq_rel() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 __device__ __forceinline__ unsigned long long gtimer() {
     unsigned long long t;
     asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
@@ -197,13 +201,12 @@ __device__ __forceinline__ void grid_barrier(const Params &p, unsigned &k, const
     k++;
     if (threadIdx.x == 0) {
         if (p.trace) p.trace[((size_t)(k - 1) * gridDim.x + blockIdx.x) * 2] = gtimer();
-        __threadfence();
-        red_release_add(p.bar, 1u);
+        red_release_add(p.bar, 1u); /* release (cumulative: the CTA's writes, ordered by the __syncthreads) */
         if (pf) prefetch_layer(*pf, kv_bytes, blockIdx.x, gridDim.x); /* issued while the other CTAs arrive */
         const unsigned target = k * gridDim.x;
         while (ld_relaxed(p.bar) < target) { /* relaxed polls (an acquire load invalidates L1 every time) */
         }
-        __threadfence(); /* then one fence: acquire the other CTAs' writes */
+        fence_acq_rel(); /* then one fence: with the relaxed load that saw the count, an acquire */
         if (p.trace) p.trace[((size_t)(k - 1) * gridDim.x + blockIdx.x) * 2 + 1] = gtimer();
     }
     __syncthreads();
@@ -229,7 +232,7 @@ __device__ __forceinline__ void stage_mods(const Params &p, const float *ss, flo
 }
 /* rows of src [H][ld] (K columns, written earlier in this kernel), columns [k0, k1) -> xs (zero
  * from K on), zero row H over the same columns */
-__device__ void stage_copy(const Params &p, const __nv_bfloat16 *src, int ld, int K, int k0, int k1, __nv_bfloat16 *xs) {
+__device__ void stage_issue(const Params &p, const __nv_bfloat16 *src, int ld, int K, int k0, int k1, __nv_bfloat16 *xs) {
     const int w8 = (k1 - k0) / 8, p0 = k0 / 8;
     if (w8 > 0) {
         /* (row, piece), advanced by (NT / w8, NT % w8) with one carry per copy */
@@ -249,65 +252,137 @@ __device__ void stage_copy(const Params &p, const __nv_bfloat16 *src, int ld, in
         }
     }
     cp_async_commit();
+}
+__device__ void stage_copy(const Params &p, const __nv_bfloat16 *src, int ld, int K, int k0, int k1, __nv_bfloat16 *xs) {
+    stage_issue(p, src, ld, K, k0, k1, xs);
     cp_async_wait_all();
     __syncthreads();
 }
 
+/* slots sl, sl + 1 (sl even) of a statistics row, zero from n on (those were never written) */
+__device__ __forceinline__ float2 ld_slots(const float *row, int sl, int n) {
+    if (sl + 1 < n) return __ldcg((const float2 *)(row + sl));
+    return make_float2(sl < n ? __ldcg(row + sl) : 0.f, 0.f);
+}
 /* adaRMS of x rows 0..H-1, columns [k0, k1) of this CTA's half (zero from We on) -> xs, zero row H
- * over the same columns. The raw rows are copied first (stage_copy); the row statistics: each
- * CTA sums its half (fp64), both halves are exchanged through the pair's shared memory
- * (nsum[rank][row]) and added in rank order, so the two CTAs use bit-identical factors; then the
- * rows are normalized in place. Rolled loops: this code runs twice per layer and its size costs
- * instruction fetches. Uniform per pair (it synchronizes the cluster). */
-__device__ void stage_norm(const Params &p, const float *mods_s, __nv_bfloat16 *xs, double *nsum, int k0, int k1,
-                           unsigned long long *segp, long long &tlast) {
-    const float *scale = mods_s, *shift = mods_s + p.We;
-    stage_copy(p, p.x, p.We, p.We, k0, k1, xs); /* also waits for the mods (and cache-row) copies */
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int p0 = k0 / 8, pe = min(k1, p.We) / 8; /* pieces with data */
-    const unsigned rank = cl_rank();
-#pragma unroll 1
-    for (int r = warp; r < p.H; r += NW) { /* partial sums of squares of this half */
-        double acc = 0.0;
-#pragma unroll 1
-        for (int c = p0 + lane; c < pe; c += 32) {
-            float f[8];
-            unpack8(*(const uint4 *)(xs + (size_t)r * p.lds + 8 * c), f);
+ * over the same columns. The raw rows are loaded into registers while the row statistics are
+ * summed: from the per-16-column partial sums of squares the producing epilogue wrote (nst:
+ * [MAX_ROWS][nstld], slots 0..ngx-1 of a row; gemm_phase with a statistics buffer), or, where x came from outside the kernel
+ * (layer 0's QKV: nst == NULL), from the full rows of x in global memory. Both in a fixed order
+ * (lane-strided double sums, then an xor butterfly, which leaves every lane the same value), so
+ * every CTA, both of a pair included, gets bit-identical factors without exchanging anything.
+ * Then each thread normalizes its pieces and stores them to shared memory. */
+/* one staged piece: row r < H with data (col < We) adaRMS-normalized, else stored as given (zero);
+ * rows past H are not staged */
+__device__ __forceinline__ void norm_store(const Params &p, __nv_bfloat16 *xs, const float *rinv, const float *scale,
+                                           const float *shift, int r, int col, uint4 v) {
+    if (r > p.H) return;
+    if (r < p.H && col < p.We) {
+        const float inv = rinv[r];
+        float f[8];
+        unpack8(v, f);
+        const float4 s0 = *(const float4 *)(scale + col), s1 = *(const float4 *)(scale + col + 4);
+        const float4 h0 = *(const float4 *)(shift + col), h1 = *(const float4 *)(shift + col + 4);
+        const float sc[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
+        const float sh[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
 #pragma unroll
-            for (int k = 0; k < 8; k++) acc += (double)f[k] * (double)f[k];
+        for (int k = 0; k < 8; k++) {
+            float t = __fmul_rn(f[k], inv);
+            t = __fmul_rn(t, __fadd_rn(1.0f, sc[k]));
+            f[k] = __fadd_rn(t, sh[k]);
+        }
+        v = pack8(f);
+    }
+    *(uint4 *)(xs + (size_t)r * p.lds + col) = v;
+}
+__device__ void stage_norm(const Params &p, const float *mods_s, __nv_bfloat16 *xs, float *rinv, const float *nst,
+                           int k0, int k1, unsigned long long *segp, long long &tlast) {
+    const float *scale = mods_s, *shift = mods_s + p.We;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    /* the rows' pieces (16 bytes) into registers: (row, piece) walks by (NT / w8, NT % w8) with one
+     * carry; rows 0..H-1 with data, row H and columns from We on zero */
+    const int w8 = (k1 - k0) / 8, p0 = k0 / 8;
+    int r = 0, c = 0, dr = 0, dc = 0;
+    if (w8 > 0) r = threadIdx.x / w8, c = threadIdx.x - r * w8, dr = NT / w8, dc = NT - dr * w8;
+    else r = p.H + 1; /* nothing to stage */
+    constexpr int NP = 4; /* pieces per thread in the first round (all of them at H = 10, We = 1024) */
+    uint4 v[NP];
+    int vr[NP], vc[NP];
+#pragma unroll
+    for (int u = 0; u < NP; u++) {
+        const int col = 8 * (p0 + c);
+        vr[u] = r, vc[u] = c;
+        v[u] = r < p.H && col < p.We ? ldcg16(p.x + (size_t)r * p.We + col) : make_uint4(0, 0, 0, 0);
+        r += dr, c += dc;
+        if (c >= w8) c -= w8, r++;
+    }
+    static_assert(NIB_EXPERT_MAX_ROWS <= 2 * NW, "two rows per warp");
+    {   /* rows warp and warp + NW together: every load of the warp in flight at once */
+        const int r0 = warp, r1 = warp + NW;
+        double a0 = 0.0, a1 = 0.0;
+        if (nst) { /* a row's slots are contiguous: a warp reads 2 x 256 bytes per 64 slots */
+#pragma unroll 1
+            for (int s0 = 2 * lane; s0 < p.ngx; s0 += 2 * 2 * 32) {
+                float2 v0[2], v1[2];
+#pragma unroll
+                for (int u = 0; u < 2; u++) {
+                    const int sl = s0 + 2 * 32 * u;
+                    v0[u] = r0 < p.H ? ld_slots(nst + (size_t)r0 * p.nstld, sl, p.ngx) : make_float2(0.f, 0.f);
+                    v1[u] = r1 < p.H ? ld_slots(nst + (size_t)r1 * p.nstld, sl, p.ngx) : make_float2(0.f, 0.f);
+                }
+#pragma unroll
+                for (int u = 0; u < 2; u++) {
+                    a0 += (double)v0[u].x, a0 += (double)v0[u].y;
+                    a1 += (double)v1[u].x, a1 += (double)v1[u].y;
+                }
+            }
+        } else {
+            const int pw = p.We / 8;
+#pragma unroll 1
+            for (int c0 = lane; c0 < pw; c0 += 2 * 32) {
+                uint4 u0[2], u1[2];
+#pragma unroll
+                for (int u = 0; u < 2; u++) {
+                    const int c = c0 + 32 * u;
+                    const uint4 z = make_uint4(0, 0, 0, 0);
+                    u0[u] = r0 < p.H && c < pw ? ldcg16(p.x + (size_t)r0 * p.We + 8 * c) : z;
+                    u1[u] = r1 < p.H && c < pw ? ldcg16(p.x + (size_t)r1 * p.We + 8 * c) : z;
+                }
+#pragma unroll
+                for (int u = 0; u < 2; u++) {
+                    float f[8], h[8];
+                    unpack8(u0[u], f);
+                    unpack8(u1[u], h);
+#pragma unroll
+                    for (int k = 0; k < 8; k++) a0 += (double)f[k] * (double)f[k], a1 += (double)h[k] * (double)h[k];
+                }
+            }
         }
 #pragma unroll
-        for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+        for (int off = 16; off > 0; off >>= 1) {
+            a0 += __shfl_xor_sync(0xffffffffu, a0, off);
+            a1 += __shfl_xor_sync(0xffffffffu, a1, off);
+        }
         if (lane == 0) {
-            nsum[rank * NIB_EXPERT_MAX_ROWS + r] = acc;
-            st_peer(peer_addr(nsum + rank * NIB_EXPERT_MAX_ROWS + r, rank ^ 1u), acc);
+            const float m0 = __double2float_rn(a0 / (double)p.We), m1 = __double2float_rn(a1 / (double)p.We);
+            rinv[r0] = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(m0, p.eps)));
+            if (r1 < NIB_EXPERT_MAX_ROWS) rinv[r1] = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(m1, p.eps)));
         }
     }
     seg_add(segp, 6, tlast);
-    cluster_sync();
+    cp_async_wait_all(); /* the mods (and cache-row) copies */
+    __syncthreads();
     seg_add(segp, 7, tlast);
-#pragma unroll 1
-    for (int r = warp; r < p.H; r += NW) {
-        const double tot = nsum[r] + nsum[NIB_EXPERT_MAX_ROWS + r];
-        const float ms = __double2float_rn(tot / (double)p.We);
-        const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ms, p.eps)));
-#pragma unroll 1
-        for (int c = p0 + lane; c < pe; c += 32) {
-            uint4 *px = (uint4 *)(xs + (size_t)r * p.lds + 8 * c);
-            float f[8];
-            unpack8(*px, f);
-            const float4 s0 = *(const float4 *)(scale + 8 * c), s1 = *(const float4 *)(scale + 8 * c + 4);
-            const float4 h0 = *(const float4 *)(shift + 8 * c), h1 = *(const float4 *)(shift + 8 * c + 4);
-            const float sc[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
-            const float sh[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+    /* normalize and store: the first round from registers, the rest (wider rows) one piece at a time */
 #pragma unroll
-            for (int k = 0; k < 8; k++) {
-                float t = __fmul_rn(f[k], inv);
-                t = __fmul_rn(t, __fadd_rn(1.0f, sc[k]));
-                f[k] = __fadd_rn(t, sh[k]);
-            }
-            *px = pack8(f);
-        }
+    for (int u = 0; u < NP; u++) norm_store(p, xs, rinv, scale, shift, vr[u], 8 * (p0 + vc[u]), v[u]);
+#pragma unroll 1
+    for (; r <= p.H;) {
+        const int col = 8 * (p0 + c);
+        norm_store(p, xs, rinv, scale, shift, r, col,
+                   r < p.H && col < p.We ? ldcg16(p.x + (size_t)r * p.We + col) : make_uint4(0, 0, 0, 0));
+        r += dr, c += dc;
+        if (c >= w8) c -= w8, r++;
     }
     __syncthreads();
 }
@@ -373,14 +448,17 @@ __device__ __forceinline__ void gemm_pre(const Params &p, const LinDev &L, const
 
 enum { EPI_QKV = 0, EPI_RESIDUAL = 1, EPI_GEGLU = 2 };
 template <int MT>
-__device__ __forceinline__ void residual_store(const Params &p, const LinDev &L, int pr, int mm, float v, float v8,
-                                               bool first, const Pre<MT> &pre, int nt, int i, const float *gate);
-/* epilogue kind: EPI_QKV (raw qkv), EPI_RESIDUAL (x = bf16(gate * v + x)), EPI_GEGLU (h); one
+__device__ __forceinline__ float residual_store(const Params &p, const LinDev &L, int pr, int mm, float v, float v8,
+                                                bool first, const Pre<MT> &pre, int nt, int i, const float *gate);
+/* epilogue kind: EPI_QKV (raw qkv), EPI_RESIDUAL (x = bf16(gate * v + x); with nst, the sums of
+ * squares of each row group's 16 new x values per row go to nst[row][rg] for the next adaRMS,
+ * stage_norm), EPI_GEGLU (h); one
  * instantiation and one call site, so the kernel's code stays small (instruction-cache misses
  * were a large share of the stalls when every phase had its own copy) */
 template <int MT>
 __device__ void gemm_phase(const Params &p, const LinDev &L, const __nv_bfloat16 *xs, float *red, float *xred,
-                           const Pre<MT> &pr, int kind, const float *gate, unsigned long long *segp, long long &tlast) {
+                           const Pre<MT> &pr, int kind, const float *gate, float *nst, unsigned long long *segp,
+                           long long &tlast) {
     const Map mp(L);
     if (mp.U == 0) return; /* uniform per pair */
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -481,23 +559,38 @@ __device__ void gemm_phase(const Params &p, const LinDev &L, const __nv_bfloat16
             /* the first round's scales come from gemm_pre; later rounds load their own */
             const float cs0 = j0 == 0 ? pr.cs0 : L.colscale[prow], cs8 = j0 == 0 ? pr.cs8 : L.colscale[prow + 8];
             const float b0 = L.bias ? L.bias[prow] : 0.f, b8 = L.bias ? L.bias[prow + 8] : 0.f;
+            float ss[MT][2]; /* sums of squares of the new x values of rows (nt, i), this lane's 2 columns */
 #pragma unroll
             for (int nt = 0; nt < MT; nt++)
 #pragma unroll
                 for (int i = 0; i < 2; i++) {
                     const int mm = nt * 8 + 2 * t + i;
+                    ss[nt][i] = 0.f;
                     if (mm >= p.H) continue;
                     const float v = acc[0][nt][i] * cs0 + b0, v8 = acc[0][nt][2 + i] * cs8 + b8;
                     if (kind == EPI_QKV) {
                         if (prow < L.n_out) p.qkv[(size_t)mm * p.ldqkv + prow] = __float2bfloat16(v);
                         if (prow + 8 < L.n_out) p.qkv[(size_t)mm * p.ldqkv + prow + 8] = __float2bfloat16(v8);
                     } else if (kind == EPI_RESIDUAL) {
-                        residual_store(p, L, prow, mm, v, v8, j0 == 0, pr, nt, i, gate);
+                        ss[nt][i] = residual_store(p, L, prow, mm, v, v8, j0 == 0, pr, nt, i, gate);
                     } else {
                         const int n = rg * 8 + g;
                         if (n < L.n_out) p.h[(size_t)mm * p.F + n] = __float2bfloat16(gelu_tanh(v) * v8);
                     }
                 }
+            if (nst && rg * 16 < L.n_out) { /* the row group's 16 columns: the 8 lanes of equal t (fixed order) */
+#pragma unroll
+                for (int nt = 0; nt < MT; nt++)
+#pragma unroll
+                    for (int i = 0; i < 2; i++) {
+                        float v = ss[nt][i];
+                        v += __shfl_xor_sync(0xffffffffu, v, 4);
+                        v += __shfl_xor_sync(0xffffffffu, v, 8);
+                        v += __shfl_xor_sync(0xffffffffu, v, 16);
+                        const int mm = nt * 8 + 2 * t + i;
+                        if (g == 0 && mm < p.H) __stcg(nst + (size_t)mm * p.nstld + rg, v);
+                    }
+            }
         }
         if (j0 + mp.Rp < mp.U) cluster_sync(); /* red and the partner's xred are reused by the next round */
     }
@@ -745,17 +838,25 @@ __device__ void merge_phase(const Params &p, int T) {
 
 /* x[mm][pr], x[mm][pr + 8] = bf16(gate * v + x): gate and x from gemm_pre in the first round */
 template <int MT>
-__device__ __forceinline__ void residual_store(const Params &p, const LinDev &L, int pr, int mm, float v, float v8,
-                                               bool first, const Pre<MT> &pre, int nt, int i, const float *gate) {
+__device__ __forceinline__ float residual_store(const Params &p, const LinDev &L, int pr, int mm, float v, float v8,
+                                                bool first, const Pre<MT> &pre, int nt, int i, const float *gate) {
     __nv_bfloat16 *xr = p.x + (size_t)mm * p.We;
+    float ss = 0.f; /* squares of the stored (bf16) values */
     if (pr < L.n_out) {
         const float gt = first ? pre.gt0 : gate[pr], x0 = first ? __bfloat162float(pre.res[nt][i][0]) : __bfloat162float(__ldcg(xr + pr));
-        xr[pr] = __float2bfloat16(v * gt + x0);
+        const __nv_bfloat16 y = __float2bfloat16(v * gt + x0);
+        xr[pr] = y;
+        const float f = __bfloat162float(y);
+        ss = f * f;
     }
     if (pr + 8 < L.n_out) {
         const float gt = first ? pre.gt8 : gate[pr + 8], x8 = first ? __bfloat162float(pre.res[nt][i][1]) : __bfloat162float(__ldcg(xr + pr + 8));
-        xr[pr + 8] = __float2bfloat16(v8 * gt + x8);
+        const __nv_bfloat16 y = __float2bfloat16(v8 * gt + x8);
+        xr[pr + 8] = y;
+        const float f = __bfloat162float(y);
+        ss = __fmaf_rn(f, f, ss);
     }
+    return ss;
 }
 
 /* ---- the kernel ----------------------------------------------------------------------------- */
@@ -772,7 +873,7 @@ __global__ void __launch_bounds__(NT, 1) k_expert(const Params p) {
     float *mods_s = (float *)(smem + p.mods_off);   /* the next adaRMS's (scale, shift) */
     unsigned long long *segs = (unsigned long long *)(smem + p.seg_off);
     float *xred = (float *)(smem + p.xred_off); /* rank 1's partial sums, written by rank 1 (rank 0 only) */
-    double *nsum = (double *)(smem + p.nsum_off); /* [rank][row] sums of squares of both halves */
+    float *rinv = (float *)(smem + p.rinv_off); /* [row] 1 / rms of the adaRMS being staged */
     const bool tr0 = p.seg && threadIdx.x == 0;
     long long tlast = 0;
     unsigned long long gt_start = 0;
@@ -824,13 +925,17 @@ __global__ void __launch_bounds__(NT, 1) k_expert(const Params p) {
                 if ((int)blockIdx.x / CL < L.ng) { /* uniform per pair */
                     const KHalf kh(L);
                     const int k0 = kh.c0 * 128, k1 = kh.c1 * 128;
-                    if (li == L_QKV || li == L_GU) stage_norm(p, mods_s, xs, nsum, k0, k1, tr0 ? segs + ph * NSEG : nullptr, tlast);
+                    const size_t nsl = (size_t)p.nstld * NIB_EXPERT_MAX_ROWS; /* one statistics buffer */
+                    if (li == L_QKV || li == L_GU) /* layer 0's x comes from outside: no statistics */
+                        stage_norm(p, mods_s, xs, rinv, li == L_GU ? p.nst : layer ? p.nst + nsl : nullptr, k0, k1,
+                                   tr0 ? segs + ph * NSEG : nullptr, tlast);
                     else if (li == L_O) stage_copy(p, p.o, p.nh * HD, p.nh * HD, k0, k1, xs);
                     else stage_copy(p, p.h, p.F, p.F, k0, k1, xs);
                     seg_add(tr0 ? segs + ph * NSEG : nullptr, 0, tlast);
                     const int kind = li == L_QKV ? EPI_QKV : li == L_GU ? EPI_GEGLU : EPI_RESIDUAL;
                     gemm_phase<MT>(p, L, xs, red, xred, pre, kind, li == L_O ? ma + 2 * p.We : mf + 2 * p.We,
-                                   tr0 ? segs + ph * NSEG : nullptr, tlast);
+                                   li == L_O ? p.nst : li == L_DOWN ? p.nst + nsl : nullptr, tr0 ? segs + ph * NSEG : nullptr,
+                                   tlast);
                 } else if (li == L_O && threadIdx.x == 0 && (int)blockIdx.x >= p.pf_first && layer + 1 < p.n_layers) {
                     /* no O tiles here: the next layer's L2 prefetch */
                     prefetch_layer(tab[layer + 1], kv_bytes, blockIdx.x - p.pf_first, gridDim.x - p.pf_first);
@@ -872,7 +977,7 @@ __global__ void __launch_bounds__(NT, 1) k_expert(const Params p) {
 /* ---- host side ------------------------------------------------------------------------------ */
 constexpr int TRACE_MAX_CTAS = 256;
 struct WsLayout {
-    size_t bar, layers, rope, ml, part, trace, seg, total;
+    size_t bar, layers, rope, ml, part, nst, trace, seg, total;
     int max_tasks;
 };
 
@@ -882,6 +987,7 @@ int max_t(const nib_expert_args *a) {
     return t;
 }
 
+int nst_ld(int width) { return ((width + 15) / 16 + 1) & ~1; } /* statistics row stride: even (float2 loads) */
 WsLayout ws_layout(const nib_expert_args *a) {
     WsLayout w;
     const int rb = (a->rows * a->n_heads + 15) / 16, ns = (max_t(a) + KC - 1) / KC;
@@ -899,6 +1005,7 @@ WsLayout ws_layout(const nib_expert_args *a) {
     w.rope = take(sizeof(float2) * (size_t)a->rows * HALF);
     w.ml = take(sizeof(float2) * (size_t)w.max_tasks * 16);
     w.part = take(sizeof(float) * (size_t)w.max_tasks * 16 * HD);
+    w.nst = take(sizeof(float) * 2 * (size_t)nst_ld(a->width) * NIB_EXPERT_MAX_ROWS);
     w.total = o;
     return w;
 }
@@ -922,8 +1029,8 @@ size_t tab_off(const nib_expert_args *a) { return attn_off(a) + (ATTN_SMEM + 127
 size_t mods_off(const nib_expert_args *a) { return tab_off(a) + (sizeof(LayerDev) * (size_t)a->n_layers + 127) / 128 * 128; }
 size_t seg_off(const nib_expert_args *a) { return (mods_off(a) + (size_t)a->width * 2 * sizeof(float) + 15) / 16 * 16; }
 size_t xred_off(const nib_expert_args *a) { return (seg_off(a) + sizeof(unsigned long long) * 6 * NSEG + 15) / 16 * 16; }
-size_t nsum_off(const nib_expert_args *a) { return xred_off(a) + (size_t)NW * 2 * 4 * 32 * sizeof(float); }
-size_t smem_bytes(const nib_expert_args *a) { return nsum_off(a) + 2 * NIB_EXPERT_MAX_ROWS * sizeof(double); }
+size_t rinv_off(const nib_expert_args *a) { return xred_off(a) + (size_t)NW * 2 * 4 * 32 * sizeof(float); }
+size_t smem_bytes(const nib_expert_args *a) { return rinv_off(a) + NIB_EXPERT_MAX_ROWS * sizeof(float); }
 
 int g_sms = 0, g_smem_max = 0;
 int g_grid = 0;            /* CTAs of the launch (pairs that can be co-resident x 2), for g_grid_smem */
@@ -1012,8 +1119,9 @@ extern "C" nib_status nib_cuda_expert_supported(const nib_expert_args *a) {
 }
 
 extern "C" nib_status nib_cuda_expert_ws_bytes(const nib_expert_args *a, uint64_t *bytes) {
-    if (!a || !a->layers || a->n_layers < 1 || a->rows < 1 || a->rows > NIB_EXPERT_MAX_ROWS || a->n_heads < 1)
-        return NIB_ERR(NIB_ERR_INVALID_ARG, "expert kernel workspace: needs layers, rows 1..%d and heads >= 1",
+    if (!a || !a->layers || a->n_layers < 1 || a->rows < 1 || a->rows > NIB_EXPERT_MAX_ROWS || a->n_heads < 1 ||
+        a->width < 1)
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "expert kernel workspace: needs layers, rows 1..%d, heads >= 1 and width >= 1",
                        NIB_EXPERT_MAX_ROWS);
     *bytes = ws_layout(a).total;
     return NIB_OK;
@@ -1081,6 +1189,8 @@ extern "C" nib_status nib_cuda_expert_run(const nib_expert_args *a, void *ws, ui
     p.rope = (float2 *)(base + w.rope);
     p.ml = (float2 *)(base + w.ml);
     p.part = (float *)(base + w.part);
+    p.nst = (float *)(base + w.nst);
+    p.ngx = (a->width + 15) / 16, p.nstld = nst_ld(a->width);
     p.bar = (unsigned *)(base + w.bar);
     p.attn_off = (int)attn_off(a), p.tab_off = (int)tab_off(a), p.mods_off = (int)mods_off(a), p.seg_off = (int)seg_off(a);
     const char *tr = getenv("NIB_EXPERT_TRACE");
@@ -1091,7 +1201,7 @@ extern "C" nib_status nib_cuda_expert_run(const nib_expert_args *a, void *ws, ui
         const int o_ctas = CL * (int)(o_groups < pairs ? o_groups : pairs);
         p.pf_first = o_ctas < G ? o_ctas : G;
     }
-    p.xred_off = (int)xred_off(a), p.nsum_off = (int)nsum_off(a);
+    p.xred_off = (int)xred_off(a), p.rinv_off = (int)rinv_off(a);
     p.trace = tr && *tr && strcmp(tr, "0") && G <= TRACE_MAX_CTAS ? (unsigned long long *)(base + w.trace) : nullptr;
     p.seg = p.trace ? (unsigned long long *)(base + w.seg) : nullptr;
     const size_t sm = smem_bytes(a);
@@ -1158,7 +1268,7 @@ extern "C" nib_status nib_cuda_expert_trace_report(const nib_expert_args *a, voi
         const double cyc = (double)(sg[6 * NSEG + 2] - sg[6 * NSEG]), ns = (double)(sg[6 * NSEG + 3] - sg[6 * NSEG + 1]);
         const double ghz = ns > 0 ? cyc / ns : 1.0, per = 1e-3 / ghz / (double)a->n_layers;
         static const char *const nm[6] = {"qkv", "attention", "merge", "o-proj", "gate|up", "down"};
-        static const char *const sn[NSEG] = {"stage", "tiles", "epi", "pre", "barrier", "setup", "nload", "nsync"};
+        static const char *const sn[NSEG] = {"stage", "tiles", "epi", "pre", "barrier", "setup", "nstat", "nwait"};
         fprintf(out, "expert kernel segments (thread 0 of each CTA, us per layer at %.3f GHz; mean / max over CTAs with "
                      "work in the phase, barrier over all):\n", ghz);
         for (int ph = 0; ph < 6; ph++) {
