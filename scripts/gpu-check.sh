@@ -4,7 +4,7 @@
 # to $OUT (default ./gpu-out); a short table is printed last.
 #
 #   scripts/gpu-check.sh [build] [doctor] [tests] [gemm] [ops] [attn] [demo] [pi05] [accuracy]
-#                        [load] [sanitize] [profile] [attnprof] [T=filter]
+#                        [load] [sanitize] [profile] [attnprof] [expertprof] [T=filter]
 #   (no step names = build doctor tests gemm ops attn demo pi05 accuracy load)
 #   demo      nib demo (synthesizes the full-size checkpoint in $TMPDIR once)
 #   pi05      nib bench pi05 --json pi05.json
@@ -16,6 +16,10 @@
 #             instruction samples (ncu-gemm-sass-m<M>.csv) of one launch
 #   attn      nib bench attn --json attn.json $ATTN_ARGS
 #   attnprof  Nsight Compute on the decode rows of nib bench attn (ATTNPROF_T, ATTNPROF_KV)
+#   expertprof  Nsight Compute on the persistent expert kernel (application replay: kernel replay
+#             cannot relaunch its cooperative cluster launch), one launch of the first, eager call
+#             (EXPERTPROF_SKIP launches skipped, default 5): details (ncu-expert.csv: warp states,
+#             instruction fetch stalls included) and per-SASS-instruction samples (ncu-expert-sass.csv)
 #   load      nib quantize --pi05 fast of the synthetic checkpoint, then nib run --timing on it:
 #             time from file to the first call done
 # Environment: NIB_GIT_COMMIT (recorded in the JSON; pass the commit from the machine you commit on:
@@ -123,6 +127,22 @@ if has attnprof; then
     done
 fi
 CKPT=${TMPDIR:-/tmp}/nib-demo-pi05.safetensors
+if has expertprof; then
+    ncu_bin=$(command -v ncu 2>/dev/null || echo "${CUDA_HOME:-/usr/local/cuda}/bin/ncu")
+    [ -f "$CKPT" ] || ./build/nib demo >/dev/null 2>&1
+    QP=${TMPDIR:-/tmp}/nib-demo-pi05-fast-prof.safetensors # pre-quantized: each replay pass loads it
+    [ -f "$QP" ] || ./build/nib quantize "$CKPT" "$QP" --pi05 fast --force -q >>"$LOG" 2>&1
+    xargs_=(--replay-mode application --app-replay-match grid --clock-control none --kernel-name regex:k_expert
+            --launch-skip "${EXPERTPROF_SKIP:-5}" --launch-count 1)
+    run_=(./build/nib bench pi05 --checkpoint "$QP" --preset fast --cams 2 --horizon 10 --reps 5)
+    "$ncu_bin" "${xargs_[@]}" --section SpeedOfLight --section WarpStateStats --section InstructionStats \
+        --section SchedulerStats --section MemoryWorkloadAnalysis --csv --page details "${run_[@]}" \
+        >"$OUT/ncu-expert.csv" 2>"$OUT/ncu-expert.err"
+    note "expertprof details (rc $?): $(grep -c '"k_expert' "$OUT/ncu-expert.csv") metric rows"
+    "$ncu_bin" "${xargs_[@]}" --section WarpStateStats --section SourceCounters --page source --print-source sass --csv \
+        "${run_[@]}" >"$OUT/ncu-expert-sass.csv" 2>>"$OUT/ncu-expert.err"
+    note "expertprof source (rc $?): $(wc -l <"$OUT/ncu-expert-sass.csv") lines"
+fi
 if has demo; then
     ./build/nib demo >"$OUT/demo.log" 2>&1
     note "demo (rc $?): $(grep -E '^  (bf16|fast) ' "$OUT/demo.log" | tr -s ' ' | tr '\n' ';')"
