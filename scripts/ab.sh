@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# ab.sh — A/B timing of two versions of nib in one device call, alternating runs on one GPU.
+#
+#   scripts/ab.sh prepare REV [DIR]    (on your machine) write into DIR (default ab-base/) the
+#                                      files that differ between REV and the working tree, as
+#                                      they are at REV (deleted files are not supported). DIR
+#                                      is untracked, so the device copy of the tree carries it.
+#   scripts/ab.sh run [DIR] [-n N] [-- BENCH ARGS]
+#                                      (on the GPU machine) build this tree (build/) and a copy
+#                                      with DIR's files laid over it (/tmp/nib-ab-base), then run
+#                                      `nib bench BENCH ARGS` N times (default 2) for each,
+#                                      alternating base / new; default bench args:
+#                                      pi05 --preset fast --cams 2 --reps 200
+#
+# The device copy's git metadata may lack your latest commits, so the base version travels as
+# files, not as a revision. Output: one block per run, labelled "== base" / "== new".
+set -euo pipefail
+cmd=${1:-}
+shift || true
+case "$cmd" in
+prepare)
+    rev=${1:?usage: scripts/ab.sh prepare REV [DIR]}
+    dir=${2:-ab-base}
+    rm -rf "$dir"
+    mkdir -p "$dir"
+    n=0
+    while IFS= read -r f; do
+        [ -n "$f" ] || continue
+        if ! git cat-file -e "$rev:$f" 2>/dev/null; then
+            echo "ab.sh: $f does not exist at $rev (added since): not supported" >&2
+            exit 1
+        fi
+        mkdir -p "$dir/$(dirname "$f")"
+        git show "$rev:$f" >"$dir/$f"
+        n=$((n + 1))
+    done < <(git diff --name-only "$rev" -- . ":(exclude)$dir")
+    echo "ab.sh: $n file(s) of $rev in $dir/"
+    ;;
+run)
+    dir=ab-base
+    if [ $# -gt 0 ] && [ "$1" != "-n" ] && [ "$1" != "--" ]; then dir=$1; shift; fi
+    reps=2
+    if [ "${1:-}" = "-n" ]; then reps=$2; shift 2; fi
+    [ "${1:-}" = "--" ] && shift
+    args=("$@")
+    [ ${#args[@]} -gt 0 ] || args=(pi05 --preset fast --cams 2 --reps 200)
+    [ -d "$dir" ] || { echo "ab.sh: no $dir/ (scripts/ab.sh prepare REV first)" >&2; exit 1; }
+    jobs=$(nproc)
+    make -j"$jobs" >/dev/null
+    base=/tmp/nib-ab-base
+    rm -rf "$base"
+    mkdir -p "$base"
+    # the tree without build outputs or the base files themselves, then the base files on top
+    tar --exclude=./build --exclude="./build-*" --exclude="./$dir" --exclude=./.git -cf - . | tar -xf - -C "$base"
+    cp -a "$dir/." "$base/"
+    make -C "$base" -j"$jobs" >/dev/null
+    for i in $(seq "$reps"); do
+        for v in base new; do
+            bin=./build/nib
+            [ "$v" = base ] && bin=$base/build/nib
+            echo "== $v (run $i)"
+            "$bin" bench "${args[@]}"
+        done
+    done
+    ;;
+*)
+    sed -n '2,17p' "$0"
+    exit 2
+    ;;
+esac
