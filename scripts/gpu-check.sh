@@ -4,7 +4,7 @@
 # to $OUT (default ./gpu-out); a short table is printed last.
 #
 #   scripts/gpu-check.sh [build] [doctor] [tests] [gemm] [ops] [attn] [demo] [pi05] [accuracy]
-#                        [load] [sanitize] [profile] [attnprof] [expertprof] [T=filter]
+#                        [load] [sanitize] [profile] [attnprof] [expertprof] [pi05prof] [T=filter]
 #   (no step names = build doctor tests gemm ops attn demo pi05 accuracy load)
 #   demo      nib demo (synthesizes the full-size checkpoint in $TMPDIR once)
 #   pi05      nib bench pi05 --json pi05.json
@@ -20,6 +20,11 @@
 #             cannot relaunch its cooperative cluster launch), one launch of the first, eager call
 #             (EXPERTPROF_SKIP launches skipped, default 5): details (ncu-expert.csv: warp states,
 #             instruction fetch stalls included) and per-SASS-instruction samples (ncu-expert-sass.csv)
+#   pi05prof  Nsight Compute's duration of every kernel of one `nib run pi05` call (PI05PROF_PRESET,
+#             default fast; 2 cameras, 20 text tokens; kernels serialized, caches not flushed;
+#             NIB_FUSED_STEP=0 unless PI05PROF_FUSED=1, since kernel profiling cannot relaunch the
+#             persistent expert kernel), summed per kernel name and stage by scripts/ncu_timeline.py
+#             (ncu-pi05.csv, ncu-pi05.txt)
 #   load      nib quantize --pi05 fast of the synthetic checkpoint, then nib run --timing on it:
 #             time from file to the first call done
 # Environment: NIB_GIT_COMMIT (recorded in the JSON; pass the commit from the machine you commit on:
@@ -154,6 +159,20 @@ fi
 if has accuracy; then
     ./build/nib accuracy pi05 --json "$OUT/pi05-accuracy.json" >"$OUT/accuracy.log" 2>&1
     note "accuracy pi05 (rc $?): $(grep -E 'actions cosine' "$OUT/accuracy.log" | tr -s ' ' | tr '\n' ';')"
+fi
+if has pi05prof; then
+    ncu_bin=$(command -v ncu 2>/dev/null || echo "${CUDA_HOME:-/usr/local/cuda}/bin/ncu")
+    [ -f "$CKPT" ] || ./build/nib demo >/dev/null 2>&1
+    IN=${TMPDIR:-/tmp}/nib-pi05-inputs.safetensors
+    python3 scripts/pi05_inputs.py "$IN" --cameras 2 --text 20 >/dev/null
+    NIB_FUSED_STEP=${PI05PROF_FUSED:-0} "$ncu_bin" --clock-control none --cache-control none \
+        --metrics gpu__time_duration.sum --csv --page raw \
+        ./build/nib run pi05 --checkpoint "$CKPT" --inputs "$IN" --out "$OUT/pi05prof-actions.safetensors" \
+        --preset "${PI05PROF_PRESET:-fast}" >"$OUT/ncu-pi05.csv" 2>"$OUT/ncu-pi05.err"
+    rc=$?
+    python3 scripts/ncu_timeline.py "$OUT/ncu-pi05.csv" --first 40 >"$OUT/ncu-pi05.txt" 2>&1
+    note "pi05prof (rc $rc): $(head -1 "$OUT/ncu-pi05.txt")"
+    grep -E '^(vision|prefix|expert) ' "$OUT/ncu-pi05.txt" | tee -a "$LOG"
 fi
 if has load; then
     [ -f "$CKPT" ] || ./build/nib demo >/dev/null 2>&1
