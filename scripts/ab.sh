@@ -5,12 +5,16 @@
 #                                      files that differ between REV and the working tree, as
 #                                      they are at REV (deleted files are not supported). DIR
 #                                      is untracked, so the device copy of the tree carries it.
-#   scripts/ab.sh run [DIR] [-n N] [-- BENCH ARGS]
+#   scripts/ab.sh run [DIR] [-n N] [-q] [-- BENCH ARGS]
 #                                      (on the GPU machine) build this tree (build/) and a copy
 #                                      with DIR's files laid over it (/tmp/nib-ab-base), then run
 #                                      `nib bench BENCH ARGS` N times (default 2) for each,
 #                                      alternating base / new; default bench args:
 #                                      pi05 --preset fast --cams 2 --reps 200
+#                                      -q: quantize the synthetic checkpoint once (`nib quantize
+#                                      --pi05 fast`, this tree's build) and pass it as --checkpoint,
+#                                      so each run loads in ~3 s instead of quantizing for ~18 s
+#                                      (the fast preset's rows only: the file decides the formats)
 #
 # The device copy's git metadata may lack your latest commits, so the base version travels as
 # files, not as a revision. Output: one block per run, labelled "== base" / "== new".
@@ -39,9 +43,15 @@ prepare)
 run)
     dir=ab-base
     if [ $# -gt 0 ] && [ "$1" != "-n" ] && [ "$1" != "--" ]; then dir=$1; shift; fi
-    reps=2
-    if [ "${1:-}" = "-n" ]; then reps=$2; shift 2; fi
-    [ "${1:-}" = "--" ] && shift
+    reps=2 quant=0
+    while [ $# -gt 0 ]; do
+        case "$1" in
+        -n) reps=$2; shift 2 ;;
+        -q) quant=1; shift ;;
+        --) shift; break ;;
+        *) break ;;
+        esac
+    done
     args=("$@")
     [ ${#args[@]} -gt 0 ] || args=(pi05 --preset fast --cams 2 --reps 200)
     [ -d "$dir" ] || { echo "ab.sh: no $dir/ (scripts/ab.sh prepare REV first)" >&2; exit 1; }
@@ -54,6 +64,12 @@ run)
     tar --exclude=./build --exclude="./build-*" --exclude="./$dir" --exclude=./.git -cf - . | tar -xf - -C "$base"
     cp -a "$dir/." "$base/"
     make -C "$base" -j"$jobs" >/dev/null
+    if [ "$quant" = 1 ]; then
+        ckpt=${TMPDIR:-/tmp}/nib-demo-pi05.safetensors q=${TMPDIR:-/tmp}/nib-ab-fast.safetensors
+        [ -f "$ckpt" ] || ./build/nib demo >/dev/null
+        ./build/nib quantize "$ckpt" "$q" --pi05 fast --force -q
+        args+=(--checkpoint "$q")
+    fi
     for i in $(seq "$reps"); do
         for v in base new; do
             bin=./build/nib
@@ -64,7 +80,7 @@ run)
     done
     ;;
 *)
-    sed -n '2,17p' "$0"
+    sed -n '2,20p' "$0"
     exit 2
     ;;
 esac
