@@ -106,7 +106,7 @@ struct Params {
     unsigned long long *seg;   /* NULL, or [G][SEGW]: per-CTA cycles per phase segment (NIB_EXPERT_TRACE) */
     int attn_off, tab_off, mods_off, seg_off, xred_off, rinv_off; /* shared-memory offsets: attention tiles,
                                                * layer table, adaRMS mods, segment counters, the partner's
-                                               * partial sums, the row statistics of both halves */
+                                               * partial sums, the adaRMS row factors */
     int pf_first; /* CTAs >= pf_first have no O-phase tiles: they prefetch the next layer then (else
                    * every CTA does, in the barrier after QKV: pf_first == gridDim.x) */
 };
