@@ -9,7 +9,8 @@
  *            run NVFP4 tiles over that half (16 weight rows
  *            x 128 K, the repacked layout of gemm_lowbit.cuh, decoded in registers into bf16
  *            mma.sync A fragments; the H <= 16 token rows are the B operand via ldmatrix);
- *            rank 1 sends its partial sums to rank 0, which adds them and writes raw bf16 qkv
+ *            every warp's partial sums go to rank 0 (rank 1's through distributed shared memory),
+ *            whose warps add them and write raw bf16 qkv
  *   2 attn   task (16-row block of the H x n_heads query rows, 32-key split): RoPE + q_scale
  *            applied to q on load, keys [0, P) from the cache, keys P.. from raw qkv (RoPE on
  *            load); S = q kᵀ and O = P v on tensor cores; unnormalized O, row max and sum out
@@ -22,8 +23,9 @@
  * Why pairs: at H = 10 every CTA that multiplies needs the whole activation row block, and
  * staging it was the largest share of a GEMM phase (80 KB of h per CTA for down); split over K,
  * each CTA stages half, and O / down (64 row groups) run on 128 CTAs instead of 64.
- * A row group's K chunks are split over the CTA's warps (wk warps per row group) and reduced in
- * shared memory in a fixed order, then rank 1's sum is added to rank 0's: deterministic.
+ * A row group's K chunks are split over the pair's warps (wk warps per row group in each CTA);
+ * the 2 wk partial sums meet in rank 0's shared memory (one cluster barrier) and are added in a
+ * fixed order by the rank-0 warp that runs that part of the epilogue: deterministic.
  * Data written inside the kernel is read with L1-bypassing loads (ld.cg / cp.async.cg): L1 is
  * not coherent across SMs. Weights: the CTAs without O tiles issue bulk L2 prefetches of the
  * next layer's planes (and its prefix K/V) during the O phase (if every CTA has O tiles, all
@@ -104,9 +106,9 @@ struct Params {
     unsigned *bar;  /* [0] barrier arrivals, [32] kernel exits (separate 128-byte lines) */
     unsigned long long *trace; /* NULL, or [barriers][G][2] globaltimer stamps (NIB_EXPERT_TRACE) */
     unsigned long long *seg;   /* NULL, or [G][SEGW]: per-CTA cycles per phase segment (NIB_EXPERT_TRACE) */
-    int attn_off, tab_off, mods_off, seg_off, xred_off, rinv_off; /* shared-memory offsets: attention tiles,
-                                               * layer table, adaRMS mods, segment counters, the partner's
-                                               * partial sums, the adaRMS row factors */
+    int attn_off, tab_off, mods_off, seg_off, rinv_off; /* shared-memory offsets: attention tiles,
+                                               * layer table, adaRMS mods, segment counters, the adaRMS
+                                               * row factors */
     int pf_first; /* CTAs >= pf_first have no O-phase tiles: they prefetch the next layer then (else
                    * every CTA does, in the barrier after QKV: pf_first == gridDim.x) */
 };
@@ -388,7 +390,10 @@ __device__ void stage_norm(const Params &p, const float *mods_s, __nv_bfloat16 *
 }
 /* ---- NVFP4 tiles of one linear layer over the staged rows --------------------------------
  * CTA b owns row groups b, b + G, ...; Rp of them at a time, wk = 8 / Rp warps each splitting
- * the K chunks (chunks wkk, wkk + wk, ...), four tiles' loads in flight per warp. The first
+ * the K chunks (chunks wkk, wkk + wk, ...), four tiles' loads in flight per warp. The 2 wk
+ * partial sums of a row group (both CTAs of the pair) meet in rank 0's shared memory; rank 0's
+ * wk warps of the slot then share its epilogue by (nt, i) pairs (pair nt * 2 + i: warp wkk =
+ * pair % wk). The first
  * four tiles of a warp, its rows' column scales and gates, and (residual layers) the x values
  * its epilogue adds are loaded by gemm_pre BEFORE the grid barrier that precedes the phase:
  * none of them depends on the phase before. */
@@ -429,7 +434,7 @@ __device__ __forceinline__ void gemm_pre(const Params &p, const LinDev &L, const
             pr.ch[i][0].s = ldg_stream(sb + (size_t)c * 128, pol);
         }
     }
-    if (mp.wkk || cl_rank()) return; /* the epilogue runs on rank 0 */
+    if (cl_rank()) return; /* the epilogue runs on rank 0: each warp of the slot for its (nt, i) pairs */
     pr.cs0 = L.colscale[prow], pr.cs8 = L.colscale[prow + 8];
     if (gate) {
         pr.gt0 = prow < L.n_out ? gate[prow] : 0.f;
@@ -438,6 +443,7 @@ __device__ __forceinline__ void gemm_pre(const Params &p, const LinDev &L, const
         for (int nt = 0; nt < MT; nt++)
 #pragma unroll
             for (int i = 0; i < 2; i++) {
+                if (((nt * 2 + i) & (mp.wk - 1)) != mp.wkk) continue; /* gemm_phase: another warp's pair */
                 const int mm = nt * 8 + 2 * t + i;
                 const __nv_bfloat16 *xr = p.x + (size_t)mm * p.We;
                 pr.res[nt][i][0] = mm < p.H && prow < L.n_out ? __ldcg(xr + prow) : __float2bfloat16(0.f);
@@ -456,9 +462,8 @@ __device__ __forceinline__ float residual_store(const Params &p, const LinDev &L
  * instantiation and one call site, so the kernel's code stays small (instruction-cache misses
  * were a large share of the stalls when every phase had its own copy) */
 template <int MT>
-__device__ void gemm_phase(const Params &p, const LinDev &L, const __nv_bfloat16 *xs, float *red, float *xred,
-                           const Pre<MT> &pr, int kind, const float *gate, float *nst, unsigned long long *segp,
-                           long long &tlast) {
+__device__ void gemm_phase(const Params &p, const LinDev &L, const __nv_bfloat16 *xs, float *red, const Pre<MT> &pr,
+                           int kind, const float *gate, float *nst, unsigned long long *segp, long long &tlast) {
     const Map mp(L);
     if (mp.U == 0) return; /* uniform per pair */
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -471,6 +476,7 @@ __device__ void gemm_phase(const Params &p, const LinDev &L, const __nv_bfloat16
         brow[nt] = smem_u32(xs) + (uint32_t)(row * p.lds + (lane >> 3) * 8) * 2u;
     }
     constexpr int FR = MT * 4; /* accumulators per lane */
+    const int NQ = 2 * mp.wk; /* partial sums per row group: wk warps x 2 CTAs (<= 2 NW) */
     seg_add(segp, 5, tlast);
     for (int j0 = 0; j0 < mp.U; j0 += mp.Rp) {
         const int j = j0 + mp.slot;
@@ -517,82 +523,69 @@ __device__ void gemm_phase(const Params &p, const LinDev &L, const __nv_bfloat16
             segp[1] += (unsigned long long)(now - tlast);
             tlast = now;
         }
-#pragma unroll
-        for (int nt = 0; nt < MT; nt++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) acc[0][nt][i] += acc2[0][nt][i];
-        if (mp.wk > 1) {
-            if (ok && mp.wkk > 0) {
-                float *dst = red + ((mp.slot * mp.wk + mp.wkk) * FR) * 32;
+        /* every warp's partial sums into rank 0's red[slot][q][FR][32], q = rank * wk + wkk (rank 1's
+         * through distributed shared memory); one cluster barrier; then rank 0's warps of the slot
+         * each add the NQ partials (q order: deterministic) of their (nt, i) pairs and run the
+         * epilogue of those */
+        if (ok) {
+            float *dst = red + ((size_t)(mp.slot * NQ + (int)rank * mp.wk + mp.wkk) * FR) * 32 + lane;
+            if (rank == 0) {
 #pragma unroll
                 for (int nt = 0; nt < MT; nt++)
 #pragma unroll
-                    for (int i = 0; i < 4; i++) dst[(nt * 4 + i) * 32 + lane] = acc[0][nt][i];
+                    for (int i = 0; i < 4; i++) dst[(nt * 4 + i) * 32] = acc[0][nt][i] + acc2[0][nt][i];
+            } else {
+                const uint32_t a = peer_addr(dst, 0);
+#pragma unroll
+                for (int nt = 0; nt < MT; nt++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) st_peer(a + (uint32_t)((nt * 4 + i) * 32 * 4), acc[0][nt][i] + acc2[0][nt][i]);
             }
-            __syncthreads();
-            if (ok && mp.wkk == 0)
-                for (int q = 1; q < mp.wk; q++) {
-                    const float *src = red + ((mp.slot * mp.wk + q) * FR) * 32;
-#pragma unroll
-                    for (int nt = 0; nt < MT; nt++)
-#pragma unroll
-                        for (int i = 0; i < 4; i++) acc[0][nt][i] += src[(nt * 4 + i) * 32 + lane];
-                }
-        }
-        /* the pair: rank 1's sums into rank 0's xred, then rank 0 adds them (fixed order) */
-        if (ok && mp.wkk == 0 && rank == 1) {
-            const uint32_t dst = peer_addr(xred + mp.slot * FR * 32 + lane, 0);
-#pragma unroll
-            for (int nt = 0; nt < MT; nt++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) st_peer(dst + (uint32_t)((nt * 4 + i) * 32 * 4), acc[0][nt][i]);
         }
         cluster_sync();
-        if (ok && mp.wkk == 0 && rank == 0) {
-            const float *src = xred + mp.slot * FR * 32 + lane;
-#pragma unroll
-            for (int nt = 0; nt < MT; nt++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) acc[0][nt][i] += src[(nt * 4 + i) * 32];
-        }
-        if (ok && mp.wkk == 0 && rank == 0) {
+        if (ok && rank == 0) {
+            const float *src = red + ((size_t)mp.slot * NQ * FR) * 32 + lane;
             /* the first round's scales come from gemm_pre; later rounds load their own */
             const float cs0 = j0 == 0 ? pr.cs0 : L.colscale[prow], cs8 = j0 == 0 ? pr.cs8 : L.colscale[prow + 8];
             const float b0 = L.bias ? L.bias[prow] : 0.f, b8 = L.bias ? L.bias[prow + 8] : 0.f;
-            float ss[MT][2]; /* sums of squares of the new x values of rows (nt, i), this lane's 2 columns */
 #pragma unroll
             for (int nt = 0; nt < MT; nt++)
 #pragma unroll
                 for (int i = 0; i < 2; i++) {
+                    if (((nt * 2 + i) & (mp.wk - 1)) != mp.wkk) continue; /* another warp's pair (wk: a power of 2) */
+                    float a = 0.f, a8 = 0.f, xa[2 * NW], xb[2 * NW];
+#pragma unroll
+                    for (int q = 0; q < 2 * NW; q++) /* every load first, then the sums in q order */
+                        if (q < NQ) {
+                            xa[q] = src[(q * FR + nt * 4 + i) * 32];
+                            xb[q] = src[(q * FR + nt * 4 + 2 + i) * 32];
+                        }
+#pragma unroll
+                    for (int q = 0; q < 2 * NW; q++)
+                        if (q < NQ) a += xa[q], a8 += xb[q];
                     const int mm = nt * 8 + 2 * t + i;
-                    ss[nt][i] = 0.f;
-                    if (mm >= p.H) continue;
-                    const float v = acc[0][nt][i] * cs0 + b0, v8 = acc[0][nt][2 + i] * cs8 + b8;
-                    if (kind == EPI_QKV) {
-                        if (prow < L.n_out) p.qkv[(size_t)mm * p.ldqkv + prow] = __float2bfloat16(v);
-                        if (prow + 8 < L.n_out) p.qkv[(size_t)mm * p.ldqkv + prow + 8] = __float2bfloat16(v8);
-                    } else if (kind == EPI_RESIDUAL) {
-                        ss[nt][i] = residual_store(p, L, prow, mm, v, v8, j0 == 0, pr, nt, i, gate);
-                    } else {
-                        const int n = rg * 8 + g;
-                        if (n < L.n_out) p.h[(size_t)mm * p.F + n] = __float2bfloat16(gelu_tanh(v) * v8);
+                    float ss = 0.f; /* sum of squares of the new x values (EPI_RESIDUAL) */
+                    if (mm < p.H) {
+                        const float v = a * cs0 + b0, v8 = a8 * cs8 + b8;
+                        if (kind == EPI_QKV) {
+                            if (prow < L.n_out) p.qkv[(size_t)mm * p.ldqkv + prow] = __float2bfloat16(v);
+                            if (prow + 8 < L.n_out) p.qkv[(size_t)mm * p.ldqkv + prow + 8] = __float2bfloat16(v8);
+                        } else if (kind == EPI_RESIDUAL) {
+                            ss = residual_store(p, L, prow, mm, v, v8, j0 == 0, pr, nt, i, gate);
+                        } else {
+                            const int n = rg * 8 + g;
+                            if (n < L.n_out) p.h[(size_t)mm * p.F + n] = __float2bfloat16(gelu_tanh(v) * v8);
+                        }
+                    }
+                    if (nst && rg * 16 < L.n_out) { /* the row group's 16 columns: the 8 lanes of equal t */
+                        ss += __shfl_xor_sync(0xffffffffu, ss, 4);
+                        ss += __shfl_xor_sync(0xffffffffu, ss, 8);
+                        ss += __shfl_xor_sync(0xffffffffu, ss, 16);
+                        if (g == 0 && mm < p.H) __stcg(nst + (size_t)mm * p.nstld + rg, ss);
                     }
                 }
-            if (nst && rg * 16 < L.n_out) { /* the row group's 16 columns: the 8 lanes of equal t (fixed order) */
-#pragma unroll
-                for (int nt = 0; nt < MT; nt++)
-#pragma unroll
-                    for (int i = 0; i < 2; i++) {
-                        float v = ss[nt][i];
-                        v += __shfl_xor_sync(0xffffffffu, v, 4);
-                        v += __shfl_xor_sync(0xffffffffu, v, 8);
-                        v += __shfl_xor_sync(0xffffffffu, v, 16);
-                        const int mm = nt * 8 + 2 * t + i;
-                        if (g == 0 && mm < p.H) __stcg(nst + (size_t)mm * p.nstld + rg, v);
-                    }
-            }
         }
-        if (j0 + mp.Rp < mp.U) cluster_sync(); /* red and the partner's xred are reused by the next round */
+        if (j0 + mp.Rp < mp.U) cluster_sync(); /* red is reused by the next round */
     }
     if (segp) {
         const long long now = clock64();
@@ -872,7 +865,6 @@ __global__ void __launch_bounds__(NT, 1) k_expert(const Params p) {
     LayerDev *tab = (LayerDev *)(smem + p.tab_off); /* the layer table, in shared memory (L1 gets invalidated) */
     float *mods_s = (float *)(smem + p.mods_off);   /* the next adaRMS's (scale, shift) */
     unsigned long long *segs = (unsigned long long *)(smem + p.seg_off);
-    float *xred = (float *)(smem + p.xred_off); /* rank 1's partial sums, written by rank 1 (rank 0 only) */
     float *rinv = (float *)(smem + p.rinv_off); /* [row] 1 / rms of the adaRMS being staged */
     const bool tr0 = p.seg && threadIdx.x == 0;
     long long tlast = 0;
@@ -933,7 +925,7 @@ __global__ void __launch_bounds__(NT, 1) k_expert(const Params p) {
                     else stage_copy(p, p.h, p.F, p.F, k0, k1, xs);
                     seg_add(tr0 ? segs + ph * NSEG : nullptr, 0, tlast);
                     const int kind = li == L_QKV ? EPI_QKV : li == L_GU ? EPI_GEGLU : EPI_RESIDUAL;
-                    gemm_phase<MT>(p, L, xs, red, xred, pre, kind, li == L_O ? ma + 2 * p.We : mf + 2 * p.We,
+                    gemm_phase<MT>(p, L, xs, red, pre, kind, li == L_O ? ma + 2 * p.We : mf + 2 * p.We,
                                    li == L_O ? p.nst : li == L_DOWN ? p.nst + nsl : nullptr, tr0 ? segs + ph * NSEG : nullptr,
                                    tlast);
                 } else if (li == L_O && threadIdx.x == 0 && (int)blockIdx.x >= p.pf_first && layer + 1 < p.n_layers) {
@@ -1022,14 +1014,14 @@ int kp_max(const nib_expert_args *a) {
 /* shared memory: GEMM rows + reduction slots, then (from attn_off) the attention tiles */
 size_t attn_off(const nib_expert_args *a) {
     const size_t lds = (size_t)kp_max(a) + 8;
-    const size_t gemm = (size_t)(NIB_EXPERT_MAX_ROWS + 1) * lds * 2 + (size_t)NW * 2 * 4 * 32 * sizeof(float);
+    /* rows, then red: [Rp][2 wk][FR <= 8][32] floats, Rp * wk = NW (both CTAs' partials) */
+    const size_t gemm = (size_t)(NIB_EXPERT_MAX_ROWS + 1) * lds * 2 + (size_t)2 * NW * 8 * 32 * sizeof(float);
     return (gemm + 127) / 128 * 128;
 }
 size_t tab_off(const nib_expert_args *a) { return attn_off(a) + (ATTN_SMEM + 127) / 128 * 128; }
 size_t mods_off(const nib_expert_args *a) { return tab_off(a) + (sizeof(LayerDev) * (size_t)a->n_layers + 127) / 128 * 128; }
 size_t seg_off(const nib_expert_args *a) { return (mods_off(a) + (size_t)a->width * 2 * sizeof(float) + 15) / 16 * 16; }
-size_t xred_off(const nib_expert_args *a) { return (seg_off(a) + sizeof(unsigned long long) * 6 * NSEG + 15) / 16 * 16; }
-size_t rinv_off(const nib_expert_args *a) { return xred_off(a) + (size_t)NW * 2 * 4 * 32 * sizeof(float); }
+size_t rinv_off(const nib_expert_args *a) { return (seg_off(a) + sizeof(unsigned long long) * 6 * NSEG + 15) / 16 * 16; }
 size_t smem_bytes(const nib_expert_args *a) { return rinv_off(a) + NIB_EXPERT_MAX_ROWS * sizeof(float); }
 
 int g_sms = 0, g_smem_max = 0;
@@ -1201,7 +1193,7 @@ extern "C" nib_status nib_cuda_expert_run(const nib_expert_args *a, void *ws, ui
         const int o_ctas = CL * (int)(o_groups < pairs ? o_groups : pairs);
         p.pf_first = o_ctas < G ? o_ctas : G;
     }
-    p.xred_off = (int)xred_off(a), p.rinv_off = (int)rinv_off(a);
+    p.rinv_off = (int)rinv_off(a);
     p.trace = tr && *tr && strcmp(tr, "0") && G <= TRACE_MAX_CTAS ? (unsigned long long *)(base + w.trace) : nullptr;
     p.seg = p.trace ? (unsigned long long *)(base + w.seg) : nullptr;
     const size_t sm = smem_bytes(a);
