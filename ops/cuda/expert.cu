@@ -79,6 +79,7 @@ struct LinDev {
     const uint8_t *w, *s;
     const float *colscale, *bias;
     int ng, nchunks, n_out, kp;
+    int gc, ngq, ngr, pad_; /* the launch's CTA pairs and ng = ngq * gc + ngr (Map without divisions) */
     unsigned long long w_bytes, s_bytes;
 };
 struct LayerDev {
@@ -400,12 +401,16 @@ __device__ void stage_norm(const Params &p, const float *mods_s, __nv_bfloat16 *
 struct Map {
     int U, Rp, wk, slot, wkk, GC, pair, c0, c1; /* pair: this CTA pair's index; [c0, c1): its K chunks */
     __device__ __forceinline__ Map(const LinDev &L) {
+        static_assert(NW == 8, "Rp, wk and slot below are shifts for 8 warps");
         GC = gridDim.x / CL, pair = blockIdx.x / CL;
-        U = pair < L.ng ? (L.ng - pair + GC - 1) / GC : 0;
-        Rp = U >= 5 ? 8 : U >= 3 ? 4 : U < 1 ? 1 : U;
-        wk = NW / Rp;
-        slot = (threadIdx.x >> 5) / wk;
-        wkk = (threadIdx.x >> 5) - slot * wk;
+        /* rows groups pair, pair + GC, ... < ng: ngq + (pair < ngr) of them (host-side quotient;
+         * the division only if the table was made for another grid) */
+        U = L.gc == GC ? L.ngq + (pair < L.ngr ? 1 : 0) : pair < L.ng ? (L.ng - pair + GC - 1) / GC : 0;
+        const int lg = U >= 5 ? 3 : U >= 3 ? 2 : U >= 2 ? 1 : 0; /* Rp = 1, 2, 4, 8 */
+        Rp = 1 << lg;
+        wk = NW >> lg;
+        slot = (threadIdx.x >> 5) >> (3 - lg);
+        wkk = (threadIdx.x >> 5) & (wk - 1);
         const KHalf kh(L);
         c0 = kh.c0, c1 = kh.c1;
     }
@@ -1125,6 +1130,7 @@ extern "C" nib_status nib_cuda_expert_prepare(const nib_expert_args *a, void *ws
     if (!ws || ws_bytes < w.total)
         return NIB_ERR(NIB_ERR_INVALID_ARG, "expert kernel: workspace of %llu bytes, %zu needed",
                        (unsigned long long)ws_bytes, w.total);
+    NIB_RETURN_IF_ERR(ensure_grid(a)); /* the grid the table's quotients are for */
     LayerDev *h = (LayerDev *)calloc((size_t)a->n_layers, sizeof(LayerDev));
     if (!h) return NIB_ERR(NIB_ERR_OUT_OF_MEMORY, "expert kernel: layer table of %d layers", (int)a->n_layers);
     for (int l = 0; l < a->n_layers; l++) {
@@ -1140,6 +1146,9 @@ extern "C" nib_status nib_cuda_expert_prepare(const nib_expert_args *a, void *ws
             d.nchunks = (int)(q[i]->kp / 128);
             d.n_out = (int)q[i]->n_out;
             d.kp = (int)q[i]->kp;
+            d.gc = g_grid / CL; /* ensure_grid ran above */
+            d.ngq = d.gc > 0 ? d.ng / d.gc : 0;
+            d.ngr = d.gc > 0 ? d.ng % d.gc : 0;
             d.w_bytes = q[i]->w_bytes;
             d.s_bytes = q[i]->s_bytes;
         }
@@ -1149,7 +1158,6 @@ extern "C" nib_status nib_cuda_expert_prepare(const nib_expert_args *a, void *ws
     nib_status st = NIB_OK;
     NIB_CUDA_TRY(cudaMemset(ws, 0, 256));
     NIB_CUDA_TRY(cudaMemcpy((uint8_t *)ws + w.layers, h, sizeof(LayerDev) * (size_t)a->n_layers, cudaMemcpyHostToDevice));
-    st = ensure_grid(a);
 fail:
     free(h);
     return st;
