@@ -42,7 +42,7 @@ prepare)
     ;;
 run)
     dir=ab-base
-    if [ $# -gt 0 ] && [ "$1" != "-n" ] && [ "$1" != "--" ]; then dir=$1; shift; fi
+    case "${1:-}" in -* | "") ;; *) dir=$1; shift ;; esac
     reps=2 quant=0
     while [ $# -gt 0 ]; do
         case "$1" in
