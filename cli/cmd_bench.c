@@ -334,14 +334,15 @@ static nib_status bench_variant(const bench_cfg *cfg, variant v, gemm_ctx *g, ni
         print_row(row);
         if (!cfg->sweep || v < V_NVFP4) continue;
         /* every other plan that fits, up to 4 waves of CTAs: where the planner's pick stands */
-        nib_gemm_plan pls[256];
-        int np = nib_cuda_gemm_plans(&g->w[0], g->m, g->ws->acc_elems, pls, 256);
+        static nib_gemm_plan pls[2048];
+        int np = nib_cuda_gemm_plans(&g->w[0], g->m, g->ws->acc_elems, pls, (int)NIB_ARRAY_LEN(pls));
         double best = row->us;
         char best_plan[64];
         snprintf(best_plan, sizeof best_plan, "%s", row->plan);
         for (int i = 0; i < np && *nrows < max_rows; i++) {
             const nib_gemm_plan *pl = &pls[i];
-            if (pl->wk == chosen.wk && pl->ksplit == chosen.ksplit && pl->occ == chosen.occ && pl->reg == chosen.reg)
+            if (pl->mt == chosen.mt && pl->wk == chosen.wk && pl->ksplit == chosen.ksplit && pl->occ == chosen.occ &&
+                pl->reg == chosen.reg)
                 continue;
             if (pl->ctas > 4 * pl->occ * cfg->sms) continue;
             g->plan = pl;

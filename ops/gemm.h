@@ -127,8 +127,13 @@ nib_status nib_cuda_gemm(const nib_qweight *w, const void *x, int64_t m, int64_t
  * launch planner (ops/gemm_plan.c, host code compiled in every build). */
 #define NIB_GEMM_KCH 128                                          /* K elements per chunk */
 #define NIB_GEMM_WARPS 8                                          /* warps per CTA */
-#define NIB_GEMM_MCHUNK 64                                        /* tokens per M chunk */
+#define NIB_GEMM_MCHUNK 64                                        /* tokens per M chunk at MT = 8 */
 #define NIB_GEMM_MT(m) ((m) <= 8 ? 1 : (m) <= 16 ? 2 : (m) <= 32 ? 4 : 8) /* 8-token tiles per chunk */
+/* An M chunk is 8 * MT tokens. The planner uses NIB_GEMM_MT(m) (one chunk up to M = 64); the
+ * enumeration for the lab also offers smaller MT at 8 < M <= NIB_GEMM_MSPLIT_MAX_M, the tokens
+ * split into several chunks of 8 * MT (more CTAs, each chunk reading the weights again). */
+#define NIB_GEMM_MSPLIT_MAX_M 128
+#define NIB_GEMM_MSPLIT_MAX_CHUNKS 16
 #define NIB_GEMM_STAGES(mt) ((mt) >= 8 ? 3 : 4)                   /* weight pipeline stages */
 #define NIB_GEMM_CPS(mt) ((mt) <= 2 ? 2 : 1)                      /* chunks per pipeline step */
 #define NIB_GEMM_PIECES(fmt) ((fmt) == NIB_WFMT_FP8 ? 4 : 3)      /* 16-byte pieces per lane and chunk */
@@ -137,7 +142,7 @@ nib_status nib_cuda_gemm(const nib_qweight *w, const void *x, int64_t m, int64_t
 
 /* Launch plan the CUDA GEMM would use (for the lab and tests). */
 typedef struct nib_gemm_plan {
-    int mt;        /* n-tiles of 8 tokens per M chunk (1, 2, 4, 8) */
+    int mt;        /* n-tiles of 8 tokens per M chunk (1, 2, 4, 8); chunks of 8 * mt tokens */
     int r;         /* 16-row groups per warp (1) */
     int wk;        /* warps along K per CTA (8 warps) */
     int ksplit;    /* CTAs along K */

@@ -30,23 +30,24 @@ static int plan_x(int xrows_alloc, int wk, int cps, int steps, int stages, int b
 /* One launch plan: wk warps along K, occ_regs resident CTAs per SM the registers are budgeted
  * for (2, or 1 for MT = 8), ks CTAs along K. Returns 0 when it does not fit or is not distinct;
  * *cost_out is the planner's estimate in pipeline-step units. */
-static int plan_eval(const nib_gemm_shape *w, int64_t m, uint64_t ws_elems, int sms, int wk, int occ_regs,
+static int plan_eval(const nib_gemm_shape *w, int64_t m, uint64_t ws_elems, int sms, int mt, int wk, int occ_regs,
                      int ks, int reg, nib_gemm_plan *pl, double *cost_out) {
     memset(pl, 0, sizeof *pl);
-    pl->mt = NIB_GEMM_MT(m);
+    pl->mt = mt;
     if (occ_regs != 2 && !(occ_regs == 1 && pl->mt == 8)) return 0; /* instantiated: OCC 2, MT 8 also OCC 1 */
     if (reg && pl->mt == 8) return 0;                                  /* register weights: MT <= 4 */
     pl->r = 1;
     pl->occ = occ_regs;
     pl->reg = reg;
-    pl->m_chunks = (int)((m + NIB_GEMM_MCHUNK - 1) / NIB_GEMM_MCHUNK);
+    const int mc = 8 * pl->mt; /* tokens per M chunk */
+    pl->m_chunks = (int)((m + mc - 1) / mc);
     const int ng = (int)(w->np / 16), nchunks = (int)(w->kp / NIB_GEMM_KCH);
     const int stages = NIB_GEMM_STAGES(pl->mt), cps = NIB_GEMM_CPS(pl->mt);
     /* M chunks of 64 tokens at one CTA per SM may use more shared memory for X */
     const int xbudget = occ_regs == 1 ? 2 * NIB_GEMM_X_BUDGET : NIB_GEMM_X_BUDGET;
     /* X rows in shared memory: the real tokens of the largest M chunk + one zero row */
     const int xrows_alloc = (int)(m < pl->mt * 8 ? m : pl->mt * 8) + 1;
-    const uint64_t slot = (uint64_t)pl->m_chunks * (uint64_t)w->np * NIB_GEMM_MCHUNK; /* floats per split */
+    const uint64_t slot = (uint64_t)pl->m_chunks * (uint64_t)w->np * mc; /* floats per split */
     int max_ks_ws = slot ? (int)(ws_elems / slot) : 0;
     if (max_ks_ws < 1) max_ks_ws = 1; /* ksplit 1 needs no workspace */
     const int wn = NIB_GEMM_WARPS / wk;
@@ -120,7 +121,7 @@ static nib_status plan_search(const nib_gemm_shape *w, int64_t m, uint64_t ws_el
                 double cost;
                 /* equal cost: the fewer K splits (fewer partial slots to write and add) */
                 /* reg = 0: register-loaded weights are a lab variant until measured */
-                if (plan_eval(w, m, ws_elems, sms, wk, occ, ks, 0, &cand, &cost) &&
+                if (plan_eval(w, m, ws_elems, sms, NIB_GEMM_MT(m), wk, occ, ks, 0, &cand, &cost) &&
                     (cost < best - 1e-9 || (cost < best + 1e-9 && ks < pl->ksplit))) {
                     best = cost;
                     *pl = cand;
@@ -173,12 +174,18 @@ int nib_gemm_plans_for(const nib_gemm_shape *w, int64_t m, uint64_t ws_elems, in
     if (shape_check(w, m, sms)) return -1;
     int n = 0;
     const int nchunks = (int)(w->kp / NIB_GEMM_KCH);
-    for (int reg = 0; reg <= 1; reg++)
-        for (int occ = 2; occ >= 1; occ--)
-            for (int wk = 1; wk <= NIB_GEMM_WARPS; wk *= 2)
-                for (int ks = 1; ks <= nchunks && n < max; ks++) {
-                    double cost;
-                    if (plan_eval(w, m, ws_elems, sms, wk, occ, ks, reg, &out[n], &cost)) n++;
-                }
+    /* the planner's MT first, then (lab only) smaller MT splitting M into several chunks */
+    for (int mt = NIB_GEMM_MT(m); mt >= 1; mt /= 2) {
+        if (mt != NIB_GEMM_MT(m) &&
+            (m > NIB_GEMM_MSPLIT_MAX_M || (m + 8 * mt - 1) / (8 * mt) > NIB_GEMM_MSPLIT_MAX_CHUNKS))
+            break;
+        for (int reg = 0; reg <= 1; reg++)
+            for (int occ = 2; occ >= 1; occ--)
+                for (int wk = 1; wk <= NIB_GEMM_WARPS; wk *= 2)
+                    for (int ks = 1; ks <= nchunks && n < max; ks++) {
+                        double cost;
+                        if (plan_eval(w, m, ws_elems, sms, mt, wk, occ, ks, reg, &out[n], &cost)) n++;
+                    }
+    }
     return n;
 }

@@ -358,7 +358,8 @@ NIB_TEST(gemm_gpu_split_k_deterministic) {
 }
 
 /* Every launch plan the planner could pick (warps along K, K splits, both register budgets of
- * MT = 8) gives a correct, deterministic result: the planner's cost model may choose any of them. */
+ * MT = 8), and the lab's (register-loaded weights, M split into chunks of 8 MT tokens), gives a
+ * correct, deterministic result: the planner's cost model may choose any of them. */
 NIB_TEST(gemm_gpu_every_plan) {
     NIB_REQUIRE_GPU();
     nib_rng rng;
@@ -367,7 +368,7 @@ NIB_TEST(gemm_gpu_every_plan) {
     CHECK_OK(nib_cuda_gemm_ws_init(&ws, 128, 1024));
     const nib_wfmt fs[] = {NIB_WFMT_NVFP4, NIB_WFMT_INT4};
     const int64_t ms[] = {1, 17, 50, 63, 100};
-    int total = 0, occ1 = 0, occ2_mt8 = 0, regw = 0;
+    int total = 0, occ1 = 0, occ2_mt8 = 0, regw = 0, msplit = 0;
     for (size_t i = 0; i < NIB_ARRAY_LEN(fs); i++) {
         rand_w rw;
         REQUIRE(make_rand_w(&rng, fs[i], 400, 1152, 1, 0, 1, 0, &rw));
@@ -375,16 +376,20 @@ NIB_TEST(gemm_gpu_every_plan) {
         nib_qweight q;
         load_probe(t, &rw.w, 1, &a, &q); /* same padded shape with and without GeGLU */
         for (size_t mi = 0; mi < NIB_ARRAY_LEN(ms); mi++) {
-            nib_gemm_plan pls[128];
-            int np = nib_cuda_gemm_plans(&q, ms[mi], ws.acc_elems, pls, 128);
+            static nib_gemm_plan pls[1024];
+            int np = nib_cuda_gemm_plans(&q, ms[mi], ws.acc_elems, pls, (int)NIB_ARRAY_LEN(pls));
+            CHECK_MSG(np < (int)NIB_ARRAY_LEN(pls), "M=%lld: %d plans fill the array (some may be missing)",
+                      (long long)ms[mi], np);
             CHECK_MSG(np >= 2, "M=%lld: only %d plans", (long long)ms[mi], np);
             for (int p = 0; p < np; p++) {
                 /* alternate the epilogues over the plans: GeGLU, and gate + residual (plain) */
                 case_opts o = {p % 2 == 0, p % 2 == 1, p % 2 == 1, 0, &pls[p]};
                 double worst = run_case(t, &rng, &rw.w, ms[mi], &o, &ws, 1);
-                CHECK_MSG(worst <= 1.0, "%s M=%lld plan wk%d ks%d occ%d: err/bound %.3f", nib_wfmt_name(fs[i]),
-                          (long long)ms[mi], pls[p].wk, pls[p].ksplit, pls[p].occ, worst);
+                CHECK_MSG(worst <= 1.0, "%s M=%lld plan mt%d (%d M chunks) wk%d ks%d occ%d reg%d: err/bound %.3f",
+                          nib_wfmt_name(fs[i]), (long long)ms[mi], pls[p].mt, pls[p].m_chunks, pls[p].wk, pls[p].ksplit,
+                          pls[p].occ, pls[p].reg, worst);
                 total++;
+                msplit += pls[p].mt < NIB_GEMM_MT(ms[mi]);
                 occ1 += pls[p].occ == 1;
                 occ2_mt8 += pls[p].occ == 2 && pls[p].mt == 8;
                 regw += pls[p].reg;
@@ -393,8 +398,9 @@ NIB_TEST(gemm_gpu_every_plan) {
         nib_dev_arena_free(&a);
         rand_w_free(&rw);
     }
-    printf("  %d plans checked (%d with one CTA per SM, %d MT=8 with two, %d with register-loaded weights)\n", total,
-           occ1, occ2_mt8, regw);
+    printf("  %d plans checked (%d with one CTA per SM, %d MT=8 with two, %d with register-loaded weights, %d with M "
+           "split into chunks of 8 MT tokens)\n", total, occ1, occ2_mt8, regw, msplit);
+    CHECK_MSG(msplit > 0, "the M-split plans (lab) must be exercised");
     CHECK_MSG(occ1 > 0 && occ2_mt8 > 0, "both register budgets of MT=8 must be exercised");
     CHECK_MSG(regw > 0, "the register-loaded weight variant must be exercised");
     nib_cuda_gemm_ws_free(&ws);

@@ -111,7 +111,7 @@ NIB_TEST(gemm_plan_invariants) {
     const int64_t ms[] = {1, 3, 8, 9, 16, 17, 32, 33, 50, 64, 65, 127, 532, 1024};
     const nib_wfmt fmts[] = {NIB_WFMT_NVFP4, NIB_WFMT_MXFP4, NIB_WFMT_INT4, NIB_WFMT_FP8};
     const uint64_t wss[] = {0, 4u << 20, SWEEP_WS_ELEMS};
-    static nib_gemm_plan all[1024];
+    static nib_gemm_plan all[4096];
     int checked = 0;
     for (size_t f = 0; f < NIB_ARRAY_LEN(fmts); f++)
         for (size_t s = 0; s < NIB_ARRAY_LEN(shapes); s++)
@@ -121,18 +121,24 @@ NIB_TEST(gemm_plan_invariants) {
                     nib_gemm_shape sh = {fmts[f], (shapes[s][1] + 15) / 16 * 16,
                                          (shapes[s][0] + NIB_GEMM_KCH - 1) / NIB_GEMM_KCH * NIB_GEMM_KCH};
                     const int ng = (int)(sh.np / 16), nchunks = (int)(sh.kp / NIB_GEMM_KCH);
-                    const int mchunks = (int)((m + NIB_GEMM_MCHUNK - 1) / NIB_GEMM_MCHUNK);
-                    int n = nib_gemm_plans_for(&sh, m, wss[wi], SWEEP_SMS, all, 1024);
-                    REQUIRE(n > 0 && n < 1024);
+                    int n = nib_gemm_plans_for(&sh, m, wss[wi], SWEEP_SMS, all, NIB_ARRAY_LEN(all));
+                    REQUIRE(n > 0 && n < (int)NIB_ARRAY_LEN(all));
                     for (int i = 0; i < n; i++) {
                         const nib_gemm_plan *p = &all[i];
                         const int cps = NIB_GEMM_CPS(p->mt), cpc = (nchunks + p->ksplit - 1) / p->ksplit;
-                        const int bad = p->mt != NIB_GEMM_MT(m) || p->m_chunks != mchunks ||
+                        /* the planner's MT, or (lab plans, M <= NIB_GEMM_MSPLIT_MAX_M) a smaller power of
+                         * two splitting M into chunks of 8 * MT tokens */
+                        const int mt_ok = p->mt == NIB_GEMM_MT(m) ||
+                                          (m <= NIB_GEMM_MSPLIT_MAX_M && p->mt < NIB_GEMM_MT(m) &&
+                                           (p->mt == 1 || p->mt == 2 || p->mt == 4) &&
+                                           (m + 8 * p->mt - 1) / (8 * p->mt) <= NIB_GEMM_MSPLIT_MAX_CHUNKS);
+                        const int mchunks = (int)((m + 8 * p->mt - 1) / (8 * p->mt));
+                        const int bad = !mt_ok || p->m_chunks != mchunks ||
                                         p->row_blocks != (ng + NIB_GEMM_WARPS / p->wk - 1) / (NIB_GEMM_WARPS / p->wk) ||
                                         p->ctas != p->row_blocks * p->ksplit * p->m_chunks ||
                                         p->smem > NIB_GEMM_MAX_SMEM || (nchunks + cpc - 1) / cpc != p->ksplit ||
                                         p->ksplit * p->wk * cps > (nchunks > p->wk * cps ? nchunks : p->wk * cps) ||
-                                        (p->ksplit > 1 && (uint64_t)p->ksplit * mchunks * sh.np * NIB_GEMM_MCHUNK > wss[wi]) ||
+                                        (p->ksplit > 1 && (uint64_t)p->ksplit * mchunks * sh.np * (8 * p->mt) > wss[wi]) ||
                                         (p->occ != 2 && !(p->occ == 1 && p->mt == 8)) || p->xw < 1 || p->nxb < 1 ||
                                         p->lds % 8 != 0;
                         CHECK_MSG(!bad, "fmt %d K=%lld N=%lld M=%lld ws=%llu: inconsistent plan wk%d ks%d occ%d ctas%d smem%zu",
@@ -142,14 +148,17 @@ NIB_TEST(gemm_plan_invariants) {
                                   p->mt, p->ring_bytes);
                         for (int j = 0; j < i; j++)
                             CHECK_MSG(!(all[j].wk == p->wk && all[j].ksplit == p->ksplit && all[j].occ == p->occ &&
-                                        all[j].reg == p->reg),
-                                      "plan wk%d ks%d occ%d reg%d enumerated twice", p->wk, p->ksplit, p->occ, p->reg);
+                                        all[j].reg == p->reg && all[j].mt == p->mt),
+                                      "plan mt%d wk%d ks%d occ%d reg%d enumerated twice", p->mt, p->wk, p->ksplit, p->occ,
+                                      p->reg);
                     }
                     nib_gemm_plan pick, again;
                     CHECK_OK(nib_gemm_plan_for(&sh, m, wss[wi], SWEEP_SMS, &pick));
                     CHECK_OK(nib_gemm_plan_for(&sh, m, wss[wi], SWEEP_SMS, &again)); /* from the cache */
                     CHECK_MSG(!memcmp(&pick, &again, sizeof pick), "cached plan differs");
                     CHECK_MSG(!pick.reg, "the planner picked a register-weight plan (a lab variant)");
+                    CHECK_MSG(pick.mt == NIB_GEMM_MT(m), "the planner picked an M-split plan (mt%d at M=%lld, a lab variant)",
+                              pick.mt, (long long)m);
                     int found = 0;
                     for (int i = 0; i < n; i++) found |= !memcmp(&all[i], &pick, sizeof pick);
                     CHECK_MSG(found, "fmt %d K=%lld N=%lld M=%lld: the pick wk%d ks%d occ%d is not an enumerated plan",

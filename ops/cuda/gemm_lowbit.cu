@@ -315,7 +315,9 @@ __global__ void __launch_bounds__(WARPS * 32, OCC) k_gemm_lowbit(GemmParams p) {
     const int wn_count = 1 << p.wn_shift; /* warps along N (WARPS / wk, a power of two) */
     const int wn = warp & (wn_count - 1), wkk = warp >> p.wn_shift;
     const int rg0 = (blockIdx.x * wn_count + wn) * R;
-    const int m0 = blockIdx.z * MCHUNK;
+    constexpr int MC = MT * 8; /* tokens per M chunk (the plan's chunks; one chunk below M = 64 unless
+                                * the lab splits M) */
+    const int m0 = blockIdx.z * MC;
     const int c_begin = blockIdx.y * p.chunks_per_cta;
     const int c_end = min(c_begin + p.chunks_per_cta, p.nchunks);
     constexpr int CPS = Cps<MT>::N;
@@ -470,16 +472,16 @@ __global__ void __launch_bounds__(WARPS * 32, OCC) k_gemm_lowbit(GemmParams p) {
         } else {
             /* split-K: this CTA's partial sums go to its own slot (deterministic: the last CTA
              * adds the slots in a fixed order, no atomics on values) */
-            float *slot = p.ws + ((size_t)blockIdx.y * gridDim.z + blockIdx.z) * p.np * MCHUNK;
+            float *slot = p.ws + ((size_t)blockIdx.y * gridDim.z + blockIdx.z) * p.np * MC;
 #pragma unroll
             for (int r = 0; r < R; r++) {
                 if (!rg_ok[r]) continue;
                 int pr = (rg0 + r) * 16 + g;
 #pragma unroll
                 for (int nt = 0; nt < MT; nt++) {
-                    float *d0 = slot + (size_t)pr * MCHUNK + nt * 8 + 2 * t;
+                    float *d0 = slot + (size_t)pr * MC + nt * 8 + 2 * t;
                     __stcg((float2 *)d0, make_float2(acc[r][nt][0], acc[r][nt][1]));
-                    __stcg((float2 *)(d0 + 8 * MCHUNK), make_float2(acc[r][nt][2], acc[r][nt][3]));
+                    __stcg((float2 *)(d0 + 8 * MC), make_float2(acc[r][nt][2], acc[r][nt][3]));
                 }
             }
         }
@@ -500,11 +502,11 @@ __global__ void __launch_bounds__(WARPS * 32, OCC) k_gemm_lowbit(GemmParams p) {
     const int rows = min(rows_cta, p.np - pb);
     const int toks = min(MT * 8, p.m - m0);
     /* sum of the ksplit slots for (row pr, token j), in slot order */
-    const size_t slot_stride = (size_t)gridDim.z * p.np * MCHUNK;
-    const float *wsb = p.ws + (size_t)blockIdx.z * p.np * MCHUNK;
+    const size_t slot_stride = (size_t)gridDim.z * p.np * MC;
+    const float *wsb = p.ws + (size_t)blockIdx.z * p.np * MC;
     auto partial = [&](int pr, int j) {
         float v = 0.f;
-        for (int q = 0; q < p.ksplit; q++) v += __ldcg(wsb + q * slot_stride + (size_t)pr * MCHUNK + j);
+        for (int q = 0; q < p.ksplit; q++) v += __ldcg(wsb + q * slot_stride + (size_t)pr * MC + j);
         return v;
     };
     /* (output q, token j) of idx = threadIdx.x + i * 256, advanced with one carry (two divisions
@@ -909,7 +911,8 @@ nib_status nib_cuda_gemm_ws_init(nib_gemm_ws *ws, int64_t max_m, int64_t max_np)
     uint64_t elems = (uint64_t)mchunks * max_np * MCHUNK * 2;
     if (elems < (4u << 20)) elems = 4u << 20;
     ws->acc_elems = elems;
-    ws->n_counters = (uint64_t)mchunks * (max_np / 16 + 1);
+    /* tile counters for chunks as small as 8 tokens (the lab's M-split plans; 4 bytes each) */
+    ws->n_counters = (uint64_t)((max_m + 7) / 8) * (max_np / 16 + 1);
     nib_status st = nib_dev_malloc((void **)&ws->acc, ws->acc_elems * 4, "gemm split-K workspace");
     if (st) return st;
     st = nib_dev_malloc((void **)&ws->counters, ws->n_counters * 4, "gemm split-K counters");
@@ -1005,11 +1008,12 @@ nib_status nib_cuda_gemm_planned(const nib_qweight *w, const void *x, int64_t m,
                        epi->geglu, w->geglu);
     nib_gemm_plan pl;
     if (plan) {
-        const int mt = NIB_GEMM_MT(m);
-        if (plan->mt != mt || plan->m_chunks != (int)((m + MCHUNK - 1) / MCHUNK))
-            return NIB_ERR(NIB_ERR_INVALID_ARG, "gemm: the given plan was made for another M (mt %d, M = %lld)",
-                           plan->mt, (long long)m);
-        if (plan->ksplit > 1 && (!ws || (uint64_t)plan->ksplit * plan->m_chunks * w->np * MCHUNK > ws->acc_elems))
+        const int mt = plan->mt;
+        if ((mt != 1 && mt != 2 && mt != 4 && mt != 8) || mt > NIB_GEMM_MT(m) ||
+            plan->m_chunks != (int)((m + 8 * mt - 1) / (8 * mt)))
+            return NIB_ERR(NIB_ERR_INVALID_ARG, "gemm: the given plan was made for another M (mt %d, %d M chunks, M = %lld)",
+                           plan->mt, plan->m_chunks, (long long)m);
+        if (plan->ksplit > 1 && (!ws || (uint64_t)plan->ksplit * plan->m_chunks * w->np * (8 * mt) > ws->acc_elems))
             return NIB_ERR(NIB_ERR_SHAPE, "gemm: the given plan's %d K splits do not fit the workspace", plan->ksplit);
         pl = *plan;
     } else {
