@@ -129,9 +129,9 @@ nib_status nib_cuda_gemm(const nib_qweight *w, const void *x, int64_t m, int64_t
 #define NIB_GEMM_WARPS 8                                          /* warps per CTA */
 #define NIB_GEMM_MCHUNK 64                                        /* tokens per M chunk at MT = 8 */
 #define NIB_GEMM_MT(m) ((m) <= 8 ? 1 : (m) <= 16 ? 2 : (m) <= 32 ? 4 : 8) /* 8-token tiles per chunk */
-/* An M chunk is 8 * MT tokens. The planner uses NIB_GEMM_MT(m) (one chunk up to M = 64); the
- * enumeration for the lab also offers smaller MT at 8 < M <= NIB_GEMM_MSPLIT_MAX_M, the tokens
- * split into several chunks of 8 * MT (more CTAs, each chunk reading the weights again). */
+/* An M chunk is 8 * MT tokens: NIB_GEMM_MT(m) makes one chunk up to M = 64. At 8 < M <=
+ * NIB_GEMM_MSPLIT_MAX_M the planner also weighs smaller MT, the tokens split into several chunks
+ * of 8 * MT (more CTAs, each chunk reading the weights again, mostly from L2). */
 #define NIB_GEMM_MSPLIT_MAX_M 128
 #define NIB_GEMM_MSPLIT_MAX_CHUNKS 16
 #define NIB_GEMM_STAGES(mt) ((mt) >= 8 ? 3 : 4)                   /* weight pipeline stages */
@@ -147,7 +147,7 @@ typedef struct nib_gemm_plan {
     int wk;        /* warps along K per CTA (8 warps) */
     int ksplit;    /* CTAs along K */
     int occ;       /* resident CTAs per SM the kernel's registers are budgeted for (1, 2) */
-    int reg;       /* 1: weights loaded straight into registers (MT <= 4; lab variant, not planned) */
+    int reg;       /* 1: weights loaded straight into registers (MT <= 4), no shared-memory ring */
     int row_blocks, m_chunks, ctas;
     int xw, nxb, lds, ring_bytes; /* X window (pipeline steps), X buffers, X row stride, ring bytes */
     size_t smem;                  /* dynamic shared memory per CTA */

@@ -70,20 +70,20 @@ static int plan_eval(const nib_gemm_shape *w, int64_t m, uint64_t ws_elems, int 
     const size_t smem = ring + xs > red ? ring + xs : red;
     if (smem > NIB_GEMM_MAX_SMEM) return 0;
     const int ctas = base * ks;
-    /* Cost model, in pipeline-step units, fitted to `nib bench gemm --sweep` on the H100 (every
-     * plan of the nine lab shapes at M = 1, 10, 16, 50, 128, 532): a CTA costs a fixed ~4 steps
-     * (prologue, X staging, pipeline fill, epilogue) plus its chunk steps; the CTAs that share an
-     * SM take turns (co-resident CTAs share its issue slots and bandwidth, so they do not overlap
-     * for free); a K split adds the slot round trip, more with more tokens; the MT = 8 build for
-     * two CTAs per SM is taken as ~20 % slower per CTA. Against the best measured plan of each
-     * case the picks are 1.035x (geometric mean) and at most 1.38x on the sweep it was fitted to
-     * (bench/results/gemm-sweep-h100-v1.json; the previous model, fill occupancy x SMs first:
-     * 1.22x, at most 2.57x), and 1.032x, at most 1.56x, after the X-copy change
-     * (gemm-sweep-h100-v2.json; worst case 2048->2560 at M = 128). tests/test_gemm_plan.c keeps
-     * it there. */
+    /* Cost model, in pipeline-step units, fitted to `nib bench gemm --sweep` on the H100: every
+     * enumerated plan (register-loaded weights and M splits included) of the nine lab shapes at
+     * M = 1, 10, 16, 50, 128, 532, bench/results/gemm-sweep-h100-v4-msplit.json. A CTA costs a
+     * fixed ~4 steps (prologue, X staging, pipeline fill, epilogue) plus its chunk steps, each a
+     * little dearer with more 8-token tiles; weights loaded straight into registers halve the
+     * step (no shared-memory ring to fill and drain); the CTAs that share an SM take turns; a K
+     * split adds the slot round trip, more with more tokens. Against the best measured plan of
+     * each case the picks are 1.017x (geometric mean), at most 1.150x (16384->2048 at M = 50);
+     * the previous model, which only knew MT = NIB_GEMM_MT(m) and shared-memory weights, was
+     * 1.268x, at most 2.50x, on the same sweep. tests/test_gemm_plan.c keeps it there. */
     const int per_sm = (ctas + sms - 1) / sms;
-    double cost = per_sm * (4.0 + steps * cps) + (ks > 1 ? 2.0 * (1.0 + 0.25 * pl->mt) : 0.0);
-    if (pl->mt == 8 && occ_regs == 2) cost *= 1.2;
+    const double step = (1.0 + 0.015 * pl->mt) * (reg ? 0.5 : 1.0);
+    double cost = per_sm * (4.0 + steps * cps * step) + (ks > 1 ? 2.7 * (1.0 + pl->mt) : 0.0);
+    if (pl->mt == 8 && occ_regs == 2) cost *= 0.9;
     pl->wk = wk;
     pl->ksplit = ks;
     pl->row_blocks = rb;
@@ -107,26 +107,39 @@ static nib_status shape_check(const nib_gemm_shape *w, int64_t m, int sms) {
     return NIB_OK;
 }
 
+/* May a plan with mt 8-token tiles per chunk run M tokens? The planner's MT, or (M split) a
+ * smaller one at 8 < M <= NIB_GEMM_MSPLIT_MAX_M in at most NIB_GEMM_MSPLIT_MAX_CHUNKS chunks. */
+static int mt_allowed(int64_t m, int mt) {
+    return mt == NIB_GEMM_MT(m) ||
+           (mt < NIB_GEMM_MT(m) && m <= NIB_GEMM_MSPLIT_MAX_M && (m + 8 * mt - 1) / (8 * mt) <= NIB_GEMM_MSPLIT_MAX_CHUNKS);
+}
+
 static nib_status plan_search(const nib_gemm_shape *w, int64_t m, uint64_t ws_elems, int sms, nib_gemm_plan *pl) {
     double best = 1e30;
     nib_gemm_plan cand;
     memset(pl, 0, sizeof *pl);
     const int nchunks = (int)(w->kp / NIB_GEMM_KCH);
-    for (int occ = 2; occ >= 1; occ--)
-        for (int wk = 1; wk <= NIB_GEMM_WARPS; wk *= 2)
-            for (int cpc = nchunks, prev = 0; cpc >= 1; cpc--) { /* each distinct K split once */
-                const int ks = (nchunks + cpc - 1) / cpc;
-                if (ks == prev) continue;
-                prev = ks;
-                double cost;
-                /* equal cost: the fewer K splits (fewer partial slots to write and add) */
-                /* reg = 0: register-loaded weights are a lab variant until measured */
-                if (plan_eval(w, m, ws_elems, sms, NIB_GEMM_MT(m), wk, occ, ks, 0, &cand, &cost) &&
-                    (cost < best - 1e-9 || (cost < best + 1e-9 && ks < pl->ksplit))) {
-                    best = cost;
-                    *pl = cand;
-                }
-            }
+    /* the enumeration's order (nib_gemm_plans_for): MT down from the planner's, shared-memory then
+     * register weights, occupancy 2 then 1, warps along K up */
+    for (int mt = NIB_GEMM_MT(m); mt >= 1 && mt_allowed(m, mt); mt /= 2)
+        for (int reg = 0; reg <= 1; reg++)
+            for (int occ = 2; occ >= 1; occ--)
+                for (int wk = 1; wk <= NIB_GEMM_WARPS; wk *= 2)
+                    for (int cpc = nchunks, prev = 0; cpc >= 1; cpc--) { /* each distinct K split once */
+                        const int ks = (nchunks + cpc - 1) / cpc;
+                        if (ks == prev) continue;
+                        prev = ks;
+                        double cost;
+                        /* equal cost: the fewer K splits (fewer partial slots to write and add) */
+                        if (!plan_eval(w, m, ws_elems, sms, mt, wk, occ, ks, reg, &cand, &cost)) continue;
+                        /* K and M splits are there to fill the GPU: none past 4 waves of CTAs (the
+                         * range the model was fitted on; the lab's sweep times no more) */
+                        if ((ks > 1 || mt != NIB_GEMM_MT(m)) && cand.ctas > 4 * occ * sms) continue;
+                        if (cost < best - 1e-9 || (cost < best + 1e-9 && ks < pl->ksplit)) {
+                            best = cost;
+                            *pl = cand;
+                        }
+                    }
     if (!pl->wk) return NIB_ERR(NIB_ERR_INTERNAL, "gemm: no launch plan fits shared memory (M=%lld)", (long long)m);
     return NIB_OK;
 }
@@ -174,11 +187,8 @@ int nib_gemm_plans_for(const nib_gemm_shape *w, int64_t m, uint64_t ws_elems, in
     if (shape_check(w, m, sms)) return -1;
     int n = 0;
     const int nchunks = (int)(w->kp / NIB_GEMM_KCH);
-    /* the planner's MT first, then (lab only) smaller MT splitting M into several chunks */
-    for (int mt = NIB_GEMM_MT(m); mt >= 1; mt /= 2) {
-        if (mt != NIB_GEMM_MT(m) &&
-            (m > NIB_GEMM_MSPLIT_MAX_M || (m + 8 * mt - 1) / (8 * mt) > NIB_GEMM_MSPLIT_MAX_CHUNKS))
-            break;
+    /* the planner's MT first, then smaller MT splitting M into several chunks */
+    for (int mt = NIB_GEMM_MT(m); mt >= 1 && mt_allowed(m, mt); mt /= 2) {
         for (int reg = 0; reg <= 1; reg++)
             for (int occ = 2; occ >= 1; occ--)
                 for (int wk = 1; wk <= NIB_GEMM_WARPS; wk *= 2)

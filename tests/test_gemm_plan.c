@@ -1,12 +1,13 @@
 /* test_gemm_plan.c — the low-bit GEMM's launch planner (ops/gemm_plan.c), on the CPU.
  *
  * The planner's cost model was fitted to measurements: `nib bench gemm --sweep` timed every
- * launch plan of the nine lab shapes at M = 1, 10, 16, 50, 128, 532 on an H100
- * (bench/results/gemm-sweep-h100-v2.json). The first test replays the planner on those cases
- * and checks how much slower its picks were than the best measured plan, so a change to the
- * model that picks worse on the recorded data fails here, in every build, without a GPU. The
- * bounds are the current model's values on that file (1.032x geometric mean, 1.56x worst),
- * rounded up in the third digit: they are a ratchet, not a derived error bound.
+ * launch plan (register-loaded weights and M splits included) of the nine lab shapes at
+ * M = 1, 10, 16, 50, 128, 532 on an H100 (bench/results/gemm-sweep-h100-v4-msplit.json). The
+ * first test replays the planner on those cases and checks how much slower its picks were than
+ * the best measured plan, so a change to the model that picks worse on the recorded data fails
+ * here, in every build, without a GPU. The bounds are the current model's values on that file
+ * (1.0167x geometric mean, 1.1503x worst), rounded up in the third digit: they are a ratchet,
+ * not a derived error bound.
  */
 #include <math.h>
 #include <stdio.h>
@@ -17,7 +18,7 @@
 #include "ops/gemm.h"
 #include "tests/harness.h"
 
-#define SWEEP_FILE "bench/results/gemm-sweep-h100-v2.json"
+#define SWEEP_FILE "bench/results/gemm-sweep-h100-v4-msplit.json"
 /* the lab's split-K workspace for that run (nib bench gemm: max M 532 -> 9 M chunks, widest
  * shape 32768 rows): 9 x 32768 x 64 x 2 floats */
 #define SWEEP_WS_ELEMS (9ull * 32768 * 64 * 2)
@@ -36,7 +37,8 @@ static nib_status read_sweep(char **text, size_t *len, char *path, size_t cap) {
 
 static void plan_text(const nib_gemm_plan *pl, char *buf, size_t n) {
     /* the lab's plan column (cli/cmd_bench.c plan_str) */
-    snprintf(buf, n, "mt%d r%d wk%d ks%d occ%d ctas%d", pl->mt, pl->r, pl->wk, pl->ksplit, pl->occ, pl->ctas);
+    snprintf(buf, n, "mt%d r%d wk%d ks%d occ%d ctas%d%s", pl->mt, pl->r, pl->wk, pl->ksplit, pl->occ, pl->ctas,
+             pl->reg ? " regw" : "");
 }
 
 NIB_TEST(gemm_plan_matches_recorded_sweep) {
@@ -86,6 +88,7 @@ NIB_TEST(gemm_plan_matches_recorded_sweep) {
         CHECK_MSG(!isnan(picked), "K=%lld N=%lld M=%lld: the planner picks %s, which the sweep did not time",
                   (long long)k, (long long)n, (long long)m, want);
         if (isnan(picked)) continue;
+        if (getenv("NIB_PLAN_DEBUG")) printf("  K=%lld N=%lld M=%lld pick %s %.2f best %.2f\n", (long long)k, (long long)n, (long long)m, want, picked, best);
         const double regret = picked / best;
         log_sum += log(regret);
         cases++;
@@ -99,8 +102,8 @@ NIB_TEST(gemm_plan_matches_recorded_sweep) {
     const double geo = cases ? exp(log_sum / cases) : 0.0;
     printf("  %d cases: the planner's picks are %.4fx the best measured plan (geometric mean), worst %.3fx "
            "(K=%d N=%d M=%d)\n", cases, geo, worst, worst_k, worst_n, worst_m);
-    CHECK_MSG(geo <= 1.033, "geometric-mean regret %.4f > 1.033 (the model as fitted)", geo);
-    CHECK_MSG(worst <= 1.561, "worst regret %.3f > 1.561 (the model as fitted)", worst);
+    CHECK_MSG(geo <= 1.017, "geometric-mean regret %.4f > 1.017 (the model as fitted)", geo);
+    CHECK_MSG(worst <= 1.151, "worst regret %.3f > 1.151 (the model as fitted)", worst);
 }
 
 /* Every enumerated plan is self-consistent and fits; the pick is one of them; cached and fresh
@@ -126,8 +129,8 @@ NIB_TEST(gemm_plan_invariants) {
                     for (int i = 0; i < n; i++) {
                         const nib_gemm_plan *p = &all[i];
                         const int cps = NIB_GEMM_CPS(p->mt), cpc = (nchunks + p->ksplit - 1) / p->ksplit;
-                        /* the planner's MT, or (lab plans, M <= NIB_GEMM_MSPLIT_MAX_M) a smaller power of
-                         * two splitting M into chunks of 8 * MT tokens */
+                        /* NIB_GEMM_MT(m), or (M <= NIB_GEMM_MSPLIT_MAX_M) a smaller power of two
+                         * splitting M into chunks of 8 * MT tokens */
                         const int mt_ok = p->mt == NIB_GEMM_MT(m) ||
                                           (m <= NIB_GEMM_MSPLIT_MAX_M && p->mt < NIB_GEMM_MT(m) &&
                                            (p->mt == 1 || p->mt == 2 || p->mt == 4) &&
@@ -156,9 +159,6 @@ NIB_TEST(gemm_plan_invariants) {
                     CHECK_OK(nib_gemm_plan_for(&sh, m, wss[wi], SWEEP_SMS, &pick));
                     CHECK_OK(nib_gemm_plan_for(&sh, m, wss[wi], SWEEP_SMS, &again)); /* from the cache */
                     CHECK_MSG(!memcmp(&pick, &again, sizeof pick), "cached plan differs");
-                    CHECK_MSG(!pick.reg, "the planner picked a register-weight plan (a lab variant)");
-                    CHECK_MSG(pick.mt == NIB_GEMM_MT(m), "the planner picked an M-split plan (mt%d at M=%lld, a lab variant)",
-                              pick.mt, (long long)m);
                     int found = 0;
                     for (int i = 0; i < n; i++) found |= !memcmp(&all[i], &pick, sizeof pick);
                     CHECK_MSG(found, "fmt %d K=%lld N=%lld M=%lld: the pick wk%d ks%d occ%d is not an enumerated plan",
