@@ -12,7 +12,8 @@
  *           the Pi0.5 prefix KV of 18 layers, ~10 MB, is in practice).
  *   decode  1 query x 8 heads over T = 1024 .. 32768 slots, each dtype, cold (rotating caches).
  * --variants auto,dec,r4,r8,cl,rk repeats the cache and decode sections with the kernel variant forced
- * (NIB_ATTN_VARIANT; "auto" = the planner's choice), to measure the alternatives in one run.
+ * (NIB_ATTN_VARIANT; "auto" = the planner's choice), to measure the alternatives in one run; t2
+ * (two token groups per CTA, bf16) repeats the prefix section instead.
  * KV bytes = what one call must read: element planes + block scales + per-(token, head) scales
  * of the T visible slots. FLOPs = 4 x rows x T x D (Q.K and P.V).
  */
@@ -319,8 +320,8 @@ int nib_bench_attn(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (nib_cli_is_help(a)) {
-            printf("usage: nib bench attn [--sections prefix,cache,decode] [--variants auto,dec,r4,r8,cl,rk] [--reps N]\n"
-                   "                      [--t T1,T2,..] [--kv bf16,fp8,nvfp4] [--json FILE]\n"
+            printf("usage: nib bench attn [--sections prefix,cache,decode] [--variants auto,dec,r4,r8,cl,rk,t2]\n"
+                   "                      [--reps N] [--t T1,T2,..] [--kv bf16,fp8,nvfp4] [--json FILE]\n"
                    "The attention kernel lab: prefix self-attention (Gemma S = 532, 968; SigLIP 1..3 images),\n"
                    "the Pi0.5 suffix over the KV cache (P = 532, 768, 1024 x H = 10, 50 x bf16/fp8/nvfp4, cold\n"
                    "and hot L2) and decoding (T = 1024 .. 32768 x each dtype, cold). Each row: median us per\n"
@@ -328,7 +329,9 @@ int nib_bench_attn(int argc, char **argv) {
                    "run, FLOPs, TFLOP/s (%% of the cuBLASLt bf16 peak measured in this run), the floor (bytes /\n"
                    "copy bw or FLOPs / peak), the plan.\n"
                    "--t sets the decode lengths (default 1024,4096,16384,32768; 1..1048576 each, at most 16);\n"
-                   "--kv limits the cache and decode sections to the named cache dtypes.\n");
+                   "--kv limits the cache and decode sections to the named cache dtypes.\n"
+                   "--variants repeats the cache and decode sections with the kernel variant forced (auto: the\n"
+                   "planner's); t2 (two token groups per CTA, bf16 only) repeats the prefix section instead.\n");
             return 0;
         } else if (!strcmp(a, "--json") && val) {
             json = val;
@@ -424,10 +427,19 @@ int nib_bench_attn(int argc, char **argv) {
     snprintf(vbuf, sizeof vbuf, "%s", variants);
     for (char *save = NULL, *v = strtok_r(vbuf, ",", &save); v; v = strtok_r(NULL, ",", &save)) {
         if (!strcmp(v, "auto")) unsetenv("NIB_ATTN_VARIANT");
-        else if (!strcmp(v, "dec") || !strcmp(v, "r4") || !strcmp(v, "r8") || !strcmp(v, "cl") || !strcmp(v, "rk"))
+        else if (!strcmp(v, "dec") || !strcmp(v, "r4") || !strcmp(v, "r8") || !strcmp(v, "cl") || !strcmp(v, "rk") ||
+                 !strcmp(v, "t2"))
             setenv("NIB_ATTN_VARIANT", v, 1);
         else {
-            printf("  unknown variant '%s' skipped (auto, dec, r4, r8, cl, rk)\n", v);
+            printf("  unknown variant '%s' skipped (auto, dec, r4, r8, cl, rk, t2)\n", v);
+            continue;
+        }
+        if (!strcmp(v, "t2")) { /* bf16 self-attention only: the prefix section again */
+            if (do_prefix) {
+                RUN(bench_prefix(b, "gemma", 1, 532, 8, 1, 256));
+                RUN(bench_prefix(b, "gemma", 1, 968, 8, 1, 256));
+                for (int n = 1; n <= 3; n++) RUN(bench_prefix(b, "siglip", n, 256, 16, 16, 72));
+            }
             continue;
         }
         const int cl = !strcmp(v, "cl"); /* the cluster variant takes <= 128 rows: H = 10 only */

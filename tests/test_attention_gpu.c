@@ -333,6 +333,18 @@ NIB_TEST(attn_gpu_prefix_gemma_large) {
         {1, 1, 968, 532, 8, 1, 256}, /* openpi's padded prefix: planned for 968, 532 valid */
     };
     for (size_t i = 0; i < NIB_ARRAY_LEN(cs); i++) run_prefix(t, &rng, &cs[i]);
+    /* the two-token-group variant (NIB_ATTN_VARIANT=t2), unsplit and split */
+    const pcase t2[] = {
+        {1, 1, 532, 532, 8, 1, 256},
+        {2, 2, 40, 33, 8, 1, 256},
+        {1, 1, 100, 100, 8, 2, 128},
+    };
+    setenv("NIB_ATTN_VARIANT", "t2", 1);
+    for (size_t i = 0; i < NIB_ARRAY_LEN(t2); i++) run_prefix(t, &rng, &t2[i]);
+    setenv("NIB_ATTN_SPLITS", "3", 1);
+    run_prefix(t, &rng, &cs[3]);
+    unsetenv("NIB_ATTN_SPLITS");
+    unsetenv("NIB_ATTN_VARIANT");
 }
 
 /* SigLIP: MHA 16 x 72, 256 tokens per image, images batched through the sequence stride. */
@@ -357,6 +369,13 @@ NIB_TEST(attn_gpu_siglip) {
     setenv("NIB_ATTN_SPLITS", "3", 1);
     for (size_t i = 0; i < NIB_ARRAY_LEN(split); i++) run_prefix(t, &rng, &split[i]);
     unsetenv("NIB_ATTN_SPLITS");
+    /* the two-token-group variant (NIB_ATTN_VARIANT=t2), unsplit and split */
+    setenv("NIB_ATTN_VARIANT", "t2", 1);
+    for (size_t i = 0; i < NIB_ARRAY_LEN(cs); i++) run_prefix(t, &rng, &cs[i]);
+    setenv("NIB_ATTN_SPLITS", "3", 1);
+    for (size_t i = 0; i < NIB_ARRAY_LEN(split); i++) run_prefix(t, &rng, &split[i]);
+    unsetenv("NIB_ATTN_SPLITS");
+    unsetenv("NIB_ATTN_VARIANT");
 }
 
 /* ======================================================================================
@@ -664,6 +683,16 @@ NIB_TEST(attn_gpu_cache_edges) {
         CHECK_ST(nib_cuda_attn_cache_plan(&a, &pl), NIB_ERR_INVALID_ARG);
         unsetenv("NIB_ATTN_CLUSTER");
         CHECK_OK(nib_cuda_attn_cache_plan(&a, &pl));
+        /* t2 (two token groups) is bf16 only: an FP8 cache is refused by name */
+        nib_kv_layer kv8;
+        CHECK_OK(nib_kv_layer_map(&kv8, NIB_KV_FP8, 600, 1, 256, (void *)256));
+        nib_attn_cache_args a8 = a;
+        a8.kv = kv8;
+        setenv("NIB_ATTN_VARIANT", "t2", 1);
+        CHECK_ST(nib_cuda_attn_cache_plan(&a8, &pl), NIB_ERR_UNSUPPORTED);
+        CHECK(strstr(nib_last_error(), "bf16") != NULL);
+        unsetenv("NIB_ATTN_VARIANT");
+        nib_clear_error();
         printf("  suffix plan (H 10, 600 slots): %s, %d splits x %d row blocks = %d CTAs\n", pl.kernel, pl.n_splits,
                pl.row_blocks, pl.ctas);
     }

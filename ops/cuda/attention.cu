@@ -35,6 +35,7 @@
  *   r4   WR4 x WT1, TK 64, 128 threads              (rows <= 64)
  *   r8   WR8 x WT1, TK 64, 256 threads, 1 CTA/SM    (prefix, suffix with H >= 9)
  *   d80  WR4 x WT1, TK 64, head_dim <= 80, bf16     (SigLIP)
+ *   r4t2 / d80t2  WR4 x WT2, TK 64, 256 threads, bf16 (lab: NIB_ATTN_VARIANT=t2)
  * Tested by tests/test_attention_gpu.c (`build/nib_tests attn_gpu`), timed by `nib bench attn`.
  */
 #include <cuda_bf16.h>
@@ -84,16 +85,21 @@ static KInfo g_kinfo[] = {
     KI(F_BF16, 80, 4, 1, 4, 2, "r4"),
     KIC(F_BF16), KIC(F_FP8), KIC(F_NVFP4),
     KID(F_BF16), KID(F_FP8), KID(F_NVFP4),
+    /* two token groups per row group (8 warps, the groups merged in shared memory): lab
+     * variants for the compute-bound prefix / SigLIP self-attention, NIB_ATTN_VARIANT=t2 */
+    KI(F_BF16, 256, 4, 2, 2, 2, "r4t2"), KI(F_BF16, 80, 4, 2, 2, 2, "d80t2"),
 };
 #define K_D80 (3 * V_PER_FMT)
 #define K_CL (K_D80 + 1)     /* + fmt */
 #define K_RK (K_CL + 3)      /* + fmt: the decode kernel (attn_dec.cuh) */
+#define K_T2 (K_RK + 3)      /* r4t2 (head_dim 256), then d80t2: bf16 only */
 
 static int g_sms;
 
 /* Cache path with <= 8 query rows per KV head (decoding one token): the register-fragment
  * decode kernel k_attn_dec ("rk", attn_dec.cuh).
- * NIB_ATTN_VARIANT=dec|r4|r8|rk forces the head_dim-256 variant (rk: <= 8 rows, cache path) (a lab knob for measuring the
+ * NIB_ATTN_VARIANT=dec|r4|r8|rk forces the head_dim-256 variant (rk: <= 8 rows, cache path); t2 forces
+ * r4t2 / d80t2 (bf16 only) (a lab knob for measuring the
  * alternatives; every variant is correct for every shape). Read at every plan (host side only;
  * a captured graph keeps the plan it was captured with). */
 /* Cache path (Pi0.5 suffix) with up to 128 rows (H <= 16 tokens x 8 heads): the 16-row dec
@@ -103,6 +109,7 @@ static int g_sms;
 static int pick_variant(int fmt, int dp, int64_t rows, int cache) {
     const char *e = getenv("NIB_ATTN_VARIANT");
     int forced = !e || !*e ? -1 : !strcmp(e, "dec") ? V_DEC : !strcmp(e, "r4") ? V_R4 : !strcmp(e, "r8") ? V_R8 : -1;
+    if (e && !strcmp(e, "t2")) return fmt == F_BF16 ? (dp == 80 ? K_T2 + 1 : K_T2) : -2;
     if (dp == 80) return K_D80;
     if ((e && !strcmp(e, "rk")) || (forced < 0 && cache && rows <= 8)) return rows <= 8 ? K_RK + fmt : -1;
     int v = forced >= 0 ? forced : rows <= 16 || (cache && rows <= 128) ? V_DEC : rows <= 64 ? V_R4 : V_R8;
@@ -210,6 +217,9 @@ static nib_status make_plan(int fmt, int dp, int64_t rows_max, int64_t t_max, in
         if (used) return NIB_OK;
     }
     pl->ki = pick_variant(fmt, dp, rows_max, cache);
+    if (pl->ki == -2)
+        return NIB_ERR(NIB_ERR_UNSUPPORTED, "attention: NIB_ATTN_VARIANT=t2 takes a bf16 KV only; got %s",
+                       nib_kv_dtype_name((nib_kv_dtype)fmt));
     if (pl->ki < 0)
         return NIB_ERR(NIB_ERR_UNSUPPORTED, "attention: NIB_ATTN_VARIANT=rk (the decode kernel) takes <= 8 query rows per "
                        "KV head; got %lld", (long long)rows_max);
@@ -223,7 +233,7 @@ static nib_status make_plan(int fmt, int dp, int64_t rows_max, int64_t t_max, in
     const int64_t tiles = t_max > 0 ? (t_max + k->tk - 1) / k->tk : 1;
     /* the decode kernel: one CTA per SM measured best (H100, T = 32768: 132 splits 21.7 / 17.5 /
      * 17.4 us for bf16 / fp8 / nvfp4 vs 24.8 / 18.7 / 17.5 us with 264 at 2 per SM) */
-    const int64_t slots = (int64_t)g_sms * (pl->ki >= K_RK ? 1 : k->occ);
+    const int64_t slots = (int64_t)g_sms * (pl->ki >= K_RK && pl->ki < K_T2 ? 1 : k->occ);
     const double merge_tiles = !cache && dp == 80 ? 8.0 : 1.0;
     double best = 1e300;
     int bs = 1;

@@ -54,7 +54,7 @@ template <int FMT, int DP, int WR, int WT, int KW, int ST, int CL = 0> struct Cf
     static constexpr int CL_BYTES = CL ? ROWS * (CL_LD + 2) * 4 + ROWS * (16 + 1) * 4 + 8 + ROWS * 8 : 0;
     static constexpr int SMEM0 = MAIN_BYTES > EPI_BYTES ? MAIN_BYTES : EPI_BYTES;
     static constexpr int SMEM = SMEM0 > CL_BYTES ? SMEM0 : CL_BYTES;
-    static constexpr int MINB = NW == 8 ? 1 : DP <= 80 ? 3 : NW == 2 ? 2 : 1;
+    static constexpr int MINB = DP <= 80 ? (NW == 8 ? 2 : 3) : NW == 2 ? 2 : 1;
     static_assert(DP % 16 == 0 && KW >= 1 && ST >= 2, "shape");
     static_assert(FMT == F_BF16 || DP == 256, "low-bit caches need head_dim 256");
     static_assert(Q_BYTES % 16 == 0 && TILE_BYTES % 16 == 0 && RAW_STAGE % 16 == 0, "16-byte regions");
