@@ -369,8 +369,8 @@ NIB_TEST(attn_gpu_siglip) {
     setenv("NIB_ATTN_SPLITS", "3", 1);
     for (size_t i = 0; i < NIB_ARRAY_LEN(split); i++) run_prefix(t, &rng, &split[i]);
     unsetenv("NIB_ATTN_SPLITS");
-    /* the two-token-group variant (NIB_ATTN_VARIANT=t2), unsplit and split */
-    setenv("NIB_ATTN_VARIANT", "t2", 1);
+    /* the one-token-group kernel d80 (NIB_ATTN_VARIANT=r4; the default is d80t2), unsplit and split */
+    setenv("NIB_ATTN_VARIANT", "r4", 1);
     for (size_t i = 0; i < NIB_ARRAY_LEN(cs); i++) run_prefix(t, &rng, &cs[i]);
     setenv("NIB_ATTN_SPLITS", "3", 1);
     for (size_t i = 0; i < NIB_ARRAY_LEN(split); i++) run_prefix(t, &rng, &split[i]);
