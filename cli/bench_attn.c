@@ -121,10 +121,12 @@ static nib_status bench_prefix(bench_state *b, const char *name, int n_img, int 
         snprintf(x->name, sizeof x->name, "%s S=%d x%d H=%d KV=%d D=%d", name, S, n_img, H, KV, D);
         snprintf(x->dtype, sizeof x->dtype, "bf16");
         snprintf(x->l2, sizeof x->l2, "hot");
-        /* NIB_ATTN_SPLITS (a lab knob of the planner) forces the split count: recorded as s=N */
-        const char *fs = getenv("NIB_ATTN_SPLITS");
-        if (fs && *fs) snprintf(x->variant, sizeof x->variant, "s=%.4s", fs);
-        else snprintf(x->variant, sizeof x->variant, "auto");
+        /* NIB_ATTN_VARIANT forces the kernel, NIB_ATTN_SPLITS (a lab knob of the planner) the
+         * split count: recorded as VARIANT or s=N or VARIANT/s=N */
+        const char *fs = getenv("NIB_ATTN_SPLITS"), *fv = getenv("NIB_ATTN_VARIANT");
+        if (fs && *fs && fv && *fv) snprintf(x->variant, sizeof x->variant, "%.2s/s=%.1s", fv, fs);
+        else if (fs && *fs) snprintf(x->variant, sizeof x->variant, "s=%.4s", fs);
+        else snprintf(x->variant, sizeof x->variant, "%.7s", fv && *fv ? fv : "auto");
         x->s = S;
         x->images = n_img;
         x->h = H;
