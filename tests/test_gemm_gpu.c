@@ -358,8 +358,8 @@ NIB_TEST(gemm_gpu_split_k_deterministic) {
 }
 
 /* Every launch plan the planner could pick (warps along K, K splits, both register budgets of
- * MT = 8), and the lab's (register-loaded weights, M split into chunks of 8 MT tokens), gives a
- * correct, deterministic result: the planner's cost model may choose any of them. */
+ * MT = 8, register-loaded weights, M split into chunks of 8 MT tokens) gives a correct,
+ * deterministic result: the planner's cost model may choose any of them. */
 NIB_TEST(gemm_gpu_every_plan) {
     NIB_REQUIRE_GPU();
     nib_rng rng;
@@ -400,7 +400,7 @@ NIB_TEST(gemm_gpu_every_plan) {
     }
     printf("  %d plans checked (%d with one CTA per SM, %d MT=8 with two, %d with register-loaded weights, %d with M "
            "split into chunks of 8 MT tokens)\n", total, occ1, occ2_mt8, regw, msplit);
-    CHECK_MSG(msplit > 0, "the M-split plans (lab) must be exercised");
+    CHECK_MSG(msplit > 0, "the M-split plans must be exercised");
     CHECK_MSG(occ1 > 0 && occ2_mt8 > 0, "both register budgets of MT=8 must be exercised");
     CHECK_MSG(regw > 0, "the register-loaded weight variant must be exercised");
     nib_cuda_gemm_ws_free(&ws);
