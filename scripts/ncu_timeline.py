@@ -2,10 +2,11 @@
 # ncu_timeline.py — per-kernel durations of one Pi0.5 call, from Nsight Compute's raw CSV
 # (`ncu --metrics gpu__time_duration.sum --csv --page raw ...`, scripts/gpu-check.sh pi05prof).
 #
-#   ncu_timeline.py CSV [--from REGEX] [--stages REGEX,REGEX,...] [--first N]
+#   ncu_timeline.py CSV [--from REGEX] [--all] [--stages REGEX,REGEX,...] [--first N]
 #
 # --from: ignore the kernels before the first whose name matches (load-time repacking, etc.;
-#         default k_im2patch, the first kernel of a call). --stages: names whose first
+#         default k_im2patch, the first kernel of a call), and from its next match on (a later
+#         call: `nib run` may run more than one) unless --all is given. --stages: names whose first
 #         occurrence starts a new stage (default: k_embed, the text embedding after vision, and
 #         the first k_gemm_lowbit or k_expert, the first expert step), so the totals are split
 #         into vision / prefix / expert. --first: also list the first N kernels in order.
@@ -39,10 +40,12 @@ def main():
                 break
             print(line[2:])
         sys.exit(0 if args else 2)
-    path, start_re, stage_res, first = args[0], 'k_im2patch', ['k_embed', 'k_gemm_lowbit|k_expert'], 0
+    path, start_re, stage_res, first, keep_all = args[0], 'k_im2patch', ['k_embed', 'k_gemm_lowbit|k_expert'], 0, False
     i = 1
     while i < len(args):
-        if args[i] == '--from':
+        if args[i] == '--all':
+            keep_all = True; i += 1
+        elif args[i] == '--from':
             start_re = args[i + 1]; i += 2
         elif args[i] == '--stages':
             stage_res = args[i + 1].split(','); i += 2
@@ -74,7 +77,9 @@ def main():
     s0 = next((i for i, k in enumerate(ks) if re.search(start_re, k[0])), None)
     if s0 is None:
         sys.exit('ncu_timeline.py: no kernel matches --from %r (%d kernels)' % (start_re, len(ks)))
-    ks = ks[s0:]
+    s1 = None if keep_all else next((i for i in range(s0 + 1, len(ks)) if re.search(start_re, ks[i][0])), None)
+    later = len(ks) - s1 if s1 is not None else 0
+    ks = ks[s0:s1]
     stages, cur, names = [], OrderedDict(), ['vision', 'prefix', 'expert'] + ['stage%d' % i for i in range(3, 9)]
     si = 0
     for name, grid, us in ks:
@@ -85,7 +90,8 @@ def main():
         c[1] += us
     stages.append(cur)
     total = sum(k[2] for k in ks)
-    print('%d kernels, %.1f us (serialized, from the first %s)' % (len(ks), total, start_re))
+    print('%d kernels, %.1f us (serialized, from the first %s%s)' %
+          (len(ks), total, start_re, '; %d kernels from its next match on not counted' % later if later else ''))
     for i, st in enumerate(stages):
         t = sum(v[1] for v in st.values())
         print('\n%-8s %6d kernels %10.1f us' % (names[i], sum(v[0] for v in st.values()), t))
