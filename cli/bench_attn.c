@@ -420,28 +420,25 @@ int nib_bench_attn(int argc, char **argv) {
             if (!first) first = s_;                                                                \
         }                                                                                          \
     } while (0)
-    if (do_prefix) {
-        RUN(bench_prefix(b, "gemma", 1, 532, 8, 1, 256));
-        RUN(bench_prefix(b, "gemma", 1, 968, 8, 1, 256));
-        for (int n = 1; n <= 3; n++) RUN(bench_prefix(b, "siglip", n, 256, 16, 16, 72));
-    }
-    char vbuf[64];
-    snprintf(vbuf, sizeof vbuf, "%s", variants);
+    /* the prefix section runs once with the planner's choice, then again for t2 (bf16 only) */
+    char vbuf[96];
+    snprintf(vbuf, sizeof vbuf, "auto-prefix,%s", variants);
     for (char *save = NULL, *v = strtok_r(vbuf, ",", &save); v; v = strtok_r(NULL, ",", &save)) {
-        if (!strcmp(v, "auto")) unsetenv("NIB_ATTN_VARIANT");
-        else if (!strcmp(v, "dec") || !strcmp(v, "r4") || !strcmp(v, "r8") || !strcmp(v, "cl") || !strcmp(v, "rk") ||
-                 !strcmp(v, "t2"))
-            setenv("NIB_ATTN_VARIANT", v, 1);
-        else {
-            printf("  unknown variant '%s' skipped (auto, dec, r4, r8, cl, rk, t2)\n", v);
-            continue;
-        }
-        if (!strcmp(v, "t2")) { /* bf16 self-attention only: the prefix section again */
+        const int prefix_run = !strcmp(v, "auto-prefix") || !strcmp(v, "t2");
+        if (prefix_run) {
+            if (!strcmp(v, "t2")) setenv("NIB_ATTN_VARIANT", v, 1);
             if (do_prefix) {
                 RUN(bench_prefix(b, "gemma", 1, 532, 8, 1, 256));
                 RUN(bench_prefix(b, "gemma", 1, 968, 8, 1, 256));
                 for (int n = 1; n <= 3; n++) RUN(bench_prefix(b, "siglip", n, 256, 16, 16, 72));
             }
+            continue;
+        }
+        if (!strcmp(v, "auto")) unsetenv("NIB_ATTN_VARIANT");
+        else if (!strcmp(v, "dec") || !strcmp(v, "r4") || !strcmp(v, "r8") || !strcmp(v, "cl") || !strcmp(v, "rk"))
+            setenv("NIB_ATTN_VARIANT", v, 1);
+        else {
+            printf("  unknown variant '%s' skipped (auto, dec, r4, r8, cl, rk, t2)\n", v);
             continue;
         }
         const int cl = !strcmp(v, "cl"); /* the cluster variant takes <= 128 rows: H = 10 only */
