@@ -57,6 +57,8 @@ static const op_desc k_ops[] = {
     {"rope", F_ROPE, NIB_NORM_RMS, 0, 0, 0, 0, 0, 0},
     {"geglu", F_ACT, NIB_NORM_RMS, 0, 0, 0, 0, NIB_ACT_GEGLU_TANH, 0},
     {"swiglu", F_ACT, NIB_NORM_RMS, 0, 0, 0, 0, NIB_ACT_SWIGLU, 0},
+    {"geglu+fp8", F_ACT, NIB_NORM_RMS, 0, 0, 1, 0, NIB_ACT_GEGLU_TANH, 0}, /* the W8A8 MLP hand-off */
+    {"gelu+fp8", F_ACT, NIB_NORM_RMS, 0, 0, 1, 0, NIB_ACT_GELU_TANH, 0},   /* SigLIP's (ungated) */
     {"qkv-bf16", F_QKV, NIB_NORM_RMS, 0, 0, 0, 0, 0, NIB_KV_BF16},
     {"qkv-fp8", F_QKV, NIB_NORM_RMS, 0, 0, 0, 0, 0, NIB_KV_FP8},
     {"qkv-nvfp4", F_QKV, NIB_NORM_RMS, 0, 0, 0, 0, 0, NIB_KV_NVFP4},
@@ -151,7 +153,10 @@ static nib_status bench_call(void *c, int i, void *stream) {
         return nib_cuda_rope(&a, stream);
     }
     case F_ACT: {
-        nib_act_args a = {o->ak, b->rows, b->nvalid, b->dim, s->x, 2 * b->dim, s->y, b->dim, NULL, 0, NULL};
+        const int64_t ldx = o->ak == NIB_ACT_GELU_TANH ? b->dim : 2 * b->dim;
+        nib_act_args a = {o->ak, b->rows, b->nvalid, b->dim, s->x, ldx, NULL, 0, NULL, 0, NULL};
+        if (o->fp8_out) a.y_q = s->yq, a.ldq = b->dim, a.y_scale = s->ys; /* codes only, as the MLP */
+        else a.y = s->y, a.ldy = b->dim;
         return nib_cuda_act(&a, stream);
     }
     default: {
@@ -190,7 +195,7 @@ static uint64_t call_bytes(const bctx *b) {
         return n;
     }
     case F_ROPE: return 2 * R * 9 * HD * 2 + R * 4 + HD / 2 * 4;
-    case F_ACT: return R * 2 * D * 2 + R * D * 2;
+    case F_ACT: return R * (o->ak == NIB_ACT_GELU_TANH ? 1 : 2) * D * 2 + (o->fp8_out ? R * D + R * 4 : R * D * 2);
     default: {
         uint64_t kv = o->kv == NIB_KV_BF16 ? HD * 2 : o->kv == NIB_KV_FP8 ? HD + 4 : HD / 2 + HD / 16 + 4;
         return R * QKV_W * 2 + R * 4 + HD / 2 * 4 + R * 8 * HD * 2 + 2 * R * kv;
@@ -235,8 +240,10 @@ static nib_status ctx_setup(bctx *b, int copies, const uint16_t *pool) {
         break;
     case F_ROPE: b->bx = R * QKV_W * 2; break;
     case F_ACT:
-        b->bx = R * 2 * D * 2;
-        b->by = R * D * 2;
+        b->bx = R * (o->ak == NIB_ACT_GELU_TANH ? 1 : 2) * D * 2;
+        b->by = o->fp8_out ? 0 : R * D * 2;
+        b->byq = o->fp8_out ? R * D : 0;
+        b->bys = o->fp8_out ? R * 4 : 0;
         break;
     default:
         b->bx = R * QKV_W * 2;
@@ -357,7 +364,8 @@ int nib_bench_ops(int argc, char **argv) {
             printf("usage: nib bench ops [--rows LIST] [--dims LIST] [--hidden LIST] [--tokens LIST] [--ops LIST]\n"
                    "                     [--reps N] [--json FILE]\n"
                    "The lab for norms (rmsnorm, rmsnorm+fp8, rmsnorm+res+fp8, layernorm+fp8, adarms, adarms+res),\n"
-                   "rope (8 q + 1 k heads of 256 in the fused QKV row), geglu / swiglu (H = --hidden), and the\n"
+                   "rope (8 q + 1 k heads of 256 in the fused QKV row), geglu / swiglu (H = --hidden), geglu+fp8 /\n"
+                   "gelu+fp8 (FP8 codes + row scales only, the W8A8 MLP's hand-off; gelu+fp8 is SigLIP's), and the\n"
                    "fused QKV epilogue (qkv-bf16, qkv-fp8, qkv-nvfp4: Gemma 8 + 1 + 1 heads of 256, T = --tokens).\n"
                    "Defaults: rows 10,50,532,1024; dims 1024,1152,2048; hidden 4096,16384; tokens 10,532.\n"
                    "Each row: bytes moved (inputs once + outputs once), the floor bytes / copy bandwidth, the median\n"
