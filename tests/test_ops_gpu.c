@@ -688,7 +688,9 @@ NIB_TEST(ops_gpu_act) {
     NIB_REQUIRE_GPU();
     nib_rng rng;
     nib_test_rng(t, &rng);
-    const int64_t hs[] = {4096, 16384, 4304, 24}; /* Gemma-300M, Gemma-2B MLP hidden; SigLIP fc1; tiny */
+    /* Gemma-300M, Gemma-2B MLP hidden; SigLIP fc1; tiny; the FP8 output's largest H (a row per
+     * cluster of 8 CTAs) and an odd chunk count (129: one CTA, 2 chunks for one thread) */
+    const int64_t hs[] = {4096, 16384, 4304, 24, 32768, 1032};
     for (int kind = 0; kind < NIB_ACT_KIND_COUNT; kind++)
         for (size_t hi = 0; hi < NIB_ARRAY_LEN(hs); hi++) {
             vstat vs;
