@@ -12,7 +12,7 @@
  * store (a few µs), not by bandwidth: their GB/s is not expected to approach the copy rate.
  * Shapes: norms at rows x dims (default rows 10,50,532,1024; dims 1024,1152,2048); RoPE over
  * the 8 q + 1 k heads of 256 inside the 2560-wide fused QKV row; GeGLU/SwiGLU at H = 4096
- * (Gemma-300M) and 16384 (Gemma-2B); the fused QKV epilogue for Gemma (8 + 1 + 1 heads of 256)
+ * (Gemma-300M), 4304 (SigLIP fc1) and 16384 (Gemma-2B); the fused QKV epilogue for Gemma (8 + 1 + 1 heads of 256)
  * at T = 10 and 532 for each cache dtype.
  */
 #include <math.h>
@@ -354,7 +354,7 @@ int nib_bench_ops(int argc, char **argv) {
     memset(&cfg, 0, sizeof cfg);
     cfg.nrows = parse_list("10,50,532,1024", cfg.rows, MAX_LIST);
     cfg.ndims = parse_list("1024,1152,2048", cfg.dims, MAX_LIST);
-    cfg.nh = parse_list("4096,16384", cfg.hs, MAX_LIST);
+    cfg.nh = parse_list("4096,4304,16384", cfg.hs, MAX_LIST);
     cfg.nt = parse_list("10,532", cfg.tokens, MAX_LIST);
     for (int i = 0; i < N_OPS; i++) cfg.enabled[i] = 1;
     cfg.reps = 15;
@@ -367,7 +367,7 @@ int nib_bench_ops(int argc, char **argv) {
                    "rope (8 q + 1 k heads of 256 in the fused QKV row), geglu / swiglu (H = --hidden), geglu+fp8 /\n"
                    "gelu+fp8 (FP8 codes + row scales only, the W8A8 MLP's hand-off; gelu+fp8 is SigLIP's), and the\n"
                    "fused QKV epilogue (qkv-bf16, qkv-fp8, qkv-nvfp4: Gemma 8 + 1 + 1 heads of 256, T = --tokens).\n"
-                   "Defaults: rows 10,50,532,1024; dims 1024,1152,2048; hidden 4096,16384; tokens 10,532.\n"
+                   "Defaults: rows 10,50,532,1024; dims 1024,1152,2048; hidden 4096,4304,16384; tokens 10,532.\n"
                    "Each row: bytes moved (inputs once + outputs once), the floor bytes / copy bandwidth, the median\n"
                    "µs per call (CUDA-graph replay), GB/s and %% of the copy bandwidth; 'hot' reuses one buffer set\n"
                    "(L2-resident, as in the model), 'cold' rotates sets over > 3x L2 (DRAM).\n");
