@@ -518,7 +518,6 @@ static nib_status load_vision(nib_pi05 *m, const nib_st_file *f) {
     NIB_TRY(nib_be_upload_act(&m->be, m->posemb, a, (uint64_t)c->v_tokens * W));
     nib_free(a);
     a = NULL;
-    const float qs = 1.0f / sqrtf((float)c->v_head_dim);
     for (int l = 0; l < c->v_layers; l++) {
         vis_layer *L = &m->vl[l];
         char nm[256];
@@ -531,11 +530,13 @@ static nib_status load_vision(nib_pi05 *m, const nib_st_file *f) {
             nib_free(a);
             a = NULL;
         }
-        /* fused QKV [3W][W] + bias, q rows and bias scaled by 1/sqrt(head_dim) */
+        /* fused QKV [3W][W] + bias, unscaled: the attention applies 1/sqrt(head_dim) to the
+         * logits (folded into the q rows, the q bias would no longer be exact in bf16, and the
+         * product would need nib's epilogue kernel instead of cuBLASLt's bias epilogue) */
         fused_spec sp;
         memset(&sp, 0, sizeof sp);
         snprintf(nm, sizeof nm, "vision.layers.%d.qkv", l);
-        sp.name = nm, sp.comp = COMP_VISION, sp.nparts = 3, sp.k = W, sp.qscale = qs, sp.bias = 1, sp.w8a8 = w8a8;
+        sp.name = nm, sp.comp = COMP_VISION, sp.nparts = 3, sp.k = W, sp.qscale = 1, sp.bias = 1, sp.w8a8 = w8a8;
         const char *pr[3] = {"q_proj", "k_proj", "v_proj"};
         for (int i = 0; i < 3; i++) {
             snprintf(sp.bases[i], sizeof sp.bases[i], PI05_VP ".encoder.layers.%d.self_attn.%s", l, pr[i]);
@@ -1222,6 +1223,7 @@ static nib_status fwd_vision(nib_pi05 *m, const call_shape *cs) {
         at.q_seq = at.k_seq = at.v_seq = T * 3 * Wv, at.o_seq = T * Wv;
         at.n_seq = cs->V, at.s_max = (int32_t)T, at.n_heads = c->v_heads, at.n_kv_heads = c->v_heads;
         at.head_dim = c->v_head_dim;
+        at.logit_scale = 1.0f / sqrtf((float)c->v_head_dim); /* q is not pre-scaled (load_vision) */
         NIB_RETURN_IF_ERR(nib_be_attn_prefix(be, &at));
         nib_gemm_epi res = {0, NULL, m->vx, Wv};
         NIB_RETURN_IF_ERR(nib_be_gemm(be, &L->o, m->vattn, Vt, Wv, m->vx, Wv, &res));

@@ -7,7 +7,9 @@
  *
  * Load-time folding (exact rewrites of the model, done in fp32 before any quantization):
  *   - Gemma RMSNorm (1 + w) folded into the columns of the following QKV and gate|up weights;
- *   - the attention q scale folded into the q rows (Gemma: 1/16, exact; SigLIP: 1/sqrt(72));
+ *   - the Gemma prefix's attention q scale 1/16 (exact) folded into the q rows; SigLIP's
+ *     1/sqrt(72) is applied to the logits by the attention instead (logit_scale), which keeps
+ *     the q bias exact in bf16 (cuBLASLt's bias epilogue) and 4-bit vision loadable;
  *   - fused QKV and gate|up weights;
  *   - the time MLP and all adaRMS modulations (scale, shift, gate) precomputed for the N steps;
  *   - dt = -1/N folded into action_out_proj, so each step is x += out.

@@ -4,7 +4,10 @@
  *
  *   o[row] = sum_j softmax_j(q[row] . k[j]) v[j]       over the visible keys j
  *
- * Queries arrive PRE-SCALED (q already multiplied by head_dim^-0.5): no scale is applied here.
+ * Queries arrive PRE-SCALED (q already multiplied by head_dim^-0.5), or, for the prefix op,
+ * unscaled with the scale in nib_attn_prefix_args.logit_scale, which then multiplies every
+ * logit q . k (SigLIP: 1/sqrt(72), which folded into the weights would make the q bias inexact
+ * in bf16). The cache op applies no scale.
  * Grouped heads: query head h reads KV head h / (n_heads / n_kv_heads) (MQA: n_kv_heads = 1,
  * MHA: n_kv_heads = n_heads). Every visible key is seen by every valid query (no causal mask).
  *
@@ -87,6 +90,11 @@ typedef struct nib_attn_prefix_args {
     int32_t n_heads, n_kv_heads, head_dim;
     const int32_t *s_valid;             /* 1 int: valid tokens of every sequence; NULL = s_max */
     const int32_t *n_seq_valid;         /* 1 int: sequences to compute; NULL = n_seq */
+    float logit_scale;                  /* multiplies every logit q . k; 0 (or 1) = none, i.e. q
+                                           arrives pre-scaled. Finite and >= 0 (else
+                                           NIB_ERR_INVALID_ARG). Reference: q times the scale in
+                                           fp64; CUDA: the fp32 logit times fp32(scale * log2 e)
+                                           in the exp2 argument (no extra rounding step). */
 } nib_attn_prefix_args;
 
 /* ---- (c)/(d) attention over one layer's KV cache: Pi0.5 suffix, decoding --------------------

@@ -187,6 +187,7 @@ static void dfree(dbuf *b) {
 
 typedef struct pcase {
     int32_t n_seq, nsv, s_max, sv, H, KV, D;
+    float lsc; /* 0: q pre-scaled by D^-0.5 (no logit_scale); else q unscaled and logit_scale = lsc */
 } pcase;
 
 static void run_prefix(nib_test_ctx *t, nib_rng *rng, const pcase *c) {
@@ -195,8 +196,8 @@ static void run_prefix(nib_test_ctx *t, nib_rng *rng, const pcase *c) {
     const int64_t o_tok = hd + 8, o_seq = o_tok * c->s_max, o_n = o_seq * c->n_seq + 2 * GUARD;
     const size_t qkv_n = (size_t)row * c->s_max * c->n_seq;
     char what[96];
-    snprintf(what, sizeof what, "prefix %dx%d/%d S %d/%d H %d KV %d D %d", c->nsv, c->n_seq, c->n_seq, c->sv, c->s_max,
-             c->H, c->KV, c->D);
+    snprintf(what, sizeof what, "prefix %dx%d/%d S %d/%d H %d KV %d D %d%s", c->nsv, c->n_seq, c->n_seq, c->sv, c->s_max,
+             c->H, c->KV, c->D, c->lsc != 0 ? " logit_scale" : "");
     float *hq = nib_malloc(qkv_n * 4), *oref = nib_malloc((size_t)o_n * 4);
     uint16_t *h16 = nib_malloc(qkv_n * 2), *ho = nib_malloc((size_t)o_n * 2), *ho2 = nib_malloc((size_t)o_n * 2);
     float *gq = nib_malloc((size_t)c->s_max * group * D * 4), *gk = nib_malloc((size_t)c->s_max * D * 4);
@@ -212,7 +213,7 @@ static void run_prefix(nib_test_ctx *t, nib_rng *rng, const pcase *c) {
     for (size_t i = 0; i < qkv_n; i++) {
         int64_t col = (int64_t)(i % (size_t)row);
         double x = nib_rng_normal(rng);
-        hq[i] = bfr((float)(col < hd ? x / sqrt((double)D) : x));
+        hq[i] = bfr((float)(col < hd && c->lsc == 0 ? x / sqrt((double)D) : x));
         h16[i] = nib_f32_to_bf16(hq[i]);
     }
     for (int64_t i = 0; i < o_n; i++) ho[i] = POISON;
@@ -240,6 +241,7 @@ static void run_prefix(nib_test_ctx *t, nib_rng *rng, const pcase *c) {
     a.head_dim = c->D;
     a.s_valid = (const int32_t *)dint.p;
     a.n_seq_valid = (const int32_t *)dint.p + 1;
+    a.logit_scale = c->lsc;
     nib_attn_plan pl;
     CHECK_OK(nib_cuda_attn_prefix_plan(&a, &pl));
     if (!dalloc(t, &dws, (size_t)pl.ws_bytes, "workspace")) goto done;
@@ -278,6 +280,10 @@ static void run_prefix(nib_test_ctx *t, nib_rng *rng, const pcase *c) {
             for (int64_t r = 0; r < R; r++) {
                 int64_t tok = r / group, h = (int64_t)g * group + r % group;
                 memcpy(gq + r * D, hq + n * a.q_seq + tok * row + h * D, (size_t)D * 4);
+                if (c->lsc != 0) /* the naive attention's query: q times the logit scale in fp32 (the
+                                  * GPU scales the fp32 logit instead; both within the bound's
+                                  * 2^-22 max|logit| term) */
+                    for (int64_t x = 0; x < D; x++) gq[r * D + x] *= c->lsc;
                 memcpy(gg + r * D, ho + GUARD + n * o_seq + tok * o_tok + h * D, (size_t)D * 2);
                 memcpy(gr + r * D, oref + GUARD + n * o_seq + tok * o_tok + h * D, (size_t)D * 4);
             }
@@ -312,12 +318,12 @@ NIB_TEST(attn_gpu_prefix_gemma_small) {
     nib_rng rng;
     nib_test_rng(t, &rng);
     const pcase cs[] = {
-        {1, 1, 1, 1, 8, 1, 256},    /* one token: o = v */
-        {1, 1, 17, 17, 8, 1, 256},
-        {2, 2, 40, 33, 8, 1, 256},  /* two sequences, s_valid < s_max */
-        {1, 1, 100, 100, 8, 2, 128}, /* GQA, head_dim padded to 256 in the kernel */
-        {1, 1, 24, 0, 8, 1, 256},   /* nothing valid: nothing written */
-        {1, 1, 5, 5, 8, 1, 256},    /* 40 rows: the r4 kernel */
+        {1, 1, 1, 1, 8, 1, 256, 0},    /* one token: o = v */
+        {1, 1, 17, 17, 8, 1, 256, 0},
+        {2, 2, 40, 33, 8, 1, 256, 0},  /* two sequences, s_valid < s_max */
+        {1, 1, 100, 100, 8, 2, 128, 0}, /* GQA, head_dim padded to 256 in the kernel */
+        {1, 1, 24, 0, 8, 1, 256, 0},   /* nothing valid: nothing written */
+        {1, 1, 5, 5, 8, 1, 256, 0},    /* 40 rows: the r4 kernel */
     };
     for (size_t i = 0; i < NIB_ARRAY_LEN(cs); i++) run_prefix(t, &rng, &cs[i]);
 }
@@ -327,17 +333,17 @@ NIB_TEST(attn_gpu_prefix_gemma_large) {
     nib_rng rng;
     nib_test_rng(t, &rng);
     const pcase cs[] = {
-        {1, 1, 255, 255, 8, 1, 256},
-        {1, 1, 532, 532, 8, 1, 256},
-        {1, 1, 1000, 1000, 8, 1, 256},
-        {1, 1, 968, 532, 8, 1, 256}, /* openpi's padded prefix: planned for 968, 532 valid */
+        {1, 1, 255, 255, 8, 1, 256, 0},
+        {1, 1, 532, 532, 8, 1, 256, 0},
+        {1, 1, 1000, 1000, 8, 1, 256, 0},
+        {1, 1, 968, 532, 8, 1, 256, 0}, /* openpi's padded prefix: planned for 968, 532 valid */
     };
     for (size_t i = 0; i < NIB_ARRAY_LEN(cs); i++) run_prefix(t, &rng, &cs[i]);
     /* the two-token-group variant (NIB_ATTN_VARIANT=t2), unsplit and split */
     const pcase t2[] = {
-        {1, 1, 532, 532, 8, 1, 256},
-        {2, 2, 40, 33, 8, 1, 256},
-        {1, 1, 100, 100, 8, 2, 128},
+        {1, 1, 532, 532, 8, 1, 256, 0},
+        {2, 2, 40, 33, 8, 1, 256, 0},
+        {1, 1, 100, 100, 8, 2, 128, 0},
     };
     setenv("NIB_ATTN_VARIANT", "t2", 1);
     for (size_t i = 0; i < NIB_ARRAY_LEN(t2); i++) run_prefix(t, &rng, &t2[i]);
@@ -353,18 +359,19 @@ NIB_TEST(attn_gpu_siglip) {
     nib_rng rng;
     nib_test_rng(t, &rng);
     const pcase cs[] = {
-        {1, 1, 256, 256, 16, 16, 72},
-        {2, 2, 256, 256, 16, 16, 72},
-        {3, 3, 256, 256, 16, 16, 72},
-        {3, 2, 256, 256, 16, 16, 72}, /* third camera masked: its image is not computed */
-        {2, 2, 17, 17, 16, 16, 72},   /* awkward token count on the SigLIP kernel */
+        {1, 1, 256, 256, 16, 16, 72, 0},
+        {2, 2, 256, 256, 16, 16, 72, 0},
+        {3, 3, 256, 256, 16, 16, 72, 0},
+        {3, 2, 256, 256, 16, 16, 72, 0}, /* third camera masked: its image is not computed */
+        {2, 2, 17, 17, 16, 16, 72, 0},   /* awkward token count on the SigLIP kernel */
+        {2, 2, 256, 256, 16, 16, 72, 0.11785113f}, /* as Pi0.5 runs it: q unscaled, logit_scale 1/sqrt(72) */
     };
     for (size_t i = 0; i < NIB_ARRAY_LEN(cs); i++) run_prefix(t, &rng, &cs[i]);
     /* the planner does not split 256-token images (ops/cuda/attention.cu); the split + merge
      * path of the head_dim-80 kernel, forced */
     const pcase split[] = {
-        {2, 2, 256, 256, 16, 16, 72},
-        {3, 2, 200, 187, 16, 16, 72},
+        {2, 2, 256, 256, 16, 16, 72, 0},
+        {3, 2, 200, 187, 16, 16, 72, 0.11785113f},
     };
     setenv("NIB_ATTN_SPLITS", "3", 1);
     for (size_t i = 0; i < NIB_ARRAY_LEN(split); i++) run_prefix(t, &rng, &split[i]);
@@ -852,6 +859,11 @@ NIB_TEST(attn_gpu_argument_errors) {
     b = a;
     b.n_kv_heads = 3;
     CHECK_ST(nib_cuda_attn_prefix(&b, d.p, NULL), NIB_ERR_INVALID_ARG);
+    b = a;
+    b.logit_scale = -1.0f; /* finite and >= 0 only */
+    CHECK_ST(nib_cuda_attn_prefix(&b, d.p, NULL), NIB_ERR_INVALID_ARG);
+    b.logit_scale = INFINITY;
+    CHECK_ST(nib_cuda_attn_prefix_plan(&b, &pl), NIB_ERR_INVALID_ARG);
     nib_attn_cache_args c;
     memset(&c, 0, sizeof c);
     c.q = d.p;

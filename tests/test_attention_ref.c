@@ -277,6 +277,41 @@ NIB_TEST(attn_ref_prefix_vs_naive) {
     }
 }
 
+/* logit_scale: unscaled q with the scale gives the attention of the pre-scaled q. With q x 4 and
+ * scale 1/4 (both exact in binary) the reference must agree bit for bit; with SigLIP's
+ * 1/sqrt(72) against q pre-scaled in fp32 (one rounding of each q element, 2^-24 relative) the
+ * logits move by at most 2^-24 sum |q k| (q ~ 0.06, |k| ~ 0.8, 72 dims: ~3, so ~2e-7) and the
+ * outputs by about that times max |v| (~4): ~1e-6, gated at 1e-5. (The scaled reference itself is
+ * exact there: a float times a float is exact in fp64.) */
+NIB_TEST(attn_ref_prefix_logit_scale) {
+    nib_rng rng;
+    nib_test_rng(t, &rng);
+    const prefix_case c = {2, 40, 37, 2, 4, 4, 72, 1};
+    prefix_buf b, u;
+    REQUIRE(prefix_make(&rng, &c, &b));
+    CHECK_OK(nib_ref_attn_prefix(&b.a));
+    REQUIRE(prefix_make(&rng, &c, &u)); /* same layout; its values are replaced below */
+    const int64_t row = (int64_t)(c.n_heads + 2 * c.n_kv) * c.d, hq = (int64_t)c.n_heads * c.d;
+    for (size_t i = 0; i < b.qkv_n; i++) u.qkv[i] = (int64_t)(i % (size_t)row) < hq ? b.qkv[i] * 4.0f : b.qkv[i];
+    u.a.logit_scale = 0.25f;
+    CHECK_OK(nib_ref_attn_prefix(&u.a));
+    CHECK_MSG(!memcmp(u.o, b.o, b.o_n * 4), "q x 4 with logit_scale 1/4 differs from q");
+    /* SigLIP: unscaled q (the q above times sqrt(72) is just other random data) */
+    const float s = 1.0f / sqrtf(72.0f);
+    for (size_t i = 0; i < b.qkv_n; i++)
+        if ((int64_t)(i % (size_t)row) < hq) b.qkv[i] = u.qkv[i] * s; /* pre-scaled in fp32 */
+    u.a.logit_scale = s;
+    CHECK_OK(nib_ref_attn_prefix(&b.a));
+    CHECK_OK(nib_ref_attn_prefix(&u.a));
+    double worst = 0;
+    for (size_t i = 0; i < b.o_n; i++)
+        if (!is_sentinel(b.o[i])) worst = fmax(worst, fabs((double)u.o[i] - b.o[i]));
+    printf("  logit_scale 1/sqrt(72) vs q pre-scaled in fp32: max |diff| %.3g\n", worst);
+    CHECK_MSG(worst <= 1e-5, "max |diff| %.3g > 1e-5 (sum |q k| ~ 3, max |v| ~ 4: expected ~1e-6)", worst);
+    prefix_free(&b);
+    prefix_free(&u);
+}
+
 /* Identical key rows give equal logits: o = mean of the valid v rows (the max subtraction must
  * not matter). Bound: fp64 sum of S terms then the float rounding. */
 NIB_TEST(attn_ref_uniform_logits) {
@@ -623,6 +658,11 @@ NIB_TEST(attn_ref_argument_errors) {
     CHECK_ST(nib_ref_attn_prefix(&a), NIB_ERR_INVALID_ARG);
     a = b.a;
     a.v = NULL;
+    CHECK_ST(nib_ref_attn_prefix(&a), NIB_ERR_INVALID_ARG);
+    a = b.a;
+    a.logit_scale = -0.5f;
+    CHECK_ST(nib_ref_attn_prefix(&a), NIB_ERR_INVALID_ARG);
+    a.logit_scale = NAN;
     CHECK_ST(nib_ref_attn_prefix(&a), NIB_ERR_INVALID_ARG);
     prefix_free(&b);
 

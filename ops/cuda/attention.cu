@@ -42,6 +42,7 @@
  */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -361,6 +362,9 @@ static nib_status prefix_check(const nib_attn_prefix_args *a, int *dp) {
         return NIB_ERR(NIB_ERR_INVALID_ARG, "attention prefix: token strides must cover the heads, sequence strides >= 0");
     if ((a->q_tok | a->k_tok | a->v_tok | a->o_tok | a->q_seq | a->k_seq | a->v_seq | a->o_seq) % 8)
         return NIB_ERR(NIB_ERR_SHAPE, "attention prefix: strides must be multiples of 8 elements (16-byte rows)");
+    if (!(a->logit_scale >= 0.0f && a->logit_scale <= FLT_MAX))
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "attention prefix: logit_scale %g (finite, >= 0; 0 = none)",
+                       (double)a->logit_scale);
     *dp = a->head_dim <= 80 ? 80 : 256;
     return NIB_OK;
 }
@@ -417,6 +421,9 @@ nib_status nib_cuda_attn_prefix(const nib_attn_prefix_args *a, void *ws, void *s
     p.group = group;
     p.d = a->head_dim;
     p.rows_max = a->s_max * group;
+    /* the logit scale and log2(e) as one fp32 factor (exactly LOG2E_F without a scale) */
+    p.lscale = a->logit_scale > 0.0f && a->logit_scale != 1.0f ? (float)((double)a->logit_scale * 1.4426950408889634)
+                                                              : LOG2E_F;
     return launch(p, pl, ws, (cudaStream_t)stream);
 }
 
@@ -472,6 +479,7 @@ nib_status nib_cuda_attn_cache(const nib_attn_cache_args *a, void *ws, void *str
     const long long rowb = kv->dtype == NIB_KV_BF16 ? 512 : kv->dtype == NIB_KV_FP8 ? 256 : 128;
     AttnParams p;
     memset(&p, 0, sizeof p);
+    p.lscale = LOG2E_F; /* the cache op applies no logit scale */
     p.q = (const __nv_bfloat16 *)a->q;
     p.o = (__nv_bfloat16 *)a->o;
     p.q_tok = a->q_tok;

@@ -30,6 +30,7 @@ struct AttnParams {
     const float *ks, *vs;                     /* FP8 scales / NVFP4 globals [t][n_kv] */
     const int *t_valid, *nq_valid, *nseq_valid; /* device ints or NULL (= max) */
     int t_max, nq_max, n_seq, n_kv, group, d, rows_max, n_splits;
+    float lscale;                             /* log2(e) x the logit scale (exp2 argument per logit) */
     float *ws_o, *ws_m, *ws_l;                /* [z][split][row][d], [z][split][row] x 2 */
 };
 
@@ -391,7 +392,7 @@ __global__ void __launch_bounds__(Cfg<FMT, DP, WR, WT, KW, ST, CL>::NT, Cfg<FMT,
                 int kl = key_w0 + j * 8 + 2 * (lane & 3) + (c & 1);
                 float x = s[j][c];
                 if (FMT != F_BF16) x *= ksc[kl];
-                x = key_t0 + kl < t1 ? x * LOG2E_F : -INFINITY;
+                x = key_t0 + kl < t1 ? x * p.lscale : -INFINITY;
                 s[j][c] = x;
                 mx[c >> 1] = fmaxf(mx[c >> 1], x);
             }

@@ -10,6 +10,7 @@
  * with s_j = q . k_j in fp64. No S x S matrix exists; memory is O(rows x head_dim + REF_KB x
  * head_dim). o is stored as float. Slow and simple: it is the spec, not a fast path.
  */
+#include <float.h>
 #include <math.h>
 #include <string.h>
 
@@ -124,6 +125,10 @@ nib_status nib_ref_attn_prefix(const nib_attn_prefix_args *a) {
                        "(%lld / %lld), sequence strides >= 0",
                        (long long)a->q_tok, (long long)a->k_tok, (long long)a->v_tok, (long long)a->o_tok,
                        (long long)hq, (long long)hkv);
+    if (!(a->logit_scale >= 0.0f && a->logit_scale <= FLT_MAX))
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "ref attention prefix: logit_scale %g (finite, >= 0; 0 = none)",
+                       (double)a->logit_scale);
+    const double lsc = a->logit_scale > 0.0f ? (double)a->logit_scale : 1.0;
     int32_t sv = 0, nsv = 0;
     NIB_RETURN_IF_ERR(read_len(a->s_valid, a->s_max, a->s_max, "s_valid", &sv));
     NIB_RETURN_IF_ERR(read_len(a->n_seq_valid, a->n_seq, a->n_seq, "n_seq_valid", &nsv));
@@ -142,7 +147,7 @@ nib_status nib_ref_attn_prefix(const nib_attn_prefix_args *a) {
         for (int32_t g = 0; g < a->n_kv_heads; g++) {
             for (int64_t r = 0; r < rows; r++) {
                 const float *qr = qs + (r / group) * a->q_tok + ((int64_t)g * group + r % group) * d;
-                for (int64_t c = 0; c < d; c++) q[r * d + c] = qr[c];
+                for (int64_t c = 0; c < d; c++) q[r * d + c] = qr[c] * lsc;
             }
             prefix_kv_ctx ctx = {(const float *)a->k + n * a->k_seq + g * d, (const float *)a->v + n * a->v_seq + g * d,
                                  a->k_tok, a->v_tok};
