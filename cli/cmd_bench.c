@@ -24,9 +24,9 @@
 #define MAX_MS 16
 #define MAX_COPIES 64
 
-typedef enum { V_BF16, V_FP8LT, V_W8A8, V_NVFP4, V_MXFP4, V_INT4, V_FP8, V_COUNT } variant;
-static const char *const k_vname[V_COUNT] = {"cublas-bf16", "cublaslt-fp8", "fp8-w8a8", "nvfp4",
-                                              "mxfp4",       "int4-g128",    "fp8-wo"};
+typedef enum { V_BF16, V_FP8LT, V_W8A8, V_FP8NIB, V_NVFP4, V_MXFP4, V_INT4, V_FP8, V_COUNT } variant;
+static const char *const k_vname[V_COUNT] = {"cublas-bf16", "cublaslt-fp8", "fp8-w8a8",  "fp8-nib",
+                                              "nvfp4",       "mxfp4",        "int4-g128", "fp8-wo"};
 
 typedef struct bench_cfg {
     int nshapes;
@@ -62,6 +62,7 @@ typedef struct gemm_ctx {
     nib_blas *blas;
     nib_gemm_ws *ws;
     const nib_gemm_plan *plan; /* NULL: the planner's choice */
+    const nib_fp8_tile *tile;  /* fp8-nib: NULL for the planner's tile */
 } gemm_ctx;
 
 static nib_status gemm_call(void *c, int i, void *stream) {
@@ -69,11 +70,17 @@ static nib_status gemm_call(void *c, int i, void *stream) {
     int j = i % g->ncopies;
     switch (g->v) {
     case V_BF16: return nib_blas_gemm_bf16(g->blas, g->x, g->bw[j], g->y, g->m, g->n, g->k, stream);
-    case V_FP8LT:
+    case V_FP8LT: /* cuBLASLt's FP8 product, whatever the engine rule says */
+        nib_blas_set_fp8_engine(g->blas, NIB_FP8_ENGINE_CUBLASLT);
         return nib_blas_gemm_fp8(g->blas, g->xq, g->sx, 1, g->bw[j], g->sw, 1, g->y, g->m, g->n, g->k, stream);
-    case V_W8A8:
+    case V_W8A8: /* as the model runs it: the quantizer, then the engine the rule picks */
+        nib_blas_set_fp8_engine(g->blas, NIB_FP8_ENGINE_AUTO);
         NIB_RETURN_IF_ERR(nib_cuda_quantize_fp8_rows(g->x, g->m, g->k, 1, g->xq, g->sx, stream));
         return nib_blas_gemm_fp8(g->blas, g->xq, g->sx, 1, g->bw[j], g->sw, 1, g->y, g->m, g->n, g->k, stream);
+    case V_FP8NIB: {
+        nib_blas_gemm_args a = {1, g->xq, g->sx, 1, g->bw[j], g->sw, 1, g->m, g->n, g->k, NULL, NULL, 0, g->y, g->n};
+        return nib_cuda_gemm_fp8(&a, g->tile, stream);
+    }
     default: return nib_cuda_gemm_planned(&g->w[j], g->x, g->m, g->k, g->y, g->n, NULL, g->ws, g->plan, stream);
     }
 }
@@ -243,6 +250,35 @@ static nib_status bench_algos(const bench_cfg *cfg, gemm_ctx *g, uint64_t canon_
     return st;
 }
 
+/* --sweep for fp8-nib: every compiled tile, next to the planner's (already timed in *row) */
+static nib_status sweep_fp8_tiles(const bench_cfg *cfg, gemm_ctx *g, uint64_t canon_bytes, double copy_gbps,
+                                  double bf16_us, const bench_row *row, bench_row *rows, int *nrows, int max_rows) {
+    nib_fp8_tile tiles[32], pick;
+    const int nt = nib_fp8_tiles(tiles, 32);
+    nib_fp8_plan_for(g->m, g->n, g->k, cfg->sms, &pick);
+    double best = row->us;
+    char best_plan[64];
+    snprintf(best_plan, sizeof best_plan, "%s", row->plan);
+    for (int i = 0; i < nt && *nrows < max_rows; i++) {
+        if (tiles[i].wg == pick.wg && tiles[i].bn == pick.bn && tiles[i].stages == pick.stages) continue;
+        g->tile = &tiles[i];
+        bench_row *sr = &rows[(*nrows)++];
+        nib_status st = time_row(g, cfg->reps < 5 ? cfg->reps : 5, canon_bytes, copy_gbps, bf16_us, sr);
+        g->tile = NULL;
+        NIB_RETURN_IF_ERR(st);
+        snprintf(sr->plan, sizeof sr->plan, "tile %dx%d st%d", 64 * tiles[i].wg, tiles[i].bn, tiles[i].stages);
+        sr->sweep = 1;
+        print_row(sr);
+        if (sr->us < best) {
+            best = sr->us;
+            snprintf(best_plan, sizeof best_plan, "%s", sr->plan);
+        }
+    }
+    printf("%6lld %6lld %5lld  %-13s best tile %s: %.2f us (planner's %.2f us, %.2fx)\n", (long long)g->k,
+           (long long)g->n, (long long)g->m, k_vname[V_FP8NIB], best_plan, best, row->us, row->us / best);
+    return NIB_OK;
+}
+
 /* One variant of one shape: weights (rotated copies), then every M. */
 static nib_status bench_variant(const bench_cfg *cfg, variant v, gemm_ctx *g, nib_rng *r, double copy_gbps,
                                 int l2_bytes, double *bf16_us, bench_row *rows, int *nrows, int max_rows) {
@@ -258,7 +294,7 @@ static nib_status bench_variant(const bench_cfg *cfg, variant v, gemm_ctx *g, ni
                                                                                           : NIB_WFMT_FP8;
     nib_wsrc src;
     if (v == V_BF16) one = (uint64_t)n * k * 2;
-    else if (v == V_FP8LT || v == V_W8A8) one = (uint64_t)n * k;
+    else if (v == V_FP8LT || v == V_W8A8 || v == V_FP8NIB) one = (uint64_t)n * k;
     else {
         NIB_TRY(make_random_wsrc(r, f, n, k, &src, hbufs));
         NIB_TRY(nib_cuda_weight_bytes(&src, 0, &one));
@@ -269,7 +305,7 @@ static nib_status bench_variant(const bench_cfg *cfg, variant v, gemm_ctx *g, ni
     g->ncopies = copies;
     NIB_TRY(nib_dev_arena_init(&arena, (size_t)(one + 4096) * copies + (size_t)n * 4 + 4096, "bench weights"));
     uint64_t canon_bytes = 0;
-    if (v == V_BF16 || v == V_FP8LT || v == V_W8A8) {
+    if (v == V_BF16 || v == V_FP8LT || v == V_W8A8 || v == V_FP8NIB) {
         /* random bf16 / e4m3 matrices filled on the host once, copied on the device */
         size_t eb = v == V_BF16 ? 2 : 1;
         uint8_t *hw = nib_malloc((size_t)n * k * eb);
@@ -327,11 +363,21 @@ static nib_status bench_variant(const bench_cfg *cfg, variant v, gemm_ctx *g, ni
         if (v >= V_NVFP4 && !nib_cuda_gemm_plan(&g->w[0], g->m, g->ws->acc_elems, &chosen))
             plan_str(&chosen, row->plan, sizeof row->plan);
         row->sweep = cfg->sweep && v >= V_NVFP4 ? 2 : 0;
-        if (cfg->algos > 0 && v < V_NVFP4) {
+        if (cfg->algos > 0 && v < V_FP8NIB) {
             NIB_TRY(bench_algos(cfg, g, canon_bytes, copy_gbps, bf16_us[mi], row, rows, nrows, max_rows));
             continue;
         }
+        if (v == V_FP8NIB) {
+            nib_fp8_tile pick;
+            nib_fp8_plan_for(g->m, n, k, cfg->sms, &pick);
+            snprintf(row->plan, sizeof row->plan, "tile %dx%d st%d", 64 * pick.wg, pick.bn, pick.stages);
+            row->sweep = cfg->sweep ? 2 : 0;
+        }
         print_row(row);
+        if (cfg->sweep && v == V_FP8NIB) {
+            NIB_TRY(sweep_fp8_tiles(cfg, g, canon_bytes, copy_gbps, bf16_us[mi], row, rows, nrows, max_rows));
+            continue;
+        }
         if (!cfg->sweep || v < V_NVFP4) continue;
         /* every other plan that fits, up to 4 waves of CTAs: where the planner's pick stands */
         static nib_gemm_plan pls[2048];
@@ -467,14 +513,16 @@ static int bench_gemm(int argc, char **argv) {
             printf("usage: nib bench gemm [--shapes K:N,...] [--m M,...] [--variants LIST] [--reps N] [--sweep]\n"
                    "                      [--algos N] [--json FILE]\n"
                    "The GEMM kernel lab. Variants: cublas-bf16 (baseline), cublaslt-fp8 (GEMM only),\n"
-                   "fp8-w8a8 (per-token quantize + cuBLASLt fp8), nvfp4, mxfp4, int4-g128, fp8-wo (nib's\n"
+                   "fp8-w8a8 (per-token quantize + the FP8 product the engine rule picks: cuBLASLt or nib's),\n"
+                   "fp8-nib (nib's wgmma FP8 product, GEMM only), nvfp4, mxfp4, int4-g128, fp8-wo (nib's\n"
                    "weight-only kernels). Default shapes are the Pi0.5 / Gemma shapes of issue 3 and\n"
                    "M = 1,4,10,16,50,128,532,1024. Each row: median µs per call (CUDA-graph replay,\n"
                    "weights rotated over > 3x L2), effective GB/s of the canonical weight bytes, TFLOP/s,\n"
                    "speedup over cuBLAS bf16 at the same shape and M, and %% of the copy bandwidth.\n"
                    "--sweep: for nib's low-bit variants, also time every launch plan that fits (warps\n"
                    "along K, K splits, register budget; up to 4 waves of CTAs; 5 reps each) and print\n"
-                   "the best against the planner's choice (rows marked sweep; JSON: \"sweep\": true).\n"
+                   "the best against the planner's choice (rows marked sweep; JSON: \"sweep\": true);\n"
+                   "for fp8-nib, every compiled tile (token rows x channels, stages).\n"
                    "--algos N: for the cuBLAS variants, also time cuBLASLt's first N heuristic candidates\n"
                    "(1..32; tile, stages, split-K, swizzle, cluster ids and the heuristic's wave count in\n"
                    "the plan column; 5 reps each) and print the best against cuBLASLt's first choice.\n");

@@ -183,6 +183,11 @@ void nib_blas_free(nib_blas *b);
  * promotion to fp32 (faster; Hopper's FP8 accumulator keeps fewer mantissa bits than fp32);
  * 0 promotes (error bounded as for fp32 accumulation). */
 void nib_blas_set_fp8_fast_accum(nib_blas *b, int on);
+/* Which kernel runs this handle's FP8 products with fast accumulation: AUTO (the default; the
+ * rule of nib_fp8_use_nib, NIB_FP8_GEMM honoured), or always cuBLASLt / always nib's wgmma
+ * kernel (the lab and the tests). Promoting products always run on cuBLASLt. */
+enum { NIB_FP8_ENGINE_AUTO = 0, NIB_FP8_ENGINE_CUBLASLT = 1, NIB_FP8_ENGINE_NIB = 2 };
+void nib_blas_set_fp8_engine(nib_blas *b, int engine);
 int nib_blas_fp8_fast_accum(const nib_blas *b);
 /* Lab (nib bench gemm --algos): products planned from now on use cuBLASLt's i-th heuristic
  * candidate instead of its first (i <= 0: the first, as always outside the lab). Plans are
@@ -228,6 +233,30 @@ typedef struct nib_blas_gemm_args {
     int64_t ldy;
 } nib_blas_gemm_args;
 nib_status nib_blas_gemm_fused(nib_blas *b, const nib_blas_gemm_args *a, void *stream);
+/* ---- nib's own FP8 W8A8 GEMM (wgmma, ops/cuda/gemm_fp8.cu) ---------------------------------
+ * The same product and result as nib_blas_gemm_fused with fp8 = 1 and fast accumulation (the
+ * tensor cores' accumulator, no promotion), for the M ~ 512 shapes where cuBLASLt's single FP8
+ * algorithm fills few SMs. A tile is WG warpgroups (64 WG token rows) x BN output channels with
+ * `stages` 128-byte K blocks in flight (TMA loads, one producer warp). Needs K % 16 == 0, N % 8 == 0, X / W 16-byte aligned,
+ * Y / C / bias 4-byte aligned with even ldy / ldc, M, N, K < 2^31. */
+typedef struct nib_fp8_tile {
+    int wg, bn, stages;
+} nib_fp8_tile;
+/* the compiled tiles, in a fixed order (host code, no CUDA): how many were written (<= max) */
+int nib_fp8_tiles(nib_fp8_tile *out, int max);
+/* dynamic shared memory of a tile's kernel (stages x (64 wg + bn) x 128 bytes + 1024 for alignment) */
+size_t nib_fp8_tile_smem(const nib_fp8_tile *t);
+/* the planner: the tile with the lowest modeled time on `sms` SMs (host code, tested in CI) */
+void nib_fp8_plan_for(int64_t m, int64_t n, int64_t k, int sms, nib_fp8_tile *out);
+/* whether nib_blas_gemm_fused sends this FP8 product (fast accumulation) to nib's kernel instead
+ * of cuBLASLt: NIB_FP8_GEMM=nib / cublaslt forces it, else the measured rule in gemm_plan.c
+ * (cuBLASLt everywhere for now: the kernel has not paid end to end) */
+int nib_fp8_use_nib(int64_t m, int64_t n, int64_t k);
+/* argument checks of nib_cuda_gemm_fp8 (shapes, alignment, C overlapping Y), host code */
+nib_status nib_fp8_check_args(const nib_blas_gemm_args *a);
+/* the product on nib's kernel with `tile` (NULL: the planner's) */
+nib_status nib_cuda_gemm_fp8(const nib_blas_gemm_args *a, const nib_fp8_tile *tile, void *stream);
+
 /* Quantize bf16 X [M,K] to e4m3 with per-token (or per-tensor) scale = amax/448 (device). */
 nib_status nib_cuda_quantize_fp8_rows(const void *x, int64_t m, int64_t k, int per_token,
                                       void *xq, float *scales, void *stream);

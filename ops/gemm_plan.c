@@ -7,6 +7,9 @@
  * is host code with no CUDA dependency, so the model is checked in every build against the
  * recorded sweep (tests/test_gemm_plan.c).
  */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ops/gemm.h"
@@ -198,4 +201,90 @@ int nib_gemm_plans_for(const nib_gemm_shape *w, int64_t m, uint64_t ws_elems, in
                     }
     }
     return n;
+}
+
+/* ---- nib's FP8 W8A8 GEMM (ops/cuda/gemm_fp8.cu): tiles and the planner -------------------- */
+
+/* the order and set of ops/cuda/gemm_fp8.cu's g_tiles */
+static const nib_fp8_tile k_fp8_tiles[] = {{1, 64, 6},  {1, 72, 6},  {1, 96, 5},  {1, 128, 4},
+                                           {2, 64, 4},  {2, 96, 4},  {2, 112, 4}, {2, 128, 5},
+                                           {2, 144, 4}, {2, 192, 4}, {2, 256, 4}};
+#define N_FP8_TILES ((int)(sizeof k_fp8_tiles / sizeof k_fp8_tiles[0]))
+
+int nib_fp8_tiles(nib_fp8_tile *out, int max) {
+    int n = 0;
+    for (int i = 0; i < N_FP8_TILES && n < max; i++) out[n++] = k_fp8_tiles[i];
+    return n;
+}
+
+size_t nib_fp8_tile_smem(const nib_fp8_tile *t) {
+    return (size_t)t->stages * (size_t)(64 * t->wg + t->bn) * 128 + 1024;
+}
+
+/* Modeled time of one tile: the waves of CTAs, CTAs sharing an SM sharing its tensor cores, and
+ * per 128-byte K block the MMA work (BM x BN) plus the bytes staged (BM + BN rows) plus a fixed
+ * cost per block. */
+static double fp8_cost(const nib_fp8_tile *t, int64_t m, int64_t n, int64_t k, int sms) {
+    const int64_t bm = 64 * t->wg, ctas = ((m + bm - 1) / bm) * ((n + t->bn - 1) / t->bn), nk = (k + 127) / 128;
+    int occ = (int)(233472 / (nib_fp8_tile_smem(t) + 1024));
+    if (occ > 2) occ = 2;
+    if (occ < 1) return 1e30;
+    const int64_t slots = (int64_t)sms * occ, waves = (ctas + slots - 1) / slots;
+    int64_t per_sm = (ctas + sms - 1) / sms; /* CTAs an SM runs at once in a full wave */
+    if (per_sm > occ) per_sm = occ;
+    return (double)waves * (double)nk * (double)per_sm * ((double)bm * t->bn + 48.0 * (bm + t->bn) + 2048.0);
+}
+
+void nib_fp8_plan_for(int64_t m, int64_t n, int64_t k, int sms, nib_fp8_tile *out) {
+    /* lab knob NIB_FP8_TILE=wg:bn:stages (a compiled tile) replaces the model's pick */
+    const char *e = getenv("NIB_FP8_TILE");
+    nib_fp8_tile f;
+    if (e && sscanf(e, "%d:%d:%d", &f.wg, &f.bn, &f.stages) == 3)
+        for (int i = 0; i < N_FP8_TILES; i++)
+            if (!memcmp(&k_fp8_tiles[i], &f, sizeof f)) {
+                *out = f;
+                return;
+            }
+    double best = 0;
+    int bi = 0;
+    for (int i = 0; i < N_FP8_TILES; i++) {
+        const double c = fp8_cost(&k_fp8_tiles[i], m, n, k, sms > 0 ? sms : 132);
+        if (i == 0 || c < best) best = c, bi = i;
+    }
+    *out = k_fp8_tiles[bi];
+}
+
+int nib_fp8_use_nib(int64_t m, int64_t n, int64_t k) {
+    const char *e = getenv("NIB_FP8_GEMM");
+    if (e && !strcmp(e, "nib")) return 1;
+    if (e && !strcmp(e, "cublaslt")) return 0;
+    /* Not by default. In the lab (`nib bench gemm --variants cublaslt-fp8,fp8-nib --sweep`,
+     * bench/results/gemm-fp8-nib-h100-v1.json) nib's kernel is faster only at SigLIP's 1152 -> 1152
+     * (M = 512: 5.1 against 6.5 us) and at M = 128; in the model that one shape did not pay:
+     * `nib bench pi05 --preset fast` vision 1.965 ms with it against 1.936 ms without (two
+     * alternations each, one H100). docs/design.md has the analysis. */
+    (void)m, (void)n, (void)k;
+    return 0;
+}
+
+nib_status nib_fp8_check_args(const nib_blas_gemm_args *a) {
+    if (a->m < 1 || a->n < 1 || a->k < 1 || a->m > INT32_MAX || a->n > INT32_MAX || a->k > INT32_MAX ||
+        a->k % 16 || a->n % 8 || a->ldy < a->n || (a->c && a->ldc < a->n) || a->ldy % 2 || (a->c && a->ldc % 2) ||
+        (uint64_t)a->m * (uint64_t)(a->ldy > a->ldc ? a->ldy : a->ldc) > (uint64_t)INT64_MAX / 2)
+        return NIB_ERR(NIB_ERR_SHAPE,
+                       "fp8 gemm (nib): M=%lld N=%lld K=%lld ldy=%lld ldc=%lld (K a multiple of 16, N of 8, even "
+                       "strides)",
+                       (long long)a->m, (long long)a->n, (long long)a->k, (long long)a->ldy, (long long)a->ldc);
+    if (((uintptr_t)a->x | (uintptr_t)a->w) % 16 || ((uintptr_t)a->y | (uintptr_t)a->c | (uintptr_t)a->bias) % 4)
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "fp8 gemm (nib): X and W must be 16-byte aligned, Y, C and bias 4-byte");
+    if (a->c && a->c != a->y) {
+        const char *c0 = (const char *)a->c, *c1 = c0 + (size_t)a->ldc * (size_t)a->m * 2;
+        const char *y0 = (const char *)a->y, *y1 = y0 + (size_t)a->ldy * (size_t)a->m * 2;
+        if (c0 < y1 && y0 < c1)
+            return NIB_ERR(NIB_ERR_INVALID_ARG, "fp8 gemm (nib): C overlaps Y without being Y");
+    }
+    if (a->c == a->y && a->c && a->ldc != a->ldy)
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "fp8 gemm (nib): C is Y with a different stride (%lld != %lld)",
+                       (long long)a->ldc, (long long)a->ldy);
+    return NIB_OK;
 }

@@ -57,6 +57,11 @@ nib_status nib_blas_create(nib_blas **out) {
 void nib_blas_free(nib_blas *b) { (void)b; }
 void nib_blas_set_fp8_fast_accum(nib_blas *b, int on) { (void)b, (void)on; }
 void nib_blas_set_algo_index(nib_blas *b, int i) { (void)b, (void)i; }
+void nib_blas_set_fp8_engine(nib_blas *b, int engine) { (void)b, (void)engine; }
+nib_status nib_cuda_gemm_fp8(const nib_blas_gemm_args *a, const nib_fp8_tile *tile, void *stream) {
+    (void)a, (void)tile, (void)stream;
+    return NO_CUDA("nib_cuda_gemm_fp8");
+}
 nib_status nib_blas_algos(nib_blas *b, int fp8, int64_t m, int64_t n, int64_t k, const float *sx, const float *sw,
                           nib_blas_algo_desc *out, int max, int *count) {
     (void)b, (void)fp8, (void)m, (void)n, (void)k, (void)sx, (void)sw, (void)out, (void)max;

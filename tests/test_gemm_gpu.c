@@ -935,3 +935,167 @@ NIB_TEST(blas_gpu_fused_bias_residual) {
     nib_free(hb);
     nib_free(hb16);
 }
+
+/* nib's FP8 wgmma GEMM (ops/cuda/gemm_fp8.cu): every compiled tile and the planner's pick,
+ * against the fp64 sum of the same e4m3 codes times their scales, at awkward shapes (M not a
+ * multiple of 64, N not a multiple of any tile, K not a multiple of the 128-byte K block),
+ * with per-token / per-channel or scalar scales, bias, C out of place and in place. Every
+ * non-NaN e4m3 code occurs. Y has guard columns (ldy > N) and a guard row below M, poisoned
+ * before each call: an element written out of bounds or not written fails.
+ * Bound, from what the tensor cores do in fast accumulation: the products of a group are
+ * aligned to the group's largest and truncated to 13 mantissa bits, and the running sum is
+ * truncated to 13 bits after each group. Per group g of 16 consecutive K (a k32 instruction is
+ * two of them, which the doubling covers): 2^-12 (16 max_g |t| + |prefix sum after g|). With
+ * uniformly random codes the products span ~30 binades, so the alignment term (16 x the group's
+ * largest product, not the sum of |t|) is the one that matters: the Σ|t| form of
+ * blas_gpu_bf16_and_fp8_w8a8 (normal data) measured 0.96 of its bound here. Plus the bf16
+ * rounding of the result and 2^-22 of the bias / C terms. */
+typedef struct fp8_case {
+    int64_t m, n, k;
+    int vec, bias, cmode; /* vec: per-token / per-channel scales; cmode 0 none, 1 separate C, 2 C is Y */
+} fp8_case;
+
+static uint8_t rand_e4m3(nib_rng *r) {
+    uint8_t b = (uint8_t)nib_rng_u64(r);
+    return (b & 0x7F) == 0x7F ? (uint8_t)(b ^ 0x08) : b; /* no NaN codes */
+}
+
+static void fp8_case_run(nib_test_ctx *t, nib_rng *rng, const fp8_case *c, double *worst_out) {
+    const int64_t m = c->m, n = c->n, k = c->k, ldy = n + 8, ldc = n + 8, rows = m + 1;
+    uint8_t *hx = nib_malloc((size_t)m * k), *hw = nib_malloc((size_t)n * k);
+    float *hsx = nib_malloc((size_t)m * 4), *hsw = nib_malloc((size_t)n * 4);
+    uint16_t *hb = nib_malloc((size_t)n * 2), *hc = nib_malloc((size_t)rows * ldc * 2), *hy = nib_malloc((size_t)rows * ldy * 2);
+    double *S = nib_malloc((size_t)m * n * 8), *B = nib_malloc((size_t)m * n * 8);
+    REQUIRE(hx && hw && hsx && hsw && hb && hc && hy && S && B);
+    for (int64_t i = 0; i < m * k; i++) hx[i] = rand_e4m3(rng);
+    for (int64_t i = 0; i < n * k; i++) hw[i] = rand_e4m3(rng);
+    for (int i = 0; i < 254 && i < n * k; i++) hw[i] = (uint8_t)(i < 127 ? i : i + 1); /* every non-NaN code */
+    for (int64_t i = 0; i < m; i++) hsx[i] = (float)(1e-3 * (0.5 + nib_rng_uniform(rng)));
+    for (int64_t i = 0; i < n; i++) hsw[i] = (float)(1e-3 * (0.5 + nib_rng_uniform(rng)));
+    for (int64_t i = 0; i < n; i++) hb[i] = nib_f32_to_bf16((float)(0.5 * nib_rng_normal(rng)));
+    for (int64_t i = 0; i < rows * ldc; i++) hc[i] = nib_f32_to_bf16((float)nib_rng_normal(rng));
+    /* the fp64 reference and its fast-accumulation bound */
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) {
+            const double sc = (double)hsx[c->vec ? i : 0] * (double)hsw[c->vec ? j : 0];
+            double s = 0, gmax = 0, align = 0, run = 0;
+            for (int64_t q = 0; q < k; q++) {
+                const double tt = (double)nib_e4m3_to_f32(hx[i * k + q]) * (double)nib_e4m3_to_f32(hw[j * k + q]) * sc;
+                s += tt;
+                if (fabs(tt) > gmax) gmax = fabs(tt);
+                if (q % 16 == 15 || q == k - 1) {
+                    run += fabs(s);
+                    align += 16 * gmax;
+                    gmax = 0;
+                }
+            }
+            S[i * n + j] = s;
+            B[i * n + j] = 0x1p-12 * (run + align);
+        }
+    void *dx, *dw, *dy, *dc, *db;
+    float *dsx, *dsw;
+    CHECK_OK(nib_dev_malloc(&dx, (size_t)m * k, "x"));
+    CHECK_OK(nib_dev_malloc(&dw, (size_t)n * k, "w"));
+    CHECK_OK(nib_dev_malloc(&dy, (size_t)rows * ldy * 2, "y"));
+    CHECK_OK(nib_dev_malloc(&dc, (size_t)rows * ldc * 2, "c"));
+    CHECK_OK(nib_dev_malloc(&db, (size_t)n * 2, "bias"));
+    CHECK_OK(nib_dev_malloc((void **)&dsx, (size_t)m * 4, "sx"));
+    CHECK_OK(nib_dev_malloc((void **)&dsw, (size_t)n * 4, "sw"));
+    CHECK_OK(nib_dev_upload(dx, hx, (size_t)m * k));
+    CHECK_OK(nib_dev_upload(dw, hw, (size_t)n * k));
+    CHECK_OK(nib_dev_upload(dc, hc, (size_t)rows * ldc * 2));
+    CHECK_OK(nib_dev_upload(db, hb, (size_t)n * 2));
+    CHECK_OK(nib_dev_upload(dsx, hsx, (size_t)m * 4));
+    CHECK_OK(nib_dev_upload(dsw, hsw, (size_t)n * 4));
+    nib_fp8_tile tiles[33];
+    int nt = nib_fp8_tiles(tiles, 32);
+    tiles[nt].wg = 0; /* last: the planner's pick (NULL tile) */
+    for (int ti = 0; ti <= nt; ti++) {
+        const int inplace = c->cmode == 2;
+        for (int64_t i = 0; i < rows * ldy; i++) hy[i] = inplace && i < m * ldy && i % ldy < n ? hc[i] : (uint16_t)POISON;
+        CHECK_OK(nib_dev_upload(dy, hy, (size_t)rows * ldy * 2));
+        nib_blas_gemm_args a = {1, dx, dsx, c->vec, dw, dsw, c->vec, m, n, k, c->bias ? db : NULL,
+                                c->cmode == 1 ? dc : c->cmode == 2 ? dy : NULL, c->cmode == 2 ? ldy : ldc, dy, ldy};
+        nib_status st = nib_cuda_gemm_fp8(&a, ti < nt ? &tiles[ti] : NULL, NULL);
+        CHECK_OK(st);
+        if (st) continue;
+        CHECK_OK(nib_dev_download(hy, dy, (size_t)rows * ldy * 2));
+        int over = 0, guard = 0;
+        for (int64_t i = 0; i < rows; i++)
+            for (int64_t j = 0; j < ldy; j++) {
+                const uint16_t y16 = hy[i * ldy + j];
+                if (i >= m || j >= n) {
+                    guard += y16 != POISON;
+                    continue;
+                }
+                const double bias = c->bias ? nib_bf16_to_f32(hb[j]) : 0.0;
+                const double cv = c->cmode ? nib_bf16_to_f32(hc[i * ldc + j]) : 0.0;
+                const double want = S[i * n + j] + bias + cv, y = nib_bf16_to_f32(y16);
+                const double bound = 0x1p-8 * 1.01 * fabs(want) + B[i * n + j] + 0x1p-22 * (fabs(bias) + fabs(cv));
+                const double r = fabs(y - want) / bound;
+                if (r > *worst_out) *worst_out = r;
+                if (!(fabs(y - want) <= bound) && over++ < 3)
+                    nib_test_fail(t, __FILE__, __LINE__, "fp8 nib M=%lld N=%lld K=%lld tile %s%dx%d st%d [%lld,%lld]: %g vs %g (bound %g)",
+                                  (long long)m, (long long)n, (long long)k, ti < nt ? "" : "planner ",
+                                  ti < nt ? 64 * tiles[ti].wg : 0, ti < nt ? tiles[ti].bn : 0,
+                                  ti < nt ? tiles[ti].stages : 0, (long long)i, (long long)j, y, want, bound);
+            }
+        CHECK_MSG(guard == 0, "fp8 nib M=%lld N=%lld K=%lld tile %d: %d guard values overwritten", (long long)m,
+                  (long long)n, (long long)k, ti, guard);
+    }
+    nib_dev_free(dx, (size_t)m * k);
+    nib_dev_free(dw, (size_t)n * k);
+    nib_dev_free(dy, (size_t)rows * ldy * 2);
+    nib_dev_free(dc, (size_t)rows * ldc * 2);
+    nib_dev_free(db, (size_t)n * 2);
+    nib_dev_free(dsx, (size_t)m * 4);
+    nib_dev_free(dsw, (size_t)n * 4);
+    nib_free(hx), nib_free(hw), nib_free(hsx), nib_free(hsw), nib_free(hb), nib_free(hc), nib_free(hy);
+    nib_free(S), nib_free(B);
+}
+
+NIB_TEST(gemm_fp8_gpu_every_tile) {
+    NIB_REQUIRE_GPU();
+    nib_rng rng;
+    nib_test_rng(t, &rng);
+    const fp8_case cases[] = {
+        {1, 8, 16, 1, 0, 0},     {37, 72, 1168, 1, 1, 1}, {63, 264, 144, 0, 1, 2},
+        {130, 136, 4304, 1, 0, 2}, {532, 200, 2064, 1, 1, 0},
+    };
+    double worst = 0;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        double w = 0;
+        fp8_case_run(t, &rng, &cases[i], &w);
+        printf("  fp8 nib M=%lld N=%lld K=%lld: worst error / bound %.3f over every tile\n", (long long)cases[i].m,
+               (long long)cases[i].n, (long long)cases[i].k, w);
+        if (w > worst) worst = w;
+    }
+    printf("  fp8 nib: worst error / bound %.3f over every tile and case\n", worst);
+}
+
+/* bad arguments: named errors, nothing launched */
+NIB_TEST(gemm_fp8_gpu_argument_errors) {
+    NIB_REQUIRE_GPU();
+    void *d = NULL;
+    CHECK_OK(nib_dev_malloc(&d, 1 << 16, "buf"));
+    REQUIRE(d);
+    float *s = (float *)((char *)d + 32768);
+    uint8_t *x = d;
+    nib_blas_gemm_args a = {1, x, s, 1, x + 4096, s, 1, 16, 64, 64, NULL, NULL, 0, x + 16384, 64};
+    a.k = 40;
+    CHECK_ST(nib_cuda_gemm_fp8(&a, NULL, NULL), NIB_ERR_SHAPE); /* K not a multiple of 16 */
+    a.k = 64, a.n = 60;
+    CHECK_ST(nib_cuda_gemm_fp8(&a, NULL, NULL), NIB_ERR_SHAPE); /* N not a multiple of 8 */
+    a.n = 64, a.x = x + 8;
+    CHECK_ST(nib_cuda_gemm_fp8(&a, NULL, NULL), NIB_ERR_INVALID_ARG); /* X not 16-byte aligned */
+    a.x = x, a.c = x + 16384 + 64, a.ldc = 64;
+    CHECK_ST(nib_cuda_gemm_fp8(&a, NULL, NULL), NIB_ERR_INVALID_ARG); /* C overlaps Y */
+    a.c = a.y, a.ldc = 72, a.ldy = 64;
+    CHECK_ST(nib_cuda_gemm_fp8(&a, NULL, NULL), NIB_ERR_INVALID_ARG); /* C is Y with another stride */
+    a.c = NULL;
+    nib_fp8_tile bad = {3, 64, 4};
+    CHECK_ST(nib_cuda_gemm_fp8(&a, &bad, NULL), NIB_ERR_INVALID_ARG); /* no such tile */
+    a.fp8 = 0;
+    CHECK_ST(nib_cuda_gemm_fp8(&a, NULL, NULL), NIB_ERR_INVALID_ARG);
+    nib_dev_free(d, 1 << 16);
+}

@@ -10,6 +10,7 @@
  * not a derived error bound.
  */
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -175,5 +176,69 @@ NIB_TEST(gemm_plan_invariants) {
     CHECK_ST(nib_gemm_plan_for(&ok, 1, 0, 0, &pl), NIB_ERR_INVALID_ARG);
     CHECK_ST(nib_gemm_plan_for(NULL, 1, 0, SWEEP_SMS, &pl), NIB_ERR_INVALID_ARG);
     CHECK_MSG(nib_gemm_plans_for(&odd, 1, 0, SWEEP_SMS, &pl, 1) == -1, "a bad shape enumerates plans");
+    nib_clear_error();
+}
+
+/* nib's FP8 wgmma GEMM: the tile table, the planner, the engine rule and the argument checks
+ * are host code; this runs in every build. */
+NIB_TEST(gemm_fp8_plan_and_checks) {
+    nib_fp8_tile tiles[64];
+    const int nt = nib_fp8_tiles(tiles, 64);
+    CHECK(nt >= 1 && nt < 64);
+    for (int i = 0; i < nt; i++) {
+        CHECK(tiles[i].wg >= 1 && tiles[i].wg <= 2 && tiles[i].bn % 8 == 0 && tiles[i].bn <= 256 && tiles[i].stages >= 2);
+        /* one CTA's dynamic shared memory fits the H100's 227 KB opt-in limit */
+        CHECK(nib_fp8_tile_smem(&tiles[i]) == (size_t)tiles[i].stages * (64 * tiles[i].wg + tiles[i].bn) * 128 + 1024);
+        CHECK(nib_fp8_tile_smem(&tiles[i]) <= 227u * 1024);
+    }
+    /* the planner returns a compiled tile for every shape, also degenerate ones */
+    const int64_t shapes[][3] = {{1, 8, 16}, {512, 1152, 1152}, {532, 1152, 4304}, {512, 4304, 1152}, {1024, 32768, 2048}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        nib_fp8_tile p;
+        nib_fp8_plan_for(shapes[s][0], shapes[s][1], shapes[s][2], 132, &p);
+        int found = 0;
+        for (int i = 0; i < nt; i++) found |= !memcmp(&tiles[i], &p, sizeof p);
+        CHECK_MSG(found, "planner tile %d/%d/%d for M=%lld N=%lld K=%lld is not compiled", p.wg, p.bn, p.stages,
+                  (long long)shapes[s][0], (long long)shapes[s][1], (long long)shapes[s][2]);
+    }
+    /* the lab knob: a compiled tile is taken, anything else ignored */
+    nib_fp8_tile p, q;
+    setenv("NIB_FP8_TILE", "2:128:5", 1);
+    nib_fp8_plan_for(512, 1152, 1152, 132, &p);
+    CHECK(p.wg == 2 && p.bn == 128 && p.stages == 5);
+    setenv("NIB_FP8_TILE", "3:100:1", 1);
+    nib_fp8_plan_for(512, 1152, 1152, 132, &p);
+    unsetenv("NIB_FP8_TILE");
+    nib_fp8_plan_for(512, 1152, 1152, 132, &q);
+    CHECK(!memcmp(&p, &q, sizeof p));
+    /* the engine rule: cuBLASLt unless NIB_FP8_GEMM forces nib's kernel (measured: no end-to-end
+     * gain yet, see nib_fp8_use_nib) */
+    unsetenv("NIB_FP8_GEMM");
+    CHECK(nib_fp8_use_nib(512, 1152, 1152) == 0);
+    CHECK(nib_fp8_use_nib(532, 2048, 2048) == 0);
+    setenv("NIB_FP8_GEMM", "nib", 1);
+    CHECK(nib_fp8_use_nib(10, 4304, 1152) == 1);
+    setenv("NIB_FP8_GEMM", "cublaslt", 1);
+    CHECK(nib_fp8_use_nib(512, 1152, 1152) == 0);
+    unsetenv("NIB_FP8_GEMM");
+    /* argument checks (pointers are never dereferenced here) */
+    char *base = (char *)(uintptr_t)0x10000;
+    nib_blas_gemm_args a = {1, base, (float *)(base + 4096), 1, base + 8192, (float *)(base + 4096), 1,
+                            16,  64,   64,                    NULL, NULL,        0,                       base + 65536, 64};
+    CHECK_OK(nib_fp8_check_args(&a));
+    a.k = 40;
+    CHECK_ST(nib_fp8_check_args(&a), NIB_ERR_SHAPE);
+    a.k = 64, a.n = 60;
+    CHECK_ST(nib_fp8_check_args(&a), NIB_ERR_SHAPE);
+    a.n = 64, a.ldy = 63;
+    CHECK_ST(nib_fp8_check_args(&a), NIB_ERR_SHAPE);
+    a.ldy = 64, a.w = base + 8200;
+    CHECK_ST(nib_fp8_check_args(&a), NIB_ERR_INVALID_ARG);
+    a.w = base + 8192, a.c = base + 65536 + 128, a.ldc = 64;
+    CHECK_ST(nib_fp8_check_args(&a), NIB_ERR_INVALID_ARG); /* C overlaps Y */
+    a.c = a.y, a.ldc = 72;
+    CHECK_ST(nib_fp8_check_args(&a), NIB_ERR_INVALID_ARG); /* C is Y with another stride */
+    a.ldc = 64;
+    CHECK_OK(nib_fp8_check_args(&a)); /* in place */
     nib_clear_error();
 }

@@ -55,6 +55,7 @@ struct nib_blas {
     int next;
     int fast_accum; /* FP8 products without periodic promotion (see "FP8 accumulation") */
     int algo_index; /* heuristic candidate for plans made from now on (nib_blas_set_algo_index) */
+    int fp8_engine; /* nib_blas_set_fp8_engine */
 };
 
 #define NIB_BLAS_MAX_ALGOS 32
@@ -110,6 +111,10 @@ void nib_blas_free(nib_blas *b) {
 static int env_fast_accum(void) {
     const char *e = getenv("NIB_BLAS_FAST_ACCUM");
     return e && *e ? atoi(e) != 0 : 1;
+}
+
+void nib_blas_set_fp8_engine(nib_blas *b, int engine) {
+    if (b) b->fp8_engine = engine;
 }
 
 void nib_blas_set_fp8_fast_accum(nib_blas *b, int on) {
@@ -314,6 +319,11 @@ nib_status nib_blas_gemm_fused(nib_blas *b, const nib_blas_gemm_args *a, void *s
                            (long long)a->k, (long long)a->n);
         if (!a->sx || !a->sw) return NIB_ERR(NIB_ERR_INVALID_ARG, "fp8 gemm: NULL scale pointer");
     }
+    /* FP8 with fast accumulation: nib's wgmma kernel where the rule of nib_fp8_use_nib says it
+     * beats cuBLASLt's single FP8 algorithm (the handle's engine setting overrides the rule) */
+    if (a->fp8 && b->fast_accum &&
+        (b->fp8_engine == NIB_FP8_ENGINE_NIB || (b->fp8_engine == NIB_FP8_ENGINE_AUTO && nib_fp8_use_nib(a->m, a->n, a->k))))
+        return nib_cuda_gemm_fp8(a, NULL, stream);
     /* in place (C is Y with the same stride): one descriptor for both, as cuBLASLt requires */
     const int64_t ldc = !a->c ? 0 : (a->c == a->y && a->ldc == a->ldy) ? -1 : a->ldc;
     if (a->c && ldc > 0 && (const char *)a->c < (const char *)a->y + (size_t)a->ldy * a->m * 2 &&

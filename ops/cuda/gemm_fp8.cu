@@ -1,0 +1,244 @@
+/* gemm_fp8.cu — nib's FP8 W8A8 GEMM on Hopper's warpgroup MMA (wgmma, sm_90a):
+ *   Y[m, n] = bf16( (Σ_k Xq[m, k] · Wq[n, k]) · sx[m] · sw[n] + bias[n] + C[m, n] )
+ * with e4m3 codes, fp32 scales (per token / per channel, or one), an optional bf16 bias and an
+ * optional bf16 C (the residual; it may be Y itself), one rounding to bf16.
+ *
+ * Why it exists: with per-token and per-channel scales cuBLASLt 13 offers one FP8 algorithm on
+ * H100 (128 x 128 tiles), which fills 36-108 of the 132 SMs at the SigLIP shapes (M = 512) and
+ * the small Gemma prefix products; this kernel picks its tile per shape (ops/gemm_plan.c,
+ * nib_fp8_plan_for) so one wave covers the GPU. It is nib's first wgmma + TMA kernel.
+ * Status: a lab engine (`nib bench gemm --variants fp8-nib`, NIB_FP8_GEMM=nib). It beats
+ * cuBLASLt at M = 128 and at 1152 -> 1152, loses at the larger M ~ 512 shapes (its K loop runs
+ * at ~0.55 us per 128 x 128 x 128 block against ~0.28 us of tensor work: latency-bound), and did
+ * not pay in the model; docs/design.md has the numbers.
+ *
+ * CTA: WG consumer warpgroups (BM = 64 WG token rows) x BN output channels, plus one producer
+ * warp. Per 128-byte K block a stage holds the X tile (BM x 128) and the W tile (BN x 128) in
+ * the 128-byte swizzled K-major layout of wgmma.cuh, written by TMA (2-D tensor maps encoded
+ * per call on the host; rows past M / N and bytes past K arrive as zeros). Ring of ST stages
+ * with two mbarriers each: "full" (the producer's expect-tx, completed by the TMA bytes) and
+ * "empty" (one arrival per consumer warp once its wgmma group reading the stage has retired;
+ * each warpgroup keeps one group in flight, so block kb - 1's stage is released after block kb's
+ * products are issued).
+ * Accumulation is the tensor cores' (no promotion: cuBLASLt's FAST_ACCUM semantics).
+ * PDL: the weight part of the first blocks is requested before griddepcontrol.wait (weights are
+ * never written by a kernel of the call), the activations after it.
+ * Tested by tests/test_gemm_gpu.c (gemm_fp8_gpu_*), timed by `nib bench gemm --variants fp8-nib`.
+ */
+#include <cuda.h> /* CUtensorMap (the encoder is reached through the runtime: no -lcuda) */
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <cudaTypedefs.h>
+#include <stdint.h>
+
+#include "ops/cuda/gemm_lowbit.cuh" /* smem_u32 */
+#include "ops/cuda/wgmma.cuh"
+#include "ops/gemm.h"
+#include "runtime/cuda_check.h"
+#include "runtime/device.h"
+#include "runtime/launch.cuh"
+
+using namespace nib;
+
+namespace {
+
+struct Fp8Args {
+    const uint8_t *x, *w;
+    const float *sx, *sw;
+    const __nv_bfloat16 *bias, *c;
+    __nv_bfloat16 *y;
+    int m, n, k, ldc, ldy;
+    int sx_vec, sw_vec;
+};
+
+/* epilogue: scales, bias, C, one rounding; two adjacent columns per store */
+template <int WG, int BN>
+__device__ __forceinline__ void epilogue(const Fp8Args &p, const float (&acc)[BN / 2], int m0, int n0, int wg, int warp,
+                                         int lane) {
+    const int r0 = m0 + wg * 64 + (warp & 3) * 16 + (lane >> 2);
+    float sxr[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int r = r0 + 8 * h;
+        sxr[h] = r < p.m ? p.sx[p.sx_vec ? r : 0] : 0.f;
+    }
+#pragma unroll
+    for (int j = 0; j < BN / 8; j++) {
+        const int col = n0 + 8 * j + 2 * (lane & 3);
+        if (col >= p.n) continue; /* N is a multiple of 8: col + 1 < N too */
+        const float w0 = p.sw[p.sw_vec ? col : 0], w1 = p.sw[p.sw_vec ? col + 1 : 0];
+        float b0 = 0.f, b1 = 0.f;
+        if (p.bias) {
+            const __nv_bfloat162 bb = *(const __nv_bfloat162 *)(p.bias + col);
+            b0 = __low2float(bb), b1 = __high2float(bb);
+        }
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int r = r0 + 8 * h;
+            if (r >= p.m) continue;
+            float v0 = acc[4 * j + 2 * h] * (sxr[h] * w0) + b0, v1 = acc[4 * j + 2 * h + 1] * (sxr[h] * w1) + b1;
+            if (p.c) {
+                const __nv_bfloat162 cc = *(const __nv_bfloat162 *)(p.c + (size_t)r * p.ldc + col);
+                v0 += __low2float(cc), v1 += __high2float(cc);
+            }
+            *(__nv_bfloat162 *)(p.y + (size_t)r * p.ldy + col) = __floats2bfloat162_rn(v0, v1);
+        }
+    }
+}
+
+template <int WG, int BN, int ST>
+__global__ void __launch_bounds__(WG * 128 + 32, 1)
+    k_gemm_fp8(const __grid_constant__ CUtensorMap tmx, const __grid_constant__ CUtensorMap tmw, const Fp8Args p) {
+    constexpr int BM = 64 * WG, A_BYTES = BM * 128, STAGE = A_BYTES + BN * 128;
+    static_assert(BN % 8 == 0 && BN <= 256 && ST >= 2, "tile");
+    extern __shared__ uint8_t smem_raw[];
+    __shared__ __align__(8) uint64_t bars[2 * ST]; /* full[ST] (TMA landed), empty[ST] (consumers done) */
+    const uint32_t sbase = (smem_u32(smem_raw) + 1023u) & ~1023u; /* swizzle atoms: 1024-aligned */
+    const uint32_t full0 = smem_u32(&bars[0]), empty0 = smem_u32(&bars[ST]);
+    const int tid = threadIdx.x, wg = tid >> 7, warp = tid >> 5, lane = tid & 31;
+    const int n0 = blockIdx.x * BN, m0 = blockIdx.y * BM;
+    const int nk = (p.k + 127) >> 7;
+    if (tid == 0) {
+        for (int s = 0; s < ST; s++) {
+            mbar_init(full0 + 8 * s, 1);
+            mbar_init(empty0 + 8 * s, 4 * WG); /* lane 0 of each consumer warp */
+        }
+        mbar_init_fence();
+    }
+    __syncthreads();
+
+    if (warp == 4 * WG) {
+        /* the producer warp: the whole warp walks the K blocks and waits, lane 0 issues the TMA
+         * loads; the weights of the first stages before the grid dependency, X after it */
+        const bool issue = lane == 0;
+        const int pre = nk < ST ? nk : ST;
+        if (issue)
+            for (int kb = 0; kb < pre; kb++) {
+                mbar_arrive_expect_tx(full0 + 8 * kb, STAGE);
+                tma_load_2d(sbase + kb * STAGE + A_BYTES, &tmw, kb * 128, n0, full0 + 8 * kb);
+            }
+        pdl_wait();
+        pdl_trigger();
+        if (issue)
+            for (int kb = 0; kb < pre; kb++) tma_load_2d(sbase + kb * STAGE, &tmx, kb * 128, m0, full0 + 8 * kb);
+        __syncwarp();
+        for (int kb = ST; kb < nk; kb++) {
+            const int s = kb % ST;
+            mbar_wait(empty0 + 8 * s, ((kb / ST) & 1) ^ 1);
+            if (issue) {
+                mbar_arrive_expect_tx(full0 + 8 * s, STAGE);
+                tma_load_2d(sbase + s * STAGE + A_BYTES, &tmw, kb * 128, n0, full0 + 8 * s);
+                tma_load_2d(sbase + s * STAGE, &tmx, kb * 128, m0, full0 + 8 * s);
+            }
+            __syncwarp();
+        }
+        return;
+    }
+    pdl_wait(); /* the epilogue reads C, which the previous kernel may have written */
+    float acc[BN / 2];
+#pragma unroll
+    for (int i = 0; i < BN / 2; i++) acc[i] = 0.f;
+    for (int kb = 0; kb < nk; kb++) {
+        const int s = kb % ST;
+        mbar_wait(full0 + 8 * s, (kb / ST) & 1);
+        const uint32_t sa = sbase + s * STAGE + wg * 64 * 128, sb = sbase + s * STAGE + A_BYTES;
+        wgmma_fence();
+#pragma unroll
+        for (int q = 0; q < 4; q++) WgmmaE4M3<BN>::mma(acc, wgmma_desc_sw128(sa + q * 32), wgmma_desc_sw128(sb + q * 32));
+        wgmma_commit();
+        wgmma_wait<1>(); /* block kb - 1's products are done: its stage may be refilled */
+        if (kb > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((kb - 1) % ST));
+    }
+    wgmma_wait<0>();
+    epilogue<WG, BN>(p, acc, m0, n0, wg, warp, lane);
+}
+
+typedef void (*KernFn)(const CUtensorMap, const CUtensorMap, const Fp8Args);
+struct TileKern {
+    nib_fp8_tile t;
+    KernFn fn;
+    int attr_set;
+};
+#define NIB_FP8_TILE(WG, BN, ST) {{WG, BN, ST}, k_gemm_fp8<WG, BN, ST>, 0}
+/* the instantiated tiles (nib_fp8_tiles lists the same, host-side, for the planner) */
+TileKern g_tiles[] = {NIB_FP8_TILE(1, 64, 6),  NIB_FP8_TILE(1, 72, 6),  NIB_FP8_TILE(1, 96, 5),
+                      NIB_FP8_TILE(1, 128, 4), NIB_FP8_TILE(2, 64, 4),  NIB_FP8_TILE(2, 96, 4),
+                      NIB_FP8_TILE(2, 112, 4), NIB_FP8_TILE(2, 128, 5), NIB_FP8_TILE(2, 144, 4),
+                      NIB_FP8_TILE(2, 192, 4), NIB_FP8_TILE(2, 256, 4)};
+#undef NIB_FP8_TILE
+constexpr int N_TILES = (int)(sizeof g_tiles / sizeof g_tiles[0]);
+
+int g_sms;
+PFN_cuTensorMapEncodeTiled_v12000 g_encode;
+
+/* the driver's tensor-map encoder, through the runtime (nib links no libcuda) */
+nib_status encoder_ready() {
+    if (g_encode) return NIB_OK;
+    void *fn = NULL;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    NIB_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q));
+    if (q != cudaDriverEntryPointSuccess || !fn)
+        return NIB_ERR(NIB_ERR_UNSUPPORTED_DEVICE, "fp8 gemm (nib): the driver has no cuTensorMapEncodeTiled (status %d)",
+                       (int)q);
+    g_encode = (PFN_cuTensorMapEncodeTiled_v12000)fn;
+    return NIB_OK;
+}
+
+/* rows x k e4m3 codes, row-major: boxes of box_rows x 128 bytes, 128-byte swizzle, zeros outside */
+nib_status encode_rows(CUtensorMap *m, const void *base, int64_t rows, int64_t k, int box_rows, const char *what) {
+    const cuuint64_t dims[2] = {(cuuint64_t)k, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)k};
+    const cuuint32_t box[2] = {128, (cuuint32_t)box_rows}, estr[2] = {1, 1};
+    const CUresult r = g_encode(m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void *>(base), dims, strides, box, estr,
+                                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS)
+        return NIB_ERR(NIB_ERR_CUDA, "fp8 gemm (nib): cuTensorMapEncodeTiled for %s (%lld x %lld, box %d rows) failed: %d",
+                       what, (long long)rows, (long long)k, box_rows, (int)r);
+    return NIB_OK;
+}
+
+} /* namespace */
+
+extern "C" nib_status nib_cuda_gemm_fp8(const nib_blas_gemm_args *a, const nib_fp8_tile *tile, void *stream) {
+    if (!a || !a->x || !a->w || !a->y || !a->sx || !a->sw)
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "fp8 gemm (nib): NULL argument");
+    if (!a->fp8) return NIB_ERR(NIB_ERR_INVALID_ARG, "fp8 gemm (nib): the arguments are not an FP8 product");
+    NIB_RETURN_IF_ERR(nib_fp8_check_args(a));
+    if (!g_sms) {
+        nib_device_info d;
+        NIB_RETURN_IF_ERR(nib_device_require(&d));
+        g_sms = d.sm_count;
+    }
+    nib_fp8_tile pick;
+    if (!tile) {
+        nib_fp8_plan_for(a->m, a->n, a->k, g_sms, &pick);
+        tile = &pick;
+    }
+    TileKern *tk = NULL;
+    for (int i = 0; i < N_TILES && !tk; i++)
+        if (g_tiles[i].t.wg == tile->wg && g_tiles[i].t.bn == tile->bn && g_tiles[i].t.stages == tile->stages)
+            tk = &g_tiles[i];
+    if (!tk)
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "fp8 gemm (nib): no kernel for tile %d x %d with %d stages", 64 * tile->wg,
+                       tile->bn, tile->stages);
+    const size_t smem = nib_fp8_tile_smem(&tk->t);
+    if (!tk->attr_set) {
+        NIB_CUDA_CHECK(cudaFuncSetAttribute(tk->fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        tk->attr_set = 1;
+    }
+    Fp8Args p;
+    p.x = (const uint8_t *)a->x, p.w = (const uint8_t *)a->w;
+    p.sx = a->sx, p.sw = a->sw;
+    p.bias = (const __nv_bfloat16 *)a->bias, p.c = (const __nv_bfloat16 *)a->c;
+    p.y = (__nv_bfloat16 *)a->y;
+    p.m = (int)a->m, p.n = (int)a->n, p.k = (int)a->k, p.ldc = (int)a->ldc, p.ldy = (int)a->ldy;
+    p.sx_vec = a->sx_per_token != 0, p.sw_vec = a->sw_per_channel != 0;
+    NIB_RETURN_IF_ERR(encoder_ready());
+    CUtensorMap tmx, tmw;
+    NIB_RETURN_IF_ERR(encode_rows(&tmx, a->x, a->m, a->k, 64 * tk->t.wg, "X"));
+    NIB_RETURN_IF_ERR(encode_rows(&tmw, a->w, a->n, a->k, tk->t.bn, "W"));
+    const dim3 grid((unsigned)((a->n + tk->t.bn - 1) / tk->t.bn), (unsigned)((a->m + 64 * tk->t.wg - 1) / (64 * tk->t.wg)));
+    NIB_CUDA_CHECK(nib::launch(tk->fn, grid, dim3(128 * tk->t.wg + 32), smem, (cudaStream_t)stream, tmx, tmw, p));
+    NIB_LAUNCH_CHECK("k_gemm_fp8");
+    return NIB_OK;
+}

@@ -1,0 +1,69 @@
+/* wgmma.cuh — Hopper warpgroup MMA (wgmma.mma_async, sm_90a) helpers: shared-memory matrix
+ * descriptors for the 128-byte swizzled K-major layout, the fence / commit / wait protocol,
+ * mbarriers and 2-D TMA loads, and the e4m3 x e4m3 -> f32 instructions (wgmma_e4m3.inc, written
+ * by scripts/gen_wgmma.py).
+ *
+ * The shared-memory layout these descriptors describe ("128B swizzle", K-major): a tile of R rows
+ * x 128 bytes of K, row r at byte r * 128, its 16-byte chunk c stored at chunk c ^ (r & 7). The
+ * tile starts on a 1024-byte boundary (the swizzle is applied to absolute address bits), 8-row
+ * groups are 1024 bytes apart (the stride byte offset); one k32 step of e4m3 is 32 bytes of the
+ * row, so step s's descriptor starts 32 * s bytes into the tile.
+ * Accumulator fragment of m64nN (f32, N / 2 registers per thread): warp w of the warpgroup holds
+ * rows 16 w + lane / 4 (registers 4 j, 4 j + 1: columns 8 j + 2 (lane % 4) + {0, 1}) and the row
+ * 8 below it (registers 4 j + 2, 4 j + 3).
+ */
+#ifndef NIB_WGMMA_CUH
+#define NIB_WGMMA_CUH
+
+#include <stdint.h>
+
+namespace nib {
+
+/* descriptor of a K-major, 128-byte swizzled operand tile at shared address saddr */
+__device__ __forceinline__ uint64_t wgmma_desc_sw128(uint32_t saddr) {
+    return (uint64_t)((saddr & 0x3FFFFu) >> 4) /* start address, 16-byte units */
+           | ((uint64_t)1 << 16)               /* leading byte offset: unused for swizzled K-major */
+           | ((uint64_t)(1024 >> 4) << 32)     /* stride byte offset: 8 rows x 128 bytes */
+           | ((uint64_t)1 << 62);              /* layout: 128-byte swizzle */
+}
+
+/* the accumulator registers are about to be used by wgmma (after other instructions wrote them) */
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+/* wait until at most N committed wgmma groups of this warpgroup are pending */
+template <int N> __device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+/* ---- mbarriers and TMA (cp.async.bulk.tensor) ---- */
+__device__ __forceinline__ void mbar_init(uint32_t bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+/* the barrier inits are visible to the async proxy (TMA's complete_tx) and the other threads */
+__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+/* wait until the phase of the given parity has completed (a fresh barrier: parity 1 passes) */
+__device__ __forceinline__ void mbar_wait(uint32_t bar, unsigned parity) {
+    asm volatile("{\n.reg .pred p;\nWAIT_%=:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 "@!p bra WAIT_%=;\n}\n" ::"r"(bar),
+                 "r"(parity)
+                 : "memory");
+}
+/* 2-D TMA load of one box (c0: innermost coordinate) into shared memory, completing on bar */
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const void *tmap, int c0, int c1, uint32_t bar) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(dst),
+                 "l"(tmap), "r"(c0), "r"(c1), "r"(bar)
+                 : "memory");
+}
+
+template <int N> struct WgmmaE4M3; /* the supported N: wgmma_e4m3.inc */
+#include "ops/cuda/wgmma_e4m3.inc"
+
+} /* namespace nib */
+
+#endif
