@@ -241,6 +241,8 @@ nib_status nib_blas_gemm_fused(nib_blas *b, const nib_blas_gemm_args *a, void *s
  * Y / C / bias 4-byte aligned with even ldy / ldc, M, N, K < 2^31. */
 typedef struct nib_fp8_tile {
     int wg, bn, stages;
+    int ks; /* CTAs splitting K (one cluster; their sums meet in rank 0's shared memory, added in
+             * rank order: deterministic) */
 } nib_fp8_tile;
 /* the compiled tiles, in a fixed order (host code, no CUDA): how many were written (<= max) */
 int nib_fp8_tiles(nib_fp8_tile *out, int max);

@@ -206,9 +206,10 @@ int nib_gemm_plans_for(const nib_gemm_shape *w, int64_t m, uint64_t ws_elems, in
 /* ---- nib's FP8 W8A8 GEMM (ops/cuda/gemm_fp8.cu): tiles and the planner -------------------- */
 
 /* the order and set of ops/cuda/gemm_fp8.cu's g_tiles */
-static const nib_fp8_tile k_fp8_tiles[] = {{1, 64, 6},  {1, 72, 6},  {1, 96, 5},  {1, 128, 4},
-                                           {2, 64, 4},  {2, 96, 4},  {2, 112, 4}, {2, 128, 5},
-                                           {2, 144, 4}, {2, 192, 4}, {2, 256, 4}};
+static const nib_fp8_tile k_fp8_tiles[] = {{1, 64, 6, 1},  {1, 72, 6, 1},  {1, 96, 5, 1},  {1, 128, 4, 1},
+                                           {2, 64, 4, 1},  {2, 96, 4, 1},  {2, 112, 4, 1}, {2, 128, 5, 1},
+                                           {2, 144, 4, 1}, {2, 192, 4, 1}, {2, 256, 4, 1}, {2, 128, 5, 2},
+                                           {2, 128, 5, 3}, {2, 144, 4, 2}, {2, 192, 4, 2}};
 #define N_FP8_TILES ((int)(sizeof k_fp8_tiles / sizeof k_fp8_tiles[0]))
 
 int nib_fp8_tiles(nib_fp8_tile *out, int max) {
@@ -225,7 +226,8 @@ size_t nib_fp8_tile_smem(const nib_fp8_tile *t) {
  * per 128-byte K block the MMA work (BM x BN) plus the bytes staged (BM + BN rows) plus a fixed
  * cost per block. */
 static double fp8_cost(const nib_fp8_tile *t, int64_t m, int64_t n, int64_t k, int sms) {
-    const int64_t bm = 64 * t->wg, ctas = ((m + bm - 1) / bm) * ((n + t->bn - 1) / t->bn), nk = (k + 127) / 128;
+    const int64_t bm = 64 * t->wg, ctas = ((m + bm - 1) / bm) * ((n + t->bn - 1) / t->bn) * t->ks;
+    const int64_t nk = ((k + 127) / 128 + t->ks - 1) / t->ks + (t->ks > 1 ? 2 : 0); /* + the reduction */
     int occ = (int)(233472 / (nib_fp8_tile_smem(t) + 1024));
     if (occ > 2) occ = 2;
     if (occ < 1) return 1e30;
@@ -236,10 +238,10 @@ static double fp8_cost(const nib_fp8_tile *t, int64_t m, int64_t n, int64_t k, i
 }
 
 void nib_fp8_plan_for(int64_t m, int64_t n, int64_t k, int sms, nib_fp8_tile *out) {
-    /* lab knob NIB_FP8_TILE=wg:bn:stages (a compiled tile) replaces the model's pick */
+    /* lab knob NIB_FP8_TILE=wg:bn:stages:ks (a compiled tile) replaces the model's pick */
     const char *e = getenv("NIB_FP8_TILE");
     nib_fp8_tile f;
-    if (e && sscanf(e, "%d:%d:%d", &f.wg, &f.bn, &f.stages) == 3)
+    if (e && sscanf(e, "%d:%d:%d:%d", &f.wg, &f.bn, &f.stages, &f.ks) == 4)
         for (int i = 0; i < N_FP8_TILES; i++)
             if (!memcmp(&k_fp8_tiles[i], &f, sizeof f)) {
                 *out = f;

@@ -12,6 +12,9 @@
  * at ~0.55 us per 128 x 128 x 128 block against ~0.28 us of tensor work: latency-bound), and did
  * not pay in the model; docs/design.md has the numbers.
  *
+ * K split (ks > 1, lab tiles): ks CTAs of one cluster take consecutive ranges of the K blocks;
+ * after both cluster barriers ranks 1.. have stored their sums into rank 0's (idle) stage buffers
+ * through distributed shared memory and rank 0 adds them in rank order: deterministic.
  * CTA: WG consumer warpgroups (BM = 64 WG token rows) x BN output channels, plus one producer
  * warp. Per 128-byte K block a stage holds the X tile (BM x 128) and the W tile (BN x 128) in
  * the 128-byte swizzled K-major layout of wgmma.cuh, written by TMA (2-D tensor maps encoded
@@ -86,18 +89,23 @@ __device__ __forceinline__ void epilogue(const Fp8Args &p, const float (&acc)[BN
     }
 }
 
-template <int WG, int BN, int ST>
+template <int WG, int BN, int ST, int KS>
 __global__ void __launch_bounds__(WG * 128 + 32, 1)
     k_gemm_fp8(const __grid_constant__ CUtensorMap tmx, const __grid_constant__ CUtensorMap tmw, const Fp8Args p) {
-    constexpr int BM = 64 * WG, A_BYTES = BM * 128, STAGE = A_BYTES + BN * 128;
+    constexpr int BM = 64 * WG, A_BYTES = BM * 128, STAGE = A_BYTES + BN * 128, NC = 128 * WG;
     static_assert(BN % 8 == 0 && BN <= 256 && ST >= 2, "tile");
+    static_assert(KS >= 1 && KS <= 4 && (size_t)(KS - 1) * NC * (BN / 2) * 4 <= (size_t)ST * STAGE,
+                  "the K split's partial sums fit in rank 0's stage buffers");
     extern __shared__ uint8_t smem_raw[];
     __shared__ __align__(8) uint64_t bars[2 * ST]; /* full[ST] (TMA landed), empty[ST] (consumers done) */
     const uint32_t sbase = (smem_u32(smem_raw) + 1023u) & ~1023u; /* swizzle atoms: 1024-aligned */
     const uint32_t full0 = smem_u32(&bars[0]), empty0 = smem_u32(&bars[ST]);
     const int tid = threadIdx.x, wg = tid >> 7, warp = tid >> 5, lane = tid & 31;
     const int n0 = blockIdx.x * BN, m0 = blockIdx.y * BM;
-    const int nk = (p.k + 127) >> 7;
+    /* KS > 1: the cluster's KS CTAs (blockIdx.z = rank) take consecutive ranges of the K blocks;
+     * ranks 1.. add their sums into rank 0's shared memory, which adds them in rank order */
+    const int nkt = (p.k + 127) >> 7, kz = KS > 1 ? (int)blockIdx.z : 0;
+    const int kb0 = nkt * kz / KS, nk = nkt * (kz + 1) / KS - kb0;
     if (tid == 0) {
         for (int s = 0; s < ST; s++) {
             mbar_init(full0 + 8 * s, 1);
@@ -115,22 +123,26 @@ __global__ void __launch_bounds__(WG * 128 + 32, 1)
         if (issue)
             for (int kb = 0; kb < pre; kb++) {
                 mbar_arrive_expect_tx(full0 + 8 * kb, STAGE);
-                tma_load_2d(sbase + kb * STAGE + A_BYTES, &tmw, kb * 128, n0, full0 + 8 * kb);
+                tma_load_2d(sbase + kb * STAGE + A_BYTES, &tmw, (kb0 + kb) * 128, n0, full0 + 8 * kb);
             }
         pdl_wait();
         pdl_trigger();
         if (issue)
-            for (int kb = 0; kb < pre; kb++) tma_load_2d(sbase + kb * STAGE, &tmx, kb * 128, m0, full0 + 8 * kb);
+            for (int kb = 0; kb < pre; kb++) tma_load_2d(sbase + kb * STAGE, &tmx, (kb0 + kb) * 128, m0, full0 + 8 * kb);
         __syncwarp();
         for (int kb = ST; kb < nk; kb++) {
             const int s = kb % ST;
             mbar_wait(empty0 + 8 * s, ((kb / ST) & 1) ^ 1);
             if (issue) {
                 mbar_arrive_expect_tx(full0 + 8 * s, STAGE);
-                tma_load_2d(sbase + s * STAGE + A_BYTES, &tmw, kb * 128, n0, full0 + 8 * s);
-                tma_load_2d(sbase + s * STAGE, &tmx, kb * 128, m0, full0 + 8 * s);
+                tma_load_2d(sbase + s * STAGE + A_BYTES, &tmw, (kb0 + kb) * 128, n0, full0 + 8 * s);
+                tma_load_2d(sbase + s * STAGE, &tmx, (kb0 + kb) * 128, m0, full0 + 8 * s);
             }
             __syncwarp();
+        }
+        if (KS > 1) { /* the producer warp takes part in the cluster's two barriers */
+            cluster_sync();
+            cluster_sync();
         }
         return;
     }
@@ -150,6 +162,24 @@ __global__ void __launch_bounds__(WG * 128 + 32, 1)
         if (kb > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((kb - 1) % ST));
     }
     wgmma_wait<0>();
+    if (KS > 1) {
+        /* every CTA of the cluster is past its K loop (rank 0's stages are free and its TMA
+         * writes landed); ranks 1.. store their sums into rank 0's stage buffers, element i of
+         * consumer thread t at [rank - 1][i][t]; then rank 0 adds them in rank order */
+        cluster_sync();
+        if (kz > 0) {
+            const uint32_t dst = cluster_map(sbase, 0) + (uint32_t)(((kz - 1) * (BN / 2)) * NC + tid) * 4u;
+#pragma unroll
+            for (int i = 0; i < BN / 2; i++) st_cluster_f32(dst + (uint32_t)(i * NC) * 4u, acc[i]);
+        }
+        cluster_sync();
+        if (kz > 0) return;
+        const float *part = (const float *)(smem_raw + (sbase - smem_u32(smem_raw)));
+#pragma unroll 1
+        for (int r = 1; r < KS; r++)
+#pragma unroll
+            for (int i = 0; i < BN / 2; i++) acc[i] += part[((r - 1) * (BN / 2) + i) * NC + tid];
+    }
     epilogue<WG, BN>(p, acc, m0, n0, wg, warp, lane);
 }
 
@@ -159,12 +189,13 @@ struct TileKern {
     KernFn fn;
     int attr_set;
 };
-#define NIB_FP8_TILE(WG, BN, ST) {{WG, BN, ST}, k_gemm_fp8<WG, BN, ST>, 0}
+#define NIB_FP8_TILE(WG, BN, ST, KS) {{WG, BN, ST, KS}, k_gemm_fp8<WG, BN, ST, KS>, 0}
 /* the instantiated tiles (nib_fp8_tiles lists the same, host-side, for the planner) */
-TileKern g_tiles[] = {NIB_FP8_TILE(1, 64, 6),  NIB_FP8_TILE(1, 72, 6),  NIB_FP8_TILE(1, 96, 5),
-                      NIB_FP8_TILE(1, 128, 4), NIB_FP8_TILE(2, 64, 4),  NIB_FP8_TILE(2, 96, 4),
-                      NIB_FP8_TILE(2, 112, 4), NIB_FP8_TILE(2, 128, 5), NIB_FP8_TILE(2, 144, 4),
-                      NIB_FP8_TILE(2, 192, 4), NIB_FP8_TILE(2, 256, 4)};
+TileKern g_tiles[] = {NIB_FP8_TILE(1, 64, 6, 1),  NIB_FP8_TILE(1, 72, 6, 1),  NIB_FP8_TILE(1, 96, 5, 1),
+                      NIB_FP8_TILE(1, 128, 4, 1), NIB_FP8_TILE(2, 64, 4, 1),  NIB_FP8_TILE(2, 96, 4, 1),
+                      NIB_FP8_TILE(2, 112, 4, 1), NIB_FP8_TILE(2, 128, 5, 1), NIB_FP8_TILE(2, 144, 4, 1),
+                      NIB_FP8_TILE(2, 192, 4, 1), NIB_FP8_TILE(2, 256, 4, 1), NIB_FP8_TILE(2, 128, 5, 2),
+                      NIB_FP8_TILE(2, 128, 5, 3), NIB_FP8_TILE(2, 144, 4, 2), NIB_FP8_TILE(2, 192, 4, 2)};
 #undef NIB_FP8_TILE
 constexpr int N_TILES = (int)(sizeof g_tiles / sizeof g_tiles[0]);
 
@@ -216,11 +247,12 @@ extern "C" nib_status nib_cuda_gemm_fp8(const nib_blas_gemm_args *a, const nib_f
     }
     TileKern *tk = NULL;
     for (int i = 0; i < N_TILES && !tk; i++)
-        if (g_tiles[i].t.wg == tile->wg && g_tiles[i].t.bn == tile->bn && g_tiles[i].t.stages == tile->stages)
+        if (g_tiles[i].t.wg == tile->wg && g_tiles[i].t.bn == tile->bn && g_tiles[i].t.stages == tile->stages &&
+            g_tiles[i].t.ks == tile->ks)
             tk = &g_tiles[i];
     if (!tk)
-        return NIB_ERR(NIB_ERR_INVALID_ARG, "fp8 gemm (nib): no kernel for tile %d x %d with %d stages", 64 * tile->wg,
-                       tile->bn, tile->stages);
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "fp8 gemm (nib): no kernel for tile %d x %d with %d stages, K split %d",
+                       64 * tile->wg, tile->bn, tile->stages, tile->ks);
     const size_t smem = nib_fp8_tile_smem(&tk->t);
     if (!tk->attr_set) {
         NIB_CUDA_CHECK(cudaFuncSetAttribute(tk->fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
@@ -237,8 +269,13 @@ extern "C" nib_status nib_cuda_gemm_fp8(const nib_blas_gemm_args *a, const nib_f
     CUtensorMap tmx, tmw;
     NIB_RETURN_IF_ERR(encode_rows(&tmx, a->x, a->m, a->k, 64 * tk->t.wg, "X"));
     NIB_RETURN_IF_ERR(encode_rows(&tmw, a->w, a->n, a->k, tk->t.bn, "W"));
-    const dim3 grid((unsigned)((a->n + tk->t.bn - 1) / tk->t.bn), (unsigned)((a->m + 64 * tk->t.wg - 1) / (64 * tk->t.wg)));
-    NIB_CUDA_CHECK(nib::launch(tk->fn, grid, dim3(128 * tk->t.wg + 32), smem, (cudaStream_t)stream, tmx, tmw, p));
+    const dim3 grid((unsigned)((a->n + tk->t.bn - 1) / tk->t.bn), (unsigned)((a->m + 64 * tk->t.wg - 1) / (64 * tk->t.wg)),
+                    (unsigned)tk->t.ks);
+    if (tk->t.ks > 1) /* a K split is one cluster along z */
+        NIB_CUDA_CHECK(nib::launch_cluster(tk->fn, grid, dim3(128 * tk->t.wg + 32), smem, (cudaStream_t)stream,
+                                           dim3(1, 1, (unsigned)tk->t.ks), tmx, tmw, p));
+    else
+        NIB_CUDA_CHECK(nib::launch(tk->fn, grid, dim3(128 * tk->t.wg + 32), smem, (cudaStream_t)stream, tmx, tmw, p));
     NIB_LAUNCH_CHECK("k_gemm_fp8");
     return NIB_OK;
 }
