@@ -261,15 +261,16 @@ static nib_status sweep_fp8_tiles(const bench_cfg *cfg, gemm_ctx *g, uint64_t ca
     char best_plan[64];
     snprintf(best_plan, sizeof best_plan, "%s", row->plan);
     for (int i = 0; i < nt && *nrows < max_rows; i++) {
-        if (tiles[i].wg == pick.wg && tiles[i].bn == pick.bn && tiles[i].stages == pick.stages && tiles[i].ks == pick.ks)
+        if (tiles[i].wg == pick.wg && tiles[i].bn == pick.bn && tiles[i].stages == pick.stages && tiles[i].ks == pick.ks &&
+            tiles[i].cm == pick.cm)
             continue;
         g->tile = &tiles[i];
         bench_row *sr = &rows[(*nrows)++];
         nib_status st = time_row(g, cfg->reps < 5 ? cfg->reps : 5, canon_bytes, copy_gbps, bf16_us, sr);
         g->tile = NULL;
         NIB_RETURN_IF_ERR(st);
-        snprintf(sr->plan, sizeof sr->plan, "tile %dx%d st%d ks%d", 64 * tiles[i].wg, tiles[i].bn, tiles[i].stages,
-                 tiles[i].ks);
+        snprintf(sr->plan, sizeof sr->plan, "tile %dx%d st%d ks%d cm%d", 64 * tiles[i].wg, tiles[i].bn, tiles[i].stages,
+                 tiles[i].ks, tiles[i].cm);
         sr->sweep = 1;
         print_row(sr);
         if (sr->us < best) {
@@ -374,7 +375,8 @@ static nib_status bench_variant(const bench_cfg *cfg, variant v, gemm_ctx *g, ni
         if (v == V_FP8NIB) {
             nib_fp8_tile pick;
             nib_fp8_plan_for(g->m, n, k, cfg->sms, &pick);
-            snprintf(row->plan, sizeof row->plan, "tile %dx%d st%d ks%d", 64 * pick.wg, pick.bn, pick.stages, pick.ks);
+            snprintf(row->plan, sizeof row->plan, "tile %dx%d st%d ks%d cm%d", 64 * pick.wg, pick.bn, pick.stages, pick.ks,
+                     pick.cm);
             row->sweep = cfg->sweep ? 2 : 0;
         }
         print_row(row);

@@ -243,6 +243,7 @@ typedef struct nib_fp8_tile {
     int wg, bn, stages;
     int ks; /* CTAs splitting K (one cluster; their sums meet in rank 0's shared memory, added in
              * rank order: deterministic) */
+    int cm; /* CTAs of one cluster along M: each loads 1 / cm of the W tile and multicasts it */
 } nib_fp8_tile;
 /* the compiled tiles, in a fixed order (host code, no CUDA): how many were written (<= max) */
 int nib_fp8_tiles(nib_fp8_tile *out, int max);

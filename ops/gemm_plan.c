@@ -206,10 +206,11 @@ int nib_gemm_plans_for(const nib_gemm_shape *w, int64_t m, uint64_t ws_elems, in
 /* ---- nib's FP8 W8A8 GEMM (ops/cuda/gemm_fp8.cu): tiles and the planner -------------------- */
 
 /* the order and set of ops/cuda/gemm_fp8.cu's g_tiles */
-static const nib_fp8_tile k_fp8_tiles[] = {{1, 64, 6, 1},  {1, 72, 6, 1},  {1, 96, 5, 1},  {1, 128, 4, 1},
-                                           {2, 64, 4, 1},  {2, 96, 4, 1},  {2, 112, 4, 1}, {2, 128, 5, 1},
-                                           {2, 144, 4, 1}, {2, 192, 4, 1}, {2, 256, 4, 1}, {2, 128, 5, 2},
-                                           {2, 128, 5, 3}, {2, 144, 4, 2}, {2, 192, 4, 2}};
+static const nib_fp8_tile k_fp8_tiles[] = {
+    {1, 64, 6, 1, 1},  {1, 72, 6, 1, 1},  {1, 96, 5, 1, 1},  {1, 128, 4, 1, 1}, {2, 64, 4, 1, 1},  {2, 96, 4, 1, 1},
+    {2, 112, 4, 1, 1}, {2, 128, 5, 1, 1}, {2, 144, 4, 1, 1}, {2, 192, 4, 1, 1}, {2, 256, 4, 1, 1}, {2, 128, 5, 2, 1},
+    {2, 128, 5, 3, 1}, {2, 144, 4, 2, 1}, {2, 192, 4, 2, 1}, {1, 64, 6, 1, 4},  {1, 64, 6, 1, 8},  {1, 128, 4, 1, 4},
+    {2, 64, 4, 1, 4},  {2, 96, 4, 1, 4},  {2, 128, 5, 1, 2}, {2, 128, 5, 1, 4}};
 #define N_FP8_TILES ((int)(sizeof k_fp8_tiles / sizeof k_fp8_tiles[0]))
 
 int nib_fp8_tiles(nib_fp8_tile *out, int max) {
@@ -226,7 +227,8 @@ size_t nib_fp8_tile_smem(const nib_fp8_tile *t) {
  * per 128-byte K block the MMA work (BM x BN) plus the bytes staged (BM + BN rows) plus a fixed
  * cost per block. */
 static double fp8_cost(const nib_fp8_tile *t, int64_t m, int64_t n, int64_t k, int sms) {
-    const int64_t bm = 64 * t->wg, ctas = ((m + bm - 1) / bm) * ((n + t->bn - 1) / t->bn) * t->ks;
+    const int64_t bm = 64 * t->wg, mt = ((m + bm - 1) / bm + t->cm - 1) / t->cm * t->cm;
+    const int64_t ctas = mt * ((n + t->bn - 1) / t->bn) * t->ks;
     const int64_t nk = ((k + 127) / 128 + t->ks - 1) / t->ks + (t->ks > 1 ? 2 : 0); /* + the reduction */
     int occ = (int)(233472 / (nib_fp8_tile_smem(t) + 1024));
     if (occ > 2) occ = 2;
@@ -234,14 +236,14 @@ static double fp8_cost(const nib_fp8_tile *t, int64_t m, int64_t n, int64_t k, i
     const int64_t slots = (int64_t)sms * occ, waves = (ctas + slots - 1) / slots;
     int64_t per_sm = (ctas + sms - 1) / sms; /* CTAs an SM runs at once in a full wave */
     if (per_sm > occ) per_sm = occ;
-    return (double)waves * (double)nk * (double)per_sm * ((double)bm * t->bn + 48.0 * (bm + t->bn) + 2048.0);
+    return (double)waves * (double)nk * (double)per_sm * ((double)bm * t->bn + 48.0 * (bm + (double)t->bn / t->cm) + 2048.0);
 }
 
 void nib_fp8_plan_for(int64_t m, int64_t n, int64_t k, int sms, nib_fp8_tile *out) {
-    /* lab knob NIB_FP8_TILE=wg:bn:stages:ks (a compiled tile) replaces the model's pick */
+    /* lab knob NIB_FP8_TILE=wg:bn:stages:ks:cm (a compiled tile) replaces the model's pick */
     const char *e = getenv("NIB_FP8_TILE");
     nib_fp8_tile f;
-    if (e && sscanf(e, "%d:%d:%d:%d", &f.wg, &f.bn, &f.stages, &f.ks) == 4)
+    if (e && sscanf(e, "%d:%d:%d:%d:%d", &f.wg, &f.bn, &f.stages, &f.ks, &f.cm) == 5)
         for (int i = 0; i < N_FP8_TILES; i++)
             if (!memcmp(&k_fp8_tiles[i], &f, sizeof f)) {
                 *out = f;

@@ -1035,10 +1035,10 @@ static void fp8_case_run(nib_test_ctx *t, nib_rng *rng, const fp8_case *c, doubl
                 const double r = fabs(y - want) / bound;
                 if (r > *worst_out) *worst_out = r;
                 if (!(fabs(y - want) <= bound) && over++ < 3)
-                    nib_test_fail(t, __FILE__, __LINE__, "fp8 nib M=%lld N=%lld K=%lld tile %s%dx%d st%d ks%d [%lld,%lld]: %g vs %g (bound %g)",
+                    nib_test_fail(t, __FILE__, __LINE__, "fp8 nib M=%lld N=%lld K=%lld tile %s%dx%d st%d ks%d cm%d [%lld,%lld]: %g vs %g (bound %g)",
                                   (long long)m, (long long)n, (long long)k, ti < nt ? "" : "planner ",
                                   ti < nt ? 64 * tiles[ti].wg : 0, ti < nt ? tiles[ti].bn : 0,
-                                  ti < nt ? tiles[ti].stages : 0, ti < nt ? tiles[ti].ks : 0, (long long)i, (long long)j, y, want, bound);
+                                  ti < nt ? tiles[ti].stages : 0, ti < nt ? tiles[ti].ks : 0, ti < nt ? tiles[ti].cm : 0, (long long)i, (long long)j, y, want, bound);
             }
         CHECK_MSG(guard == 0, "fp8 nib M=%lld N=%lld K=%lld tile %d: %d guard values overwritten", (long long)m,
                   (long long)n, (long long)k, ti, guard);
@@ -1093,7 +1093,7 @@ NIB_TEST(gemm_fp8_gpu_argument_errors) {
     a.c = a.y, a.ldc = 72, a.ldy = 64;
     CHECK_ST(nib_cuda_gemm_fp8(&a, NULL, NULL), NIB_ERR_INVALID_ARG); /* C is Y with another stride */
     a.c = NULL;
-    nib_fp8_tile bad = {3, 64, 4, 1};
+    nib_fp8_tile bad = {3, 64, 4, 1, 1};
     CHECK_ST(nib_cuda_gemm_fp8(&a, &bad, NULL), NIB_ERR_INVALID_ARG); /* no such tile */
     a.fp8 = 0;
     CHECK_ST(nib_cuda_gemm_fp8(&a, NULL, NULL), NIB_ERR_INVALID_ARG);

@@ -187,7 +187,8 @@ NIB_TEST(gemm_fp8_plan_and_checks) {
     CHECK(nt >= 1 && nt < 64);
     for (int i = 0; i < nt; i++) {
         CHECK(tiles[i].wg >= 1 && tiles[i].wg <= 2 && tiles[i].bn % 8 == 0 && tiles[i].bn <= 256 && tiles[i].stages >= 2 &&
-              tiles[i].ks >= 1 && tiles[i].ks <= 4);
+              tiles[i].ks >= 1 && tiles[i].ks <= 4 && tiles[i].cm >= 1 && tiles[i].cm <= 8 &&
+              (tiles[i].cm == 1 || tiles[i].ks == 1));
         /* one CTA's dynamic shared memory fits the H100's 227 KB opt-in limit */
         CHECK(nib_fp8_tile_smem(&tiles[i]) == (size_t)tiles[i].stages * (64 * tiles[i].wg + tiles[i].bn) * 128 + 1024);
         CHECK(nib_fp8_tile_smem(&tiles[i]) <= 227u * 1024);
@@ -204,10 +205,10 @@ NIB_TEST(gemm_fp8_plan_and_checks) {
     }
     /* the lab knob: a compiled tile is taken, anything else ignored */
     nib_fp8_tile p, q;
-    setenv("NIB_FP8_TILE", "2:128:5:3", 1);
+    setenv("NIB_FP8_TILE", "2:128:5:3:1", 1);
     nib_fp8_plan_for(512, 1152, 1152, 132, &p);
-    CHECK(p.wg == 2 && p.bn == 128 && p.stages == 5 && p.ks == 3);
-    setenv("NIB_FP8_TILE", "3:100:1:1", 1);
+    CHECK(p.wg == 2 && p.bn == 128 && p.stages == 5 && p.ks == 3 && p.cm == 1);
+    setenv("NIB_FP8_TILE", "3:100:1:1:1", 1);
     nib_fp8_plan_for(512, 1152, 1152, 132, &p);
     unsetenv("NIB_FP8_TILE");
     nib_fp8_plan_for(512, 1152, 1152, 132, &q);

@@ -12,6 +12,10 @@
  * at ~0.55 us per 128 x 128 x 128 block against ~0.28 us of tensor work: latency-bound), and did
  * not pay in the model; docs/design.md has the numbers.
  *
+ * W multicast (cm > 1, lab tiles): a cluster of cm CTAs along M (one n0) each load 1 / cm of the
+ * W tile and multicast it to all; a stage is refilled once one thread per consumer warpgroup of
+ * every CTA has arrived on the loader's empty barrier (remote arrive, default CTA-scope release:
+ * the first version used .release.cluster arrivals and .acquire.cluster polls and ran 2x slower).
  * K split (ks > 1, lab tiles): ks CTAs of one cluster take consecutive ranges of the K blocks;
  * after both cluster barriers ranks 1.. have stored their sums into rank 0's (idle) stage buffers
  * through distributed shared memory and rank 0 adds them in rank order: deterministic.
@@ -89,13 +93,15 @@ __device__ __forceinline__ void epilogue(const Fp8Args &p, const float (&acc)[BN
     }
 }
 
-template <int WG, int BN, int ST, int KS>
+template <int WG, int BN, int ST, int KS, int CM>
 __global__ void __launch_bounds__(WG * 128 + 32, 1)
     k_gemm_fp8(const __grid_constant__ CUtensorMap tmx, const __grid_constant__ CUtensorMap tmw, const Fp8Args p) {
     constexpr int BM = 64 * WG, A_BYTES = BM * 128, STAGE = A_BYTES + BN * 128, NC = 128 * WG;
     static_assert(BN % 8 == 0 && BN <= 256 && ST >= 2, "tile");
     static_assert(KS >= 1 && KS <= 4 && (size_t)(KS - 1) * NC * (BN / 2) * 4 <= (size_t)ST * STAGE,
                   "the K split's partial sums fit in rank 0's stage buffers");
+    static_assert(CM == 1 || (KS == 1 && BN % CM == 0 && (BN / CM) % 8 == 0), "W slices: whole swizzle atoms");
+    constexpr int WS = BN / CM; /* W rows this CTA loads and multicasts to the cluster (CM > 1) */
     extern __shared__ uint8_t smem_raw[];
     __shared__ __align__(8) uint64_t bars[2 * ST]; /* full[ST] (TMA landed), empty[ST] (consumers done) */
     const uint32_t sbase = (smem_u32(smem_raw) + 1023u) & ~1023u; /* swizzle atoms: 1024-aligned */
@@ -106,24 +112,33 @@ __global__ void __launch_bounds__(WG * 128 + 32, 1)
      * ranks 1.. add their sums into rank 0's shared memory, which adds them in rank order */
     const int nkt = (p.k + 127) >> 7, kz = KS > 1 ? (int)blockIdx.z : 0;
     const int kb0 = nkt * kz / KS, nk = nkt * (kz + 1) / KS - kb0;
+    /* CM > 1: the cluster's CM CTAs (consecutive along M, same n0) each load BN / CM rows of the
+     * W tile and multicast them to all; a stage is free once every CTA's consumers are done */
+    const uint32_t mrank = CM > 1 ? cluster_ctarank() : 0;
     if (tid == 0) {
         for (int s = 0; s < ST; s++) {
             mbar_init(full0 + 8 * s, 1);
-            mbar_init(empty0 + 8 * s, 4 * WG); /* lane 0 of each consumer warp */
+            /* lane 0 of each consumer warp; with CM > 1 one thread per consumer warpgroup of each
+             * CTA of the cluster */
+            mbar_init(empty0 + 8 * s, CM > 1 ? WG * CM : 4 * WG);
         }
         mbar_init_fence();
     }
-    __syncthreads();
+    if (CM > 1) cluster_sync(); /* every CTA's barriers exist before anyone multicasts into it */
+    else __syncthreads();
 
     if (warp == 4 * WG) {
         /* the producer warp: the whole warp walks the K blocks and waits, lane 0 issues the TMA
          * loads; the weights of the first stages before the grid dependency, X after it */
         const bool issue = lane == 0;
         const int pre = nk < ST ? nk : ST;
+        const uint32_t woff = A_BYTES + mrank * WS * 128;
+        const int wrow = n0 + (int)mrank * WS;
         if (issue)
             for (int kb = 0; kb < pre; kb++) {
                 mbar_arrive_expect_tx(full0 + 8 * kb, STAGE);
-                tma_load_2d(sbase + kb * STAGE + A_BYTES, &tmw, (kb0 + kb) * 128, n0, full0 + 8 * kb);
+                if (CM > 1) tma_load_2d_mc(sbase + kb * STAGE + woff, &tmw, (kb0 + kb) * 128, wrow, full0 + 8 * kb, (1u << CM) - 1);
+                else tma_load_2d(sbase + kb * STAGE + A_BYTES, &tmw, (kb0 + kb) * 128, n0, full0 + 8 * kb);
             }
         pdl_wait();
         pdl_trigger();
@@ -135,7 +150,8 @@ __global__ void __launch_bounds__(WG * 128 + 32, 1)
             mbar_wait(empty0 + 8 * s, ((kb / ST) & 1) ^ 1);
             if (issue) {
                 mbar_arrive_expect_tx(full0 + 8 * s, STAGE);
-                tma_load_2d(sbase + s * STAGE + A_BYTES, &tmw, (kb0 + kb) * 128, n0, full0 + 8 * s);
+                if (CM > 1) tma_load_2d_mc(sbase + s * STAGE + woff, &tmw, (kb0 + kb) * 128, wrow, full0 + 8 * s, (1u << CM) - 1);
+                else tma_load_2d(sbase + s * STAGE + A_BYTES, &tmw, (kb0 + kb) * 128, n0, full0 + 8 * s);
                 tma_load_2d(sbase + s * STAGE, &tmx, (kb0 + kb) * 128, m0, full0 + 8 * s);
             }
             __syncwarp();
@@ -144,6 +160,7 @@ __global__ void __launch_bounds__(WG * 128 + 32, 1)
             cluster_sync();
             cluster_sync();
         }
+        if (CM > 1) cluster_sync(); /* and in the final one */
         return;
     }
     pdl_wait(); /* the epilogue reads C, which the previous kernel may have written */
@@ -159,7 +176,14 @@ __global__ void __launch_bounds__(WG * 128 + 32, 1)
         for (int q = 0; q < 4; q++) WgmmaE4M3<BN>::mma(acc, wgmma_desc_sw128(sa + q * 32), wgmma_desc_sw128(sb + q * 32));
         wgmma_commit();
         wgmma_wait<1>(); /* block kb - 1's products are done: its stage may be refilled */
-        if (kb > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((kb - 1) % ST));
+        if (kb > 0) {
+            const uint32_t e = empty0 + 8 * ((kb - 1) % ST);
+            if (CM == 1) {
+                if (lane == 0) mbar_arrive(e);
+            } else if ((tid & 127) < CM) {
+                mbar_arrive_remote(e, (uint32_t)(tid & 127)); /* thread j of a warpgroup: CTA j */
+            }
+        }
     }
     wgmma_wait<0>();
     if (KS > 1) {
@@ -181,6 +205,7 @@ __global__ void __launch_bounds__(WG * 128 + 32, 1)
             for (int i = 0; i < BN / 2; i++) acc[i] += part[((r - 1) * (BN / 2) + i) * NC + tid];
     }
     epilogue<WG, BN>(p, acc, m0, n0, wg, warp, lane);
+    if (CM > 1) cluster_sync(); /* no CTA leaves while a peer may still arrive on its barriers */
 }
 
 typedef void (*KernFn)(const CUtensorMap, const CUtensorMap, const Fp8Args);
@@ -189,13 +214,17 @@ struct TileKern {
     KernFn fn;
     int attr_set;
 };
-#define NIB_FP8_TILE(WG, BN, ST, KS) {{WG, BN, ST, KS}, k_gemm_fp8<WG, BN, ST, KS>, 0}
+#define NIB_FP8_TILE(WG, BN, ST, KS, CM) {{WG, BN, ST, KS, CM}, k_gemm_fp8<WG, BN, ST, KS, CM>, 0}
 /* the instantiated tiles (nib_fp8_tiles lists the same, host-side, for the planner) */
-TileKern g_tiles[] = {NIB_FP8_TILE(1, 64, 6, 1),  NIB_FP8_TILE(1, 72, 6, 1),  NIB_FP8_TILE(1, 96, 5, 1),
-                      NIB_FP8_TILE(1, 128, 4, 1), NIB_FP8_TILE(2, 64, 4, 1),  NIB_FP8_TILE(2, 96, 4, 1),
-                      NIB_FP8_TILE(2, 112, 4, 1), NIB_FP8_TILE(2, 128, 5, 1), NIB_FP8_TILE(2, 144, 4, 1),
-                      NIB_FP8_TILE(2, 192, 4, 1), NIB_FP8_TILE(2, 256, 4, 1), NIB_FP8_TILE(2, 128, 5, 2),
-                      NIB_FP8_TILE(2, 128, 5, 3), NIB_FP8_TILE(2, 144, 4, 2), NIB_FP8_TILE(2, 192, 4, 2)};
+TileKern g_tiles[] = {
+    NIB_FP8_TILE(1, 64, 6, 1, 1),  NIB_FP8_TILE(1, 72, 6, 1, 1),  NIB_FP8_TILE(1, 96, 5, 1, 1),
+    NIB_FP8_TILE(1, 128, 4, 1, 1), NIB_FP8_TILE(2, 64, 4, 1, 1),  NIB_FP8_TILE(2, 96, 4, 1, 1),
+    NIB_FP8_TILE(2, 112, 4, 1, 1), NIB_FP8_TILE(2, 128, 5, 1, 1), NIB_FP8_TILE(2, 144, 4, 1, 1),
+    NIB_FP8_TILE(2, 192, 4, 1, 1), NIB_FP8_TILE(2, 256, 4, 1, 1), NIB_FP8_TILE(2, 128, 5, 2, 1),
+    NIB_FP8_TILE(2, 128, 5, 3, 1), NIB_FP8_TILE(2, 144, 4, 2, 1), NIB_FP8_TILE(2, 192, 4, 2, 1),
+    NIB_FP8_TILE(1, 64, 6, 1, 4),  NIB_FP8_TILE(1, 64, 6, 1, 8),  NIB_FP8_TILE(1, 128, 4, 1, 4),
+    NIB_FP8_TILE(2, 64, 4, 1, 4),  NIB_FP8_TILE(2, 96, 4, 1, 4),  NIB_FP8_TILE(2, 128, 5, 1, 2),
+    NIB_FP8_TILE(2, 128, 5, 1, 4)};
 #undef NIB_FP8_TILE
 constexpr int N_TILES = (int)(sizeof g_tiles / sizeof g_tiles[0]);
 
@@ -248,7 +277,7 @@ extern "C" nib_status nib_cuda_gemm_fp8(const nib_blas_gemm_args *a, const nib_f
     TileKern *tk = NULL;
     for (int i = 0; i < N_TILES && !tk; i++)
         if (g_tiles[i].t.wg == tile->wg && g_tiles[i].t.bn == tile->bn && g_tiles[i].t.stages == tile->stages &&
-            g_tiles[i].t.ks == tile->ks)
+            g_tiles[i].t.ks == tile->ks && g_tiles[i].t.cm == tile->cm)
             tk = &g_tiles[i];
     if (!tk)
         return NIB_ERR(NIB_ERR_INVALID_ARG, "fp8 gemm (nib): no kernel for tile %d x %d with %d stages, K split %d",
@@ -268,10 +297,16 @@ extern "C" nib_status nib_cuda_gemm_fp8(const nib_blas_gemm_args *a, const nib_f
     NIB_RETURN_IF_ERR(encoder_ready());
     CUtensorMap tmx, tmw;
     NIB_RETURN_IF_ERR(encode_rows(&tmx, a->x, a->m, a->k, 64 * tk->t.wg, "X"));
-    NIB_RETURN_IF_ERR(encode_rows(&tmw, a->w, a->n, a->k, tk->t.bn, "W"));
-    const dim3 grid((unsigned)((a->n + tk->t.bn - 1) / tk->t.bn), (unsigned)((a->m + 64 * tk->t.wg - 1) / (64 * tk->t.wg)),
+    NIB_RETURN_IF_ERR(encode_rows(&tmw, a->w, a->n, a->k, tk->t.bn / tk->t.cm, "W"));
+    /* cm > 1: clusters of cm CTAs along M; the M tiles rounded up to whole clusters (a CTA past M
+     * stores nothing but still loads and multicasts its W slice) */
+    const int64_t mtiles = (a->m + 64 * tk->t.wg - 1) / (64 * tk->t.wg), cm = tk->t.cm;
+    const dim3 grid((unsigned)((a->n + tk->t.bn - 1) / tk->t.bn), (unsigned)((mtiles + cm - 1) / cm * cm),
                     (unsigned)tk->t.ks);
-    if (tk->t.ks > 1) /* a K split is one cluster along z */
+    if (cm > 1)
+        NIB_CUDA_CHECK(nib::launch_cluster(tk->fn, grid, dim3(128 * tk->t.wg + 32), smem, (cudaStream_t)stream,
+                                           dim3(1, (unsigned)cm, 1), tmx, tmw, p));
+    else if (tk->t.ks > 1) /* a K split is one cluster along z */
         NIB_CUDA_CHECK(nib::launch_cluster(tk->fn, grid, dim3(128 * tk->t.wg + 32), smem, (cudaStream_t)stream,
                                            dim3(1, 1, (unsigned)tk->t.ks), tmx, tmw, p));
     else

@@ -77,6 +77,20 @@ __device__ __forceinline__ uint32_t cluster_map(uint32_t saddr, uint32_t rank) {
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(saddr), "r"(rank));
     return r;
 }
+/* the same, multicast: the box lands at the same shared offset in every CTA of the cluster in
+ * cta_mask, completing on the barrier at bar's offset in each of them */
+__device__ __forceinline__ void tma_load_2d_mc(uint32_t dst, const void *tmap, int c0, int c1, uint32_t bar,
+                                               uint16_t cta_mask) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster "
+                 "[%0], [%1, {%2, %3}], [%4], %5;" ::"r"(dst),
+                 "l"(tmap), "r"(c0), "r"(c1), "r"(bar), "h"(cta_mask)
+                 : "memory");
+}
+/* arrive on the barrier at the same offset in CTA `rank` of the cluster (default semantics:
+ * release at CTA scope, as CUTLASS's cluster pipelines do) */
+__device__ __forceinline__ void mbar_arrive_remote(uint32_t bar, uint32_t rank) {
+    asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(cluster_map(bar, rank)) : "memory");
+}
 __device__ __forceinline__ void st_cluster_f32(uint32_t caddr, float v) {
     asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(caddr), "f"(v) : "memory");
 }
