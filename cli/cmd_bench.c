@@ -517,7 +517,7 @@ static int bench_gemm(int argc, char **argv) {
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (nib_cli_is_help(a)) {
             printf("usage: nib bench gemm [--shapes K:N,...] [--m M,...] [--variants LIST] [--reps N] [--sweep]\n"
-                   "                      [--algos N] [--json FILE]\n"
+                   "                      [--hot] [--algos N] [--json FILE]\n"
                    "The GEMM kernel lab. Variants: cublas-bf16 (baseline), cublaslt-fp8 (GEMM only),\n"
                    "fp8-w8a8 (per-token quantize + the FP8 product the engine rule picks: cuBLASLt or nib's),\n"
                    "fp8-nib (nib's wgmma FP8 product, GEMM only), nvfp4, mxfp4, int4-g128, fp8-wo (nib's\n"
@@ -528,7 +528,7 @@ static int bench_gemm(int argc, char **argv) {
                    "--sweep: for nib's low-bit variants, also time every launch plan that fits (warps\n"
                    "along K, K splits, register budget; up to 4 waves of CTAs; 5 reps each) and print\n"
                    "the best against the planner's choice (rows marked sweep; JSON: \"sweep\": true);\n"
-                   "for fp8-nib, every compiled tile (token rows x channels, stages).\n"
+                   "for fp8-nib, every compiled tile (token rows x channels, stages, K split, cluster).\n"
                    "--hot: time with one weight copy, which stays in L2 between calls (the default\n"
                    "rotates copies over > 3x L2, so weights come from DRAM as in the model).\n"
                    "--algos N: for the cuBLAS variants, also time cuBLASLt's first N heuristic candidates\n"
