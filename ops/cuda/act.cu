@@ -20,6 +20,7 @@
 
 #include "ops/act.h"
 #include "ops/cuda/bf16x8.cuh"
+#include "ops/cuda/cluster.cuh"
 #include "ops/cuda/fp8_rows.cuh"
 #include "runtime/cuda_check.h"
 #include "runtime/launch.cuh"
@@ -101,15 +102,6 @@ __global__ void __launch_bounds__(ACT_THREADS) k_act(const ActParams p) {
 static __device__ __forceinline__ uint32_t actq_smem_u32(const void *p) {
     return (uint32_t)__cvta_generic_to_shared(p);
 }
-/* the float at shared address `a` of this CTA, read from cluster CTA `rank` */
-static __device__ __forceinline__ float actq_ld_peer(uint32_t a, int rank) {
-    uint32_t r;
-    float v;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(r) : "memory");
-    return v;
-}
-
 template <int V>
 __global__ void __launch_bounds__(ACTQ_TMAX, 2) k_act_q(const ActParams p) {
     nib::pdl_enter(); /* runtime/launch.cuh: first, before any access or return */
@@ -146,10 +138,10 @@ __global__ void __launch_bounds__(ACTQ_TMAX, 2) k_act_q(const ActParams p) {
     amax = nib::cta_max(amax, s_max, T / 32);
     if (p.cl_shift) { /* the cluster's CTA maxima: exchange, then the row max in every CTA */
         if (threadIdx.x == 0) s_part = amax;
-        asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
+        nib::cluster_sync();
         const uint32_t a = actq_smem_u32(&s_part);
-        for (int r = 0; r < (1 << p.cl_shift); r++) amax = fmaxf(amax, actq_ld_peer(a, r));
-        asm volatile("barrier.cluster.arrive.relaxed;" ::: "memory"); /* done reading the peers */
+        for (int r = 0; r < (1 << p.cl_shift); r++) amax = fmaxf(amax, nib::ld_cluster_f32(nib::cluster_map(a, (uint32_t)r)));
+        nib::cluster_arrive_relaxed(); /* done reading the peers */
     }
     const float sc = nib::fp8_row_scale_of(amax);
     if (rank == 0 && threadIdx.x == 0) p.ys[row] = sc;
@@ -159,7 +151,7 @@ __global__ void __launch_bounds__(ACTQ_TMAX, 2) k_act_q(const ActParams p) {
         if (c < p.nch) *(uint2 *)(p.yq + row * p.ldq + 8 * c) = nib::fp8_codes8(o[i], sc);
     }
     /* no CTA leaves while a peer may still read its s_part */
-    if (p.cl_shift) asm volatile("barrier.cluster.wait;" ::: "memory");
+    if (p.cl_shift) nib::cluster_wait();
 }
 
 nib_status nib_cuda_act(const nib_act_args *a, void *stream) {

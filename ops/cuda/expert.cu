@@ -45,6 +45,7 @@
 
 #include "ops/cuda/gemm_lowbit.cuh"
 #include "ops/cuda/bf16x8.cuh"
+#include "ops/cuda/cluster.cuh"
 #include "ops/expert.h"
 #include "runtime/cuda_check.h"
 #include "runtime/device.h"
@@ -146,30 +147,16 @@ __device__ __noinline__ void prefetch_layer(const LayerDev &L, unsigned long lon
 
 /* ---- the CTA pair (thread-block cluster of 2): each GEMM's K chunks are split between them ---- */
 constexpr int CL = 2;
-__device__ __forceinline__ unsigned cl_rank() {
-    unsigned r;
-    asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return r;
-}
-/* all threads of both CTAs; orders shared-memory writes (local and remote) before the reads after it */
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
-}
-/* The start of the launch: the partner CTA's shared memory may be written only once the partner
- * is known to be running (CUDA's rule for distributed shared memory; racecheck reports the first
- * st_peer otherwise). Every thread arrives at entry and waits before the first remote store, so
- * the prologue's loads overlap the handshake. */
-__device__ __forceinline__ void cluster_arrive_relaxed() { asm volatile("barrier.cluster.arrive.relaxed;" ::: "memory"); }
-__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait;" ::: "memory"); }
+__device__ __forceinline__ unsigned cl_rank() { return cluster_ctarank(); }
+/* cluster_sync (ops/cuda/cluster.cuh), all threads of both CTAs, orders shared-memory writes
+ * (local and remote) before the reads after it. The start of the launch: the partner CTA's shared
+ * memory may be written only once the partner is known to be running (CUDA's rule for
+ * distributed shared memory; racecheck reports the first st_peer otherwise). Every thread
+ * arrives at entry (cluster_arrive_relaxed) and waits (cluster_wait) before the first remote
+ * store, so the prologue's loads overlap the handshake. */
 /* the address of a shared variable in CTA `rank` of the cluster */
-__device__ __forceinline__ uint32_t peer_addr(const void *p, unsigned rank) {
-    uint32_t r;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(smem_u32(p)), "r"(rank));
-    return r;
-}
-__device__ __forceinline__ void st_peer(uint32_t a, float v) {
-    asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(a), "f"(v) : "memory");
-}
+__device__ __forceinline__ uint32_t peer_addr(const void *p, unsigned rank) { return cluster_map(smem_u32(p), rank); }
+__device__ __forceinline__ void st_peer(uint32_t a, float v) { st_cluster_f32(a, v); }
 /* the K columns [k0, k1) of a linear this CTA of the pair stages and multiplies: chunks
  * [0, h) on rank 0 and [h, nchunks) on rank 1, h = ceil(nchunks / 2) */
 struct KHalf {

@@ -17,6 +17,8 @@
 
 #include <stdint.h>
 
+#include "ops/cuda/cluster.cuh"
+
 namespace nib {
 
 /* descriptor of a K-major, 128-byte swizzled operand tile at shared address saddr */
@@ -61,22 +63,6 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const void *tmap, int 
                  : "memory");
 }
 
-/* ---- thread-block clusters ---- */
-__device__ __forceinline__ uint32_t cluster_ctarank() {
-    uint32_t r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return r;
-}
-/* every thread of every CTA of the cluster arrives (release) and waits (acquire) */
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
-}
-/* the shared::cluster address of `saddr` (a shared::cta address) in CTA `rank` of the cluster */
-__device__ __forceinline__ uint32_t cluster_map(uint32_t saddr, uint32_t rank) {
-    uint32_t r;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(saddr), "r"(rank));
-    return r;
-}
 /* the same, multicast: the box lands at the same shared offset in every CTA of the cluster in
  * cta_mask, completing on the barrier at bar's offset in each of them */
 __device__ __forceinline__ void tma_load_2d_mc(uint32_t dst, const void *tmap, int c0, int c1, uint32_t bar,
@@ -90,9 +76,6 @@ __device__ __forceinline__ void tma_load_2d_mc(uint32_t dst, const void *tmap, i
  * release at CTA scope, as CUTLASS's cluster pipelines do) */
 __device__ __forceinline__ void mbar_arrive_remote(uint32_t bar, uint32_t rank) {
     asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(cluster_map(bar, rank)) : "memory");
-}
-__device__ __forceinline__ void st_cluster_f32(uint32_t caddr, float v) {
-    asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(caddr), "f"(v) : "memory");
 }
 
 template <int N> struct WgmmaE4M3; /* the supported N: wgmma_e4m3.inc */
