@@ -269,8 +269,10 @@ static nib_status sweep_fp8_tiles(const bench_cfg *cfg, gemm_ctx *g, uint64_t ca
         nib_status st = time_row(g, cfg->reps < 5 ? cfg->reps : 5, canon_bytes, copy_gbps, bf16_us, sr);
         g->tile = NULL;
         NIB_RETURN_IF_ERR(st);
-        snprintf(sr->plan, sizeof sr->plan, "tile %dx%d st%d ks%d cm%d", 64 * tiles[i].wg, tiles[i].bn, tiles[i].stages,
-                 tiles[i].ks, tiles[i].cm);
+        int slots = 0;
+        NIB_RETURN_IF_ERR(nib_cuda_fp8_tile_slots(&tiles[i], &slots));
+        snprintf(sr->plan, sizeof sr->plan, "tile %dx%d st%d ks%d cm%d (%d resident)", 64 * tiles[i].wg, tiles[i].bn,
+                 tiles[i].stages, tiles[i].ks, tiles[i].cm, slots);
         sr->sweep = 1;
         print_row(sr);
         if (sr->us < best) {

@@ -236,7 +236,7 @@ nib_status nib_blas_gemm_fused(nib_blas *b, const nib_blas_gemm_args *a, void *s
 /* ---- nib's own FP8 W8A8 GEMM (wgmma, ops/cuda/gemm_fp8.cu) ---------------------------------
  * The same product and result as nib_blas_gemm_fused with fp8 = 1 and fast accumulation (the
  * tensor cores' accumulator, no promotion), for the M ~ 512 shapes where cuBLASLt's single FP8
- * algorithm fills few SMs. A tile is WG warpgroups (64 WG token rows) x BN output channels with
+ * algorithm fills few SMs. A tile is WG (1-3) warpgroups (64 WG token rows) x BN output channels with
  * `stages` 128-byte K blocks in flight (TMA loads, one producer warp). Needs K % 16 == 0, N % 8 == 0, X / W 16-byte aligned,
  * Y / C / bias 4-byte aligned with even ldy / ldc, M, N, K < 2^31. */
 typedef struct nib_fp8_tile {
@@ -247,7 +247,11 @@ typedef struct nib_fp8_tile {
 } nib_fp8_tile;
 /* the compiled tiles, in a fixed order (host code, no CUDA): how many were written (<= max) */
 int nib_fp8_tiles(nib_fp8_tile *out, int max);
-/* dynamic shared memory of a tile's kernel (stages x (64 wg + bn) x 128 bytes + 1024 for alignment) */
+/* W rows one CTA loads per stage: bn, or with cm > 1 its multicast slice, bn / cm rounded up to
+ * whole 8-row swizzle atoms (the last slice may run past bn) */
+int nib_fp8_tile_wslice(const nib_fp8_tile *t);
+/* dynamic shared memory of a tile's kernel (stages x (64 wg + cm x wslice) x 128 bytes + 1024 for
+ * alignment) */
 size_t nib_fp8_tile_smem(const nib_fp8_tile *t);
 /* the planner: the tile with the lowest modeled time on `sms` SMs (host code, tested in CI) */
 void nib_fp8_plan_for(int64_t m, int64_t n, int64_t k, int sms, nib_fp8_tile *out);
@@ -257,6 +261,9 @@ void nib_fp8_plan_for(int64_t m, int64_t n, int64_t k, int sms, nib_fp8_tile *ou
 int nib_fp8_use_nib(int64_t m, int64_t n, int64_t k);
 /* argument checks of nib_cuda_gemm_fp8 (shapes, alignment, C overlapping Y), host code */
 nib_status nib_fp8_check_args(const nib_blas_gemm_args *a);
+/* how many CTAs of `tile` the device holds at once (occupancy; for cluster tiles whole clusters,
+ * as the GPCs pack them) */
+nib_status nib_cuda_fp8_tile_slots(const nib_fp8_tile *tile, int *ctas);
 /* the product on nib's kernel with `tile` (NULL: the planner's) */
 nib_status nib_cuda_gemm_fp8(const nib_blas_gemm_args *a, const nib_fp8_tile *tile, void *stream);
 

@@ -210,7 +210,8 @@ static const nib_fp8_tile k_fp8_tiles[] = {
     {1, 64, 6, 1, 1},  {1, 72, 6, 1, 1},  {1, 96, 5, 1, 1},  {1, 128, 4, 1, 1}, {2, 64, 4, 1, 1},  {2, 96, 4, 1, 1},
     {2, 112, 4, 1, 1}, {2, 128, 5, 1, 1}, {2, 144, 4, 1, 1}, {2, 192, 4, 1, 1}, {2, 256, 4, 1, 1}, {2, 128, 5, 2, 1},
     {2, 128, 5, 3, 1}, {2, 144, 4, 2, 1}, {2, 192, 4, 2, 1}, {1, 64, 6, 1, 4},  {1, 64, 6, 1, 8},  {1, 128, 4, 1, 4},
-    {2, 64, 4, 1, 4},  {2, 96, 4, 1, 4},  {2, 128, 5, 1, 2}, {2, 128, 5, 1, 4}};
+    {2, 64, 4, 1, 4},  {2, 96, 4, 1, 4},  {2, 128, 5, 1, 2}, {2, 128, 5, 1, 4}, {2, 256, 4, 1, 2}, {2, 240, 4, 1, 5},
+    {2, 256, 4, 1, 8}, {3, 192, 4, 1, 1}, {3, 192, 4, 1, 3}};
 #define N_FP8_TILES ((int)(sizeof k_fp8_tiles / sizeof k_fp8_tiles[0]))
 
 int nib_fp8_tiles(nib_fp8_tile *out, int max) {
@@ -219,8 +220,12 @@ int nib_fp8_tiles(nib_fp8_tile *out, int max) {
     return n;
 }
 
+int nib_fp8_tile_wslice(const nib_fp8_tile *t) {
+    return t->cm > 1 ? ((t->bn + t->cm - 1) / t->cm + 7) / 8 * 8 : t->bn;
+}
+
 size_t nib_fp8_tile_smem(const nib_fp8_tile *t) {
-    return (size_t)t->stages * (size_t)(64 * t->wg + t->bn) * 128 + 1024;
+    return (size_t)t->stages * (size_t)(64 * t->wg + nib_fp8_tile_wslice(t) * t->cm) * 128 + 1024;
 }
 
 /* Modeled time of one tile: the waves of CTAs, CTAs sharing an SM sharing its tensor cores, and

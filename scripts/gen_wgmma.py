@@ -6,7 +6,7 @@ script writes them (run it again after changing NS; the output is committed).
 """
 import os, sys
 
-NS = [64, 72, 96, 112, 128, 144, 192, 256]
+NS = [64, 72, 96, 112, 128, 144, 192, 240, 256]
 
 def one(n):
     r = n // 2

@@ -93,15 +93,53 @@ __device__ __forceinline__ void epilogue(const Fp8Args &p, const float (&acc)[BN
     }
 }
 
+/* the producer warp: the whole warp walks the K blocks and waits, lane 0 issues the TMA loads;
+ * the weights of the first stages before the grid dependency, X after it */
+template <int WG, int BN, int ST, int KS, int CM>
+__device__ __forceinline__ void producer(const CUtensorMap &tmx, const CUtensorMap &tmw, uint32_t sbase,
+                                         uint32_t full0, uint32_t empty0, int lane, int n0, int m0, int kb0, int nk,
+                                         uint32_t mrank) {
+    constexpr int WS = CM > 1 ? ((BN + CM - 1) / CM + 7) / 8 * 8 : BN;
+    constexpr int A_BYTES = 64 * WG * 128, STAGE = A_BYTES + WS * CM * 128;
+    const bool issue = lane == 0;
+    const int pre = nk < ST ? nk : ST;
+    const uint32_t woff = A_BYTES + mrank * WS * 128;
+    const int wrow = n0 + (int)mrank * WS;
+    if (issue)
+        for (int kb = 0; kb < pre; kb++) {
+            mbar_arrive_expect_tx(full0 + 8 * kb, STAGE);
+            if (CM > 1) tma_load_2d_mc(sbase + kb * STAGE + woff, &tmw, (kb0 + kb) * 128, wrow, full0 + 8 * kb, (1u << CM) - 1);
+            else tma_load_2d(sbase + kb * STAGE + A_BYTES, &tmw, (kb0 + kb) * 128, n0, full0 + 8 * kb);
+        }
+    pdl_wait();
+    pdl_trigger();
+    if (issue)
+        for (int kb = 0; kb < pre; kb++) tma_load_2d(sbase + kb * STAGE, &tmx, (kb0 + kb) * 128, m0, full0 + 8 * kb);
+    __syncwarp();
+    for (int kb = ST; kb < nk; kb++) {
+        const int s = kb % ST;
+        mbar_wait(empty0 + 8 * s, ((kb / ST) & 1) ^ 1);
+        if (issue) {
+            mbar_arrive_expect_tx(full0 + 8 * s, STAGE);
+            if (CM > 1) tma_load_2d_mc(sbase + s * STAGE + woff, &tmw, (kb0 + kb) * 128, wrow, full0 + 8 * s, (1u << CM) - 1);
+            else tma_load_2d(sbase + s * STAGE + A_BYTES, &tmw, (kb0 + kb) * 128, n0, full0 + 8 * s);
+            tma_load_2d(sbase + s * STAGE, &tmx, (kb0 + kb) * 128, m0, full0 + 8 * s);
+        }
+        __syncwarp();
+    }
+}
+
 template <int WG, int BN, int ST, int KS, int CM>
 __global__ void __launch_bounds__(WG * 128 + 32, 1)
     k_gemm_fp8(const __grid_constant__ CUtensorMap tmx, const __grid_constant__ CUtensorMap tmw, const Fp8Args p) {
-    constexpr int BM = 64 * WG, A_BYTES = BM * 128, STAGE = A_BYTES + BN * 128, NC = 128 * WG;
-    static_assert(BN % 8 == 0 && BN <= 256 && ST >= 2, "tile");
+    /* CM > 1: each CTA loads WS rows of the W tile (whole 8-row swizzle atoms) and multicasts
+     * them; the last slice may run past BN into rows the stage has room for and nothing reads */
+    constexpr int WS = CM > 1 ? ((BN + CM - 1) / CM + 7) / 8 * 8 : BN;
+    constexpr int BM = 64 * WG, A_BYTES = BM * 128, STAGE = A_BYTES + WS * CM * 128, NC = 128 * WG;
+    static_assert(WG >= 1 && WG <= 3 && BN % 8 == 0 && BN <= 256 && ST >= 2, "tile");
     static_assert(KS >= 1 && KS <= 4 && (size_t)(KS - 1) * NC * (BN / 2) * 4 <= (size_t)ST * STAGE,
                   "the K split's partial sums fit in rank 0's stage buffers");
-    static_assert(CM == 1 || (KS == 1 && BN % CM == 0 && (BN / CM) % 8 == 0), "W slices: whole swizzle atoms");
-    constexpr int WS = BN / CM; /* W rows this CTA loads and multicasts to the cluster (CM > 1) */
+    static_assert(CM == 1 || KS == 1, "W multicast and a K split are not combined");
     extern __shared__ uint8_t smem_raw[];
     __shared__ __align__(8) uint64_t bars[2 * ST]; /* full[ST] (TMA landed), empty[ST] (consumers done) */
     const uint32_t sbase = (smem_u32(smem_raw) + 1023u) & ~1023u; /* swizzle atoms: 1024-aligned */
@@ -128,34 +166,7 @@ __global__ void __launch_bounds__(WG * 128 + 32, 1)
     else __syncthreads();
 
     if (warp == 4 * WG) {
-        /* the producer warp: the whole warp walks the K blocks and waits, lane 0 issues the TMA
-         * loads; the weights of the first stages before the grid dependency, X after it */
-        const bool issue = lane == 0;
-        const int pre = nk < ST ? nk : ST;
-        const uint32_t woff = A_BYTES + mrank * WS * 128;
-        const int wrow = n0 + (int)mrank * WS;
-        if (issue)
-            for (int kb = 0; kb < pre; kb++) {
-                mbar_arrive_expect_tx(full0 + 8 * kb, STAGE);
-                if (CM > 1) tma_load_2d_mc(sbase + kb * STAGE + woff, &tmw, (kb0 + kb) * 128, wrow, full0 + 8 * kb, (1u << CM) - 1);
-                else tma_load_2d(sbase + kb * STAGE + A_BYTES, &tmw, (kb0 + kb) * 128, n0, full0 + 8 * kb);
-            }
-        pdl_wait();
-        pdl_trigger();
-        if (issue)
-            for (int kb = 0; kb < pre; kb++) tma_load_2d(sbase + kb * STAGE, &tmx, (kb0 + kb) * 128, m0, full0 + 8 * kb);
-        __syncwarp();
-        for (int kb = ST; kb < nk; kb++) {
-            const int s = kb % ST;
-            mbar_wait(empty0 + 8 * s, ((kb / ST) & 1) ^ 1);
-            if (issue) {
-                mbar_arrive_expect_tx(full0 + 8 * s, STAGE);
-                if (CM > 1) tma_load_2d_mc(sbase + s * STAGE + woff, &tmw, (kb0 + kb) * 128, wrow, full0 + 8 * s, (1u << CM) - 1);
-                else tma_load_2d(sbase + s * STAGE + A_BYTES, &tmw, (kb0 + kb) * 128, n0, full0 + 8 * s);
-                tma_load_2d(sbase + s * STAGE, &tmx, (kb0 + kb) * 128, m0, full0 + 8 * s);
-            }
-            __syncwarp();
-        }
+        producer<WG, BN, ST, KS, CM>(tmx, tmw, sbase, full0, empty0, lane, n0, m0, kb0, nk, mrank);
         if (KS > 1) { /* the producer warp takes part in the cluster's two barriers */
             cluster_sync();
             cluster_sync();
@@ -224,7 +235,8 @@ TileKern g_tiles[] = {
     NIB_FP8_TILE(2, 128, 5, 3, 1), NIB_FP8_TILE(2, 144, 4, 2, 1), NIB_FP8_TILE(2, 192, 4, 2, 1),
     NIB_FP8_TILE(1, 64, 6, 1, 4),  NIB_FP8_TILE(1, 64, 6, 1, 8),  NIB_FP8_TILE(1, 128, 4, 1, 4),
     NIB_FP8_TILE(2, 64, 4, 1, 4),  NIB_FP8_TILE(2, 96, 4, 1, 4),  NIB_FP8_TILE(2, 128, 5, 1, 2),
-    NIB_FP8_TILE(2, 128, 5, 1, 4)};
+    NIB_FP8_TILE(2, 128, 5, 1, 4), NIB_FP8_TILE(2, 256, 4, 1, 2), NIB_FP8_TILE(2, 240, 4, 1, 5),
+    NIB_FP8_TILE(2, 256, 4, 1, 8), NIB_FP8_TILE(3, 192, 4, 1, 1), NIB_FP8_TILE(3, 192, 4, 1, 3)};
 #undef NIB_FP8_TILE
 constexpr int N_TILES = (int)(sizeof g_tiles / sizeof g_tiles[0]);
 
@@ -259,6 +271,59 @@ nib_status encode_rows(CUtensorMap *m, const void *base, int64_t rows, int64_t k
 
 } /* namespace */
 
+/* the kernel of a compiled tile, with its shared-memory attribute set */
+static nib_status tile_kernel(const nib_fp8_tile *tile, TileKern **out) {
+    TileKern *tk = NULL;
+    for (int i = 0; i < N_TILES && !tk; i++)
+        if (g_tiles[i].t.wg == tile->wg && g_tiles[i].t.bn == tile->bn && g_tiles[i].t.stages == tile->stages &&
+            g_tiles[i].t.ks == tile->ks && g_tiles[i].t.cm == tile->cm)
+            tk = &g_tiles[i];
+    if (!tk)
+        return NIB_ERR(NIB_ERR_INVALID_ARG,
+                       "fp8 gemm (nib): no kernel for tile %d x %d with %d stages, K split %d, cluster along M %d",
+                       64 * tile->wg, tile->bn, tile->stages, tile->ks, tile->cm);
+    if (!tk->attr_set) {
+        NIB_CUDA_CHECK(cudaFuncSetAttribute(tk->fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            (int)nib_fp8_tile_smem(&tk->t)));
+        tk->attr_set = 1;
+    }
+    *out = tk;
+    return NIB_OK;
+}
+
+extern "C" nib_status nib_cuda_fp8_tile_slots(const nib_fp8_tile *tile, int *ctas) {
+    TileKern *tk;
+    NIB_RETURN_IF_ERR(tile_kernel(tile, &tk));
+    const int cl = tile->ks * tile->cm;
+    if (cl == 1) {
+        int per_sm = 0;
+        NIB_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, tk->fn, 128 * tile->wg + 32,
+                                                                     nib_fp8_tile_smem(&tk->t)));
+        if (!g_sms) {
+            nib_device_info d;
+            NIB_RETURN_IF_ERR(nib_device_require(&d));
+            g_sms = d.sm_count;
+        }
+        *ctas = per_sm * g_sms;
+        return NIB_OK;
+    }
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr = {};
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = 1;
+    attr.val.clusterDim.y = (unsigned)tile->cm;
+    attr.val.clusterDim.z = (unsigned)tile->ks;
+    cfg.gridDim = dim3(1, (unsigned)tile->cm, (unsigned)tile->ks);
+    cfg.blockDim = dim3(128 * tile->wg + 32);
+    cfg.dynamicSmemBytes = nib_fp8_tile_smem(&tk->t);
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    int clusters = 0;
+    NIB_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, tk->fn, &cfg));
+    *ctas = clusters * cl;
+    return NIB_OK;
+}
+
 extern "C" nib_status nib_cuda_gemm_fp8(const nib_blas_gemm_args *a, const nib_fp8_tile *tile, void *stream) {
     if (!a || !a->x || !a->w || !a->y || !a->sx || !a->sw)
         return NIB_ERR(NIB_ERR_INVALID_ARG, "fp8 gemm (nib): NULL argument");
@@ -274,19 +339,9 @@ extern "C" nib_status nib_cuda_gemm_fp8(const nib_blas_gemm_args *a, const nib_f
         nib_fp8_plan_for(a->m, a->n, a->k, g_sms, &pick);
         tile = &pick;
     }
-    TileKern *tk = NULL;
-    for (int i = 0; i < N_TILES && !tk; i++)
-        if (g_tiles[i].t.wg == tile->wg && g_tiles[i].t.bn == tile->bn && g_tiles[i].t.stages == tile->stages &&
-            g_tiles[i].t.ks == tile->ks && g_tiles[i].t.cm == tile->cm)
-            tk = &g_tiles[i];
-    if (!tk)
-        return NIB_ERR(NIB_ERR_INVALID_ARG, "fp8 gemm (nib): no kernel for tile %d x %d with %d stages, K split %d",
-                       64 * tile->wg, tile->bn, tile->stages, tile->ks);
+    TileKern *tk;
+    NIB_RETURN_IF_ERR(tile_kernel(tile, &tk));
     const size_t smem = nib_fp8_tile_smem(&tk->t);
-    if (!tk->attr_set) {
-        NIB_CUDA_CHECK(cudaFuncSetAttribute(tk->fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        tk->attr_set = 1;
-    }
     Fp8Args p;
     p.x = (const uint8_t *)a->x, p.w = (const uint8_t *)a->w;
     p.sx = a->sx, p.sw = a->sw;
@@ -297,7 +352,7 @@ extern "C" nib_status nib_cuda_gemm_fp8(const nib_blas_gemm_args *a, const nib_f
     NIB_RETURN_IF_ERR(encoder_ready());
     CUtensorMap tmx, tmw;
     NIB_RETURN_IF_ERR(encode_rows(&tmx, a->x, a->m, a->k, 64 * tk->t.wg, "X"));
-    NIB_RETURN_IF_ERR(encode_rows(&tmw, a->w, a->n, a->k, tk->t.bn / tk->t.cm, "W"));
+    NIB_RETURN_IF_ERR(encode_rows(&tmw, a->w, a->n, a->k, nib_fp8_tile_wslice(&tk->t), "W"));
     /* cm > 1: clusters of cm CTAs along M; the M tiles rounded up to whole clusters (a CTA past M
      * stores nothing but still loads and multicasts its W slice) */
     const int64_t mtiles = (a->m + 64 * tk->t.wg - 1) / (64 * tk->t.wg), cm = tk->t.cm;
