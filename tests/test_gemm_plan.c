@@ -186,7 +186,7 @@ NIB_TEST(gemm_fp8_plan_and_checks) {
     const int nt = nib_fp8_tiles(tiles, 64);
     CHECK(nt >= 1 && nt < 64);
     for (int i = 0; i < nt; i++) {
-        CHECK(tiles[i].wg >= 1 && tiles[i].wg <= 2 && tiles[i].bn % 8 == 0 && tiles[i].bn <= 256 && tiles[i].stages >= 2 &&
+        CHECK(tiles[i].wg >= 1 && tiles[i].wg <= 3 && tiles[i].bn % 8 == 0 && tiles[i].bn <= 256 && tiles[i].stages >= 2 &&
               tiles[i].ks >= 1 && tiles[i].ks <= 4 && tiles[i].cm >= 1 && tiles[i].cm <= 8 &&
               (tiles[i].cm == 1 || tiles[i].ks == 1));
         /* one CTA's dynamic shared memory fits the H100's 227 KB opt-in limit */
