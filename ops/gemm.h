@@ -238,7 +238,7 @@ nib_status nib_blas_gemm_fused(nib_blas *b, const nib_blas_gemm_args *a, void *s
  * tensor cores' accumulator, no promotion), for the M ~ 512 shapes where cuBLASLt's single FP8
  * algorithm fills few SMs. A tile is WG (1-3) warpgroups (64 WG token rows) x BN output channels with
  * `stages` 128-byte K blocks in flight (TMA loads, one producer warp). Needs K % 16 == 0, N % 8 == 0, X / W 16-byte aligned,
- * Y / C / bias 4-byte aligned with even ldy / ldc, M, N, K < 2^31. */
+ * Y / C 16-byte aligned with ldy / ldc multiples of 8, bias 2-byte, M, N, K < 2^31. */
 typedef struct nib_fp8_tile {
     int wg, bn, stages;
     int ks; /* CTAs splitting K (one cluster; their sums meet in rank 0's shared memory, added in

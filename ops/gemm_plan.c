@@ -278,14 +278,14 @@ int nib_fp8_use_nib(int64_t m, int64_t n, int64_t k) {
 
 nib_status nib_fp8_check_args(const nib_blas_gemm_args *a) {
     if (a->m < 1 || a->n < 1 || a->k < 1 || a->m > INT32_MAX || a->n > INT32_MAX || a->k > INT32_MAX ||
-        a->k % 16 || a->n % 8 || a->ldy < a->n || (a->c && a->ldc < a->n) || a->ldy % 2 || (a->c && a->ldc % 2) ||
+        a->k % 16 || a->n % 8 || a->ldy < a->n || (a->c && a->ldc < a->n) || a->ldy % 8 || (a->c && a->ldc % 8) ||
         (uint64_t)a->m * (uint64_t)(a->ldy > a->ldc ? a->ldy : a->ldc) > (uint64_t)INT64_MAX / 2)
         return NIB_ERR(NIB_ERR_SHAPE,
-                       "fp8 gemm (nib): M=%lld N=%lld K=%lld ldy=%lld ldc=%lld (K a multiple of 16, N of 8, even "
-                       "strides)",
+                       "fp8 gemm (nib): M=%lld N=%lld K=%lld ldy=%lld ldc=%lld (K a multiple of 16; N, ldy "
+                       "and ldc of 8)",
                        (long long)a->m, (long long)a->n, (long long)a->k, (long long)a->ldy, (long long)a->ldc);
-    if (((uintptr_t)a->x | (uintptr_t)a->w) % 16 || ((uintptr_t)a->y | (uintptr_t)a->c | (uintptr_t)a->bias) % 4)
-        return NIB_ERR(NIB_ERR_INVALID_ARG, "fp8 gemm (nib): X and W must be 16-byte aligned, Y, C and bias 4-byte");
+    if (((uintptr_t)a->x | (uintptr_t)a->w | (uintptr_t)a->y | (uintptr_t)a->c) % 16 || (uintptr_t)a->bias % 2)
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "fp8 gemm (nib): X, W, Y and C must be 16-byte aligned, bias 2-byte");
     if (a->c && a->c != a->y) {
         const char *c0 = (const char *)a->c, *c1 = c0 + (size_t)a->ldc * (size_t)a->m * 2;
         const char *y0 = (const char *)a->y, *y1 = y0 + (size_t)a->ldy * (size_t)a->m * 2;

@@ -190,7 +190,9 @@ NIB_TEST(gemm_fp8_plan_and_checks) {
               tiles[i].ks >= 1 && tiles[i].ks <= 4 && tiles[i].cm >= 1 && tiles[i].cm <= 8 &&
               (tiles[i].cm == 1 || tiles[i].ks == 1));
         /* one CTA's dynamic shared memory fits the H100's 227 KB opt-in limit */
-        CHECK(nib_fp8_tile_smem(&tiles[i]) == (size_t)tiles[i].stages * (64 * tiles[i].wg + tiles[i].bn) * 128 + 1024);
+        const int ws = nib_fp8_tile_wslice(&tiles[i]);
+        CHECK(ws % 8 == 0 && ws * tiles[i].cm >= tiles[i].bn && (ws - 8) * tiles[i].cm < tiles[i].bn);
+        CHECK(nib_fp8_tile_smem(&tiles[i]) == (size_t)tiles[i].stages * (64 * tiles[i].wg + ws * tiles[i].cm) * 128 + 1024);
         CHECK(nib_fp8_tile_smem(&tiles[i]) <= 227u * 1024);
     }
     /* the planner returns a compiled tile for every shape, also degenerate ones */
@@ -234,8 +236,13 @@ NIB_TEST(gemm_fp8_plan_and_checks) {
     CHECK_ST(nib_fp8_check_args(&a), NIB_ERR_SHAPE);
     a.n = 64, a.ldy = 63;
     CHECK_ST(nib_fp8_check_args(&a), NIB_ERR_SHAPE);
+    a.ldy = 68; /* 16-byte rows: ldy a multiple of 8 */
+    CHECK_ST(nib_fp8_check_args(&a), NIB_ERR_SHAPE);
     a.ldy = 64, a.w = base + 8200;
     CHECK_ST(nib_fp8_check_args(&a), NIB_ERR_INVALID_ARG);
+    a.w = base + 8192, a.y = base + 65536 + 8; /* Y not 16-byte aligned */
+    CHECK_ST(nib_fp8_check_args(&a), NIB_ERR_INVALID_ARG);
+    a.y = base + 65536;
     a.w = base + 8192, a.c = base + 65536 + 128, a.ldc = 64;
     CHECK_ST(nib_fp8_check_args(&a), NIB_ERR_INVALID_ARG); /* C overlaps Y */
     a.c = a.y, a.ldc = 72;
