@@ -253,12 +253,19 @@ int nib_fp8_tile_wslice(const nib_fp8_tile *t);
 /* dynamic shared memory of a tile's kernel (stages x (64 wg + cm x wslice) x 128 bytes + 1024 for
  * alignment) */
 size_t nib_fp8_tile_smem(const nib_fp8_tile *t);
-/* the planner: the tile with the lowest modeled time on `sms` SMs (host code, tested in CI) */
+/* the planner: the tile with the lowest modeled time on `sms` SMs, given how many CTAs of each
+ * compiled tile (nib_fp8_tiles order) the device holds at once (`slots`; NULL: estimated from the
+ * H100) (host code, tested in CI); nib_fp8_plan_for = nib_fp8_plan_slots(.., NULL, ..) */
+void nib_fp8_plan_slots(int64_t m, int64_t n, int64_t k, int sms, const int *slots, nib_fp8_tile *out);
 void nib_fp8_plan_for(int64_t m, int64_t n, int64_t k, int sms, nib_fp8_tile *out);
+/* the tile nib_cuda_gemm_fp8 runs for this shape when given none (the device's resident counts) */
+nib_status nib_cuda_fp8_plan(int64_t m, int64_t n, int64_t k, nib_fp8_tile *out);
 /* whether nib_blas_gemm_fused sends this FP8 product (fast accumulation) to nib's kernel instead
- * of cuBLASLt: NIB_FP8_GEMM=nib / cublaslt forces it, else the measured rule in gemm_plan.c
- * (cuBLASLt everywhere for now: the kernel has not paid end to end) */
+ * of cuBLASLt: NIB_FP8_GEMM=nib / cublaslt forces it, else the measured rule in gemm_plan.c */
 int nib_fp8_use_nib(int64_t m, int64_t n, int64_t k);
+/* whether the shapes, strides and alignment suit nib's kernel (no error set: the engine rule's
+ * test; cuBLASLt takes the product otherwise) */
+int nib_fp8_args_suit(const nib_blas_gemm_args *a);
 /* argument checks of nib_cuda_gemm_fp8 (shapes, alignment, C overlapping Y), host code */
 nib_status nib_fp8_check_args(const nib_blas_gemm_args *a);
 /* how many CTAs of `tile` the device holds at once (occupancy; for cluster tiles whole clusters,

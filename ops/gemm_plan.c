@@ -228,23 +228,41 @@ size_t nib_fp8_tile_smem(const nib_fp8_tile *t) {
     return (size_t)t->stages * (size_t)(64 * t->wg + nib_fp8_tile_wslice(t) * t->cm) * 128 + 1024;
 }
 
-/* Modeled time of one tile: the waves of CTAs, CTAs sharing an SM sharing its tensor cores, and
- * per 128-byte K block the MMA work (BM x BN) plus the bytes staged (BM + BN rows) plus a fixed
- * cost per block. */
-static double fp8_cost(const nib_fp8_tile *t, int64_t m, int64_t n, int64_t k, int sms) {
-    const int64_t bm = 64 * t->wg, mt = ((m + bm - 1) / bm + t->cm - 1) / t->cm * t->cm;
-    const int64_t ctas = mt * ((n + t->bn - 1) / t->bn) * t->ks;
-    const int64_t nk = ((k + 127) / 128 + t->ks - 1) / t->ks + (t->ks > 1 ? 2 : 0); /* + the reduction */
+/* Resident CTAs of a tile when the device cannot be asked (host-only builds, tests): SMs x CTAs
+ * per SM by shared memory (at most 2), times the share of SMs that whole clusters of cm x ks CTAs
+ * occupied on the H100 (cudaOccupancyMaxActiveClusters: 3 -> 117 of 132, 4 -> 120, 5 -> 110,
+ * 8 -> 120). */
+static int fp8_slots_estimate(const nib_fp8_tile *t, int sms) {
     int occ = (int)(233472 / (nib_fp8_tile_smem(t) + 1024));
     if (occ > 2) occ = 2;
-    if (occ < 1) return 1e30;
-    const int64_t slots = (int64_t)sms * occ, waves = (ctas + slots - 1) / slots;
-    int64_t per_sm = (ctas + sms - 1) / sms; /* CTAs an SM runs at once in a full wave */
-    if (per_sm > occ) per_sm = occ;
-    return (double)waves * (double)nk * (double)per_sm * ((double)bm * t->bn + 48.0 * (bm + (double)t->bn / t->cm) + 2048.0);
+    const int c = t->cm * t->ks;
+    const double share = c <= 2 ? 1.0 : c == 3 ? 0.886 : c == 5 ? 0.833 : 0.909;
+    return (int)(sms * occ * share) / c * c;
 }
 
-void nib_fp8_plan_for(int64_t m, int64_t n, int64_t k, int sms, nib_fp8_tile *out) {
+/* Modeled time (us) of one tile on an H100, fitted to `nib bench gemm --variants fp8-nib --sweep`
+ * at 3b544a6 (bench/results/gemm-fp8-nib-h100-v4.json: 7 shapes x M = 512 / 532 / 1024, every
+ * tile; the pick is on average 1.06x the best tile's time, the previous model's 1.2-1.4x). Waves
+ * of resident CTAs; per CTA a fixed 3 us (launch, ring fill), per 128-byte K block the larger of
+ * the tensor time (12 TFLOP/s per SM, shared by the CTAs of an SM) and the load time (13 TB/s
+ * shared by the resident CTAs; multicast is not credited: measured, it did not pay), and an
+ * epilogue proportional to the tile; a K split adds its reduction. */
+static double fp8_cost(const nib_fp8_tile *t, int64_t m, int64_t n, int64_t k, int sms, int slots) {
+    const int64_t bm = 64 * t->wg, mt = ((m + bm - 1) / bm + t->cm - 1) / t->cm * t->cm;
+    const int64_t ctas = mt * ((n + t->bn - 1) / t->bn) * t->ks;
+    if (slots < 1) return 1e30;
+    const int64_t waves = (ctas + slots - 1) / slots, conc = ctas < slots ? ctas : slots;
+    int64_t per_sm = slots / sms, fill = (ctas + sms - 1) / sms; /* CTAs an SM runs at once */
+    if (per_sm < 1) per_sm = 1;
+    if (per_sm > fill) per_sm = fill;
+    const double nk = (double)((k + 127) / 128) / t->ks;
+    const double t_tensor = 2.0 * bm * t->bn * 128 / 1.2e7 * (double)per_sm;
+    const double t_load = (double)(bm + t->bn) * 128 * (double)conc / 1.3e7;
+    return (double)waves * (3.0 + nk * (t_tensor > t_load ? t_tensor : t_load) + 0.5e-4 * bm * t->bn * (double)per_sm) +
+           (t->ks > 1 ? (double)t->ks : 0.0);
+}
+
+void nib_fp8_plan_slots(int64_t m, int64_t n, int64_t k, int sms, const int *slots, nib_fp8_tile *out) {
     /* lab knob NIB_FP8_TILE=wg:bn:stages:ks:cm (a compiled tile) replaces the model's pick */
     const char *e = getenv("NIB_FP8_TILE");
     nib_fp8_tile f;
@@ -254,37 +272,55 @@ void nib_fp8_plan_for(int64_t m, int64_t n, int64_t k, int sms, nib_fp8_tile *ou
                 *out = f;
                 return;
             }
+    if (sms < 1) sms = 132;
     double best = 0;
     int bi = 0;
     for (int i = 0; i < N_FP8_TILES; i++) {
-        const double c = fp8_cost(&k_fp8_tiles[i], m, n, k, sms > 0 ? sms : 132);
+        const int sl = slots ? slots[i] : fp8_slots_estimate(&k_fp8_tiles[i], sms);
+        const double c = fp8_cost(&k_fp8_tiles[i], m, n, k, sms, sl);
         if (i == 0 || c < best) best = c, bi = i;
     }
     *out = k_fp8_tiles[bi];
+}
+
+void nib_fp8_plan_for(int64_t m, int64_t n, int64_t k, int sms, nib_fp8_tile *out) {
+    nib_fp8_plan_slots(m, n, k, sms, NULL, out);
 }
 
 int nib_fp8_use_nib(int64_t m, int64_t n, int64_t k) {
     const char *e = getenv("NIB_FP8_GEMM");
     if (e && !strcmp(e, "nib")) return 1;
     if (e && !strcmp(e, "cublaslt")) return 0;
-    /* Not by default. In the lab (`nib bench gemm --variants cublaslt-fp8,fp8-nib --sweep`,
-     * bench/results/gemm-fp8-nib-h100-v1.json) nib's kernel is faster only at SigLIP's 1152 -> 1152
-     * (M = 512: 5.1 against 6.5 us) and at M = 128; in the model that one shape did not pay:
-     * `nib bench pi05 --preset fast` vision 1.965 ms with it against 1.936 ms without (two
-     * alternations each, one H100). docs/design.md has the analysis. */
-    (void)m, (void)n, (void)k;
-    return 0;
+    /* Where nib's kernel beat cuBLASLt's in the lab (`nib bench gemm --variants cublaslt-fp8,fp8-nib
+     * --sweep`, bench/results/gemm-fp8-nib-h100-v4.json, M = 512 / 532 / 1024 at the SigLIP and
+     * Gemma shapes): K up to 2048, or up to 4608 with M up to 640; not where cuBLASLt's 256-row
+     * tiles fit M exactly on a large output (512 x 32768: 54 against 68 us), nor at K = 16384
+     * (M = 532: 41 against 47 us). */
+    if (m > 1024 || k > 4608 || (k > 2048 && m > 640)) return 0;
+    if (m % 256 == 0 && m * n >= ((int64_t)1 << 24)) return 0;
+    return 1;
 }
 
+static int fp8_shape_fits(const nib_blas_gemm_args *a) {
+    return !(a->m < 1 || a->n < 1 || a->k < 1 || a->m > INT32_MAX || a->n > INT32_MAX || a->k > INT32_MAX ||
+             a->k % 16 || a->n % 8 || a->ldy < a->n || (a->c && a->ldc < a->n) || a->ldy % 8 ||
+             (a->c && a->ldc % 8) ||
+             (uint64_t)a->m * (uint64_t)(a->ldy > a->ldc ? a->ldy : a->ldc) > (uint64_t)INT64_MAX / 2);
+}
+
+static int fp8_alignment_fits(const nib_blas_gemm_args *a) {
+    return !(((uintptr_t)a->x | (uintptr_t)a->w | (uintptr_t)a->y | (uintptr_t)a->c) % 16 || (uintptr_t)a->bias % 2);
+}
+
+int nib_fp8_args_suit(const nib_blas_gemm_args *a) { return fp8_shape_fits(a) && fp8_alignment_fits(a); }
+
 nib_status nib_fp8_check_args(const nib_blas_gemm_args *a) {
-    if (a->m < 1 || a->n < 1 || a->k < 1 || a->m > INT32_MAX || a->n > INT32_MAX || a->k > INT32_MAX ||
-        a->k % 16 || a->n % 8 || a->ldy < a->n || (a->c && a->ldc < a->n) || a->ldy % 8 || (a->c && a->ldc % 8) ||
-        (uint64_t)a->m * (uint64_t)(a->ldy > a->ldc ? a->ldy : a->ldc) > (uint64_t)INT64_MAX / 2)
+    if (!fp8_shape_fits(a))
         return NIB_ERR(NIB_ERR_SHAPE,
                        "fp8 gemm (nib): M=%lld N=%lld K=%lld ldy=%lld ldc=%lld (K a multiple of 16; N, ldy "
                        "and ldc of 8)",
                        (long long)a->m, (long long)a->n, (long long)a->k, (long long)a->ldy, (long long)a->ldc);
-    if (((uintptr_t)a->x | (uintptr_t)a->w | (uintptr_t)a->y | (uintptr_t)a->c) % 16 || (uintptr_t)a->bias % 2)
+    if (!fp8_alignment_fits(a))
         return NIB_ERR(NIB_ERR_INVALID_ARG, "fp8 gemm (nib): X, W, Y and C must be 16-byte aligned, bias 2-byte");
     if (a->c && a->c != a->y) {
         const char *c0 = (const char *)a->c, *c1 = c0 + (size_t)a->ldc * (size_t)a->m * 2;

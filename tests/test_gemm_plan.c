@@ -215,11 +215,16 @@ NIB_TEST(gemm_fp8_plan_and_checks) {
     unsetenv("NIB_FP8_TILE");
     nib_fp8_plan_for(512, 1152, 1152, 132, &q);
     CHECK(!memcmp(&p, &q, sizeof p));
-    /* the engine rule: cuBLASLt unless NIB_FP8_GEMM forces nib's kernel (measured: no end-to-end
-     * gain yet, see nib_fp8_use_nib) */
+    /* the engine rule (the lab's winners, see nib_fp8_use_nib), and NIB_FP8_GEMM forcing either */
     unsetenv("NIB_FP8_GEMM");
-    CHECK(nib_fp8_use_nib(512, 1152, 1152) == 0);
-    CHECK(nib_fp8_use_nib(532, 2048, 2048) == 0);
+    CHECK(nib_fp8_use_nib(512, 1152, 1152) == 1);
+    CHECK(nib_fp8_use_nib(532, 2048, 2048) == 1);
+    CHECK(nib_fp8_use_nib(532, 32768, 2048) == 1);
+    CHECK(nib_fp8_use_nib(512, 1152, 4304) == 1);
+    CHECK(nib_fp8_use_nib(512, 32768, 2048) == 0);   /* cuBLASLt's 256-row tiles fit M */
+    CHECK(nib_fp8_use_nib(532, 2048, 16384) == 0);   /* K = 16384 */
+    CHECK(nib_fp8_use_nib(1024, 1152, 4304) == 0);   /* K > 2048 at M > 640 */
+    CHECK(nib_fp8_use_nib(2048, 2048, 2048) == 0);   /* M past the lab's range */
     setenv("NIB_FP8_GEMM", "nib", 1);
     CHECK(nib_fp8_use_nib(10, 4304, 1152) == 1);
     setenv("NIB_FP8_GEMM", "cublaslt", 1);
@@ -236,8 +241,10 @@ NIB_TEST(gemm_fp8_plan_and_checks) {
     CHECK_ST(nib_fp8_check_args(&a), NIB_ERR_SHAPE);
     a.n = 64, a.ldy = 63;
     CHECK_ST(nib_fp8_check_args(&a), NIB_ERR_SHAPE);
+    CHECK(nib_fp8_args_suit(&a) == 1);
     a.ldy = 68; /* 16-byte rows: ldy a multiple of 8 */
     CHECK_ST(nib_fp8_check_args(&a), NIB_ERR_SHAPE);
+    CHECK(nib_fp8_args_suit(&a) == 0);
     a.ldy = 64, a.w = base + 8200;
     CHECK_ST(nib_fp8_check_args(&a), NIB_ERR_INVALID_ARG);
     a.w = base + 8192, a.y = base + 65536 + 8; /* Y not 16-byte aligned */

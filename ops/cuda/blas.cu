@@ -322,7 +322,8 @@ nib_status nib_blas_gemm_fused(nib_blas *b, const nib_blas_gemm_args *a, void *s
     /* FP8 with fast accumulation: nib's wgmma kernel where the rule of nib_fp8_use_nib says it
      * beats cuBLASLt's single FP8 algorithm (the handle's engine setting overrides the rule) */
     if (a->fp8 && b->fast_accum &&
-        (b->fp8_engine == NIB_FP8_ENGINE_NIB || (b->fp8_engine == NIB_FP8_ENGINE_AUTO && nib_fp8_use_nib(a->m, a->n, a->k))))
+        (b->fp8_engine == NIB_FP8_ENGINE_NIB ||
+         (b->fp8_engine == NIB_FP8_ENGINE_AUTO && nib_fp8_use_nib(a->m, a->n, a->k) && nib_fp8_args_suit(a))))
         return nib_cuda_gemm_fp8(a, NULL, stream);
     /* in place (C is Y with the same stride): one descriptor for both, as cuBLASLt requires */
     const int64_t ldc = !a->c ? 0 : (a->c == a->y && a->ldc == a->ldy) ? -1 : a->ldc;

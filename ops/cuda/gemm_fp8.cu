@@ -378,6 +378,26 @@ extern "C" nib_status nib_cuda_fp8_tile_slots(const nib_fp8_tile *tile, int *cta
     return NIB_OK;
 }
 
+static int g_slots[N_TILES]; /* resident CTAs of each tile on this device, for the planner */
+static bool g_slots_ready;
+
+extern "C" nib_status nib_cuda_fp8_plan(int64_t m, int64_t n, int64_t k, nib_fp8_tile *out) {
+    if (!g_sms) {
+        nib_device_info d;
+        NIB_RETURN_IF_ERR(nib_device_require(&d));
+        g_sms = d.sm_count;
+    }
+    if (!g_slots_ready) {
+        nib_fp8_tile order[N_TILES];
+        if (nib_fp8_tiles(order, N_TILES) != N_TILES)
+            return NIB_ERR(NIB_ERR_INTERNAL, "fp8 gemm (nib): the host tile list and the compiled kernels differ");
+        for (int i = 0; i < N_TILES; i++) NIB_RETURN_IF_ERR(nib_cuda_fp8_tile_slots(&order[i], &g_slots[i]));
+        g_slots_ready = true;
+    }
+    nib_fp8_plan_slots(m, n, k, g_sms, g_slots, out);
+    return NIB_OK;
+}
+
 extern "C" nib_status nib_cuda_gemm_fp8(const nib_blas_gemm_args *a, const nib_fp8_tile *tile, void *stream) {
     if (!a || !a->x || !a->w || !a->y || !a->sx || !a->sw)
         return NIB_ERR(NIB_ERR_INVALID_ARG, "fp8 gemm (nib): NULL argument");
@@ -390,7 +410,7 @@ extern "C" nib_status nib_cuda_gemm_fp8(const nib_blas_gemm_args *a, const nib_f
     }
     nib_fp8_tile pick;
     if (!tile) {
-        nib_fp8_plan_for(a->m, a->n, a->k, g_sms, &pick);
+        NIB_RETURN_IF_ERR(nib_cuda_fp8_plan(a->m, a->n, a->k, &pick));
         tile = &pick;
     }
     TileKern *tk;
