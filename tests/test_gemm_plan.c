@@ -241,6 +241,8 @@ NIB_TEST(gemm_fp8_plan_and_checks) {
     CHECK_ST(nib_fp8_check_args(&a), NIB_ERR_SHAPE);
     a.n = 64, a.ldy = 63;
     CHECK_ST(nib_fp8_check_args(&a), NIB_ERR_SHAPE);
+    CHECK(nib_fp8_args_suit(&a) == 0);
+    a.ldy = 64;
     CHECK(nib_fp8_args_suit(&a) == 1);
     a.ldy = 68; /* 16-byte rows: ldy a multiple of 8 */
     CHECK_ST(nib_fp8_check_args(&a), NIB_ERR_SHAPE);
