@@ -220,10 +220,14 @@ NIB_TEST(gemm_fp8_plan_and_checks) {
     CHECK(nib_fp8_use_nib(512, 1152, 1152) == 1);
     CHECK(nib_fp8_use_nib(532, 2048, 2048) == 1);
     CHECK(nib_fp8_use_nib(532, 32768, 2048) == 1);
-    CHECK(nib_fp8_use_nib(512, 1152, 4304) == 1);
+    CHECK(nib_fp8_use_nib(512, 4304, 1152) == 1);
+    CHECK(nib_fp8_use_nib(256, 1152, 4304) == 1);
+    CHECK(nib_fp8_use_nib(512, 1152, 4304) == 0);    /* K > 2048 past 320 rows */
+    CHECK(nib_fp8_use_nib(768, 4304, 1152) == 0);    /* N > 4096 past 640 rows */
     CHECK(nib_fp8_use_nib(512, 32768, 2048) == 0);   /* cuBLASLt's 256-row tiles fit M */
+    CHECK(nib_fp8_use_nib(276, 32768, 2048) == 0);
+    CHECK(nib_fp8_use_nib(788, 32768, 2048) == 0);
     CHECK(nib_fp8_use_nib(532, 2048, 16384) == 0);   /* K = 16384 */
-    CHECK(nib_fp8_use_nib(1024, 1152, 4304) == 0);   /* K > 2048 at M > 640 */
     CHECK(nib_fp8_use_nib(2048, 2048, 2048) == 0);   /* M past the lab's range */
     setenv("NIB_FP8_GEMM", "nib", 1);
     CHECK(nib_fp8_use_nib(10, 4304, 1152) == 1);
