@@ -297,7 +297,7 @@ int nib_fp8_use_nib(int64_t m, int64_t n, int64_t k) {
      * - K <= 2048 with fewer than 2^23 outputs (SigLIP 1152 -> 1152 / 3456 / 4304, Gemma q|k|v and
      *   o): 3.3-4.9 against 6.8 us at 1152 -> 1152; not N > 4096 past 640 rows (1152 -> 4304 at
      *   M = 768: 11.7 against 10.0 us);
-     * - K up to 4608 at M <= 320 (4304 -> 1152 at M = 256: 10.4 against 14.3 us);
+     * - K up to 4608 at M <= 320, the same outputs (4304 -> 1152 at M = 256: 10.4 against 14.3 us);
      * - the Gemma gate|up (2048 -> 32768) only at 512-640 rows that overrun a 256-row multiple by
      *   at most 64 (M = 532: 70-76 against 79-81 us), where cuBLASLt's 256-row tiles waste most;
      *   at M = 256 / 512 / 768 / 788 cuBLASLt is faster (35 / 55 / 77 / 103 against 39 / 65 /
@@ -305,7 +305,7 @@ int nib_fp8_use_nib(int64_t m, int64_t n, int64_t k) {
      * - not K = 16384 (M = 532: 41 against 47-55 us). */
     if (m > 1024) return 0;
     if (k <= 2048 && m * n < ((int64_t)1 << 23)) return !(n > 4096 && m > 640);
-    if (k <= 4608 && m <= 320) return 1;
+    if (k <= 4608 && m <= 320 && m * n < ((int64_t)1 << 23)) return 1;
     if (k <= 2048 && m >= 512 && m <= 640 && m % 256 >= 1 && m % 256 <= 64) return 1;
     return 0;
 }
