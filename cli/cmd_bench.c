@@ -262,7 +262,7 @@ static nib_status sweep_fp8_tiles(const bench_cfg *cfg, gemm_ctx *g, uint64_t ca
     snprintf(best_plan, sizeof best_plan, "%s", row->plan);
     for (int i = 0; i < nt && *nrows < max_rows; i++) {
         if (tiles[i].wg == pick.wg && tiles[i].bn == pick.bn && tiles[i].stages == pick.stages && tiles[i].ks == pick.ks &&
-            tiles[i].cm == pick.cm && tiles[i].ps == pick.ps)
+            tiles[i].cm == pick.cm)
             continue;
         g->tile = &tiles[i];
         bench_row *sr = &rows[(*nrows)++];
@@ -271,8 +271,8 @@ static nib_status sweep_fp8_tiles(const bench_cfg *cfg, gemm_ctx *g, uint64_t ca
         NIB_RETURN_IF_ERR(st);
         int slots = 0;
         NIB_RETURN_IF_ERR(nib_cuda_fp8_tile_slots(&tiles[i], &slots));
-        snprintf(sr->plan, sizeof sr->plan, "tile %dx%d st%d ks%d cm%d%s (%d resident)", 64 * tiles[i].wg, tiles[i].bn,
-                 tiles[i].stages, tiles[i].ks, tiles[i].cm, tiles[i].ps ? " ps" : "", slots);
+        snprintf(sr->plan, sizeof sr->plan, "tile %dx%d st%d ks%d cm%d (%d resident)", 64 * tiles[i].wg, tiles[i].bn,
+                 tiles[i].stages, tiles[i].ks, tiles[i].cm, slots);
         sr->sweep = 1;
         print_row(sr);
         if (sr->us < best) {
@@ -377,8 +377,8 @@ static nib_status bench_variant(const bench_cfg *cfg, variant v, gemm_ctx *g, ni
         if (v == V_FP8NIB) {
             nib_fp8_tile pick;
             NIB_TRY(nib_cuda_fp8_plan(g->m, n, k, &pick));
-            snprintf(row->plan, sizeof row->plan, "tile %dx%d st%d ks%d cm%d%s", 64 * pick.wg, pick.bn, pick.stages,
-                     pick.ks, pick.cm, pick.ps ? " ps" : "");
+            snprintf(row->plan, sizeof row->plan, "tile %dx%d st%d ks%d cm%d", 64 * pick.wg, pick.bn, pick.stages, pick.ks,
+                     pick.cm);
             row->sweep = cfg->sweep ? 2 : 0;
         }
         print_row(row);

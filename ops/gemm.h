@@ -244,8 +244,6 @@ typedef struct nib_fp8_tile {
     int ks; /* CTAs splitting K (one cluster; their sums meet in rank 0's shared memory, added in
              * rank order: deterministic) */
     int cm; /* CTAs of one cluster along M: each loads 1 / cm of the W tile and multicasts it */
-    int ps; /* persistent: one CTA per resident slot walks the tiles (M first); the ring loads the
-             * next tile's blocks during the epilogue, which stages bf16 in a buffer of its own */
 } nib_fp8_tile;
 /* the compiled tiles, in a fixed order (host code, no CUDA): how many were written (<= max) */
 int nib_fp8_tiles(nib_fp8_tile *out, int max);
@@ -253,7 +251,7 @@ int nib_fp8_tiles(nib_fp8_tile *out, int max);
  * whole 8-row swizzle atoms (the last slice may run past bn) */
 int nib_fp8_tile_wslice(const nib_fp8_tile *t);
 /* dynamic shared memory of a tile's kernel (stages x (64 wg + cm x wslice) x 128 bytes + 1024 for
- * alignment; persistent tiles add the bf16 staging buffer, 64 wg rows of a padded pitch) */
+ * alignment) */
 size_t nib_fp8_tile_smem(const nib_fp8_tile *t);
 /* the planner: the tile with the lowest modeled time on `sms` SMs, given how many CTAs of each
  * compiled tile (nib_fp8_tiles order) the device holds at once (`slots`; NULL: estimated from the

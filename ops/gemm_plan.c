@@ -207,13 +207,11 @@ int nib_gemm_plans_for(const nib_gemm_shape *w, int64_t m, uint64_t ws_elems, in
 
 /* the order and set of ops/cuda/gemm_fp8.cu's g_tiles */
 static const nib_fp8_tile k_fp8_tiles[] = {
-    {1, 64, 6, 1, 1, 0}, {1, 72, 6, 1, 1, 0}, {1, 96, 5, 1, 1, 0}, {1, 128, 4, 1, 1, 0}, {2, 64, 4, 1, 1, 0},
-    {2, 96, 4, 1, 1, 0}, {2, 112, 4, 1, 1, 0}, {2, 128, 5, 1, 1, 0}, {2, 144, 4, 1, 1, 0}, {2, 192, 4, 1, 1, 0},
-    {2, 256, 4, 1, 1, 0}, {2, 128, 5, 2, 1, 0}, {2, 128, 5, 3, 1, 0}, {2, 144, 4, 2, 1, 0}, {2, 192, 4, 2, 1, 0},
-    {1, 64, 6, 1, 4, 0}, {1, 64, 6, 1, 8, 0}, {1, 128, 4, 1, 4, 0}, {2, 64, 4, 1, 4, 0}, {2, 96, 4, 1, 4, 0},
-    {2, 128, 5, 1, 2, 0}, {2, 128, 5, 1, 4, 0}, {2, 256, 4, 1, 2, 0}, {2, 240, 4, 1, 5, 0}, {2, 256, 4, 1, 8, 0},
-    {3, 192, 4, 1, 1, 0}, {3, 192, 4, 1, 3, 0}, {3, 192, 3, 1, 1, 1}, {2, 256, 3, 1, 1, 1}, {2, 192, 4, 1, 1, 1},
-    {2, 128, 5, 1, 1, 1}};
+    {1, 64, 6, 1, 1},  {1, 72, 6, 1, 1},  {1, 96, 5, 1, 1},  {1, 128, 4, 1, 1}, {2, 64, 4, 1, 1},  {2, 96, 4, 1, 1},
+    {2, 112, 4, 1, 1}, {2, 128, 5, 1, 1}, {2, 144, 4, 1, 1}, {2, 192, 4, 1, 1}, {2, 256, 4, 1, 1}, {2, 128, 5, 2, 1},
+    {2, 128, 5, 3, 1}, {2, 144, 4, 2, 1}, {2, 192, 4, 2, 1}, {1, 64, 6, 1, 4},  {1, 64, 6, 1, 8},  {1, 128, 4, 1, 4},
+    {2, 64, 4, 1, 4},  {2, 96, 4, 1, 4},  {2, 128, 5, 1, 2}, {2, 128, 5, 1, 4}, {2, 256, 4, 1, 2}, {2, 240, 4, 1, 5},
+    {2, 256, 4, 1, 8}, {3, 192, 4, 1, 1}, {3, 192, 4, 1, 3}};
 #define N_FP8_TILES ((int)(sizeof k_fp8_tiles / sizeof k_fp8_tiles[0]))
 
 int nib_fp8_tiles(nib_fp8_tile *out, int max) {
@@ -227,10 +225,7 @@ int nib_fp8_tile_wslice(const nib_fp8_tile *t) {
 }
 
 size_t nib_fp8_tile_smem(const nib_fp8_tile *t) {
-    const size_t ring = (size_t)t->stages * (size_t)(64 * t->wg + nib_fp8_tile_wslice(t) * t->cm) * 128;
-    /* the persistent tiles' bf16 staging: pitch bn + pad, (pitch / 2) = 4 (mod 8) words */
-    const size_t stage = t->ps ? (size_t)64 * t->wg * (size_t)(t->bn + 2 * ((4 - (t->bn / 2) % 8 + 8) % 8)) * 2 : 0;
-    return ring + stage + 1024;
+    return (size_t)t->stages * (size_t)(64 * t->wg + nib_fp8_tile_wslice(t) * t->cm) * 128 + 1024;
 }
 
 /* Resident CTAs of a tile when the device cannot be asked (host-only builds, tests): SMs x CTAs
@@ -255,7 +250,7 @@ static int fp8_slots_estimate(const nib_fp8_tile *t, int sms) {
 static double fp8_cost(const nib_fp8_tile *t, int64_t m, int64_t n, int64_t k, int sms, int slots) {
     const int64_t bm = 64 * t->wg, mt = ((m + bm - 1) / bm + t->cm - 1) / t->cm * t->cm;
     const int64_t ctas = mt * ((n + t->bn - 1) / t->bn) * t->ks;
-    if (slots < 1 || t->ps) return 1e30; /* persistent tiles: lab only until measured */
+    if (slots < 1) return 1e30;
     const int64_t waves = (ctas + slots - 1) / slots, conc = ctas < slots ? ctas : slots;
     int64_t per_sm = slots / sms, fill = (ctas + sms - 1) / sms; /* CTAs an SM runs at once */
     if (per_sm < 1) per_sm = 1;
@@ -268,11 +263,10 @@ static double fp8_cost(const nib_fp8_tile *t, int64_t m, int64_t n, int64_t k, i
 }
 
 void nib_fp8_plan_slots(int64_t m, int64_t n, int64_t k, int sms, const int *slots, nib_fp8_tile *out) {
-    /* lab knob NIB_FP8_TILE=wg:bn:stages:ks:cm[:ps] (a compiled tile) replaces the model's pick */
+    /* lab knob NIB_FP8_TILE=wg:bn:stages:ks:cm (a compiled tile) replaces the model's pick */
     const char *e = getenv("NIB_FP8_TILE");
     nib_fp8_tile f;
-    f.ps = 0;
-    if (e && sscanf(e, "%d:%d:%d:%d:%d:%d", &f.wg, &f.bn, &f.stages, &f.ks, &f.cm, &f.ps) >= 5)
+    if (e && sscanf(e, "%d:%d:%d:%d:%d", &f.wg, &f.bn, &f.stages, &f.ks, &f.cm) == 5)
         for (int i = 0; i < N_FP8_TILES; i++)
             if (!memcmp(&k_fp8_tiles[i], &f, sizeof f)) {
                 *out = f;

@@ -1093,7 +1093,7 @@ NIB_TEST(gemm_fp8_gpu_argument_errors) {
     a.c = a.y, a.ldc = 72, a.ldy = 64;
     CHECK_ST(nib_cuda_gemm_fp8(&a, NULL, NULL), NIB_ERR_INVALID_ARG); /* C is Y with another stride */
     a.c = NULL;
-    nib_fp8_tile bad = {3, 64, 4, 1, 1, 0};
+    nib_fp8_tile bad = {3, 64, 4, 1, 1};
     CHECK_ST(nib_cuda_gemm_fp8(&a, &bad, NULL), NIB_ERR_INVALID_ARG); /* no such tile */
     a.fp8 = 0;
     CHECK_ST(nib_cuda_gemm_fp8(&a, NULL, NULL), NIB_ERR_INVALID_ARG);

@@ -56,7 +56,6 @@ struct Fp8Args {
     __nv_bfloat16 *y;
     int m, n, k, ldc, ldy;
     int sx_vec, sw_vec;
-    int mtiles, tiles; /* persistent tiles: M tiles and M x N tiles, walked M first */
 };
 
 /* the tile's column scales and bias (0 past N) into shared memory, by the consumer threads, then
@@ -140,92 +139,6 @@ __device__ __forceinline__ void epilogue(const Fp8Args &p, const float (&acc)[BN
     }
 }
 
-/* bf16 row pitch of a persistent tile's staging buffer: BN + pad with (pitch / 2) = 4 (mod 8)
- * words, so the bf16x2 writes of the fragment (8 rows x 4 column pairs) hit 32 distinct banks */
-template <int BN> struct StagePitchBf16 {
-    static constexpr int value = BN + 2 * ((4 - (BN / 2) % 8 + 8) % 8);
-};
-
-/* the persistent tiles' epilogue: the ring keeps filling with the next tile's blocks, so the
- * output is staged in a buffer of its own, in bf16: (1) each thread rounds acc * sx * sw + bias
- * (+ C, loaded in fragment order four column groups at a time; C may be Y) once and writes it to
- * the warpgroup's 64 x BN rows; (2) after a warpgroup barrier the warpgroup stores its rows in
- * 16-byte row-major chunks. A warpgroup barrier first: the previous tile's stores have read the
- * buffer. */
-template <int WG, int BN>
-__device__ __forceinline__ void epilogue_bf16(const Fp8Args &p, const float (&acc)[BN / 2], int m0, int n0, int wg,
-                                              int warp, int lane, const float *s_sw, const float *s_b,
-                                              __nv_bfloat16 *stage) {
-    constexpr int P = StagePitchBf16<BN>::value, CH = BN / 8, JC = 4;
-    __nv_bfloat16 *t = stage + wg * 64 * P;
-    const int rl = (warp & 3) * 16 + (lane >> 2), c0 = 2 * (lane & 3);
-    float sxr[2];
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const int r = m0 + wg * 64 + rl + 8 * h;
-        sxr[h] = r < p.m ? p.sx[p.sx_vec ? r : 0] : 0.f;
-    }
-    asm volatile("bar.sync %0, 128;" ::"r"(2 + wg) : "memory");
-#pragma unroll
-    for (int jc = 0; jc < CH; jc += JC) {
-        __nv_bfloat162 cc[JC][2];
-#pragma unroll
-        for (int jj = 0; jj < JC; jj++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int col = n0 + 8 * (jc + jj) + c0, r = m0 + wg * 64 + rl + 8 * h;
-                cc[jj][h] = __floats2bfloat162_rn(0.f, 0.f);
-                if (p.c && jc + jj < CH && col < p.n && r < p.m)
-                    cc[jj][h] = *(const __nv_bfloat162 *)(p.c + (size_t)r * p.ldc + col);
-            }
-#pragma unroll
-        for (int jj = 0; jj < JC; jj++) {
-            const int j = jc + jj;
-            if (j >= CH) break;
-            const float2 w = *(const float2 *)(s_sw + 8 * j + c0), b = *(const float2 *)(s_b + 8 * j + c0);
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                float v0 = acc[4 * j + 2 * h] * (sxr[h] * w.x) + b.x, v1 = acc[4 * j + 2 * h + 1] * (sxr[h] * w.y) + b.y;
-                if (p.c) v0 += __low2float(cc[jj][h]), v1 += __high2float(cc[jj][h]);
-                *(__nv_bfloat162 *)(t + (rl + 8 * h) * P + 8 * j + c0) = __floats2bfloat162_rn(v0, v1);
-            }
-        }
-    }
-    asm volatile("bar.sync %0, 128;" ::"r"(2 + wg) : "memory");
-    const int tw = threadIdx.x & 127;
-#pragma unroll 4
-    for (int c = tw; c < 64 * CH; c += 128) {
-        const int row = c / CH, ch = c - row * CH;
-        const int gr = m0 + wg * 64 + row, col = n0 + 8 * ch;
-        if (gr >= p.m || col >= p.n) continue;
-        *(uint4 *)(p.y + (size_t)gr * p.ldy + col) = *(const uint4 *)(t + row * P + 8 * ch);
-    }
-}
-
-/* the persistent tiles' producer: one ring position counter across the CTA's tiles, so the next
- * tile's first blocks load while the consumers run the epilogue */
-template <int WG, int BN, int ST>
-__device__ __forceinline__ void producer_ps(const CUtensorMap &tmx, const CUtensorMap &tmw, const Fp8Args &p,
-                                            uint32_t sbase, uint32_t full0, uint32_t empty0, int lane, int nk) {
-    constexpr int A_BYTES = 64 * WG * 128, STAGE = A_BYTES + BN * 128;
-    pdl_wait();
-    pdl_trigger();
-    int g = 0;
-    for (int t = blockIdx.x; t < p.tiles; t += gridDim.x) {
-        const int m0 = (t % p.mtiles) * 64 * WG, n0 = (t / p.mtiles) * BN;
-        for (int kb = 0; kb < nk; kb++, g++) {
-            const int s = g % ST;
-            if (g >= ST) mbar_wait(empty0 + 8 * s, ((g / ST) & 1) ^ 1);
-            if (lane == 0) {
-                mbar_arrive_expect_tx(full0 + 8 * s, STAGE);
-                tma_load_2d(sbase + s * STAGE + A_BYTES, &tmw, kb * 128, n0, full0 + 8 * s);
-                tma_load_2d(sbase + s * STAGE, &tmx, kb * 128, m0, full0 + 8 * s);
-            }
-            __syncwarp();
-        }
-    }
-}
-
 /* the producer warp: the whole warp walks the K blocks and waits, lane 0 issues the TMA loads;
  * the weights of the first stages before the grid dependency, X after it */
 template <int WG, int BN, int ST, int KS, int CM>
@@ -262,7 +175,7 @@ __device__ __forceinline__ void producer(const CUtensorMap &tmx, const CUtensorM
     }
 }
 
-template <int WG, int BN, int ST, int KS, int CM, int PS>
+template <int WG, int BN, int ST, int KS, int CM>
 __global__ void __launch_bounds__(WG * 128 + 32, 1)
     k_gemm_fp8(const __grid_constant__ CUtensorMap tmx, const __grid_constant__ CUtensorMap tmw, const Fp8Args p) {
     /* CM > 1: each CTA loads WS rows of the W tile (whole 8-row swizzle atoms) and multicasts
@@ -273,8 +186,7 @@ __global__ void __launch_bounds__(WG * 128 + 32, 1)
     static_assert(KS >= 1 && KS <= 4 && (size_t)(KS - 1) * NC * (BN / 2) * 4 <= (size_t)ST * STAGE,
                   "the K split's partial sums fit in rank 0's stage buffers");
     static_assert(CM == 1 || KS == 1, "W multicast and a K split are not combined");
-    static_assert(!PS || (KS == 1 && CM == 1), "persistent tiles: no K split, no multicast");
-    static_assert(PS || (size_t)BM * StagePitch<BN>::value * 4 <= (size_t)ST * STAGE, "the staged output fits in the ring");
+    static_assert((size_t)BM * StagePitch<BN>::value * 4 <= (size_t)ST * STAGE, "the staged output fits in the ring");
     extern __shared__ uint8_t smem_raw[];
     __shared__ __align__(8) uint64_t bars[2 * ST]; /* full[ST] (TMA landed), empty[ST] (consumers done) */
     const uint32_t sbase = (smem_u32(smem_raw) + 1023u) & ~1023u; /* swizzle atoms: 1024-aligned */
@@ -302,10 +214,6 @@ __global__ void __launch_bounds__(WG * 128 + 32, 1)
     if (CM > 1) cluster_sync(); /* every CTA's barriers exist before anyone multicasts into it */
     else __syncthreads();
 
-    if (warp == 4 * WG && PS) {
-        producer_ps<WG, BN, ST>(tmx, tmw, p, sbase, full0, empty0, lane, nkt);
-        return;
-    }
     if (warp == 4 * WG) {
         producer<WG, BN, ST, KS, CM>(tmx, tmw, sbase, full0, empty0, lane, n0, m0, kb0, nk, mrank);
         if (KS > 1) { /* the producer warp takes part in the cluster's two barriers */
@@ -315,38 +223,9 @@ __global__ void __launch_bounds__(WG * 128 + 32, 1)
         if (CM > 1) cluster_sync(); /* and in the final one */
         return;
     }
-    /* the column scales and bias of the tile (persistent tiles: of the current and the next) */
-    __shared__ __align__(16) float s_sw[PS ? 2 : 1][BN], s_b[PS ? 2 : 1][BN];
-    if (PS) {
-        pdl_wait();
-        __nv_bfloat16 *stage = (__nv_bfloat16 *)(smem_raw + (sbase - smem_u32(smem_raw)) + ST * STAGE);
-        int g = 0, it = 0;
-        for (int t = blockIdx.x; t < p.tiles; t += gridDim.x, it++) {
-            const int tm0 = (t % p.mtiles) * BM, tn0 = (t / p.mtiles) * BN;
-            load_columns<WG, BN>(p, tn0, s_sw[it & 1], s_b[it & 1]);
-            float acc[BN / 2];
-#pragma unroll
-            for (int i = 0; i < BN / 2; i++) acc[i] = 0.f;
-            for (int kb = 0; kb < nkt; kb++, g++) {
-                const int s = g % ST;
-                mbar_wait(full0 + 8 * s, (g / ST) & 1);
-                const uint32_t sa = sbase + s * STAGE + wg * 64 * 128, sb = sbase + s * STAGE + A_BYTES;
-                wgmma_fence();
-#pragma unroll
-                for (int q = 0; q < 4; q++)
-                    WgmmaE4M3<BN>::mma(acc, wgmma_desc_sw128(sa + q * 32), wgmma_desc_sw128(sb + q * 32));
-                wgmma_commit();
-                wgmma_wait<1>();
-                if (kb > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((g - 1) % ST));
-            }
-            wgmma_wait<0>();
-            if (lane == 0) mbar_arrive(empty0 + 8 * ((g - 1) % ST)); /* the last block's stage, too */
-            epilogue_bf16<WG, BN>(p, acc, tm0, tn0, wg, warp, lane, s_sw[it & 1], s_b[it & 1], stage);
-        }
-        return;
-    }
     pdl_wait(); /* the epilogue reads C, which the previous kernel may have written */
-    load_columns<WG, BN>(p, n0, s_sw[0], s_b[0]);
+    __shared__ __align__(16) float s_sw[BN], s_b[BN];
+    load_columns<WG, BN>(p, n0, s_sw, s_b);
     float acc[BN / 2];
 #pragma unroll
     for (int i = 0; i < BN / 2; i++) acc[i] = 0.f;
@@ -390,7 +269,7 @@ __global__ void __launch_bounds__(WG * 128 + 32, 1)
     /* every consumer is past the K loop (and, with a K split, has read its partial sums) before
      * the ring is overwritten by the staged output */
     asm volatile("bar.sync 1, %0;" ::"n"(NC) : "memory");
-    epilogue<WG, BN>(p, acc, m0, n0, wg, warp, lane, s_sw[0], s_b[0], (float *)(smem_raw + (sbase - smem_u32(smem_raw))));
+    epilogue<WG, BN>(p, acc, m0, n0, wg, warp, lane, s_sw, s_b, (float *)(smem_raw + (sbase - smem_u32(smem_raw))));
     if (CM > 1) cluster_sync(); /* no CTA leaves while a peer may still arrive on its barriers */
 }
 
@@ -399,10 +278,8 @@ struct TileKern {
     nib_fp8_tile t;
     KernFn fn;
     int attr_set;
-    int slots; /* resident CTAs (persistent tiles: the grid), 0 until asked */
 };
-#define NIB_FP8_TILE(WG, BN, ST, KS, CM) {{WG, BN, ST, KS, CM, 0}, k_gemm_fp8<WG, BN, ST, KS, CM, 0>, 0, 0}
-#define NIB_FP8_TILE_PS(WG, BN, ST) {{WG, BN, ST, 1, 1, 1}, k_gemm_fp8<WG, BN, ST, 1, 1, 1>, 0, 0}
+#define NIB_FP8_TILE(WG, BN, ST, KS, CM) {{WG, BN, ST, KS, CM}, k_gemm_fp8<WG, BN, ST, KS, CM>, 0}
 /* the instantiated tiles (nib_fp8_tiles lists the same, host-side, for the planner) */
 TileKern g_tiles[] = {
     NIB_FP8_TILE(1, 64, 6, 1, 1),  NIB_FP8_TILE(1, 72, 6, 1, 1),  NIB_FP8_TILE(1, 96, 5, 1, 1),
@@ -413,11 +290,8 @@ TileKern g_tiles[] = {
     NIB_FP8_TILE(1, 64, 6, 1, 4),  NIB_FP8_TILE(1, 64, 6, 1, 8),  NIB_FP8_TILE(1, 128, 4, 1, 4),
     NIB_FP8_TILE(2, 64, 4, 1, 4),  NIB_FP8_TILE(2, 96, 4, 1, 4),  NIB_FP8_TILE(2, 128, 5, 1, 2),
     NIB_FP8_TILE(2, 128, 5, 1, 4), NIB_FP8_TILE(2, 256, 4, 1, 2), NIB_FP8_TILE(2, 240, 4, 1, 5),
-    NIB_FP8_TILE(2, 256, 4, 1, 8), NIB_FP8_TILE(3, 192, 4, 1, 1), NIB_FP8_TILE(3, 192, 4, 1, 3),
-    NIB_FP8_TILE_PS(3, 192, 3),    NIB_FP8_TILE_PS(2, 256, 3),    NIB_FP8_TILE_PS(2, 192, 4),
-    NIB_FP8_TILE_PS(2, 128, 5)};
+    NIB_FP8_TILE(2, 256, 4, 1, 8), NIB_FP8_TILE(3, 192, 4, 1, 1), NIB_FP8_TILE(3, 192, 4, 1, 3)};
 #undef NIB_FP8_TILE
-#undef NIB_FP8_TILE_PS
 constexpr int N_TILES = (int)(sizeof g_tiles / sizeof g_tiles[0]);
 
 int g_sms;
@@ -456,12 +330,12 @@ static nib_status tile_kernel(const nib_fp8_tile *tile, TileKern **out) {
     TileKern *tk = NULL;
     for (int i = 0; i < N_TILES && !tk; i++)
         if (g_tiles[i].t.wg == tile->wg && g_tiles[i].t.bn == tile->bn && g_tiles[i].t.stages == tile->stages &&
-            g_tiles[i].t.ks == tile->ks && g_tiles[i].t.cm == tile->cm && g_tiles[i].t.ps == tile->ps)
+            g_tiles[i].t.ks == tile->ks && g_tiles[i].t.cm == tile->cm)
             tk = &g_tiles[i];
     if (!tk)
         return NIB_ERR(NIB_ERR_INVALID_ARG,
-                       "fp8 gemm (nib): no kernel for tile %d x %d with %d stages, K split %d, cluster along M %d%s",
-                       64 * tile->wg, tile->bn, tile->stages, tile->ks, tile->cm, tile->ps ? ", persistent" : "");
+                       "fp8 gemm (nib): no kernel for tile %d x %d with %d stages, K split %d, cluster along M %d",
+                       64 * tile->wg, tile->bn, tile->stages, tile->ks, tile->cm);
     if (!tk->attr_set) {
         NIB_CUDA_CHECK(cudaFuncSetAttribute(tk->fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             (int)nib_fp8_tile_smem(&tk->t)));
@@ -561,17 +435,6 @@ extern "C" nib_status nib_cuda_gemm_fp8(const nib_blas_gemm_args *a, const nib_f
     if (ntiles > 65535)
         return NIB_ERR(NIB_ERR_SHAPE, "fp8 gemm (nib): N = %lld needs %lld tiles of %d channels (at most 65535)",
                        (long long)a->n, (long long)ntiles, tk->t.bn);
-    p.mtiles = (int)mtiles, p.tiles = (int)(mtiles * ntiles);
-    if (tk->t.ps) { /* persistent: as many CTAs as the device holds, walking the tiles M first */
-        if (mtiles * ntiles > INT32_MAX)
-            return NIB_ERR(NIB_ERR_SHAPE, "fp8 gemm (nib): %lld x %lld tiles", (long long)mtiles, (long long)ntiles);
-        if (!tk->slots) NIB_RETURN_IF_ERR(nib_cuda_fp8_tile_slots(&tk->t, &tk->slots));
-        const int64_t ctas = p.tiles < tk->slots ? p.tiles : tk->slots;
-        NIB_CUDA_CHECK(nib::launch(tk->fn, dim3((unsigned)ctas), dim3(128 * tk->t.wg + 32), smem, (cudaStream_t)stream,
-                                   tmx, tmw, p));
-        NIB_LAUNCH_CHECK("k_gemm_fp8");
-        return NIB_OK;
-    }
     const dim3 grid((unsigned)((mtiles + cm - 1) / cm * cm), (unsigned)ntiles, (unsigned)tk->t.ks);
     if (cm > 1)
         NIB_CUDA_CHECK(nib::launch_cluster(tk->fn, grid, dim3(128 * tk->t.wg + 32), smem, (cudaStream_t)stream,
