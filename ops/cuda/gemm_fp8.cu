@@ -7,10 +7,13 @@
  * H100 (128 x 128 tiles), which fills 36-108 of the 132 SMs at the SigLIP shapes (M = 512) and
  * the small Gemma prefix products; this kernel picks its tile per shape (ops/gemm_plan.c,
  * nib_fp8_plan_for) so one wave covers the GPU. It is nib's first wgmma + TMA kernel.
- * Status: a lab engine (`nib bench gemm --variants fp8-nib`, NIB_FP8_GEMM=nib). It beats
- * cuBLASLt at M = 128 and at 1152 -> 1152, loses at the larger M ~ 512 shapes (its K loop runs
- * at ~0.55 us per 128 x 128 x 128 block against ~0.28 us of tensor work: latency-bound), and did
- * not pay in the model; docs/design.md has the numbers.
+ * Status: the model's engine for the W8A8 products where it measured faster than cuBLASLt
+ * (ops/gemm_plan.c, nib_fp8_use_nib: most SigLIP and Gemma-2B products; not K = 16384 nor the
+ * gate|up at row counts that fill cuBLASLt's 256-row tiles). What made it so (ninth session,
+ * docs/design.md): M tiles fastest in the grid (W streamed from DRAM once per wave instead of once
+ * per M tile), the epilogue through shared memory (its scale loads and 4-byte stores took a third
+ * to a half of the consumers' time), 3-warpgroup tiles of 192 rows; 2048 -> 32768 at M = 532
+ * went from 126 us (best tile) to 69 us (cuBLASLt 79). `nib bench gemm --variants fp8-nib [--sweep]` times it.
  *
  * W multicast (cm > 1, lab tiles): a cluster of cm CTAs along M (one n0) each load 1 / cm of the
  * W tile and multicast it to all; a stage is refilled once one thread per consumer warpgroup of
@@ -19,8 +22,8 @@
  * K split (ks > 1, lab tiles): ks CTAs of one cluster take consecutive ranges of the K blocks;
  * after both cluster barriers ranks 1.. have stored their sums into rank 0's (idle) stage buffers
  * through distributed shared memory and rank 0 adds them in rank order: deterministic.
- * CTA: WG consumer warpgroups (BM = 64 WG token rows) x BN output channels, plus one producer
- * warp. Per 128-byte K block a stage holds the X tile (BM x 128) and the W tile (BN x 128) in
+ * CTA: WG (1-3) consumer warpgroups (BM = 64 WG token rows) x BN output channels, plus one
+ * producer warp. Per 128-byte K block a stage holds the X tile (BM x 128) and the W tile (BN x 128) in
  * the 128-byte swizzled K-major layout of wgmma.cuh, written by TMA (2-D tensor maps encoded
  * per call on the host; rows past M / N and bytes past K arrive as zeros). Ring of ST stages
  * with two mbarriers each: "full" (the producer's expect-tx, completed by the TMA bytes) and
