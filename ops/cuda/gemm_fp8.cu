@@ -116,8 +116,12 @@ __device__ __forceinline__ void epilogue(const Fp8Args &p, const float (&acc)[BN
     }
     asm volatile("bar.sync %0, 128;" ::"r"(2 + wg) : "memory");
     const int tw = threadIdx.x & 127;
-#pragma unroll 4
-    for (int c = tw; c < 64 * CH; c += 128) {
+    /* fully unrolled (the accumulators are dead by now): the shared-memory loads of every chunk
+     * can issue ahead of the stores */
+#pragma unroll
+    for (int i = 0; i < (64 * CH + 127) / 128; i++) {
+        const int c = tw + 128 * i;
+        if (c >= 64 * CH) break;
         const int row = c / CH, ch = c - row * CH;
         const int gr = m0 + wg * 64 + row, col = n0 + 8 * ch;
         if (gr >= p.m || col >= p.n) continue; /* N is a multiple of 8: the whole chunk is in or out */
