@@ -256,7 +256,7 @@ static nib_status sweep_fp8_tiles(const bench_cfg *cfg, gemm_ctx *g, uint64_t ca
                                   double bf16_us, const bench_row *row, bench_row *rows, int *nrows, int max_rows) {
     nib_fp8_tile tiles[32], pick;
     const int nt = nib_fp8_tiles(tiles, 32);
-    NIB_RETURN_IF_ERR(nib_cuda_fp8_plan(g->m, g->n, g->k, &pick));
+    NIB_RETURN_IF_ERR(nib_cuda_fp8_plan(g->m, g->n, g->k, 0, &pick));
     double best = row->us;
     char best_plan[64];
     snprintf(best_plan, sizeof best_plan, "%s", row->plan);
@@ -376,7 +376,7 @@ static nib_status bench_variant(const bench_cfg *cfg, variant v, gemm_ctx *g, ni
         }
         if (v == V_FP8NIB) {
             nib_fp8_tile pick;
-            NIB_TRY(nib_cuda_fp8_plan(g->m, n, k, &pick));
+            NIB_TRY(nib_cuda_fp8_plan(g->m, n, k, 0, &pick));
             snprintf(row->plan, sizeof row->plan, "tile %dx%d st%d ks%d cm%d", 64 * pick.wg, pick.bn, pick.stages, pick.ks,
                      pick.cm);
             row->sweep = cfg->sweep ? 2 : 0;

@@ -256,10 +256,14 @@ size_t nib_fp8_tile_smem(const nib_fp8_tile *t);
 /* the planner: the tile with the lowest modeled time on `sms` SMs, given how many CTAs of each
  * compiled tile (nib_fp8_tiles order) the device holds at once (`slots`; NULL: estimated from the
  * H100) (host code, tested in CI); nib_fp8_plan_for = nib_fp8_plan_slots(.., NULL, ..) */
-void nib_fp8_plan_slots(int64_t m, int64_t n, int64_t k, int sms, const int *slots, nib_fp8_tile *out);
+void nib_fp8_plan_slots(int64_t m, int64_t n, int64_t k, int sms, const int *slots, int geglu, nib_fp8_tile *out);
 void nib_fp8_plan_for(int64_t m, int64_t n, int64_t k, int sms, nib_fp8_tile *out);
-/* the tile nib_cuda_gemm_fp8 runs for this shape when given none (the device's resident counts) */
-nib_status nib_cuda_fp8_plan(int64_t m, int64_t n, int64_t k, nib_fp8_tile *out);
+/* whether a tile can run the GeGLU epilogue (bn a multiple of 16: two halves of whole swizzle
+ * atoms; no multicast) */
+int nib_fp8_tile_geglu(const nib_fp8_tile *t);
+/* the tile nib_cuda_gemm_fp8 (geglu: nib_cuda_gemm_fp8_geglu) runs for this shape when given none
+ * (the device's resident counts) */
+nib_status nib_cuda_fp8_plan(int64_t m, int64_t n, int64_t k, int geglu, nib_fp8_tile *out);
 /* whether nib_blas_gemm_fused sends this FP8 product (fast accumulation) to nib's kernel instead
  * of cuBLASLt: NIB_FP8_GEMM=nib / cublaslt forces it, else the measured rule in gemm_plan.c */
 int nib_fp8_use_nib(int64_t m, int64_t n, int64_t k);
@@ -273,6 +277,10 @@ nib_status nib_fp8_check_args(const nib_blas_gemm_args *a);
 nib_status nib_cuda_fp8_tile_slots(const nib_fp8_tile *tile, int *ctas);
 /* the product on nib's kernel with `tile` (NULL: the planner's) */
 nib_status nib_cuda_gemm_fp8(const nib_blas_gemm_args *a, const nib_fp8_tile *tile, void *stream);
+/* GeGLU-tanh fused into the epilogue: W is gate | up (a->n = 2H rows), Y[m, j] = bf16(gelu_tanh(g)
+ * u) with g, u the fp32 epilogue values (scales, bias) of columns j and H + j, before any rounding
+ * (the unfused path rounds g and u to bf16 first); Y is M x H (ldy >= H), no C. H % 8 == 0. */
+nib_status nib_cuda_gemm_fp8_geglu(const nib_blas_gemm_args *a, const nib_fp8_tile *tile, void *stream);
 
 /* Quantize bf16 X [M,K] to e4m3 with per-token (or per-tensor) scale = amax/448 (device). */
 nib_status nib_cuda_quantize_fp8_rows(const void *x, int64_t m, int64_t k, int per_token,

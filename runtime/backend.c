@@ -416,6 +416,18 @@ nib_status nib_be_mlp(nib_be *be, const nib_norm_args *n, const nib_be_linear *u
     q.y = NULL, q.ldy = 0;
     q.y_q = (uint8_t *)be->xq8, q.ldq = up->k, q.y_scale = be->xs8;
     NIB_RETURN_IF_ERR(nib_cuda_norm(&q, be->stream));
+    /* GeGLU fused into nib's FP8 GEMM where the engine rule picks nib's kernel for the gate|up
+     * product: h (bf16, M x H) straight from the fp32 epilogue, then its FP8 codes for the down
+     * projection (NIB_FUSED_GEGLU=0: the product, then the GeGLU + FP8 kernel) */
+    const char *fg = getenv("NIB_FUSED_GEGLU");
+    if (!gelu && up->geglu && !up->bias && !(fg && !strcmp(fg, "0")) && nib_blas_fp8_fast_accum(be->blas) &&
+        nib_fp8_use_nib(rows, up->n, up->k)) {
+        nib_blas_gemm_args a = {1, be->xq8, be->xs8, 1, up->wq8, up->sw8, 1, rows, up->n, up->k,
+                                NULL, NULL, 0, be->gemm_tmp, h};
+        NIB_RETURN_IF_ERR(nib_cuda_gemm_fp8_geglu(&a, NULL, be->stream));
+        NIB_RETURN_IF_ERR(nib_cuda_quantize_fp8_rows(be->gemm_tmp, rows, h, 1, be->xq8, be->xs8, be->stream));
+        return nib_be_gemm(be, down, NULL, rows, h, y, ldy, down_epi);
+    }
     if (up->bias) { /* product + bias in one cuBLASLt call, or the generic path where it has none */
         nib_blas_gemm_args a = {1,       be->xq8, be->xs8,      1, up->wq8, up->sw8, 1, rows, up->n, up->k,
                                 up->bias16, NULL, 0,            be->gemm_tmp, up->n};

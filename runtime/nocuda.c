@@ -58,13 +58,17 @@ void nib_blas_free(nib_blas *b) { (void)b; }
 void nib_blas_set_fp8_fast_accum(nib_blas *b, int on) { (void)b, (void)on; }
 void nib_blas_set_algo_index(nib_blas *b, int i) { (void)b, (void)i; }
 void nib_blas_set_fp8_engine(nib_blas *b, int engine) { (void)b, (void)engine; }
-nib_status nib_cuda_fp8_plan(int64_t m, int64_t n, int64_t k, nib_fp8_tile *out) {
-    (void)m, (void)n, (void)k, (void)out;
+nib_status nib_cuda_fp8_plan(int64_t m, int64_t n, int64_t k, int geglu, nib_fp8_tile *out) {
+    (void)m, (void)n, (void)k, (void)geglu, (void)out;
     return NO_CUDA("nib_cuda_fp8_plan");
 }
 nib_status nib_cuda_fp8_tile_slots(const nib_fp8_tile *tile, int *ctas) {
     (void)tile, (void)ctas;
     return NO_CUDA("nib_cuda_fp8_tile_slots");
+}
+nib_status nib_cuda_gemm_fp8_geglu(const nib_blas_gemm_args *a, const nib_fp8_tile *tile, void *stream) {
+    (void)a, (void)tile, (void)stream;
+    return NO_CUDA("nib_cuda_gemm_fp8_geglu");
 }
 nib_status nib_cuda_gemm_fp8(const nib_blas_gemm_args *a, const nib_fp8_tile *tile, void *stream) {
     (void)a, (void)tile, (void)stream;

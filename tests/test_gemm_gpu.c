@@ -1054,6 +1054,122 @@ static void fp8_case_run(nib_test_ctx *t, nib_rng *rng, const fp8_case *c, doubl
     nib_free(S), nib_free(B);
 }
 
+/* GeGLU fused into nib's FP8 GEMM (nib_cuda_gemm_fp8_geglu): W = gate rows [0, H) | up rows
+ * [H, 2H); Y[i, j] = bf16(gelu_tanh(g) u) with g, u the fp32 epilogue values (scales, bias) of
+ * columns j and H + j. Every tile that can run it, and the planner's pick, against fp64 on the
+ * same codes. Bound: the fast-accumulation bound of fp8_case_run for g (eg) and u (eu) carried
+ * through the product with |gelu'| <= 1.13, 2^-20 (|g| + 1) |u| for the fp32 epilogue and tanhf
+ * (2 ulp), and the bf16 rounding of the result. Guard columns and row as above. */
+static double gelu_tanh_ref(double g) { return 0.5 * g * (1.0 + tanh(0.7978845608028654 * (g + 0.044715 * g * g * g))); }
+
+NIB_TEST(gemm_fp8_gpu_geglu) {
+    NIB_REQUIRE_GPU();
+    nib_rng rng;
+    nib_test_rng(t, &rng);
+    const struct {
+        int64_t m, h, k;
+        int vec, bias;
+    } cases[] = {{1, 8, 16, 1, 0}, {63, 136, 144, 0, 1}, {130, 72, 4304, 1, 0}, {532, 200, 2064, 1, 1}};
+    double worst = 0;
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const int64_t m = cases[ci].m, h = cases[ci].h, n = 2 * h, k = cases[ci].k, ldy = h + 8, rows = m + 1;
+        const int vec = cases[ci].vec;
+        uint8_t *hx = nib_malloc((size_t)m * k), *hw = nib_malloc((size_t)n * k);
+        float *hsx = nib_malloc((size_t)m * 4), *hsw = nib_malloc((size_t)n * 4);
+        uint16_t *hb = nib_malloc((size_t)n * 2), *hy = nib_malloc((size_t)rows * ldy * 2);
+        double *S = nib_malloc((size_t)m * n * 8), *B = nib_malloc((size_t)m * n * 8);
+        REQUIRE(hx && hw && hsx && hsw && hb && hy && S && B);
+        for (int64_t i = 0; i < m * k; i++) hx[i] = rand_e4m3(&rng);
+        for (int64_t i = 0; i < n * k; i++) hw[i] = rand_e4m3(&rng);
+        for (int64_t i = 0; i < m; i++) hsx[i] = (float)(1e-3 * (0.5 + nib_rng_uniform(&rng)));
+        for (int64_t i = 0; i < n; i++) hsw[i] = (float)(1e-3 * (0.5 + nib_rng_uniform(&rng)));
+        for (int64_t i = 0; i < n; i++) hb[i] = nib_f32_to_bf16((float)(0.5 * nib_rng_normal(&rng)));
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < n; j++) {
+                const double sc = (double)hsx[vec ? i : 0] * (double)hsw[vec ? j : 0];
+                double sum = 0, gmax = 0, align = 0, run = 0;
+                for (int64_t q = 0; q < k; q++) {
+                    const double tt = (double)nib_e4m3_to_f32(hx[i * k + q]) * (double)nib_e4m3_to_f32(hw[j * k + q]) * sc;
+                    sum += tt;
+                    if (fabs(tt) > gmax) gmax = fabs(tt);
+                    if (q % 16 == 15 || q == k - 1) {
+                        run += fabs(sum);
+                        align += 16 * gmax;
+                        gmax = 0;
+                    }
+                }
+                S[i * n + j] = sum + (cases[ci].bias ? nib_bf16_to_f32(hb[j]) : 0.0);
+                B[i * n + j] = 0x1p-12 * (run + align) + 0x1p-20 * (fabs(sum) + 1.0);
+            }
+        void *dx, *dw, *dy, *db;
+        float *dsx, *dsw;
+        CHECK_OK(nib_dev_malloc(&dx, (size_t)m * k, "x"));
+        CHECK_OK(nib_dev_malloc(&dw, (size_t)n * k, "w"));
+        CHECK_OK(nib_dev_malloc(&dy, (size_t)rows * ldy * 2, "y"));
+        CHECK_OK(nib_dev_malloc(&db, (size_t)n * 2, "bias"));
+        CHECK_OK(nib_dev_malloc((void **)&dsx, (size_t)m * 4, "sx"));
+        CHECK_OK(nib_dev_malloc((void **)&dsw, (size_t)n * 4, "sw"));
+        CHECK_OK(nib_dev_upload(dx, hx, (size_t)m * k));
+        CHECK_OK(nib_dev_upload(dw, hw, (size_t)n * k));
+        CHECK_OK(nib_dev_upload(db, hb, (size_t)n * 2));
+        CHECK_OK(nib_dev_upload(dsx, hsx, (size_t)m * 4));
+        CHECK_OK(nib_dev_upload(dsw, hsw, (size_t)n * 4));
+        nib_fp8_tile all[32], tiles[33];
+        const int na = nib_fp8_tiles(all, 32);
+        int nt = 0;
+        for (int i = 0; i < na; i++)
+            if (nib_fp8_tile_geglu(&all[i])) tiles[nt++] = all[i];
+        CHECK(nt >= 4);
+        for (int ti = 0; ti <= nt; ti++) { /* last: the planner's pick */
+            for (int64_t i = 0; i < rows * ldy; i++) hy[i] = (uint16_t)POISON;
+            CHECK_OK(nib_dev_upload(dy, hy, (size_t)rows * ldy * 2));
+            nib_blas_gemm_args a = {1, dx, dsx, vec, dw, dsw, vec, m, n, k, cases[ci].bias ? db : NULL, NULL, 0, dy, ldy};
+            nib_status st = nib_cuda_gemm_fp8_geglu(&a, ti < nt ? &tiles[ti] : NULL, NULL);
+            CHECK_OK(st);
+            if (st) continue;
+            CHECK_OK(nib_dev_download(hy, dy, (size_t)rows * ldy * 2));
+            int over = 0, guard = 0;
+            for (int64_t i = 0; i < rows; i++)
+                for (int64_t j = 0; j < ldy; j++) {
+                    const uint16_t y16 = hy[i * ldy + j];
+                    if (i >= m || j >= h) {
+                        guard += y16 != POISON;
+                        continue;
+                    }
+                    const double g = S[i * n + j], u = S[i * n + h + j], eg = B[i * n + j], eu = B[i * n + h + j];
+                    const double want = gelu_tanh_ref(g) * u, y = nib_bf16_to_f32(y16);
+                    const double bound = 1.13 * eg * (fabs(u) + eu) + fabs(gelu_tanh_ref(g)) * eu +
+                                         0x1p-20 * (fabs(g) + 1.0) * fabs(u) + 0x1p-8 * 1.01 * fabs(want) + 1e-30;
+                    const double r = fabs(y - want) / bound;
+                    if (r > worst) worst = r;
+                    if (!(fabs(y - want) <= bound) && over++ < 3)
+                        nib_test_fail(t, __FILE__, __LINE__, "fp8 nib GeGLU M=%lld H=%lld K=%lld tile %s%dx%d [%lld,%lld]: %g vs %g (bound %g)",
+                                      (long long)m, (long long)h, (long long)k, ti < nt ? "" : "planner ",
+                                      ti < nt ? 64 * tiles[ti].wg : 0, ti < nt ? tiles[ti].bn : 0, (long long)i,
+                                      (long long)j, y, want, bound);
+                }
+            CHECK_MSG(guard == 0, "fp8 nib GeGLU M=%lld H=%lld K=%lld tile %d: %d guard values overwritten", (long long)m,
+                      (long long)h, (long long)k, ti, guard);
+        }
+        /* a tile that cannot run GeGLU is refused, and an odd weight row count */
+        nib_fp8_tile bad = {1, 72, 6, 1, 1};
+        nib_blas_gemm_args a = {1, dx, dsx, vec, dw, dsw, vec, m, n, k, NULL, NULL, 0, dy, ldy};
+        CHECK_ST(nib_cuda_gemm_fp8_geglu(&a, &bad, NULL), NIB_ERR_INVALID_ARG);
+        a.n = n - 1;
+        CHECK_ST(nib_cuda_gemm_fp8_geglu(&a, NULL, NULL), NIB_ERR_SHAPE);
+        nib_clear_error();
+        nib_dev_free(dx, (size_t)m * k);
+        nib_dev_free(dw, (size_t)n * k);
+        nib_dev_free(dy, (size_t)rows * ldy * 2);
+        nib_dev_free(db, (size_t)n * 2);
+        nib_dev_free(dsx, (size_t)m * 4);
+        nib_dev_free(dsw, (size_t)n * 4);
+        nib_free(hx), nib_free(hw), nib_free(hsx), nib_free(hsw), nib_free(hb), nib_free(hy);
+        nib_free(S), nib_free(B);
+    }
+    printf("  fp8 nib GeGLU: worst error / bound %.3f over every tile and case\n", worst);
+}
+
 NIB_TEST(gemm_fp8_gpu_every_tile) {
     NIB_REQUIRE_GPU();
     nib_rng rng;

@@ -204,6 +204,19 @@ NIB_TEST(gemm_fp8_plan_and_checks) {
         for (int i = 0; i < nt; i++) found |= !memcmp(&tiles[i], &p, sizeof p);
         CHECK_MSG(found, "planner tile %d/%d/%d for M=%lld N=%lld K=%lld is not compiled", p.wg, p.bn, p.stages,
                   (long long)shapes[s][0], (long long)shapes[s][1], (long long)shapes[s][2]);
+        /* the GeGLU plan: a tile that can run it (channels a multiple of 16, no multicast) */
+        nib_fp8_plan_slots(shapes[s][0], shapes[s][1], shapes[s][2], 132, NULL, 1, &p);
+        CHECK(nib_fp8_tile_geglu(&p) && p.bn % 16 == 0 && p.cm == 1);
+    }
+    {
+        nib_fp8_tile a72 = {1, 72, 6, 1, 1}, mc = {2, 128, 5, 1, 2}, ok = {3, 192, 4, 1, 1};
+        CHECK(!nib_fp8_tile_geglu(&a72) && !nib_fp8_tile_geglu(&mc) && nib_fp8_tile_geglu(&ok));
+        /* the knob's tile is not taken for GeGLU when it cannot run it */
+        setenv("NIB_FP8_TILE", "1:72:6:1:1", 1);
+        nib_fp8_tile g;
+        nib_fp8_plan_slots(532, 32768, 2048, 132, NULL, 1, &g);
+        CHECK(nib_fp8_tile_geglu(&g));
+        unsetenv("NIB_FP8_TILE");
     }
     /* the lab knob: a compiled tile is taken, anything else ignored */
     nib_fp8_tile p, q;

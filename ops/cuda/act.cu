@@ -22,6 +22,7 @@
 #include "ops/cuda/bf16x8.cuh"
 #include "ops/cuda/cluster.cuh"
 #include "ops/cuda/fp8_rows.cuh"
+#include "ops/cuda/gelu.cuh"
 #include "runtime/cuda_check.h"
 #include "runtime/launch.cuh"
 
@@ -42,12 +43,6 @@ struct ActParams {
 };
 
 
-/* (0.5 g) (1 + tanh(k0 (g + ((k1 g) g) g))) */
-static __device__ __forceinline__ float gelu_tanh_f(float g) {
-    const float g3 = __fmul_rn(__fmul_rn(__fmul_rn(0.044715f, g), g), g);
-    const float z = __fmul_rn(0.7978845608028654f, __fadd_rn(g, g3));
-    return __fmul_rn(__fmul_rn(0.5f, g), __fadd_rn(1.0f, tanhf(z)));
-}
 /* g / (1 + exp(-g)) */
 static __device__ __forceinline__ float silu_f(float g) { return __fdiv_rn(g, __fadd_rn(1.0f, expf(-g))); }
 

@@ -41,6 +41,7 @@
 #include <cudaTypedefs.h>
 #include <stdint.h>
 
+#include "ops/cuda/gelu.cuh"
 #include "ops/cuda/gemm_lowbit.cuh" /* smem_u32 */
 #include "ops/cuda/wgmma.cuh"
 #include "ops/gemm.h"
@@ -59,6 +60,7 @@ struct Fp8Args {
     __nv_bfloat16 *y;
     int m, n, k, ldc, ldy;
     int sx_vec, sw_vec;
+    int gh; /* GeGLU: the output width H (W rows: gate [0, H), up [H, 2H)); 0: a plain product */
 };
 
 /* the tile's column scales and bias (0 past N) into shared memory, by the consumer threads, then
@@ -69,9 +71,12 @@ struct Fp8Args {
 template <int WG, int BN>
 __device__ __forceinline__ void load_columns(const Fp8Args &p, int n0, float *s_sw, float *s_b) {
     for (int i = threadIdx.x; i < BN; i += 128 * WG) {
-        const int col = n0 + i;
+        /* GeGLU: the tile's first BN / 2 columns are gate channels n0.., the rest up channels
+         * H + n0.. */
+        const int col = !p.gh ? n0 + i : i < BN / 2 ? n0 + i : p.gh + n0 + i - BN / 2;
+        const bool in = !p.gh ? col < p.n : n0 + (i < BN / 2 ? i : i - BN / 2) < p.gh;
         float w = 0.f, b = 0.f;
-        if (col < p.n) {
+        if (in) {
             w = p.sw[p.sw_vec ? col : 0];
             if (p.bias) b = __bfloat162float(p.bias[col]);
         }
@@ -116,6 +121,29 @@ __device__ __forceinline__ void epilogue(const Fp8Args &p, const float (&acc)[BN
     }
     asm volatile("bar.sync %0, 128;" ::"r"(2 + wg) : "memory");
     const int tw = threadIdx.x & 127;
+    if (p.gh) { /* GeGLU: output chunk ch from gate columns 8 ch.. and up columns BN / 2 + 8 ch.. */
+        constexpr int CH2 = BN / 16;
+#pragma unroll
+        for (int i = 0; i < (64 * CH2 + 127) / 128; i++) {
+            const int c = tw + 128 * i;
+            if (c >= 64 * CH2) break;
+            const int row = c / CH2, ch = c - row * CH2;
+            const int gr = m0 + wg * 64 + row, col = n0 + 8 * ch;
+            if (gr >= p.m || col >= p.gh) continue; /* H is a multiple of 8 */
+            const float *g = t + row * P + 8 * ch, *u = g + BN / 2;
+            float o[8];
+#pragma unroll
+            for (int q = 0; q < 8; q++) o[q] = __fmul_rn(gelu_tanh_f(g[q]), u[q]);
+            uint32_t w[4];
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                const __nv_bfloat162 y2 = __floats2bfloat162_rn(o[2 * q], o[2 * q + 1]);
+                w[q] = *(const uint32_t *)&y2;
+            }
+            *(uint4 *)(p.y + (size_t)gr * p.ldy + col) = make_uint4(w[0], w[1], w[2], w[3]);
+        }
+        return;
+    }
     /* fully unrolled (the accumulators are dead by now): the shared-memory loads of every chunk
      * can issue ahead of the stores */
 #pragma unroll
@@ -148,21 +176,32 @@ __device__ __forceinline__ void epilogue(const Fp8Args &p, const float (&acc)[BN
 
 /* the producer warp: the whole warp walks the K blocks and waits, lane 0 issues the TMA loads;
  * the weights of the first stages before the grid dependency, X after it */
+/* the W part of one stage: the W tile, a multicast slice of it, or (GeGLU, gh > 0) its gate half
+ * (rows n0..) and up half (rows gh + n0..) as two boxes of BN / 2 rows */
+template <int WG, int BN, int CM>
+__device__ __forceinline__ void load_w(const CUtensorMap &tmw, uint32_t stage, int kc, int n0, int gh, uint32_t mrank,
+                                       uint32_t bar) {
+    constexpr int WS = CM > 1 ? ((BN + CM - 1) / CM + 7) / 8 * 8 : BN;
+    constexpr int A_BYTES = 64 * WG * 128;
+    if (CM > 1) tma_load_2d_mc(stage + A_BYTES + mrank * WS * 128, &tmw, kc, n0 + (int)mrank * WS, bar, (1u << CM) - 1);
+    else if (gh) {
+        tma_load_2d(stage + A_BYTES, &tmw, kc, n0, bar);
+        tma_load_2d(stage + A_BYTES + (BN / 2) * 128, &tmw, kc, gh + n0, bar);
+    } else tma_load_2d(stage + A_BYTES, &tmw, kc, n0, bar);
+}
+
 template <int WG, int BN, int ST, int KS, int CM>
 __device__ __forceinline__ void producer(const CUtensorMap &tmx, const CUtensorMap &tmw, uint32_t sbase,
                                          uint32_t full0, uint32_t empty0, int lane, int n0, int m0, int kb0, int nk,
-                                         uint32_t mrank) {
+                                         uint32_t mrank, int gh) {
     constexpr int WS = CM > 1 ? ((BN + CM - 1) / CM + 7) / 8 * 8 : BN;
     constexpr int A_BYTES = 64 * WG * 128, STAGE = A_BYTES + WS * CM * 128;
     const bool issue = lane == 0;
     const int pre = nk < ST ? nk : ST;
-    const uint32_t woff = A_BYTES + mrank * WS * 128;
-    const int wrow = n0 + (int)mrank * WS;
     if (issue)
         for (int kb = 0; kb < pre; kb++) {
             mbar_arrive_expect_tx(full0 + 8 * kb, STAGE);
-            if (CM > 1) tma_load_2d_mc(sbase + kb * STAGE + woff, &tmw, (kb0 + kb) * 128, wrow, full0 + 8 * kb, (1u << CM) - 1);
-            else tma_load_2d(sbase + kb * STAGE + A_BYTES, &tmw, (kb0 + kb) * 128, n0, full0 + 8 * kb);
+            load_w<WG, BN, CM>(tmw, sbase + kb * STAGE, (kb0 + kb) * 128, n0, gh, mrank, full0 + 8 * kb);
         }
     pdl_wait();
     pdl_trigger();
@@ -174,8 +213,7 @@ __device__ __forceinline__ void producer(const CUtensorMap &tmx, const CUtensorM
         mbar_wait(empty0 + 8 * s, ((kb / ST) & 1) ^ 1);
         if (issue) {
             mbar_arrive_expect_tx(full0 + 8 * s, STAGE);
-            if (CM > 1) tma_load_2d_mc(sbase + s * STAGE + woff, &tmw, (kb0 + kb) * 128, wrow, full0 + 8 * s, (1u << CM) - 1);
-            else tma_load_2d(sbase + s * STAGE + A_BYTES, &tmw, (kb0 + kb) * 128, n0, full0 + 8 * s);
+            load_w<WG, BN, CM>(tmw, sbase + s * STAGE, (kb0 + kb) * 128, n0, gh, mrank, full0 + 8 * s);
             tma_load_2d(sbase + s * STAGE, &tmx, (kb0 + kb) * 128, m0, full0 + 8 * s);
         }
         __syncwarp();
@@ -201,7 +239,7 @@ __global__ void __launch_bounds__(WG * 128 + 32, 1)
     const int tid = threadIdx.x, wg = tid >> 7, warp = tid >> 5, lane = tid & 31;
     /* M tiles are the fastest grid dimension: the CTAs resident at once share few W tiles, so W
      * streams from DRAM about once (N fastest streamed all of W once per M tile) */
-    const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
+    const int m0 = blockIdx.x * BM, n0 = blockIdx.y * (p.gh ? BN / 2 : BN); /* GeGLU: output channels */
     /* KS > 1: the cluster's KS CTAs (blockIdx.z = rank) take consecutive ranges of the K blocks;
      * ranks 1.. add their sums into rank 0's shared memory, which adds them in rank order */
     const int nkt = (p.k + 127) >> 7, kz = KS > 1 ? (int)blockIdx.z : 0;
@@ -222,7 +260,7 @@ __global__ void __launch_bounds__(WG * 128 + 32, 1)
     else __syncthreads();
 
     if (warp == 4 * WG) {
-        producer<WG, BN, ST, KS, CM>(tmx, tmw, sbase, full0, empty0, lane, n0, m0, kb0, nk, mrank);
+        producer<WG, BN, ST, KS, CM>(tmx, tmw, sbase, full0, empty0, lane, n0, m0, kb0, nk, mrank, p.gh);
         if (KS > 1) { /* the producer warp takes part in the cluster's two barriers */
             cluster_sync();
             cluster_sync();
@@ -388,7 +426,7 @@ extern "C" nib_status nib_cuda_fp8_tile_slots(const nib_fp8_tile *tile, int *cta
 static int g_slots[N_TILES]; /* resident CTAs of each tile on this device, for the planner */
 static bool g_slots_ready;
 
-extern "C" nib_status nib_cuda_fp8_plan(int64_t m, int64_t n, int64_t k, nib_fp8_tile *out) {
+extern "C" nib_status nib_cuda_fp8_plan(int64_t m, int64_t n, int64_t k, int geglu, nib_fp8_tile *out) {
     if (!g_sms) {
         nib_device_info d;
         NIB_RETURN_IF_ERR(nib_device_require(&d));
@@ -401,15 +439,25 @@ extern "C" nib_status nib_cuda_fp8_plan(int64_t m, int64_t n, int64_t k, nib_fp8
         for (int i = 0; i < N_TILES; i++) NIB_RETURN_IF_ERR(nib_cuda_fp8_tile_slots(&order[i], &g_slots[i]));
         g_slots_ready = true;
     }
-    nib_fp8_plan_slots(m, n, k, g_sms, g_slots, out);
+    nib_fp8_plan_slots(m, n, k, g_sms, g_slots, geglu, out);
     return NIB_OK;
 }
 
-extern "C" nib_status nib_cuda_gemm_fp8(const nib_blas_gemm_args *a, const nib_fp8_tile *tile, void *stream) {
+/* the product (gh = 0) or the GeGLU product (gh = H: W has 2H rows, Y is M x H) */
+static nib_status gemm_fp8(const nib_blas_gemm_args *a, const nib_fp8_tile *tile, int64_t gh, void *stream) {
     if (!a || !a->x || !a->w || !a->y || !a->sx || !a->sw)
         return NIB_ERR(NIB_ERR_INVALID_ARG, "fp8 gemm (nib): NULL argument");
     if (!a->fp8) return NIB_ERR(NIB_ERR_INVALID_ARG, "fp8 gemm (nib): the arguments are not an FP8 product");
-    NIB_RETURN_IF_ERR(nib_fp8_check_args(a));
+    if (gh) {
+        if (a->n != 2 * gh || a->c)
+            return NIB_ERR(NIB_ERR_INVALID_ARG, "fp8 gemm (nib): GeGLU needs 2H = %lld weight rows (got %lld) and no C",
+                           (long long)(2 * gh), (long long)a->n);
+        nib_blas_gemm_args out = *a; /* Y is M x H: the checks of a product with N = H */
+        out.n = gh;
+        NIB_RETURN_IF_ERR(nib_fp8_check_args(&out));
+    } else {
+        NIB_RETURN_IF_ERR(nib_fp8_check_args(a));
+    }
     if (!g_sms) {
         nib_device_info d;
         NIB_RETURN_IF_ERR(nib_device_require(&d));
@@ -417,9 +465,14 @@ extern "C" nib_status nib_cuda_gemm_fp8(const nib_blas_gemm_args *a, const nib_f
     }
     nib_fp8_tile pick;
     if (!tile) {
-        NIB_RETURN_IF_ERR(nib_cuda_fp8_plan(a->m, a->n, a->k, &pick));
+        NIB_RETURN_IF_ERR(nib_cuda_fp8_plan(a->m, a->n, a->k, gh != 0, &pick));
         tile = &pick;
     }
+    if (gh && !nib_fp8_tile_geglu(tile))
+        return NIB_ERR(NIB_ERR_INVALID_ARG,
+                       "fp8 gemm (nib): tile %d x %d (cluster %d) cannot run GeGLU (channels a multiple of 16, no "
+                       "multicast)",
+                       64 * tile->wg, tile->bn, tile->cm);
     TileKern *tk;
     NIB_RETURN_IF_ERR(tile_kernel(tile, &tk));
     const size_t smem = nib_fp8_tile_smem(&tk->t);
@@ -430,18 +483,20 @@ extern "C" nib_status nib_cuda_gemm_fp8(const nib_blas_gemm_args *a, const nib_f
     p.y = (__nv_bfloat16 *)a->y;
     p.m = (int)a->m, p.n = (int)a->n, p.k = (int)a->k, p.ldc = (int)a->ldc, p.ldy = (int)a->ldy;
     p.sx_vec = a->sx_per_token != 0, p.sw_vec = a->sw_per_channel != 0;
+    p.gh = (int)gh;
     NIB_RETURN_IF_ERR(encoder_ready());
     CUtensorMap tmx, tmw;
     NIB_RETURN_IF_ERR(encode_rows(&tmx, a->x, a->m, a->k, 64 * tk->t.wg, "X"));
-    NIB_RETURN_IF_ERR(encode_rows(&tmw, a->w, a->n, a->k, nib_fp8_tile_wslice(&tk->t), "W"));
-    /* grid: M tiles (fastest), N tiles, K splits. cm > 1: clusters of cm CTAs along M; the M tiles
-     * rounded up to whole clusters (a CTA past M stores nothing but still loads and multicasts its
-     * W slice) */
+    NIB_RETURN_IF_ERR(encode_rows(&tmw, a->w, a->n, a->k, gh ? tk->t.bn / 2 : nib_fp8_tile_wslice(&tk->t), "W"));
+    /* grid: M tiles (fastest), N tiles (GeGLU: of BN / 2 output channels), K splits. cm > 1:
+     * clusters of cm CTAs along M; the M tiles rounded up to whole clusters (a CTA past M stores
+     * nothing but still loads and multicasts its W slice) */
     const int64_t mtiles = (a->m + 64 * tk->t.wg - 1) / (64 * tk->t.wg), cm = tk->t.cm;
-    const int64_t ntiles = (a->n + tk->t.bn - 1) / tk->t.bn;
+    const int64_t nout = gh ? gh : a->n, bnout = gh ? tk->t.bn / 2 : tk->t.bn;
+    const int64_t ntiles = (nout + bnout - 1) / bnout;
     if (ntiles > 65535)
-        return NIB_ERR(NIB_ERR_SHAPE, "fp8 gemm (nib): N = %lld needs %lld tiles of %d channels (at most 65535)",
-                       (long long)a->n, (long long)ntiles, tk->t.bn);
+        return NIB_ERR(NIB_ERR_SHAPE, "fp8 gemm (nib): N = %lld needs %lld tiles of %lld channels (at most 65535)",
+                       (long long)nout, (long long)ntiles, (long long)bnout);
     const dim3 grid((unsigned)((mtiles + cm - 1) / cm * cm), (unsigned)ntiles, (unsigned)tk->t.ks);
     if (cm > 1)
         NIB_CUDA_CHECK(nib::launch_cluster(tk->fn, grid, dim3(128 * tk->t.wg + 32), smem, (cudaStream_t)stream,
@@ -453,4 +508,16 @@ extern "C" nib_status nib_cuda_gemm_fp8(const nib_blas_gemm_args *a, const nib_f
         NIB_CUDA_CHECK(nib::launch(tk->fn, grid, dim3(128 * tk->t.wg + 32), smem, (cudaStream_t)stream, tmx, tmw, p));
     NIB_LAUNCH_CHECK("k_gemm_fp8");
     return NIB_OK;
+}
+
+extern "C" nib_status nib_cuda_gemm_fp8(const nib_blas_gemm_args *a, const nib_fp8_tile *tile, void *stream) {
+    return gemm_fp8(a, tile, 0, stream);
+}
+
+extern "C" nib_status nib_cuda_gemm_fp8_geglu(const nib_blas_gemm_args *a, const nib_fp8_tile *tile, void *stream) {
+    if (!a) return NIB_ERR(NIB_ERR_INVALID_ARG, "fp8 gemm (nib): NULL argument");
+    if (a->n < 2 || a->n % 2)
+        return NIB_ERR(NIB_ERR_SHAPE, "fp8 gemm (nib): GeGLU needs an even number of weight rows (gate | up), got %lld",
+                       (long long)a->n);
+    return gemm_fp8(a, tile, a->n / 2, stream);
 }
