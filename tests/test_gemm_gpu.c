@@ -960,6 +960,38 @@ static uint8_t rand_e4m3(nib_rng *r) {
     return (b & 0x7F) == 0x7F ? (uint8_t)(b ^ 0x08) : b; /* no NaN codes */
 }
 
+/* random e4m3 X [m][k] and W [n][k] (no NaN codes), scales in [0.5, 1.5) 1e-3, bf16 bias N(0, 0.25) */
+static void fp8_rand_inputs(nib_rng *r, int64_t m, int64_t n, int64_t k, uint8_t *hx, uint8_t *hw, float *hsx,
+                            float *hsw, uint16_t *hb) {
+    for (int64_t i = 0; i < m * k; i++) hx[i] = rand_e4m3(r);
+    for (int64_t i = 0; i < n * k; i++) hw[i] = rand_e4m3(r);
+    for (int64_t i = 0; i < m; i++) hsx[i] = (float)(1e-3 * (0.5 + nib_rng_uniform(r)));
+    for (int64_t i = 0; i < n; i++) hsw[i] = (float)(1e-3 * (0.5 + nib_rng_uniform(r)));
+    for (int64_t i = 0; i < n; i++) hb[i] = nib_f32_to_bf16((float)(0.5 * nib_rng_normal(r)));
+}
+
+/* S[i][j]: the fp64 sum of the scaled products; B[i][j]: its fast-accumulation bound (above) */
+static void fp8_ref_sums(const uint8_t *hx, const uint8_t *hw, const float *hsx, const float *hsw, int vec, int64_t m,
+                         int64_t n, int64_t k, double *S, double *B) {
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) {
+            const double sc = (double)hsx[vec ? i : 0] * (double)hsw[vec ? j : 0];
+            double sum = 0, gmax = 0, align = 0, run = 0;
+            for (int64_t q = 0; q < k; q++) {
+                const double tt = (double)nib_e4m3_to_f32(hx[i * k + q]) * (double)nib_e4m3_to_f32(hw[j * k + q]) * sc;
+                sum += tt;
+                if (fabs(tt) > gmax) gmax = fabs(tt);
+                if (q % 16 == 15 || q == k - 1) {
+                    run += fabs(sum);
+                    align += 16 * gmax;
+                    gmax = 0;
+                }
+            }
+            S[i * n + j] = sum;
+            B[i * n + j] = 0x1p-12 * (run + align);
+        }
+}
+
 static void fp8_case_run(nib_test_ctx *t, nib_rng *rng, const fp8_case *c, double *worst_out) {
     const int64_t m = c->m, n = c->n, k = c->k, ldy = n + 8, ldc = n + 8, rows = m + 1;
     uint8_t *hx = nib_malloc((size_t)m * k), *hw = nib_malloc((size_t)n * k);
@@ -967,31 +999,10 @@ static void fp8_case_run(nib_test_ctx *t, nib_rng *rng, const fp8_case *c, doubl
     uint16_t *hb = nib_malloc((size_t)n * 2), *hc = nib_malloc((size_t)rows * ldc * 2), *hy = nib_malloc((size_t)rows * ldy * 2);
     double *S = nib_malloc((size_t)m * n * 8), *B = nib_malloc((size_t)m * n * 8);
     REQUIRE(hx && hw && hsx && hsw && hb && hc && hy && S && B);
-    for (int64_t i = 0; i < m * k; i++) hx[i] = rand_e4m3(rng);
-    for (int64_t i = 0; i < n * k; i++) hw[i] = rand_e4m3(rng);
+    fp8_rand_inputs(rng, m, n, k, hx, hw, hsx, hsw, hb);
     for (int i = 0; i < 254 && i < n * k; i++) hw[i] = (uint8_t)(i < 127 ? i : i + 1); /* every non-NaN code */
-    for (int64_t i = 0; i < m; i++) hsx[i] = (float)(1e-3 * (0.5 + nib_rng_uniform(rng)));
-    for (int64_t i = 0; i < n; i++) hsw[i] = (float)(1e-3 * (0.5 + nib_rng_uniform(rng)));
-    for (int64_t i = 0; i < n; i++) hb[i] = nib_f32_to_bf16((float)(0.5 * nib_rng_normal(rng)));
     for (int64_t i = 0; i < rows * ldc; i++) hc[i] = nib_f32_to_bf16((float)nib_rng_normal(rng));
-    /* the fp64 reference and its fast-accumulation bound */
-    for (int64_t i = 0; i < m; i++)
-        for (int64_t j = 0; j < n; j++) {
-            const double sc = (double)hsx[c->vec ? i : 0] * (double)hsw[c->vec ? j : 0];
-            double s = 0, gmax = 0, align = 0, run = 0;
-            for (int64_t q = 0; q < k; q++) {
-                const double tt = (double)nib_e4m3_to_f32(hx[i * k + q]) * (double)nib_e4m3_to_f32(hw[j * k + q]) * sc;
-                s += tt;
-                if (fabs(tt) > gmax) gmax = fabs(tt);
-                if (q % 16 == 15 || q == k - 1) {
-                    run += fabs(s);
-                    align += 16 * gmax;
-                    gmax = 0;
-                }
-            }
-            S[i * n + j] = s;
-            B[i * n + j] = 0x1p-12 * (run + align);
-        }
+    fp8_ref_sums(hx, hw, hsx, hsw, c->vec, m, n, k, S, B); /* the fp64 reference and its bound */
     void *dx, *dw, *dy, *dc, *db;
     float *dsx, *dsw;
     CHECK_OK(nib_dev_malloc(&dx, (size_t)m * k, "x"));
@@ -1079,28 +1090,12 @@ NIB_TEST(gemm_fp8_gpu_geglu) {
         uint16_t *hb = nib_malloc((size_t)n * 2), *hy = nib_malloc((size_t)rows * ldy * 2);
         double *S = nib_malloc((size_t)m * n * 8), *B = nib_malloc((size_t)m * n * 8);
         REQUIRE(hx && hw && hsx && hsw && hb && hy && S && B);
-        for (int64_t i = 0; i < m * k; i++) hx[i] = rand_e4m3(&rng);
-        for (int64_t i = 0; i < n * k; i++) hw[i] = rand_e4m3(&rng);
-        for (int64_t i = 0; i < m; i++) hsx[i] = (float)(1e-3 * (0.5 + nib_rng_uniform(&rng)));
-        for (int64_t i = 0; i < n; i++) hsw[i] = (float)(1e-3 * (0.5 + nib_rng_uniform(&rng)));
-        for (int64_t i = 0; i < n; i++) hb[i] = nib_f32_to_bf16((float)(0.5 * nib_rng_normal(&rng)));
-        for (int64_t i = 0; i < m; i++)
-            for (int64_t j = 0; j < n; j++) {
-                const double sc = (double)hsx[vec ? i : 0] * (double)hsw[vec ? j : 0];
-                double sum = 0, gmax = 0, align = 0, run = 0;
-                for (int64_t q = 0; q < k; q++) {
-                    const double tt = (double)nib_e4m3_to_f32(hx[i * k + q]) * (double)nib_e4m3_to_f32(hw[j * k + q]) * sc;
-                    sum += tt;
-                    if (fabs(tt) > gmax) gmax = fabs(tt);
-                    if (q % 16 == 15 || q == k - 1) {
-                        run += fabs(sum);
-                        align += 16 * gmax;
-                        gmax = 0;
-                    }
-                }
-                S[i * n + j] = sum + (cases[ci].bias ? nib_bf16_to_f32(hb[j]) : 0.0);
-                B[i * n + j] = 0x1p-12 * (run + align) + 0x1p-20 * (fabs(sum) + 1.0);
-            }
+        fp8_rand_inputs(&rng, m, n, k, hx, hw, hsx, hsw, hb);
+        fp8_ref_sums(hx, hw, hsx, hsw, vec, m, n, k, S, B);
+        for (int64_t i = 0; i < m * n; i++) { /* + bias, and the fp32 epilogue's rounding */
+            B[i] += 0x1p-20 * (fabs(S[i]) + 1.0);
+            S[i] += cases[ci].bias ? nib_bf16_to_f32(hb[i % n]) : 0.0;
+        }
         void *dx, *dw, *dy, *db;
         float *dsx, *dsw;
         CHECK_OK(nib_dev_malloc(&dx, (size_t)m * k, "x"));
