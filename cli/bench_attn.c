@@ -11,9 +11,10 @@
  *           than 3x L2, so every call reads its KV from DRAM; "hot": one cache, L2-resident (as
  *           the Pi0.5 prefix KV of 18 layers, ~10 MB, is in practice).
  *   decode  1 query x 8 heads over T = 1024 .. 32768 slots, each dtype, cold (rotating caches).
- * --variants auto,dec,r4,r8,cl,rk repeats the cache and decode sections with the kernel variant forced
- * (NIB_ATTN_VARIANT; "auto" = the planner's choice), to measure the alternatives in one run; t2
- * (two token groups per CTA, bf16) repeats the prefix section instead.
+ * --variants auto,dec,r4,r8,cl,rk,wg repeats the cache and decode sections with the kernel variant
+ * forced (NIB_ATTN_VARIANT; "auto" = the planner's choice), to measure the alternatives in one run;
+ * t2 (two token groups per CTA, bf16) repeats the prefix section instead; r8 and wg (the wgmma
+ * kernel: bf16 caches, no decode rows) repeat the Gemma prefix rows too.
  * KV bytes = what one call must read: element planes + block scales + per-(token, head) scales
  * of the T visible slots. FLOPs = 4 x rows x T x D (Q.K and P.V).
  */
@@ -322,7 +323,7 @@ int nib_bench_attn(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (nib_cli_is_help(a)) {
-            printf("usage: nib bench attn [--sections prefix,cache,decode] [--variants auto,dec,r4,r8,cl,rk,t2]\n"
+            printf("usage: nib bench attn [--sections prefix,cache,decode] [--variants auto,dec,r4,r8,cl,rk,t2,wg]\n"
                    "                      [--reps N] [--t T1,T2,..] [--kv bf16,fp8,nvfp4] [--json FILE]\n"
                    "The attention kernel lab: prefix self-attention (Gemma S = 532, 968; SigLIP 1..3 images),\n"
                    "the Pi0.5 suffix over the KV cache (P = 532, 768, 1024 x H = 10, 50 x bf16/fp8/nvfp4, cold\n"
@@ -333,7 +334,8 @@ int nib_bench_attn(int argc, char **argv) {
                    "--t sets the decode lengths (default 1024,4096,16384,32768; 1..1048576 each, at most 16);\n"
                    "--kv limits the cache and decode sections to the named cache dtypes.\n"
                    "--variants repeats the cache and decode sections with the kernel variant forced (auto: the\n"
-                   "planner's); t2 (two token groups per CTA, bf16 only) repeats the prefix section instead.\n");
+                   "planner's); t2 (two token groups per CTA, bf16 only) repeats the prefix section instead;\n"
+                   "r8 and wg (the wgmma kernel: bf16 caches only, no decode rows) also repeat the Gemma prefix.\n");
             return 0;
         } else if (!strcmp(a, "--json") && val) {
             json = val;
@@ -435,22 +437,30 @@ int nib_bench_attn(int argc, char **argv) {
             continue;
         }
         if (!strcmp(v, "auto")) unsetenv("NIB_ATTN_VARIANT");
-        else if (!strcmp(v, "dec") || !strcmp(v, "r4") || !strcmp(v, "r8") || !strcmp(v, "cl") || !strcmp(v, "rk"))
+        else if (!strcmp(v, "dec") || !strcmp(v, "r4") || !strcmp(v, "r8") || !strcmp(v, "cl") || !strcmp(v, "rk") ||
+                 !strcmp(v, "wg"))
             setenv("NIB_ATTN_VARIANT", v, 1);
         else {
-            printf("  unknown variant '%s' skipped (auto, dec, r4, r8, cl, rk, t2)\n", v);
+            printf("  unknown variant '%s' skipped (auto, dec, r4, r8, cl, rk, t2, wg)\n", v);
             continue;
         }
+        /* r8 and wg (the mma.sync and the wgmma kernel for many rows) also repeat the Gemma prefix */
+        const int wg = !strcmp(v, "wg"); /* bf16 caches only */
+        if (do_prefix && (!strcmp(v, "r8") || wg)) {
+            RUN(bench_prefix(b, "gemma", 1, 532, 8, 1, 256));
+            RUN(bench_prefix(b, "gemma", 1, 968, 8, 1, 256));
+        }
+        if (wg && !kv_on[NIB_KV_BF16]) continue; /* wg reads a bf16 cache only */
         const int cl = !strcmp(v, "cl"); /* the cluster variant takes <= 128 rows: H = 10 only */
         if (do_cache && strcmp(v, "rk")) { /* rk (the decode kernel) takes <= 8 rows: decode only */
             const int Ps[] = {532, 768, 1024}, Hs[] = {10, 50};
             for (int cold = 1; cold >= 0; cold--)
                 for (int pi = 0; pi < 3; pi++)
                     for (int hi = 0; hi < 2 - cl; hi++)
-                        for (int dt = 0; dt < NIB_KV_COUNT; dt++)
+                        for (int dt = 0; dt < (wg ? 1 : NIB_KV_COUNT); dt++)
                             if (kv_on[dt]) RUN(bench_cache(b, "cache", (nib_kv_dtype)dt, Ps[pi] + Hs[hi], Hs[hi], cold));
         }
-        if (do_decode) {
+        if (do_decode && !wg) {
             for (int ti = 0; ti < nT; ti++)
                 for (int dt = 0; dt < NIB_KV_COUNT; dt++)
                     if (kv_on[dt]) RUN(bench_cache(b, "decode", (nib_kv_dtype)dt, Ts[ti], 1, 1));

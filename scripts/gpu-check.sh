@@ -4,7 +4,7 @@
 # to $OUT (default ./gpu-out); a short table is printed last.
 #
 #   scripts/gpu-check.sh [build] [doctor] [tests] [gemm] [ops] [attn] [demo] [pi05] [accuracy]
-#                        [load] [sanitize] [profile] [attnprof] [expertprof] [pi05prof] [T=filter]
+#                        [load] [sanitize] [profile] [attnprof] [expertprof] [pi05prof] [experttrace] [T=filter]
 #   (no step names = build doctor tests gemm ops attn demo pi05 accuracy load)
 #   demo      nib demo (synthesizes the full-size checkpoint in $TMPDIR once)
 #   pi05      nib bench pi05 --json pi05.json
@@ -24,7 +24,10 @@
 #             default fast; 2 cameras, 20 text tokens; kernels serialized, caches not flushed;
 #             NIB_FUSED_STEP=0 unless PI05PROF_FUSED=1, since kernel profiling cannot relaunch the
 #             persistent expert kernel), summed per kernel name and stage by scripts/ncu_timeline.py
-#             (ncu-pi05.csv, ncu-pi05.txt)
+#             (ncu-pi05.csv, ncu-pi05.txt); PI05PROF_PRESET and PI05PROF_HORIZON (default 10) take
+#             comma lists, each pair other than fast / 10 writing ncu-pi05-<preset>-h<H>.*
+#   experttrace  NIB_EXPERT_TRACE=1 nib bench pi05 --preset fast --cams 2 --horizon 10 (experttrace.log):
+#             the persistent expert kernel's per-phase times and per-CTA segments
 #   load      nib quantize --pi05 fast of the synthetic checkpoint, then nib run --timing on it:
 #             time from file to the first call done
 # Environment: NIB_GIT_COMMIT (recorded in the JSON; pass the commit from the machine you commit on:
@@ -165,14 +168,27 @@ if has pi05prof; then
     [ -f "$CKPT" ] || ./build/nib demo >/dev/null 2>&1
     IN=${TMPDIR:-/tmp}/nib-pi05-inputs.safetensors
     python3 scripts/pi05_inputs.py "$IN" --cameras 2 --text 20 >/dev/null
-    NIB_FUSED_STEP=${PI05PROF_FUSED:-0} "$ncu_bin" --clock-control none --cache-control none \
-        --metrics gpu__time_duration.sum --csv --page raw \
-        ./build/nib run pi05 --checkpoint "$CKPT" --inputs "$IN" --out "$OUT/pi05prof-actions.safetensors" \
-        --preset "${PI05PROF_PRESET:-fast}" >"$OUT/ncu-pi05.csv" 2>"$OUT/ncu-pi05.err"
-    rc=$?
-    python3 scripts/ncu_timeline.py "$OUT/ncu-pi05.csv" --first 40 >"$OUT/ncu-pi05.txt" 2>&1
-    note "pi05prof (rc $rc): $(head -1 "$OUT/ncu-pi05.txt")"
-    grep -E '^(vision|prefix|expert) ' "$OUT/ncu-pi05.txt" | tee -a "$LOG"
+    for pp in $(echo "${PI05PROF_PRESET:-fast}" | tr , ' '); do
+        for ph in $(echo "${PI05PROF_HORIZON:-10}" | tr , ' '); do
+            sfx=""; [ "$pp:$ph" != "fast:10" ] && sfx="-$pp-h$ph"
+            NIB_FUSED_STEP=${PI05PROF_FUSED:-0} "$ncu_bin" --clock-control none --cache-control none \
+                --metrics gpu__time_duration.sum --csv --page raw \
+                ./build/nib run pi05 --checkpoint "$CKPT" --inputs "$IN" --out "$OUT/pi05prof-actions$sfx.safetensors" \
+                --preset "$pp" --horizon "$ph" >"$OUT/ncu-pi05$sfx.csv" 2>"$OUT/ncu-pi05$sfx.err"
+            rc=$?
+            python3 scripts/ncu_timeline.py "$OUT/ncu-pi05$sfx.csv" --first 40 >"$OUT/ncu-pi05$sfx.txt" 2>&1
+            note "pi05prof $pp H=$ph (rc $rc): $(head -1 "$OUT/ncu-pi05$sfx.txt")"
+            grep -E '^(vision|prefix|expert) ' "$OUT/ncu-pi05$sfx.txt" | tee -a "$LOG"
+        done
+    done
+fi
+if has experttrace; then
+    # the persistent expert kernel's own clock: per phase of a layer, work and barrier time, and
+    # per-CTA segments (NIB_EXPERT_TRACE=1; fast, 2 cameras, H = 10)
+    NIB_EXPERT_TRACE=1 ./build/nib bench pi05 --preset fast --cams 2 --horizon 10 --reps 50 \
+        >"$OUT/experttrace.log" 2>&1
+    note "experttrace (rc $?): experttrace.log"
+    grep -iE 'phase|barrier|segment|qkv|attn|merge|gate|down' "$OUT/experttrace.log" | head -40 | tee -a "$LOG"
 fi
 if has load; then
     [ -f "$CKPT" ] || ./build/nib demo >/dev/null 2>&1

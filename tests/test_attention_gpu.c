@@ -350,6 +350,21 @@ NIB_TEST(attn_gpu_prefix_gemma_large) {
     setenv("NIB_ATTN_SPLITS", "3", 1);
     run_prefix(t, &rng, &cs[3]);
     unsetenv("NIB_ATTN_SPLITS");
+    /* the default for these shapes is the wgmma kernel (wg); the mma.sync kernel it replaced (r8)
+     * stays correct, unsplit and split; wg split 3 and 5 ways (partials + merge) */
+    setenv("NIB_ATTN_VARIANT", "r8", 1);
+    for (size_t i = 0; i < NIB_ARRAY_LEN(t2); i++) run_prefix(t, &rng, &t2[i]);
+    setenv("NIB_ATTN_SPLITS", "3", 1);
+    run_prefix(t, &rng, &cs[3]);
+    setenv("NIB_ATTN_VARIANT", "wg", 1);
+    run_prefix(t, &rng, &cs[3]);
+    run_prefix(t, &rng, &t2[2]); /* GQA, head_dim 128 zero-padded to 256 */
+    setenv("NIB_ATTN_SPLITS", "5", 1);
+    run_prefix(t, &rng, &cs[1]);
+    unsetenv("NIB_ATTN_SPLITS");
+    /* wg on a small shape: one CTA of 128 rows with 8 valid (one token), and 40 rows (5 tokens) */
+    run_prefix(t, &rng, &(pcase){1, 1, 1, 1, 8, 1, 256, 0});
+    run_prefix(t, &rng, &(pcase){2, 2, 40, 5, 8, 1, 256, 0});
     unsetenv("NIB_ATTN_VARIANT");
 }
 
@@ -604,8 +619,22 @@ static void cache_all_dtypes(nib_test_ctx *t, nib_rng *rng, const ccase *c) {
         kx[i] = (float)nib_rng_normal(rng);
         vx[i] = (float)nib_rng_normal(rng);
     }
-    for (int d = 0; d < NIB_KV_COUNT; d++) nm[d] = run_cache(t, (nib_kv_dtype)d, c, hq, kx, vx, og[d], orf[d]);
-    if (on == 0 || c->tv < 2) goto done; /* one key: every cache gives o = v (up to its rounding) */
+    /* NIB_ATTN_VARIANT=wg (the wgmma kernel) takes a bf16 cache only: the low-bit ones are refused
+     * with NIB_ERR_UNSUPPORTED naming the dtype, checked once here, then skipped */
+    const char *fv = getenv("NIB_ATTN_VARIANT");
+    const int n_dt = fv && !strcmp(fv, "wg") ? 1 : NIB_KV_COUNT;
+    if (n_dt == 1) {
+        nib_attn_cache_args a;
+        memset(&a, 0, sizeof a);
+        CHECK_OK(nib_kv_layer_map(&a.kv, NIB_KV_FP8, c->t_max, c->KV, D, (void *)256));
+        a.nq = c->nq, a.n_heads = c->H, a.q_tok = q_tok, a.o_tok = q_tok;
+        nib_attn_plan pl;
+        CHECK_ST(nib_cuda_attn_cache_plan(&a, &pl), NIB_ERR_UNSUPPORTED);
+        CHECK(strstr(nib_last_error(), "fp8") != NULL);
+        nib_clear_error();
+    }
+    for (int d = 0; d < n_dt; d++) nm[d] = run_cache(t, (nib_kv_dtype)d, c, hq, kx, vx, og[d], orf[d]);
+    if (on == 0 || c->tv < 2 || n_dt == 1) goto done; /* one key: every cache gives o = v (up to its rounding) */
     for (int d = 1; d < NIB_KV_COUNT; d++) {
         double cg = cosine(og[0], og[d], on), cr = cosine(orf[0], orf[d], on);
         double gate = 1.25 * (1 - cr) + 5 * (nm[0] + nm[d]) + 1e-7;
@@ -656,7 +685,7 @@ NIB_TEST(attn_gpu_cache_edges) {
      * every shape it takes (NIB_ATTN_VARIANT / NIB_ATTN_CLUSTER are read at every plan): the
      * opt-in cluster variant on a long cache (10 tiles per split), with clusters of 8 too, on
      * GQA, on the suffix and on a nothing-visible cache */
-    const char *forced[] = {"r4", "r8", "dec", "cl", "cl8", "cl", "rk"};
+    const char *forced[] = {"r4", "r8", "dec", "cl", "cl8", "cl", "rk", "wg"};
     const ccase fc[][2] = {{{700, 650, 6, 6, 8, 1}, {600, 560, 50, 10, 8, 1}},
                            {{700, 650, 6, 6, 8, 1}, {600, 560, 50, 10, 8, 1}},
                            {{700, 650, 6, 6, 8, 1}, {552, 552, 10, 10, 8, 1}},
@@ -665,7 +694,10 @@ NIB_TEST(attn_gpu_cache_edges) {
                            {{576, 542, 10, 10, 8, 1}, {64, 0, 2, 2, 8, 1}},
                            /* the decode kernel: 2 tokens x 4 heads per KV head (8 rows), and
                             * 2 tokens x 4 heads with 1 valid (4 of 8 rows) */
-                           {{300, 257, 2, 2, 8, 2}, {600, 560, 2, 1, 4, 1}}};
+                           {{300, 257, 2, 2, 8, 2}, {600, 560, 2, 1, 4, 1}},
+                           /* the wgmma kernel (bf16 caches only: the low-bit ones are refused and
+                            * skipped by cache_all_dtypes' wg rule below) on the suffix and GQA */
+                           {{600, 560, 50, 10, 8, 1}, {300, 257, 3, 3, 8, 2}}};
     for (size_t v = 0; v < NIB_ARRAY_LEN(forced); v++) {
         setenv("NIB_ATTN_VARIANT", v == 4 ? "cl" : forced[v], 1);
         if (v == 4) setenv("NIB_ATTN_CLUSTER", "8", 1);
@@ -844,9 +876,11 @@ NIB_TEST(attn_gpu_argument_errors) {
     a.n_kv_heads = 1;
     a.head_dim = 256;
     nib_attn_plan pl;
+    setenv("NIB_ATTN_SPLITS", "2", 1); /* the planner's own pick for this shape may not split */
     CHECK_OK(nib_cuda_attn_prefix_plan(&a, &pl));
     CHECK_MSG(pl.n_splits > 1, "expected S = 600 to split the keys (plan has %d splits)", pl.n_splits);
     CHECK_ST(nib_cuda_attn_prefix(&a, NULL, NULL), NIB_ERR_INVALID_ARG); /* workspace needed */
+    unsetenv("NIB_ATTN_SPLITS");
     nib_attn_prefix_args b = a;
     b.head_dim = 260;
     CHECK_ST(nib_cuda_attn_prefix(&b, d.p, NULL), NIB_ERR_UNSUPPORTED);

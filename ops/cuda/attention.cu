@@ -51,6 +51,7 @@
 #include "ops/attention.h"
 #include "ops/cuda/attention.cuh"
 #include "ops/cuda/attn_dec.cuh"
+#include "ops/cuda/attn_wg.cuh"
 #include "runtime/cuda_check.h"
 #include "runtime/device.h"
 #include "runtime/launch.cuh"
@@ -91,11 +92,14 @@ static KInfo g_kinfo[] = {
     /* two token groups per row group (8 warps, the groups merged in shared memory): SigLIP's
      * default (d80t2); at head_dim 256 a lab variant (NIB_ATTN_VARIANT=t2) */
     KI(F_BF16, 256, 4, 2, 2, 2, "r4t2"), KI(F_BF16, 80, 4, 2, 2, 2, "d80t2"),
+    /* the wgmma kernel (attn_wg.cuh): bf16, head_dim <= 256, 128 rows; the default where r8 was */
+    {k_attn_wg, F_BF16, 256, 8, 1, WgCfg::TK, WgCfg::NT, WgCfg::SMEM, "wg", WgCfg::ROWS, 0, 0, 0, 0},
 };
 #define K_D80 (3 * V_PER_FMT)
 #define K_CL (K_D80 + 1)     /* + fmt */
 #define K_RK (K_CL + 3)      /* + fmt: the decode kernel (attn_dec.cuh) */
 #define K_T2 (K_RK + 3)      /* r4t2 (head_dim 256), then d80t2: bf16 only */
+#define K_WG (K_T2 + 2)      /* the wgmma kernel: bf16, head_dim 256 */
 
 static int g_sms;
 
@@ -109,15 +113,23 @@ static int g_sms;
  * variant. Measured on H100 with the Pi0.5 expert step (H = 10, ~540 keys, 18 layers):
  * 1.25 ms per step with r8 (one 80-row block, few CTAs) vs 1.10 ms with dec (more CTAs; the
  * small KV stays in L2, so re-reading it per row block is cheap). */
+/* More rows than r4 takes (the prefix, the suffix past H = 16) with a bf16 K/V at head_dim 256: the
+ * wgmma kernel wg (attn_wg.cuh). H100, `nib bench attn`: Gemma prefix S = 532 23.0 us (3 splits)
+ * against r8's 27.5, S = 968 38.6 against 50.3; the suffix P = 532 H = 50 13.5 against 15.8.
+ * NIB_ATTN_VARIANT=wg forces it on any bf16 head_dim-256 shape, =r8 forces the mma.sync kernel,
+ * NIB_ATTN_WG=0 keeps r8 as the default (the A/B switch). */
 static int pick_variant(int fmt, int dp, int64_t rows, int cache) {
     const char *e = getenv("NIB_ATTN_VARIANT");
     int forced = !e || !*e ? -1 : !strcmp(e, "dec") ? V_DEC : !strcmp(e, "r4") ? V_R4 : !strcmp(e, "r8") ? V_R8 : -1;
     if (e && !strcmp(e, "t2")) return fmt == F_BF16 ? (dp == 80 ? K_T2 + 1 : K_T2) : -2;
+    if (e && !strcmp(e, "wg")) return fmt == F_BF16 && dp == 256 ? K_WG : -3;
     /* head_dim 80 (SigLIP): d80t2; H100, 256 tokens x 16 heads, bf16: 8.90 us for 2 images
      * against 10.36 with d80 (r4), 12.28 against 12.93 for 3 (`nib bench attn --variants t2`) */
     if (dp == 80) return forced == V_R4 ? K_D80 : K_T2 + 1;
     if ((e && !strcmp(e, "rk")) || (forced < 0 && cache && rows <= 8)) return rows <= 8 ? K_RK + fmt : -1;
     int v = forced >= 0 ? forced : rows <= 16 || (cache && rows <= 128) ? V_DEC : rows <= 64 ? V_R4 : V_R8;
+    const char *wge = getenv("NIB_ATTN_WG"); /* NIB_ATTN_WG=0: the default keeps r8 (A/B switch) */
+    if (forced < 0 && v == V_R8 && fmt == F_BF16 && dp == 256 && !(wge && !strcmp(wge, "0"))) return K_WG;
     return fmt * V_PER_FMT + v;
 }
 
@@ -168,7 +180,8 @@ struct Plan {
 
 /* Splits so that the busiest SM streams the fewest tiles: cost(s) = waves(s) * ceil(tiles / s)
  * + (s > 1: the partial write + merge, in tiles: merge_tiles); ties keep fewer splits.
- * merge_tiles is 1, except for the head_dim-80 prefix (SigLIP), whose tiles are so cheap that
+ * merge_tiles is 1 (2 for the wgmma kernel, whose tiles are cheaper: at S = 532 it measured 30.0 /
+ * 24.6 / 23.0 / 23.0 / 34.1 us with 1 / 2 / 3 / 4 / 6 splits), except for the head_dim-80 prefix (SigLIP), whose tiles are so cheap that
  * the merge pass (fp32 partials out and back, one more kernel) costs several of them: measured
  * on H100 (`nib bench attn --sections prefix`, NIB_ATTN_SPLITS=1 vs the old 1-tile model):
  * 256 tokens x 1 / 2 / 3 images 10 / 10 / 13 us unsplit vs 13 / 15 / 17 us with 4 / 2 / 2
@@ -225,6 +238,9 @@ static nib_status make_plan(int fmt, int dp, int64_t rows_max, int64_t t_max, in
     if (pl->ki == -2)
         return NIB_ERR(NIB_ERR_UNSUPPORTED, "attention: NIB_ATTN_VARIANT=t2 takes a bf16 KV only; got %s",
                        nib_kv_dtype_name((nib_kv_dtype)fmt));
+    if (pl->ki == -3)
+        return NIB_ERR(NIB_ERR_UNSUPPORTED, "attention: NIB_ATTN_VARIANT=wg takes a bf16 K/V with head_dim <= 256; got "
+                       "%s, head_dim padded to %d", nib_kv_dtype_name((nib_kv_dtype)fmt), dp);
     if (pl->ki < 0)
         return NIB_ERR(NIB_ERR_UNSUPPORTED, "attention: NIB_ATTN_VARIANT=rk (the decode kernel) takes <= 8 query rows per "
                        "KV head; got %lld", (long long)rows_max);
@@ -239,7 +255,7 @@ static nib_status make_plan(int fmt, int dp, int64_t rows_max, int64_t t_max, in
     /* the decode kernel: one CTA per SM measured best (H100, T = 32768: 132 splits 21.7 / 17.5 /
      * 17.4 us for bf16 / fp8 / nvfp4 vs 24.8 / 18.7 / 17.5 us with 264 at 2 per SM) */
     const int64_t slots = (int64_t)g_sms * (pl->ki >= K_RK && pl->ki < K_T2 ? 1 : k->occ);
-    const double merge_tiles = !cache && dp == 80 ? 8.0 : 1.0;
+    const double merge_tiles = !cache && dp == 80 ? 8.0 : pl->ki == K_WG ? 2.0 : 1.0;
     double best = 1e300;
     int bs = 1;
     for (int64_t s = 1; s <= tiles && s <= MAX_SPLITS; s++) {

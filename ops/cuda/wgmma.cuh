@@ -1,7 +1,7 @@
 /* wgmma.cuh — Hopper warpgroup MMA (wgmma.mma_async, sm_90a) helpers: shared-memory matrix
  * descriptors for the 128-byte swizzled K-major layout, the fence / commit / wait protocol,
- * mbarriers and 2-D TMA loads, and the e4m3 x e4m3 -> f32 instructions (wgmma_e4m3.inc, written
- * by scripts/gen_wgmma.py).
+ * mbarriers and 2-D TMA loads, the e4m3 x e4m3 -> f32 instructions (wgmma_e4m3.inc) and the bf16
+ * ones of the attention (wgmma_bf16.inc), both written by scripts/gen_wgmma.py.
  *
  * The shared-memory layout these descriptors describe ("128B swizzle", K-major): a tile of R rows
  * x 128 bytes of K, row r at byte r * 128, its 16-byte chunk c stored at chunk c ^ (r & 7). The
@@ -28,6 +28,17 @@ __device__ __forceinline__ uint64_t wgmma_desc_sw128(uint32_t saddr) {
            | ((uint64_t)(1024 >> 4) << 32)     /* stride byte offset: 8 rows x 128 bytes */
            | ((uint64_t)1 << 62);              /* layout: 128-byte swizzle */
 }
+
+/* descriptor of a 128-byte swizzled operand at saddr with explicit leading / stride byte offsets:
+ * for an MN-major operand (imm-trans = 1) the leading offset is the distance between 64-element
+ * (128-byte) atoms along M / N and the stride offset the distance between 8-row groups along K */
+__device__ __forceinline__ uint64_t wgmma_desc_sw128_mn(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
+    return (uint64_t)((saddr & 0x3FFFFu) >> 4) | ((uint64_t)((lbo >> 4) & 0x3FFFu) << 16) |
+           ((uint64_t)((sbo >> 4) & 0x3FFFu) << 32) | ((uint64_t)1 << 62);
+}
+/* make the generic-proxy writes of this thread to shared memory (st.shared, cp.async) visible to
+ * the async proxy that wgmma reads its shared-memory operands through */
+__device__ __forceinline__ void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
 /* the accumulator registers are about to be used by wgmma (after other instructions wrote them) */
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
@@ -80,6 +91,9 @@ __device__ __forceinline__ void mbar_arrive_remote(uint32_t bar, uint32_t rank) 
 
 template <int N> struct WgmmaE4M3; /* the supported N: wgmma_e4m3.inc */
 #include "ops/cuda/wgmma_e4m3.inc"
+template <int N> struct WgmmaBf16SS; /* the supported N: wgmma_bf16.inc */
+template <int N> struct WgmmaBf16RS;
+#include "ops/cuda/wgmma_bf16.inc"
 
 } /* namespace nib */
 
