@@ -438,14 +438,14 @@ int nib_bench_attn(int argc, char **argv) {
         }
         if (!strcmp(v, "auto")) unsetenv("NIB_ATTN_VARIANT");
         else if (!strcmp(v, "dec") || !strcmp(v, "r4") || !strcmp(v, "r8") || !strcmp(v, "cl") || !strcmp(v, "rk") ||
-                 !strcmp(v, "wg"))
+                 !strcmp(v, "wg") || !strcmp(v, "wg1"))
             setenv("NIB_ATTN_VARIANT", v, 1);
         else {
-            printf("  unknown variant '%s' skipped (auto, dec, r4, r8, cl, rk, t2, wg)\n", v);
+            printf("  unknown variant '%s' skipped (auto, dec, r4, r8, cl, rk, t2, wg, wg1)\n", v);
             continue;
         }
         /* r8 and wg (the mma.sync and the wgmma kernel for many rows) also repeat the Gemma prefix */
-        const int wg = !strcmp(v, "wg"); /* bf16 caches only */
+        const int wg = !strncmp(v, "wg", 2); /* wg, wg1: bf16 caches only */
         if (do_prefix && (!strcmp(v, "r8") || wg)) {
             RUN(bench_prefix(b, "gemma", 1, 532, 8, 1, 256));
             RUN(bench_prefix(b, "gemma", 1, 968, 8, 1, 256));

@@ -365,6 +365,12 @@ NIB_TEST(attn_gpu_prefix_gemma_large) {
     /* wg on a small shape: one CTA of 128 rows with 8 valid (one token), and 40 rows (5 tokens) */
     run_prefix(t, &rng, &(pcase){1, 1, 1, 1, 8, 1, 256, 0});
     run_prefix(t, &rng, &(pcase){2, 2, 40, 5, 8, 1, 256, 0});
+    /* wg1: the same kernel with one warpgroup (64 rows) per CTA, unsplit and split */
+    setenv("NIB_ATTN_VARIANT", "wg1", 1);
+    run_prefix(t, &rng, &t2[2]);
+    setenv("NIB_ATTN_SPLITS", "2", 1);
+    run_prefix(t, &rng, &cs[3]);
+    unsetenv("NIB_ATTN_SPLITS");
     unsetenv("NIB_ATTN_VARIANT");
 }
 

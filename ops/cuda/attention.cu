@@ -93,7 +93,8 @@ static KInfo g_kinfo[] = {
      * default (d80t2); at head_dim 256 a lab variant (NIB_ATTN_VARIANT=t2) */
     KI(F_BF16, 256, 4, 2, 2, 2, "r4t2"), KI(F_BF16, 80, 4, 2, 2, 2, "d80t2"),
     /* the wgmma kernel (attn_wg.cuh): bf16, head_dim <= 256, 128 rows; the default where r8 was */
-    {k_attn_wg, F_BF16, 256, 8, 1, WgCfg::TK, WgCfg::NT, WgCfg::SMEM, "wg", WgCfg::ROWS, 0, 0, 0, 0},
+    {k_attn_wg<2>, F_BF16, 256, 8, 1, WgCfg<2>::TK, WgCfg<2>::NT, WgCfg<2>::SMEM, "wg", WgCfg<2>::ROWS, 0, 0, 0, 0},
+    {k_attn_wg<1>, F_BF16, 256, 4, 1, WgCfg<1>::TK, WgCfg<1>::NT, WgCfg<1>::SMEM, "wg1", WgCfg<1>::ROWS, 0, 0, 0, 0},
 };
 #define K_D80 (3 * V_PER_FMT)
 #define K_CL (K_D80 + 1)     /* + fmt */
@@ -114,22 +115,24 @@ static int g_sms;
  * 1.25 ms per step with r8 (one 80-row block, few CTAs) vs 1.10 ms with dec (more CTAs; the
  * small KV stays in L2, so re-reading it per row block is cheap). */
 /* More rows than r4 takes (the prefix, the suffix past H = 16) with a bf16 K/V at head_dim 256: the
- * wgmma kernel wg (attn_wg.cuh). H100, `nib bench attn`: Gemma prefix S = 532 23.0 us (3 splits)
- * against r8's 27.5, S = 968 38.6 against 50.3; the suffix P = 532 H = 50 13.5 against 15.8.
- * NIB_ATTN_VARIANT=wg forces it on any bf16 head_dim-256 shape, =r8 forces the mma.sync kernel,
- * NIB_ATTN_WG=0 keeps r8 as the default (the A/B switch). */
+ * wgmma kernel (attn_wg.cuh) with one warpgroup of 64 rows per CTA, wg1. H100, `nib bench attn`
+ * (the % of peak converted to us): Gemma prefix S = 532 ~21 us unsplit against r8's 27.5 (3 splits)
+ * and wg's (two warpgroups, 128 rows) 23.0 (3 splits; 30 unsplit); S = 968 ~33 unsplit against
+ * 50.3 and 38.6; the suffix P = 532 H = 50 ~10 us (10 splits) against 15.8 and 13.4.
+ * NIB_ATTN_VARIANT=wg1 / wg force them on any bf16 head_dim-256 shape, =r8 forces the mma.sync
+ * kernel, NIB_ATTN_WG=0 keeps r8 as the default (the A/B switch). */
 static int pick_variant(int fmt, int dp, int64_t rows, int cache) {
     const char *e = getenv("NIB_ATTN_VARIANT");
     int forced = !e || !*e ? -1 : !strcmp(e, "dec") ? V_DEC : !strcmp(e, "r4") ? V_R4 : !strcmp(e, "r8") ? V_R8 : -1;
     if (e && !strcmp(e, "t2")) return fmt == F_BF16 ? (dp == 80 ? K_T2 + 1 : K_T2) : -2;
-    if (e && !strcmp(e, "wg")) return fmt == F_BF16 && dp == 256 ? K_WG : -3;
+    if (e && (!strcmp(e, "wg") || !strcmp(e, "wg1"))) return fmt == F_BF16 && dp == 256 ? K_WG + (e[2] == '1') : -3;
     /* head_dim 80 (SigLIP): d80t2; H100, 256 tokens x 16 heads, bf16: 8.90 us for 2 images
      * against 10.36 with d80 (r4), 12.28 against 12.93 for 3 (`nib bench attn --variants t2`) */
     if (dp == 80) return forced == V_R4 ? K_D80 : K_T2 + 1;
     if ((e && !strcmp(e, "rk")) || (forced < 0 && cache && rows <= 8)) return rows <= 8 ? K_RK + fmt : -1;
     int v = forced >= 0 ? forced : rows <= 16 || (cache && rows <= 128) ? V_DEC : rows <= 64 ? V_R4 : V_R8;
     const char *wge = getenv("NIB_ATTN_WG"); /* NIB_ATTN_WG=0: the default keeps r8 (A/B switch) */
-    if (forced < 0 && v == V_R8 && fmt == F_BF16 && dp == 256 && !(wge && !strcmp(wge, "0"))) return K_WG;
+    if (forced < 0 && v == V_R8 && fmt == F_BF16 && dp == 256 && !(wge && !strcmp(wge, "0"))) return K_WG + 1;
     return fmt * V_PER_FMT + v;
 }
 
@@ -180,8 +183,8 @@ struct Plan {
 
 /* Splits so that the busiest SM streams the fewest tiles: cost(s) = waves(s) * ceil(tiles / s)
  * + (s > 1: the partial write + merge, in tiles: merge_tiles); ties keep fewer splits.
- * merge_tiles is 1 (2 for the wgmma kernel, whose tiles are cheaper: at S = 532 it measured 30.0 /
- * 24.6 / 23.0 / 23.0 / 34.1 us with 1 / 2 / 3 / 4 / 6 splits), except for the head_dim-80 prefix (SigLIP), whose tiles are so cheap that
+ * merge_tiles is 1, except for the wgmma kernels (4, plus one tile per CTA and wave for the
+ * prologue and epilogue: see pick_variant's measurements) and the head_dim-80 prefix (SigLIP), whose tiles are so cheap that
  * the merge pass (fp32 partials out and back, one more kernel) costs several of them: measured
  * on H100 (`nib bench attn --sections prefix`, NIB_ATTN_SPLITS=1 vs the old 1-tile model):
  * 256 tokens x 1 / 2 / 3 images 10 / 10 / 13 us unsplit vs 13 / 15 / 17 us with 4 / 2 / 2
@@ -255,12 +258,13 @@ static nib_status make_plan(int fmt, int dp, int64_t rows_max, int64_t t_max, in
     /* the decode kernel: one CTA per SM measured best (H100, T = 32768: 132 splits 21.7 / 17.5 /
      * 17.4 us for bf16 / fp8 / nvfp4 vs 24.8 / 18.7 / 17.5 us with 264 at 2 per SM) */
     const int64_t slots = (int64_t)g_sms * (pl->ki >= K_RK && pl->ki < K_T2 ? 1 : k->occ);
-    const double merge_tiles = !cache && dp == 80 ? 8.0 : pl->ki == K_WG ? 2.0 : 1.0;
+    const double merge_tiles = !cache && dp == 80 ? 8.0 : pl->ki >= K_WG ? 4.0 : 1.0;
+    const double cta_fixed = pl->ki >= K_WG ? 1.0 : 0.0; /* wg: a CTA's prologue + epilogue ~ one tile */
     double best = 1e300;
     int bs = 1;
     for (int64_t s = 1; s <= tiles && s <= MAX_SPLITS; s++) {
         double waves = (double)((rb * z * s + slots - 1) / slots);
-        double cost = waves * (double)((tiles + s - 1) / s) + (s > 1 ? merge_tiles : 0.0);
+        double cost = waves * ((double)((tiles + s - 1) / s) + cta_fixed) + (s > 1 ? merge_tiles : 0.0);
         if (cost < best - 1e-9) {
             best = cost;
             bs = (int)s;

@@ -32,28 +32,29 @@
 
 namespace nib {
 
-struct WgCfg {
-    static constexpr int NT = 256, ROWS = 128, TK = 64, DP = 256;
+template <int WGS> struct WgCfg { /* WGS warpgroups of 64 query rows per CTA */
+    static constexpr int NT = 128 * WGS, ROWS = 64 * WGS, TK = 64, DP = 256, RSTEP = NT / 32;
     static constexpr int KST = 2, VST = 2;                 /* K and V ring stages */
     static constexpr int ATOM = 128;                       /* bytes per row of one 64-column atom */
     static constexpr int Q_WG_BYTES = 64 * DP * 2;         /* one warpgroup's 64 rows: 32 KB */
     static constexpr int KV_BYTES = TK * DP * 2;           /* one K (or V) tile: 32 KB */
-    static constexpr int SMEM = 1024 /* alignment slack */ + 2 * Q_WG_BYTES + (KST + VST) * KV_BYTES;
+    static constexpr int SMEM = 1024 /* alignment slack */ + WGS * Q_WG_BYTES + (KST + VST) * KV_BYTES;
 };
 
 /* byte offset of 16-byte chunk c (0..31: 8 dims each) of row r in an operand of `rows` rows */
 __device__ __forceinline__ uint32_t wg_chunk_off(int r, int c, int rows) {
-    return (uint32_t)((c >> 3) * rows * WgCfg::ATOM + r * WgCfg::ATOM + ((((c & 7) ^ (r & 7))) << 4));
+    return (uint32_t)((c >> 3) * rows * 128 + r * 128 + ((((c & 7) ^ (r & 7))) << 4));
 }
 
-__global__ void __launch_bounds__(WgCfg::NT, 1) k_attn_wg(AttnParams p) {
+template <int WGS>
+__global__ void __launch_bounds__(WgCfg<WGS>::NT, 1) k_attn_wg(AttnParams p) {
     nib::pdl_enter(); /* runtime/launch.cuh: first, before any access or return */
-    using C = WgCfg;
+    using C = WgCfg<WGS>;
     constexpr int TK = C::TK;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     /* the swizzle is applied to address bits 4..9: operands start on 1024-byte boundaries */
     unsigned char *const smem = (unsigned char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
-    const uint32_t sq = smem_u32(smem), sk = sq + 2 * C::Q_WG_BYTES, sv = sk + C::KST * C::KV_BYTES;
+    const uint32_t sq = smem_u32(smem), sk = sq + WGS * C::Q_WG_BYTES, sv = sk + C::KST * C::KV_BYTES;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
     const int z = blockIdx.z, seq = z / p.n_kv, hkv = z % p.n_kv;
@@ -68,14 +69,14 @@ __global__ void __launch_bounds__(WgCfg::NT, 1) k_attn_wg(AttnParams p) {
     if (split >= nib_attn_split_range(T, p.n_splits, TK, split, &t0, &t1)) return;
     const int n_tiles = (t1 - t0 + TK - 1) / TK;
 
-    const int c = tid & 31, r8 = tid >> 5; /* this thread's chunk column; its first row (0..7) */
+    const int c = tid & 31, r8 = tid >> 5; /* this thread's chunk column; its first row (< RSTEP) */
     const int cmax = (p.d + 7) / 8;        /* chunks past head_dim are zero-filled */
     const bool cok = c < cmax;
 
     /* Q rows -> smem (zero rows past the valid rows): warpgroup w's rows in its own operand */
     {
         const __nv_bfloat16 *qb = p.q + seq * p.q_seq + (long long)hkv * p.group * p.d + c * 8;
-        for (int r = r8; r < C::ROWS; r += 8) {
+        for (int r = r8; r < C::ROWS; r += C::RSTEP) {
             const int row = row0 + r;
             const bool ok = cok && row < rows_valid;
             const int tq = row / p.group, hq = row - tq * p.group;
@@ -92,13 +93,13 @@ __global__ void __launch_bounds__(WgCfg::NT, 1) k_attn_wg(AttnParams p) {
         const uint8_t *ks = kbase + (long long)(tt0 + r8) * p.k_tok;
         const uint8_t *vs = vbase + (long long)(tt0 + r8) * p.v_tok;
 #pragma unroll 4
-        for (int j = r8; j < TK; j += 8) {
+        for (int j = r8; j < TK; j += C::RSTEP) {
             const bool ok = cok && tt0 + j < t1;
             const uint32_t off = wg_chunk_off(j, c, TK);
             cp_async16(dk + off, ok ? (const void *)ks : (const void *)p.k, ok ? 16 : 0);
             cp_async16(dv + off, ok ? (const void *)vs : (const void *)p.v, ok ? 16 : 0);
-            ks += 8 * p.k_tok;
-            vs += 8 * p.v_tok;
+            ks += C::RSTEP * p.k_tok;
+            vs += C::RSTEP * p.v_tok;
         }
     };
     if (n_tiles > 0) load_tile(0);
