@@ -32,7 +32,9 @@
  *   Reference: the spec. K/V of a low-bit cache are dequantized exactly (every value is an fp64
  *   number), logits, softmax (online, over key blocks of 64) and P.V are computed in fp64, and
  *   o is stored as float (so it is the exact result to within 2^-24 relative).
- *   CUDA: bf16 tensor-core MMAs (mma.sync m16n8k16) with fp32 accumulation. Logits, running max,
+ *   CUDA: bf16 tensor-core MMAs (mma.sync m16n8k16, or wgmma m64n64k16 / m64n256k16 for a bf16
+ *   K/V at head_dim 256 with more than 64 (prefix) / 128 (cache) query rows per KV head) with fp32
+ *   accumulation. Logits, running max,
  *   exp (exp2 of log2e-scaled logits) and sums are fp32. The probabilities are rounded to bf16
  *   for the P.V product (the row sum uses the unrounded fp32 values); o is rounded to bf16.
  *   Low-bit K/V are decoded in shared memory: K exactly to bf16 (FP8: the e4m3 value; NVFP4:
@@ -135,7 +137,7 @@ nib_status nib_cuda_attn_cache_ws_bytes(const nib_attn_cache_args *a, uint64_t *
 
 /* The launch plan a call would use (for the lab and tests). */
 typedef struct nib_attn_plan {
-    char kernel[48];        /* "<kv dtype> d<padded head_dim> <variant dec|r4|r8|cl> tk<tile keys>" */
+    char kernel[48];        /* "<kv dtype> d<padded head_dim> <variant dec|r4|r8|cl|rk|wg1|wg|...> tk<tile keys>" */
     int rows_per_cta;       /* query rows (token x head of one KV group) per CTA */
     int warps;              /* warps per CTA: row groups x token groups */
     int tile_tokens;        /* keys per pipeline tile */

@@ -38,6 +38,9 @@
  *   d80  WR4 x WT1, TK 64, head_dim <= 80, bf16     (NIB_ATTN_VARIANT=r4)
  *   r4t2 WR4 x WT2, TK 64, 256 threads, head_dim 256, bf16 (lab: NIB_ATTN_VARIANT=t2; measured
  *        level with r8 on the Gemma prefix: 30.5 vs 30.0 us at S = 532)
+ *   wg1  wgmma (attn_wg.cuh), 64 rows, TK 64, 128 threads, head_dim <= 256, bf16: the default
+ *        where r8 was for a bf16 K/V (the Gemma prefix, the suffix past 128 rows)
+ *   wg   the same with two warpgroups (128 rows, 256 threads): lab (NIB_ATTN_VARIANT=wg)
  * Tested by tests/test_attention_gpu.c (`build/nib_tests attn_gpu`), timed by `nib bench attn`.
  */
 #include <cuda_bf16.h>
