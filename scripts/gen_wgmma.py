@@ -10,53 +10,43 @@ import os, sys
 
 NS = [64, 72, 96, 112, 128, 144, 192, 240, 256]
 
-def one(n):
+def wrapper(struct, n, params, a_ops, a_inputs, shape, imm):
+    """One specialization: D (N/2 fp32 registers) += A x B; a_ops is A's PTX operand text (its
+    operands numbered from N/2), a_inputs their asm inputs; the B descriptor and the scale-d
+    constant follow them."""
     r = n // 2
+    nin = len(a_inputs)
     regs = ", ".join(f"%{i}" for i in range(r))
     outs = ", ".join(f'"+f"(d[{i}])' for i in range(r))
-    return f'''template <> struct WgmmaE4M3<{n}> {{
-    static __device__ __forceinline__ void mma(float (&d)[{r}], uint64_t da, uint64_t db) {{
-        asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{r + 2}, 0;\\n"
-                     "wgmma.mma_async.sync.aligned.m64n{n}k32.f32.e4m3.e4m3 "
-                     "{{{regs}}}, %{r}, %{r + 1}, p, 1, 1;\\n}}\\n"
+    ins = ", ".join(a_inputs + ['"l"(db)', '"n"(1)'])
+    return f'''template <> struct {struct}<{n}> {{
+    static __device__ __forceinline__ void mma(float (&d)[{r}], {params}) {{
+        asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{r + nin + 1}, 0;\\n"
+                     "wgmma.mma_async.sync.aligned.{shape} "
+                     "{{{regs}}}, {a_ops}, %{r + nin}, p, {imm};\\n}}\\n"
                      : {outs}
-                     : "l"(da), "l"(db), "n"(1));
+                     : {ins});
     }}
 }};
 '''
+
+def one(n):
+    r = n // 2
+    return wrapper("WgmmaE4M3", n, "uint64_t da, uint64_t db", f"%{r}", ['"l"(da)'], f"m64n{n}k32.f32.e4m3.e4m3", "1, 1")
 
 NS_BF16_SS = [64]   # S = Q K^T: A (Q) and B (K) K-major in shared memory
 NS_BF16_RS = [256]  # O += P V: A (P) in registers, B (V) MN-major (keys x dims, dims contiguous)
 
 def bf16_ss(n):
     r = n // 2
-    regs = ", ".join(f"%{i}" for i in range(r))
-    outs = ", ".join(f'"+f"(d[{i}])' for i in range(r))
-    return f'''template <> struct WgmmaBf16SS<{n}> {{
-    static __device__ __forceinline__ void mma(float (&d)[{r}], uint64_t da, uint64_t db) {{
-        asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{r + 2}, 0;\\n"
-                     "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 "
-                     "{{{regs}}}, %{r}, %{r + 1}, p, 1, 1, 0, 0;\\n}}\\n"
-                     : {outs}
-                     : "l"(da), "l"(db), "n"(1));
-    }}
-}};
-'''
+    return wrapper("WgmmaBf16SS", n, "uint64_t da, uint64_t db", f"%{r}", ['"l"(da)'], f"m64n{n}k16.f32.bf16.bf16",
+                   "1, 1, 0, 0")
 
 def bf16_rs(n):
     r = n // 2
-    regs = ", ".join(f"%{i}" for i in range(r))
-    outs = ", ".join(f'"+f"(d[{i}])' for i in range(r))
-    return f'''template <> struct WgmmaBf16RS<{n}> {{
-    static __device__ __forceinline__ void mma(float (&d)[{r}], const uint32_t (&a)[4], uint64_t db) {{
-        asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{r + 5}, 0;\\n"
-                     "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 "
-                     "{{{regs}}}, {{%{r}, %{r + 1}, %{r + 2}, %{r + 3}}}, %{r + 4}, p, 1, 1, 1;\\n}}\\n"
-                     : {outs}
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(1));
-    }}
-}};
-'''
+    a_ops = "{" + ", ".join(f"%{r + i}" for i in range(4)) + "}"
+    return wrapper("WgmmaBf16RS", n, "const uint32_t (&a)[4], uint64_t db", a_ops, [f'"r"(a[{i}])' for i in range(4)],
+                   f"m64n{n}k16.f32.bf16.bf16", "1, 1, 1")
 
 def main():
     out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "ops", "cuda", "wgmma_e4m3.inc")

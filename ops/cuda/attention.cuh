@@ -160,6 +160,23 @@ __device__ __forceinline__ void copy_kv_rows(const uint8_t *kbase, const uint8_t
     }
 }
 
+/* Online softmax, one tile: fold the tile's lane-partial row maxima mx (log2 units; rows g and
+ * g + 8 of a 16-row MMA fragment, the 4 lanes of a quad hold different keys) into the running max
+ * mrow and sum lrow; alpha rescales the old O and l, mu is the exp2 offset of the tile's p. */
+__device__ __forceinline__ void softmax_fold(float (&mx)[2], float (&mrow)[2], float (&lrow)[2], float (&alpha)[2],
+                                             float (&mu)[2]) {
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+        mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+        const float mn = fmaxf(mrow[i], mx[i]);
+        mu[i] = mn == -INFINITY ? 0.f : mn; /* all keys so far masked: keep exp2 finite */
+        alpha[i] = exp2f(mrow[i] - mu[i]);
+        mrow[i] = mn;
+        lrow[i] *= alpha[i];
+    }
+}
+
 /* ---- the attention kernel ------------------------------------------------------------- */
 template <int FMT, int DP, int WR, int WT, int KW, int ST, int CL = 0>
 __global__ void __launch_bounds__(Cfg<FMT, DP, WR, WT, KW, ST, CL>::NT, Cfg<FMT, DP, WR, WT, KW, ST, CL>::MINB)
@@ -397,16 +414,7 @@ __global__ void __launch_bounds__(Cfg<FMT, DP, WR, WT, KW, ST, CL>::NT, Cfg<FMT,
                 mx[c >> 1] = fmaxf(mx[c >> 1], x);
             }
         float alpha[2], mu[2];
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
-            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
-            float mn = fmaxf(mrow[i], mx[i]);
-            mu[i] = mn == -INFINITY ? 0.f : mn; /* all keys so far masked: keep exp2 finite */
-            alpha[i] = exp2f(mrow[i] - mu[i]);
-            mrow[i] = mn;
-            lrow[i] *= alpha[i];
-        }
+        softmax_fold(mx, mrow, lrow, alpha, mu);
 #pragma unroll
         for (int j = 0; j < NSJ; j++)
 #pragma unroll

@@ -158,16 +158,7 @@ __global__ void __launch_bounds__(WgCfg<WGS>::NT, 1) k_attn_wg(AttnParams p) {
                 mx[q >> 1] = fmaxf(mx[q >> 1], x);
             }
         float alpha[2], mu[2];
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
-            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
-            const float mn = fmaxf(mrow[i], mx[i]);
-            mu[i] = mn == -INFINITY ? 0.f : mn; /* all keys so far masked: keep exp2 finite */
-            alpha[i] = exp2f(mrow[i] - mu[i]);
-            mrow[i] = mn;
-            lrow[i] *= alpha[i];
-        }
+        softmax_fold(mx, mrow, lrow, alpha, mu);
 #pragma unroll
         for (int i = 0; i < 32; i++) {
             const float pr = exp2f(s[i] - mu[(i >> 1) & 1]);
