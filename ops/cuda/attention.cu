@@ -245,8 +245,9 @@ static nib_status make_plan(int fmt, int dp, int64_t rows_max, int64_t t_max, in
         return NIB_ERR(NIB_ERR_UNSUPPORTED, "attention: NIB_ATTN_VARIANT=t2 takes a bf16 KV only; got %s",
                        nib_kv_dtype_name((nib_kv_dtype)fmt));
     if (pl->ki == -3)
-        return NIB_ERR(NIB_ERR_UNSUPPORTED, "attention: NIB_ATTN_VARIANT=wg takes a bf16 K/V with head_dim <= 256; got "
-                       "%s, head_dim padded to %d", nib_kv_dtype_name((nib_kv_dtype)fmt), dp);
+        return NIB_ERR(NIB_ERR_UNSUPPORTED, "attention: NIB_ATTN_VARIANT=%s (the wgmma kernel) takes a bf16 K/V with "
+                       "head_dim 88..256 (padded to 256); got a %s K/V, head_dim padded to %d", getenv("NIB_ATTN_VARIANT"),
+                       nib_kv_dtype_name((nib_kv_dtype)fmt), dp);
     if (pl->ki < 0)
         return NIB_ERR(NIB_ERR_UNSUPPORTED, "attention: NIB_ATTN_VARIANT=rk (the decode kernel) takes <= 8 query rows per "
                        "KV head; got %lld", (long long)rows_max);
