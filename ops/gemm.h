@@ -140,6 +140,20 @@ nib_status nib_cuda_gemm(const nib_qweight *w, const void *x, int64_t m, int64_t
 #define NIB_GEMM_X_BUDGET (48 * 1024) /* shared memory for X windows per CTA (x2 at one CTA per SM) */
 #define NIB_GEMM_MAX_SMEM (200 * 1024) /* dynamic shared memory a plan may use */
 
+/* The wgmma kernel for large M runs NVFP4, MXFP4 and FP8 weights without an act-order permutation
+ * from NIB_GEMM_WG_MIN_M tokens up, and past NIB_GEMM_WG_MID_M tokens for weights of at least
+ * NIB_GEMM_WG_MID_ELEMS (padded) elements, in token tiles of 64, 128, 192 or 256. */
+#define NIB_GEMM_WG_MIN_M 128
+#define NIB_GEMM_WG_MID_M 32
+#define NIB_GEMM_WG_MID_ELEMS ((int64_t)1 << 22)
+#define NIB_GEMM_WG_ROWS 128 /* weight rows per CTA */
+/* Its token tile for M tokens of a weight with np x kp padded rows x columns on `sms` SMs, or 0 where the
+ * mma.sync kernel runs; *ks: the K split (CTAs along K, partial sums in a split-K workspace of ws_elems
+ * floats). Environment (lab / A-B): NIB_GEMM_WG=0 never, NIB_GEMM_WG=1 at every M;
+ * NIB_GEMM_WG_BT=64|128|192|256 forces the tile. Host code (no CUDA needed). */
+int nib_gemm_wg_tile(nib_wfmt fmt, int has_perm, int64_t m, int64_t np, int64_t kp, uint64_t ws_elems, int sms,
+                     int *ks);
+
 /* Launch plan the CUDA GEMM would use (for the lab and tests). */
 typedef struct nib_gemm_plan {
     int mt;        /* n-tiles of 8 tokens per M chunk (1, 2, 4, 8); chunks of 8 * mt tokens */
@@ -151,6 +165,8 @@ typedef struct nib_gemm_plan {
     int row_blocks, m_chunks, ctas;
     int xw, nxb, lds, ring_bytes; /* X window (pipeline steps), X buffers, X row stride, ring bytes */
     size_t smem;                  /* dynamic shared memory per CTA */
+    int wgt; /* > 0: the wgmma kernel for large M (ops/cuda/gemm_lowbit_wg.cuh) with tiles of 128 weight rows x wgt
+              * tokens (the fields above then do not apply, but ctas and smem); 0: the mma.sync kernel */
 } nib_gemm_plan;
 /* The planner itself, for a padded weight shape (np rows, multiple of 16; kp columns, multiple
  * of 128) on a device with `sms` SMs and a split-K workspace of ws_elems floats: host code,
@@ -166,6 +182,9 @@ nib_status nib_gemm_plan_for(const nib_gemm_shape *w, int64_t m, uint64_t ws_ele
 int nib_gemm_plans_for(const nib_gemm_shape *w, int64_t m, uint64_t ws_elems, int sms, nib_gemm_plan *out, int max);
 /* The same for a loaded weight on the current device. */
 nib_status nib_cuda_gemm_plan(const nib_qweight *w, int64_t m, uint64_t ws_elems, nib_gemm_plan *plan);
+/* A plan for the wgmma kernel with bt-token tiles (64, 128, 192, 256) and ks K splits, for tests and
+ * the lab. */
+nib_status nib_cuda_gemm_wg_plan(const nib_qweight *w, int64_t m, int bt, int ks, nib_gemm_plan *plan);
 /* Every launch plan that fits (each K split count, warps along K, register budget), for the
  * lab's plan sweep; returns how many were written to out (at most max), or -1. */
 int nib_cuda_gemm_plans(const nib_qweight *w, int64_t m, uint64_t ws_elems, nib_gemm_plan *out, int max);

@@ -203,6 +203,52 @@ int nib_gemm_plans_for(const nib_gemm_shape *w, int64_t m, uint64_t ws_elems, in
     return n;
 }
 
+/* ---- the wgmma kernel for large M (ops/cuda/gemm_lowbit_wg.cuh) ---------------------------- */
+
+int nib_gemm_wg_tile(nib_wfmt fmt, int has_perm, int64_t m, int64_t np, int64_t kp, uint64_t ws_elems, int sms,
+                     int *ks) {
+    static const int tiles[] = {64, 128, 192, 256};
+    *ks = 1;
+    if (m < 1 || np < 1 || kp < NIB_GEMM_KCH || sms < 1 || has_perm ||
+        (fmt != NIB_WFMT_NVFP4 && fmt != NIB_WFMT_MXFP4 && fmt != NIB_WFMT_FP8))
+        return 0;
+    const char *e = getenv("NIB_GEMM_WG");
+    if (e && !strcmp(e, "0")) return 0;
+    if (!(e && !strcmp(e, "1")) && m < NIB_GEMM_WG_MIN_M && (m <= NIB_GEMM_WG_MID_M || np * kp < NIB_GEMM_WG_MID_ELEMS))
+        return 0;
+    int forced = 0;
+    const char *f = getenv("NIB_GEMM_WG_BT");
+    if (f && *f)
+        for (size_t i = 0; i < sizeof tiles / sizeof tiles[0]; i++)
+            if (tiles[i] == atoi(f)) forced = tiles[i];
+    /* one CTA per SM. Cost of a wave, fitted to `nib bench gemm` over the issue's shapes at M = 16 ..
+     * 1024 and every tile (H100, docs/design.md): per chunk of 128 K the tokens plus 80 (the
+     * weights decoded), plus a fixed 650 + 8 per token (prologue, epilogue); a K split adds
+     * 100 per split and 64 tokens (the partial sums' round trip) and is taken only to fill the
+     * GPU (no more CTAs than SMs) */
+    const int64_t rows = (np + NIB_GEMM_WG_ROWS - 1) / NIB_GEMM_WG_ROWS, nchunks = kp / NIB_GEMM_KCH;
+    int best = 0;
+    double best_cost = 1e300;
+    for (size_t i = 0; i < sizeof tiles / sizeof tiles[0]; i++) {
+        const int bt = tiles[i];
+        /* the 256-token tile spills registers (one CTA of 288 threads gets 168 per thread): forced only */
+        if (forced ? bt != forced : bt == 256) continue;
+        const int64_t ctas = (m + bt - 1) / bt * rows;
+        for (int k = 1; k <= 8; k++) {
+            const int64_t cps = (nchunks + k - 1) / k;
+            if (k > 1 && (ctas * k > sms || cps < 2 || (uint64_t)k * ctas * bt * NIB_GEMM_WG_ROWS > ws_elems)) break;
+            const int64_t waves = (ctas * k + sms - 1) / sms;
+            const double cost = (double)waves * ((double)cps * (bt + 80) + 650 + 8.0 * bt) + (k > 1 ? 100.0 * k * bt / 64 : 0);
+            if (cost < best_cost - 1e-9) {
+                best_cost = cost;
+                best = bt;
+                *ks = k;
+            }
+        }
+    }
+    return best;
+}
+
 /* ---- nib's FP8 W8A8 GEMM (ops/cuda/gemm_fp8.cu): tiles and the planner -------------------- */
 
 /* the order and set of ops/cuda/gemm_fp8.cu's g_tiles */

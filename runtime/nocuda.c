@@ -40,6 +40,11 @@ nib_status nib_cuda_gemm_plan(const nib_qweight *w, int64_t m, uint64_t ws_elems
     memset(plan, 0, sizeof *plan);
     return NO_CUDA("nib_cuda_gemm_plan");
 }
+nib_status nib_cuda_gemm_wg_plan(const nib_qweight *w, int64_t m, int bt, int ks, nib_gemm_plan *plan) {
+    (void)w, (void)m, (void)bt, (void)ks;
+    memset(plan, 0, sizeof *plan);
+    return NO_CUDA("nib_cuda_gemm_wg_plan");
+}
 int nib_cuda_gemm_plans(const nib_qweight *w, int64_t m, uint64_t ws_elems, nib_gemm_plan *out, int max) {
     (void)w, (void)m, (void)ws_elems, (void)out, (void)max;
     return -1;

@@ -406,6 +406,73 @@ NIB_TEST(gemm_gpu_every_plan) {
     nib_cuda_gemm_ws_free(&ws);
 }
 
+/* The wgmma kernel for large M (ops/cuda/gemm_lowbit_wg.cuh), forced at every token tile, on
+ * awkward shapes: N = 200 (a partial 128-row tile) and a GeGLU weight of 2 x 136 rows, K with a
+ * partial last chunk (the X tiles past K arrive as zeros) and a full K = 1152, M below one tile,
+ * one past it, and several tiles with a partial last one; 1, 2 and 3 K splits (partial sums
+ * through the workspace, added in split order: the second call must match bitwise). The epilogues
+ * rotate over the cases: bias, GeGLU, gate + residual, in-place residual. INT4 is refused. */
+NIB_TEST(gemm_gpu_wgmma_tiles) {
+    NIB_REQUIRE_GPU();
+    nib_rng rng;
+    nib_test_rng(t, &rng);
+    nib_gemm_ws ws;
+    CHECK_OK(nib_cuda_gemm_ws_init(&ws, 512, 4096));
+    static const int bts[] = {64, 128, 192, 256};
+    static const int64_t ms[] = {1, 63, 193, 300};
+    static const int64_t ks[] = {272, 1152};
+    int runs = 0;
+    double worst_all = 0.0;
+    for (size_t fi = 0; fi < NIB_ARRAY_LEN(k_fmts); fi++) {
+        const fmt_case *fc = &k_fmts[fi];
+        if (fc->f == NIB_WFMT_INT4) continue;
+        for (size_t ki = 0; ki < NIB_ARRAY_LEN(ks); ki++) {
+            const int64_t blk = fc->f == NIB_WFMT_MXFP4 ? 32 : 16, kk = (ks[ki] + blk - 1) / blk * blk;
+            for (int geglu = 0; geglu <= 1; geglu++) {
+                rand_w rw;
+                REQUIRE(make_rand_w(&rng, fc->f, geglu ? 2 * 136 : 200, kk, 0, 0, fc->per_channel, !geglu, &rw));
+                nib_dev_arena a;
+                nib_qweight q;
+                load_probe(t, &rw.w, geglu, &a, &q);
+                nib_gemm_plan bad;
+                CHECK_MSG(nib_cuda_gemm_wg_plan(&q, 300, 96, 1, &bad) == NIB_ERR_INVALID_ARG, "a 96-token tile accepted");
+                CHECK_MSG(nib_cuda_gemm_wg_plan(&q, 300, 64, (int)(q.kp / 128) + 1, &bad) == NIB_ERR_INVALID_ARG,
+                          "more K splits than chunks accepted");
+                for (size_t bi = 0; bi < NIB_ARRAY_LEN(bts); bi++)
+                    for (size_t mi = 0; mi < NIB_ARRAY_LEN(ms); mi++) {
+                        nib_gemm_plan pl;
+                        const int ksplit = 1 + (int)((mi + ki) % 3); /* 1, 2 or 3 K splits (K = 272: 3 chunks) */
+                        CHECK_OK(nib_cuda_gemm_wg_plan(&q, ms[mi], bts[bi], ksplit, &pl));
+                        const int rot = (int)(mi + bi) % 3; /* plain (bias), gate + residual, in place */
+                        case_opts o = {geglu, rot == 1, rot >= 1, rot == 2 && !geglu, &pl};
+                        const double worst = run_case(t, &rng, &rw.w, ms[mi], &o, &ws, rot != 2);
+                        CHECK_MSG(worst <= 1.0, "%s K=%lld geglu %d tile %d, %d K splits, M=%lld: err/bound %.3f",
+                                  fc->name, (long long)kk, geglu, bts[bi], ksplit, (long long)ms[mi], worst);
+                        if (worst > worst_all) worst_all = worst;
+                        runs++;
+                    }
+                nib_dev_arena_free(&a);
+                rand_w_free(&rw);
+            }
+        }
+    }
+    printf("  %d wgmma cases, worst err/bound %.3f\n", runs, worst_all);
+    CHECK_MSG(runs == 4 * 2 * 2 * 4 * 4, "ran %d cases", runs);
+    { /* INT4 (group scales applied per chunk in fp32) stays on the mma.sync kernel */
+        rand_w rw;
+        REQUIRE(make_rand_w(&rng, NIB_WFMT_INT4, 64, 256, 1, 1, 0, 0, &rw));
+        nib_dev_arena a;
+        nib_qweight q;
+        load_probe(t, &rw.w, 0, &a, &q);
+        nib_gemm_plan pl;
+        CHECK_MSG(nib_cuda_gemm_wg_plan(&q, 300, 128, 1, &pl) == NIB_ERR_UNSUPPORTED, "INT4 accepted by the wgmma kernel");
+        CHECK_MSG(strstr(nib_last_error(), "with act-order") != NULL, "error names the act-order: %s", nib_last_error());
+        nib_dev_arena_free(&a);
+        rand_w_free(&rw);
+    }
+    nib_cuda_gemm_ws_free(&ws);
+}
+
 NIB_TEST(gemm_gpu_epilogues) {
     NIB_REQUIRE_GPU();
     nib_rng rng;

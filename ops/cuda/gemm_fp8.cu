@@ -38,11 +38,11 @@
 #include <cuda.h> /* CUtensorMap (the encoder is reached through the runtime: no -lcuda) */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
-#include <cudaTypedefs.h>
 #include <stdint.h>
 
 #include "ops/cuda/gelu.cuh"
 #include "ops/cuda/gemm_lowbit.cuh" /* smem_u32 */
+#include "ops/cuda/tmap.h"
 #include "ops/cuda/wgmma.cuh"
 #include "ops/gemm.h"
 #include "runtime/cuda_check.h"
@@ -340,32 +340,10 @@ TileKern g_tiles[] = {
 constexpr int N_TILES = (int)(sizeof g_tiles / sizeof g_tiles[0]);
 
 int g_sms;
-PFN_cuTensorMapEncodeTiled_v12000 g_encode;
-
-/* the driver's tensor-map encoder, through the runtime (nib links no libcuda) */
-nib_status encoder_ready() {
-    if (g_encode) return NIB_OK;
-    void *fn = NULL;
-    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-    NIB_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q));
-    if (q != cudaDriverEntryPointSuccess || !fn)
-        return NIB_ERR(NIB_ERR_UNSUPPORTED_DEVICE, "fp8 gemm (nib): the driver has no cuTensorMapEncodeTiled (status %d)",
-                       (int)q);
-    g_encode = (PFN_cuTensorMapEncodeTiled_v12000)fn;
-    return NIB_OK;
-}
 
 /* rows x k e4m3 codes, row-major: boxes of box_rows x 128 bytes, 128-byte swizzle, zeros outside */
 nib_status encode_rows(CUtensorMap *m, const void *base, int64_t rows, int64_t k, int box_rows, const char *what) {
-    const cuuint64_t dims[2] = {(cuuint64_t)k, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)k};
-    const cuuint32_t box[2] = {128, (cuuint32_t)box_rows}, estr[2] = {1, 1};
-    const CUresult r = g_encode(m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void *>(base), dims, strides, box, estr,
-                                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (r != CUDA_SUCCESS)
-        return NIB_ERR(NIB_ERR_CUDA, "fp8 gemm (nib): cuTensorMapEncodeTiled for %s (%lld x %lld, box %d rows) failed: %d",
-                       what, (long long)rows, (long long)k, box_rows, (int)r);
-    return NIB_OK;
+    return nib_tmap_rows_sw128(m, base, 1, rows, k, k, box_rows, what);
 }
 
 } /* namespace */
@@ -484,10 +462,10 @@ static nib_status gemm_fp8(const nib_blas_gemm_args *a, const nib_fp8_tile *tile
     p.m = (int)a->m, p.n = (int)a->n, p.k = (int)a->k, p.ldc = (int)a->ldc, p.ldy = (int)a->ldy;
     p.sx_vec = a->sx_per_token != 0, p.sw_vec = a->sw_per_channel != 0;
     p.gh = (int)gh;
-    NIB_RETURN_IF_ERR(encoder_ready());
     CUtensorMap tmx, tmw;
-    NIB_RETURN_IF_ERR(encode_rows(&tmx, a->x, a->m, a->k, 64 * tk->t.wg, "X"));
-    NIB_RETURN_IF_ERR(encode_rows(&tmw, a->w, a->n, a->k, gh ? tk->t.bn / 2 : nib_fp8_tile_wslice(&tk->t), "W"));
+    NIB_RETURN_IF_ERR(encode_rows(&tmx, a->x, a->m, a->k, 64 * tk->t.wg, "fp8 gemm (nib) X"));
+    NIB_RETURN_IF_ERR(
+        encode_rows(&tmw, a->w, a->n, a->k, gh ? tk->t.bn / 2 : nib_fp8_tile_wslice(&tk->t), "fp8 gemm (nib) W"));
     /* grid: M tiles (fastest), N tiles (GeGLU: of BN / 2 output channels), K splits. cm > 1:
      * clusters of cm CTAs along M; the M tiles rounded up to whole clusters (a CTA past M stores
      * nothing but still loads and multicasts its W slice) */

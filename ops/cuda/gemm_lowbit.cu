@@ -17,12 +17,14 @@
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda.h>
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "ops/cuda/gemm_lowbit.cuh"
+#include "ops/cuda/tmap.h"
 #include "ops/gemm.h"
 #include "runtime/cuda_check.h"
 #include "runtime/device.h"
@@ -302,6 +304,8 @@ __device__ __forceinline__ void load_chunks_reg(Chunk<FMT> (&dst)[CPS], const ui
         }
     }
 }
+
+#include "ops/cuda/gemm_lowbit_wg.cuh" /* the wgmma kernel for large M */
 
 /* OCC: resident CTAs per SM the registers are budgeted for (MT = 8 exists with 1 and 2: 1 has
  * no spills, 2 spills a few prologue values but doubles the resident CTAs; the planner picks).
@@ -951,9 +955,41 @@ static nib_status weight_shape(const nib_qweight *w, int64_t m, nib_gemm_shape *
     return NIB_OK;
 }
 
+static size_t wg_smem(int bt) {
+    switch (bt) {
+    case 64: return WgTile<64>::smem();
+    case 128: return WgTile<128>::smem();
+    case 192: return WgTile<192>::smem();
+    default: return WgTile<256>::smem();
+    }
+}
+
+nib_status nib_cuda_gemm_wg_plan(const nib_qweight *w, int64_t m, int bt, int ks, nib_gemm_plan *pl) {
+    nib_gemm_shape sh;
+    NIB_RETURN_IF_ERR(weight_shape(w, m, &sh));
+    if ((w->fmt != NIB_WFMT_NVFP4 && w->fmt != NIB_WFMT_MXFP4 && w->fmt != NIB_WFMT_FP8) || w->perm)
+        return NIB_ERR(NIB_ERR_UNSUPPORTED, "gemm: the wgmma kernel runs NVFP4, MXFP4 and FP8 weights without act-order "
+                       "(got %s%s)", nib_wfmt_name(w->fmt), w->perm ? " with act-order" : "");
+    if (bt != 64 && bt != 128 && bt != 192 && bt != 256)
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "gemm: no wgmma kernel with %d-token tiles (64, 128, 192, 256)", bt);
+    if (ks < 1 || ks > w->kp / KCH)
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "gemm: %d K splits of %lld chunks", ks, (long long)(w->kp / KCH));
+    memset(pl, 0, sizeof *pl);
+    pl->wgt = bt;
+    pl->m_chunks = (int)((m + bt - 1) / bt);
+    pl->row_blocks = (int)((w->np + NIB_GEMM_WG_ROWS - 1) / NIB_GEMM_WG_ROWS);
+    pl->ctas = pl->m_chunks * pl->row_blocks * ks;
+    pl->ksplit = ks;
+    pl->smem = wg_smem(bt);
+    return NIB_OK;
+}
+
 nib_status nib_cuda_gemm_plan(const nib_qweight *w, int64_t m, uint64_t ws_elems, nib_gemm_plan *pl) {
     nib_gemm_shape sh;
     NIB_RETURN_IF_ERR(weight_shape(w, m, &sh));
+    int ks = 1;
+    const int bt = nib_gemm_wg_tile(w->fmt, w->perm != NULL, m, w->np, w->kp, ws_elems, g_num_sms, &ks);
+    if (bt) return nib_cuda_gemm_wg_plan(w, m, bt, ks, pl);
     return nib_gemm_plan_for(&sh, m, ws_elems, g_num_sms, pl);
 }
 
@@ -974,6 +1010,53 @@ static nib_status launch_t(const GemmParams &p, dim3 grid, size_t smem, cudaStre
     NIB_CUDA_CHECK(nib::launch(k_gemm_lowbit<FMT, MT, R, OCC, REG>, grid, dim3(WARPS * 32), smem, stream, p));
     NIB_LAUNCH_CHECK("k_gemm_lowbit");
     return NIB_OK;
+}
+
+template <int FMT, int BT>
+static nib_status launch_wg_t(const GemmParams &p, const CUtensorMap &tmx, dim3 grid, cudaStream_t stream) {
+    static int attr_set;
+    if (!attr_set) {
+        NIB_CUDA_CHECK(cudaFuncSetAttribute(k_gemm_lowbit_wg<FMT, BT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            (int)WgTile<BT>::smem()));
+        attr_set = 1;
+    }
+    NIB_CUDA_CHECK(nib::launch(k_gemm_lowbit_wg<FMT, BT>, grid, dim3(WG_THREADS), WgTile<BT>::smem(), stream, tmx, p));
+    NIB_LAUNCH_CHECK("k_gemm_lowbit_wg");
+    return NIB_OK;
+}
+
+template <int FMT>
+static nib_status launch_wg_bt(int bt, const GemmParams &p, const CUtensorMap &tmx, dim3 g, cudaStream_t s) {
+    switch (bt) {
+    case 64: return launch_wg_t<FMT, 64>(p, tmx, g, s);
+    case 128: return launch_wg_t<FMT, 128>(p, tmx, g, s);
+    case 192: return launch_wg_t<FMT, 192>(p, tmx, g, s);
+    case 256: return launch_wg_t<FMT, 256>(p, tmx, g, s);
+    default: return NIB_ERR(NIB_ERR_INVALID_ARG, "gemm: no wgmma kernel with %d-token tiles", bt);
+    }
+}
+
+/* the wgmma kernel (plan wgt > 0): NVFP4, MXFP4, FP8 without act-order */
+static nib_status launch_wg(const nib_qweight *w, const GemmParams &p, const void *x, int64_t ldx, int bt,
+                            const nib_gemm_ws *ws, cudaStream_t s) {
+    if ((w->fmt != NIB_WFMT_NVFP4 && w->fmt != NIB_WFMT_MXFP4 && w->fmt != NIB_WFMT_FP8) || w->perm)
+        return NIB_ERR(NIB_ERR_UNSUPPORTED, "gemm: the wgmma kernel runs NVFP4, MXFP4 and FP8 weights without act-order "
+                       "(got %s%s)", nib_wfmt_name(w->fmt), w->perm ? " with act-order" : "");
+    CUtensorMap tmx;
+    NIB_RETURN_IF_ERR(nib_tmap_rows_sw128(&tmx, x, 2, p.m, w->k, ldx, bt, "low-bit gemm X"));
+    const dim3 grid((unsigned)((p.m + bt - 1) / bt), (unsigned)((w->np + NIB_GEMM_WG_ROWS - 1) / NIB_GEMM_WG_ROWS),
+                    (unsigned)p.ksplit);
+    if (p.ksplit > 1) {
+        const uint64_t ctas = (uint64_t)grid.x * grid.y;
+        if (!ws || (uint64_t)p.ksplit * ctas * bt * NIB_GEMM_WG_ROWS > ws->acc_elems || ctas > ws->n_counters)
+            return NIB_ERR(NIB_ERR_SHAPE, "gemm: %d K splits of %llu wgmma tiles (%d tokens) do not fit the workspace",
+                           p.ksplit, (unsigned long long)ctas, bt);
+    }
+    switch (w->fmt) {
+    case NIB_WFMT_NVFP4: return launch_wg_bt<NIB_WFMT_NVFP4>(bt, p, tmx, grid, s);
+    case NIB_WFMT_MXFP4: return launch_wg_bt<NIB_WFMT_MXFP4>(bt, p, tmx, grid, s);
+    default: return launch_wg_bt<NIB_WFMT_FP8>(bt, p, tmx, grid, s);
+    }
 }
 
 template <int FMT>
@@ -1007,7 +1090,9 @@ nib_status nib_cuda_gemm_planned(const nib_qweight *w, const void *x, int64_t m,
         return NIB_ERR(NIB_ERR_INVALID_ARG, "gemm: epilogue GeGLU=%d but the weight was repacked with GeGLU=%d",
                        epi->geglu, w->geglu);
     nib_gemm_plan pl;
-    if (plan) {
+    if (plan && plan->wgt) {
+        pl = *plan;
+    } else if (plan) {
         const int mt = plan->mt;
         if ((mt != 1 && mt != 2 && mt != 4 && mt != 8) || mt > NIB_GEMM_MT(m) ||
             plan->m_chunks != (int)((m + 8 * mt - 1) / (8 * mt)))
@@ -1019,7 +1104,7 @@ nib_status nib_cuda_gemm_planned(const nib_qweight *w, const void *x, int64_t m,
     } else {
         NIB_RETURN_IF_ERR(nib_cuda_gemm_plan(w, m, ws ? ws->acc_elems : 0, &pl));
     }
-    if (pl.ksplit > 1 && (uint64_t)pl.m_chunks * pl.row_blocks > ws->n_counters)
+    if (!pl.wgt && pl.ksplit > 1 && (uint64_t)pl.m_chunks * pl.row_blocks > ws->n_counters)
         return NIB_ERR(NIB_ERR_SHAPE, "gemm: workspace has %llu tile counters, M=%lld with padded N=%lld needs %llu",
                        (unsigned long long)ws->n_counters, (long long)m, (long long)w->np,
                        (unsigned long long)pl.m_chunks * pl.row_blocks);
@@ -1056,6 +1141,8 @@ nib_status nib_cuda_gemm_planned(const nib_qweight *w, const void *x, int64_t m,
     p.ring_bytes = pl.ring_bytes;
     p.cps = NIB_GEMM_CPS(pl.mt);
     p.scale_add = w->scale_add;
+    if (p.res && p.ldr < p.n_out) return NIB_ERR(NIB_ERR_SHAPE, "gemm: residual ldr %lld < N_out %d", (long long)p.ldr, p.n_out);
+    if (pl.wgt) return launch_wg(w, p, x, ldx, pl.wgt, ws, (cudaStream_t)stream);
     {
         const int wn = WARPS / pl.wk; /* warps along N: a power of two (wk is 1, 2, 4 or 8) */
         p.wn_shift = 0;
@@ -1071,7 +1158,6 @@ nib_status nib_cuda_gemm_planned(const nib_qweight *w, const void *x, int64_t m,
         p.x_dpc = WARPS * 32 - p.x_drow * ppr;
         p.x_magic = (uint32_t)(((1ull << 32) + (uint64_t)ppr - 1) / (uint64_t)ppr);
     }
-    if (p.res && p.ldr < p.n_out) return NIB_ERR(NIB_ERR_SHAPE, "gemm: residual ldr %lld < N_out %d", (long long)p.ldr, p.n_out);
     dim3 grid(pl.row_blocks, pl.ksplit, pl.m_chunks);
     size_t smem = pl.smem;
     cudaStream_t s = (cudaStream_t)stream;

@@ -93,6 +93,7 @@ template <int N> struct WgmmaE4M3; /* the supported N: wgmma_e4m3.inc */
 #include "ops/cuda/wgmma_e4m3.inc"
 template <int N> struct WgmmaBf16SS; /* the supported N: wgmma_bf16.inc */
 template <int N> struct WgmmaBf16RS;
+template <int N> struct WgmmaBf16RSK;
 #include "ops/cuda/wgmma_bf16.inc"
 
 } /* namespace nib */

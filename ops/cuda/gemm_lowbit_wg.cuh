@@ -1,0 +1,238 @@
+/* gemm_lowbit_wg.cuh — the low-bit weight GEMM for large M on Hopper's warpgroup MMA (sm_90a).
+ * Included by gemm_lowbit.cu (it shares GemmParams, the epilogue and the weight decoder there).
+ *
+ * Why: the mma.sync kernel above is built for the memory-bound regime (M <= 64 tokens per
+ * chunk, each chunk re-reading the weights); at M = 532 / 1024 it ran 3-6x behind cuBLAS bf16
+ * (bench/results/gemm-h100-v6-8ac6194.json: NVFP4 2048 -> 32768 at M = 532, 318 us against
+ * 101). Here the tokens are the wide side of one wgmma m64nBTk16 per k16 step:
+ *   A (64 weight rows x 16 K, bf16, registers) — each warp decodes its own 16-row group from
+ *     the repacked layout with the same decoder as the mma.sync kernel (chunk_a: the per-warp A
+ *     fragment of m16n8k16 is the per-warp slice of wgmma's register A operand), so the decoded
+ *     values are exact as there;
+ *   B (BT tokens x 16 K, bf16, shared memory) — X tiles written by TMA (128-byte swizzle, zeros
+ *     past M and K) into a ring of ST stages (full / empty mbarriers) by one producer warp.
+ * CTA: 2 consumer warpgroups (8 row groups: 128 weight rows) x BT tokens + the producer warp.
+ * The weights are never staged: each lane loads its 16-byte pieces of the next chunk into
+ * registers (evict-first streaming loads) one chunk ahead, and asks L2 for the chunk
+ * WG_PF chunks ahead. Per 128-K chunk a warpgroup issues two groups of 4 wgmmas (steps 0-3,
+ * 4-7), each from its own 16 A registers; after each commit it waits for the group before the
+ * last, so the registers it decodes into next are free and one group stays in flight.
+ * Grid: M tiles fastest (the CTAs resident at once share their weight rows: W streams from DRAM
+ * about once), then 128-row tiles.
+ * Formats: NVFP4, MXFP4, FP8 (every scale of theirs is applied in the decoder or the epilogue).
+ * INT4 (fp32 group scales per chunk) and act-order permutations keep the mma.sync kernel.
+ * Epilogue: epi_pair straight from the accumulators (colscale, bias, GeGLU, gate, residual):
+ * the wgmma accumulator layout gives each thread rows g and g + 8 of its warp's row group for
+ * the same tokens, as the mma.sync kernel's fragments do.
+ */
+#ifndef NIB_GEMM_LOWBIT_WG_CUH
+#define NIB_GEMM_LOWBIT_WG_CUH
+
+#include "ops/cuda/wgmma.cuh"
+
+namespace {
+
+constexpr int WG_THREADS = 2 * 128 + 32; /* two consumer warpgroups + the producer warp */
+constexpr int WG_PF = 4;                 /* chunks ahead of use whose weights are asked of L2 */
+constexpr int WG_SMEM_BUDGET = 192 * 1024;
+
+/* X stage: BT token rows x 128 K as two 128-byte swizzled boxes (K 0-63, 64-127) */
+template <int BT> struct WgTile {
+    enum { STAGE = BT * 256, ST = WG_SMEM_BUDGET / STAGE > 6 ? 6 : WG_SMEM_BUDGET / STAGE };
+    static constexpr size_t smem() { return (size_t)ST * STAGE + 1024; /* + the 1024-byte alignment */ }
+};
+
+/* ask L2 for chunk `tile` (row group x chunk) of the weights: one 128-byte line per lane */
+template <int FMT> __device__ __forceinline__ void wg_prefetch_chunk(const GemmParams &p, size_t tile, int lane) {
+    constexpr int PB = FmtT<FMT>::PARTS * 512, SB = FmtT<FMT>::SB;
+    if (lane < PB / 128) prefetch_l2(p.w + tile * PB + lane * 128);
+    else if (SB && lane == PB / 128) prefetch_l2(p.s + tile * SB);
+}
+
+/* fp32 pitch of the epilogue tile [BT tokens][128 weight rows]: 132 = 4 (mod 32), so the
+ * accumulator writes (lanes: rows g, tokens 2 t) hit 32 distinct banks */
+constexpr int WG_TP = NIB_GEMM_WG_ROWS + 4;
+
+template <int FMT, int BT>
+__global__ void __launch_bounds__(WG_THREADS, 1) k_gemm_lowbit_wg(const __grid_constant__ CUtensorMap tmx, const GemmParams p) {
+    constexpr int ST = WgTile<BT>::ST, STAGE = WgTile<BT>::STAGE, PARTS = FmtT<FMT>::PARTS, SB = FmtT<FMT>::SB;
+    static_assert(ST >= 2 && BT % 64 == 0 && BT <= 256, "tile");
+    static_assert((size_t)BT * WG_TP * 4 <= (size_t)ST * STAGE, "the epilogue tile fits in the ring");
+    extern __shared__ uint8_t smem_raw[];
+    __shared__ __align__(8) uint64_t bars[2 * ST]; /* full[ST] (TMA landed), empty[ST] (consumers done) */
+    __shared__ int s_last;
+    const uint32_t sbase = (smem_u32(smem_raw) + 1023u) & ~1023u;
+    const uint32_t full0 = smem_u32(&bars[0]), empty0 = smem_u32(&bars[ST]);
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int m0 = blockIdx.x * BT;
+    /* K split (p.ksplit CTAs along z): this CTA's chunks [c0, c0 + nk) */
+    const int c0 = (int)((long long)p.nchunks * blockIdx.z / p.ksplit);
+    const int nk = (int)((long long)p.nchunks * (blockIdx.z + 1) / p.ksplit) - c0;
+    if (tid == 0) {
+        for (int s = 0; s < ST; s++) {
+            mbar_init(full0 + 8 * s, 1);
+            mbar_init(empty0 + 8 * s, 8); /* lane 0 of each consumer warp */
+        }
+        mbar_init_fence();
+    }
+    __syncthreads();
+    if (warp == 8) { /* producer: X only (written by earlier kernels: after the grid dependency) */
+        pdl_wait();
+        pdl_trigger();
+        for (int kb = 0; kb < nk; kb++) {
+            const int s = kb % ST;
+            if (kb >= ST) mbar_wait(empty0 + 8 * s, ((kb / ST) & 1) ^ 1);
+            if (lane == 0) {
+                const uint32_t dst = sbase + s * STAGE;
+                mbar_arrive_expect_tx(full0 + 8 * s, STAGE);
+                tma_load_2d(dst, &tmx, (c0 + kb) * 128, m0, full0 + 8 * s);
+                tma_load_2d(dst + BT * 128, &tmx, (c0 + kb) * 128 + 64, m0, full0 + 8 * s);
+            }
+            __syncwarp();
+        }
+        return;
+    }
+    /* consumers: warp w decodes row group rg = blockIdx.y * 8 + w (warpgroup w / 4, its rows
+     * 16 (w % 4) .. of the warpgroup's 64) */
+    const int rg = blockIdx.y * 8 + warp, g = lane >> 2, t = lane & 3;
+    const bool rg_ok = rg < p.ng;
+    const size_t tile0 = (size_t)(rg_ok ? rg : 0) * p.nchunks + c0;
+    const uint8_t *wp = p.w + tile0 * (PARTS * 512) + lane * 16;
+    const uint8_t *sp = FMT == NIB_WFMT_FP8 ? p.w : FMT == NIB_WFMT_NVFP4 ? p.s + tile0 * 128 + g * 16
+                                                                          : p.s + tile0 * 64 + (g & ~1) * 8;
+    const uint64_t pol = evict_first_policy();
+    /* the weights do not depend on earlier kernels: the first chunks before the grid dependency */
+    if (rg_ok)
+        for (int c = 0; c < WG_PF && c < nk; c++) wg_prefetch_chunk<FMT>(p, tile0 + c, lane);
+    Chunk<FMT> nxt[1];
+    load_chunks_reg<FMT, 1>(nxt, wp, sp, rg_ok, 0, nk, g, pol);
+    pdl_wait(); /* the epilogue reads the residual, which an earlier kernel may have written */
+    pdl_trigger();
+    float acc[BT / 2];
+#pragma unroll
+    for (int i = 0; i < BT / 2; i++) acc[i] = 0.f;
+    uint32_t a[2][4][4]; /* A registers of the two groups of 4 k16 steps */
+    for (int kb = 0; kb < nk; kb++) {
+        const Chunk<FMT> cur = nxt[0];
+        if (kb + 1 < nk) load_chunks_reg<FMT, 1>(nxt, wp + (size_t)(kb + 1) * PARTS * 512, sp + (size_t)(kb + 1) * SB,
+                                                 rg_ok, kb + 1, nk, g, pol);
+        if (rg_ok && kb + WG_PF < nk) wg_prefetch_chunk<FMT>(p, tile0 + kb + WG_PF, lane);
+        uint32_t zg = 0, zg8 = 0; /* INT4 only (not run here) */
+        const int s = kb % ST;
+        const uint32_t xs = sbase + s * STAGE;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+#pragma unroll
+            for (int q = 0; q < 4; q++) chunk_a<FMT>(cur, 4 * h + q, p.scale_add, zg, zg8, a[h][q]);
+            if (h == 0) mbar_wait(full0 + 8 * s, (kb / ST) & 1);
+            wgmma_fence();
+#pragma unroll
+            for (int q = 0; q < 4; q++)
+                WgmmaBf16RSK<BT>::mma(acc, a[h][q], wgmma_desc_sw128(xs + h * BT * 128 + q * 32));
+            wgmma_commit();
+            wgmma_wait<1>(); /* the group before this one is done: its A registers (and at h = 0
+                              * the previous chunk's stage) are free */
+            if (h == 0 && kb > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((kb - 1) % ST));
+        }
+    }
+    wgmma_wait<0>();
+    if (p.ksplit > 1) {
+        /* K split: the partial sums go to this split's slot (element i of consumer thread tid at
+         * [split][cta][i][tid]); the last CTA of the tile adds the slots in split order, its own
+         * read back like the others (nothing held in registers across the barrier): deterministic */
+        const int cta = blockIdx.y * gridDim.x + blockIdx.x, nctas = gridDim.x * gridDim.y;
+        const size_t sstride = (size_t)nctas * (BT / 2) * 256;
+        const float *slot0 = p.ws + (size_t)cta * (BT / 2) * 256 + tid;
+        float *mine = p.ws + (size_t)blockIdx.z * sstride + (size_t)cta * (BT / 2) * 256 + tid;
+#pragma unroll
+        for (int i = 0; i < BT / 2; i++) __stcg(mine + i * 256, acc[i]);
+        __threadfence();
+        asm volatile("bar.sync 1, 256;" ::: "memory");
+        if (tid == 0) s_last = atomicAdd(p.counters + cta, 1) == p.ksplit - 1;
+        asm volatile("bar.sync 1, 256;" ::: "memory");
+        if (!s_last) return;
+        __threadfence();
+#pragma unroll
+        for (int i = 0; i < BT / 2; i++) acc[i] = __ldcg(slot0 + i * 256);
+        for (int z = 1; z < p.ksplit; z++)
+#pragma unroll
+            for (int i = 0; i < BT / 2; i++) acc[i] += __ldcg(slot0 + z * sstride + i * 256);
+        if (tid == 0) p.counters[cta] = 0; /* for the next launch on this workspace */
+    }
+    /* epilogue: (1) colscale, bias (and GeGLU) from the accumulators into an fp32 tile
+     * [token][column] in the idle ring; (2) the tile walked in 8-column chunks per token: gate,
+     * residual (16-byte loads where aligned), one rounding, 16-byte stores. Straight from the
+     * fragments the epilogue took a large share of the kernel (2-byte stores of 8 rows per
+     * instruction, and every scale load queued behind the stores before it). */
+    asm volatile("bar.sync 1, 256;" ::: "memory"); /* every warpgroup's wgmma reads of the ring are done */
+    float *tile = (float *)(smem_raw + (sbase - smem_u32(smem_raw)));
+    {
+        const int pr = rg * 16 + g;
+        float cs0 = 0.f, cs8 = 0.f, b0 = 0.f, b8 = 0.f;
+        if (rg_ok) {
+            cs0 = p.colscale[pr], cs8 = p.colscale[pr + 8];
+            if (p.bias) b0 = p.bias[pr], b8 = p.bias[pr + 8];
+        }
+#pragma unroll
+        for (int j = 0; j < BT / 8; j++)
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                float *row = tile + (8 * j + 2 * t + i) * WG_TP;
+                float v0 = acc[4 * j + i] * cs0, v8 = acc[4 * j + 2 + i] * cs8;
+                if (p.bias) v0 += b0, v8 += b8;
+                if (p.geglu) row[warp * 8 + g] = gelu_tanh(v0) * v8;
+                else row[warp * 16 + g] = v0, row[warp * 16 + g + 8] = v8;
+            }
+    }
+    asm volatile("bar.sync 1, 256;" ::: "memory");
+    const int lw = p.geglu ? 3 : 4; /* log2 of the 8-column chunks per token */
+    const int n0 = blockIdx.y * (NIB_GEMM_WG_ROWS >> (p.geglu ? 1 : 0));
+    const bool yv = (uintptr_t)p.y % 16 == 0 && p.ldy % 8 == 0;
+    const bool rv = !p.res || ((uintptr_t)p.res % 16 == 0 && p.ldr % 8 == 0);
+    for (int c = tid; c < (BT << lw); c += 256) {
+        const int tok = c >> lw, ch = c & ((1 << lw) - 1), mm = m0 + tok, n = n0 + 8 * ch;
+        if (mm >= p.m || n >= p.n_out) continue;
+        const float *src = tile + tok * WG_TP + 8 * ch;
+        const float4 lo = *(const float4 *)src, hi = *(const float4 *)(src + 4);
+        float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+        const bool full = n + 8 <= p.n_out;
+        if (p.gate)
+#pragma unroll
+            for (int q = 0; q < 8; q++)
+                if (full || n + q < p.n_out) v[q] *= p.gate[n + q];
+        if (p.res) {
+            const __nv_bfloat16 *r = p.res + (long long)mm * p.ldr + n;
+            if (full && rv) {
+                const uint4 u = *(const uint4 *)r;
+                const uint32_t w4[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    const __nv_bfloat162 r2 = *(const __nv_bfloat162 *)&w4[q];
+                    v[2 * q] += __low2float(r2), v[2 * q + 1] += __high2float(r2);
+                }
+            } else {
+#pragma unroll
+                for (int q = 0; q < 8; q++)
+                    if (n + q < p.n_out) v[q] += __bfloat162float(r[q]);
+            }
+        }
+        __nv_bfloat16 *y = p.y + (long long)mm * p.ldy + n;
+        if (full && yv) {
+            uint32_t o[4];
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                const __nv_bfloat162 y2 = __floats2bfloat162_rn(v[2 * q], v[2 * q + 1]);
+                o[q] = *(const uint32_t *)&y2;
+            }
+            *(uint4 *)y = make_uint4(o[0], o[1], o[2], o[3]);
+        } else {
+#pragma unroll
+            for (int q = 0; q < 8; q++)
+                if (n + q < p.n_out) y[q] = __float2bfloat16(v[q]);
+        }
+    }
+}
+
+} /* namespace */
+
+#endif
