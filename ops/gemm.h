@@ -149,10 +149,11 @@ nib_status nib_cuda_gemm(const nib_qweight *w, const void *x, int64_t m, int64_t
 #define NIB_GEMM_WG_ROWS 128 /* weight rows per CTA */
 /* Its token tile for M tokens of a weight with np x kp padded rows x columns on `sms` SMs, or 0 where the
  * mma.sync kernel runs; *ks: the K split (CTAs along K, partial sums in a split-K workspace of ws_elems
- * floats). Environment (lab / A-B): NIB_GEMM_WG=0 never, NIB_GEMM_WG=1 at every M;
- * NIB_GEMM_WG_BT=64|128|192|256 forces the tile. Host code (no CUDA needed). */
+ * floats); *cm: CTAs per cluster sharing X by multicast. Environment (lab / A-B): NIB_GEMM_WG=0 never,
+ * NIB_GEMM_WG=1 at every M; NIB_GEMM_WG_BT=64|128|192|256 forces the tile, NIB_GEMM_WG_CM=1|2 the cluster.
+ * Host code (no CUDA needed). */
 int nib_gemm_wg_tile(nib_wfmt fmt, int has_perm, int64_t m, int64_t np, int64_t kp, uint64_t ws_elems, int sms,
-                     int *ks);
+                     int *ks, int *cm);
 
 /* Launch plan the CUDA GEMM would use (for the lab and tests). */
 typedef struct nib_gemm_plan {
@@ -166,7 +167,8 @@ typedef struct nib_gemm_plan {
     int xw, nxb, lds, ring_bytes; /* X window (pipeline steps), X buffers, X row stride, ring bytes */
     size_t smem;                  /* dynamic shared memory per CTA */
     int wgt; /* > 0: the wgmma kernel for large M (ops/cuda/gemm_lowbit_wg.cuh) with tiles of 128 weight rows x wgt
-              * tokens (the fields above then do not apply, but ctas and smem); 0: the mma.sync kernel */
+              * tokens (of the fields above only ksplit, row_blocks, m_chunks, ctas and smem apply); 0: mma.sync */
+    int wgc; /* the wgmma kernel: CTAs of adjacent row tiles per cluster sharing each X tile by multicast (1, 2) */
 } nib_gemm_plan;
 /* The planner itself, for a padded weight shape (np rows, multiple of 16; kp columns, multiple
  * of 128) on a device with `sms` SMs and a split-K workspace of ws_elems floats: host code,
@@ -182,9 +184,9 @@ nib_status nib_gemm_plan_for(const nib_gemm_shape *w, int64_t m, uint64_t ws_ele
 int nib_gemm_plans_for(const nib_gemm_shape *w, int64_t m, uint64_t ws_elems, int sms, nib_gemm_plan *out, int max);
 /* The same for a loaded weight on the current device. */
 nib_status nib_cuda_gemm_plan(const nib_qweight *w, int64_t m, uint64_t ws_elems, nib_gemm_plan *plan);
-/* A plan for the wgmma kernel with bt-token tiles (64, 128, 192, 256) and ks K splits, for tests and
- * the lab. */
-nib_status nib_cuda_gemm_wg_plan(const nib_qweight *w, int64_t m, int bt, int ks, nib_gemm_plan *plan);
+/* A plan for the wgmma kernel with bt-token tiles (64, 128, 192, 256), ks K splits and clusters of cm
+ * (1, 2), for tests and the lab. */
+nib_status nib_cuda_gemm_wg_plan(const nib_qweight *w, int64_t m, int bt, int ks, int cm, nib_gemm_plan *plan);
 /* Every launch plan that fits (each K split count, warps along K, register budget), for the
  * lab's plan sweep; returns how many were written to out (at most max), or -1. */
 int nib_cuda_gemm_plans(const nib_qweight *w, int64_t m, uint64_t ws_elems, nib_gemm_plan *out, int max);

@@ -206,9 +206,10 @@ int nib_gemm_plans_for(const nib_gemm_shape *w, int64_t m, uint64_t ws_elems, in
 /* ---- the wgmma kernel for large M (ops/cuda/gemm_lowbit_wg.cuh) ---------------------------- */
 
 int nib_gemm_wg_tile(nib_wfmt fmt, int has_perm, int64_t m, int64_t np, int64_t kp, uint64_t ws_elems, int sms,
-                     int *ks) {
+                     int *ks, int *cm) {
     static const int tiles[] = {64, 128, 192, 256};
     *ks = 1;
+    *cm = 1;
     if (m < 1 || np < 1 || kp < NIB_GEMM_KCH || sms < 1 || has_perm ||
         (fmt != NIB_WFMT_NVFP4 && fmt != NIB_WFMT_MXFP4 && fmt != NIB_WFMT_FP8))
         return 0;
@@ -246,6 +247,8 @@ int nib_gemm_wg_tile(nib_wfmt fmt, int has_perm, int64_t m, int64_t np, int64_t 
             }
         }
     }
+    const char *c = getenv("NIB_GEMM_WG_CM");
+    if (best && c && !strcmp(c, "2")) *cm = 2;
     return best;
 }
 

@@ -40,8 +40,8 @@ nib_status nib_cuda_gemm_plan(const nib_qweight *w, int64_t m, uint64_t ws_elems
     memset(plan, 0, sizeof *plan);
     return NO_CUDA("nib_cuda_gemm_plan");
 }
-nib_status nib_cuda_gemm_wg_plan(const nib_qweight *w, int64_t m, int bt, int ks, nib_gemm_plan *plan) {
-    (void)w, (void)m, (void)bt, (void)ks;
+nib_status nib_cuda_gemm_wg_plan(const nib_qweight *w, int64_t m, int bt, int ks, int cm, nib_gemm_plan *plan) {
+    (void)w, (void)m, (void)bt, (void)ks, (void)cm;
     memset(plan, 0, sizeof *plan);
     return NO_CUDA("nib_cuda_gemm_wg_plan");
 }

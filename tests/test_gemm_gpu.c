@@ -410,8 +410,9 @@ NIB_TEST(gemm_gpu_every_plan) {
  * awkward shapes: N = 200 (a partial 128-row tile) and a GeGLU weight of 2 x 136 rows, K with a
  * partial last chunk (the X tiles past K arrive as zeros) and a full K = 1152, M below one tile,
  * one past it, and several tiles with a partial last one; 1, 2 and 3 K splits (partial sums
- * through the workspace, added in split order: the second call must match bitwise). The epilogues
- * rotate over the cases: bias, GeGLU, gate + residual, in-place residual. INT4 is refused. */
+ * through the workspace, added in split order: the second call must match bitwise); X tiles
+ * multicast over clusters of 2 CTAs (N = 200: two row tiles; 2 x 136: one, plus an idle CTA) or
+ * not. The epilogues rotate over the cases: bias, GeGLU, gate + residual, in-place residual. INT4 is refused. */
 NIB_TEST(gemm_gpu_wgmma_tiles) {
     NIB_REQUIRE_GPU();
     nib_rng rng;
@@ -435,19 +436,20 @@ NIB_TEST(gemm_gpu_wgmma_tiles) {
                 nib_qweight q;
                 load_probe(t, &rw.w, geglu, &a, &q);
                 nib_gemm_plan bad;
-                CHECK_MSG(nib_cuda_gemm_wg_plan(&q, 300, 96, 1, &bad) == NIB_ERR_INVALID_ARG, "a 96-token tile accepted");
-                CHECK_MSG(nib_cuda_gemm_wg_plan(&q, 300, 64, (int)(q.kp / 128) + 1, &bad) == NIB_ERR_INVALID_ARG,
+                CHECK_MSG(nib_cuda_gemm_wg_plan(&q, 300, 96, 1, 1, &bad) == NIB_ERR_INVALID_ARG, "a 96-token tile accepted");
+                CHECK_MSG(nib_cuda_gemm_wg_plan(&q, 300, 64, (int)(q.kp / 128) + 1, 1, &bad) == NIB_ERR_INVALID_ARG,
                           "more K splits than chunks accepted");
                 for (size_t bi = 0; bi < NIB_ARRAY_LEN(bts); bi++)
                     for (size_t mi = 0; mi < NIB_ARRAY_LEN(ms); mi++) {
                         nib_gemm_plan pl;
                         const int ksplit = 1 + (int)((mi + ki) % 3); /* 1, 2 or 3 K splits (K = 272: 3 chunks) */
-                        CHECK_OK(nib_cuda_gemm_wg_plan(&q, ms[mi], bts[bi], ksplit, &pl));
+                        const int cm = 1 + (int)((mi + bi + geglu) % 2); /* X multicast over 2 CTAs, or none */
+                        CHECK_OK(nib_cuda_gemm_wg_plan(&q, ms[mi], bts[bi], ksplit, cm, &pl));
                         const int rot = (int)(mi + bi) % 3; /* plain (bias), gate + residual, in place */
                         case_opts o = {geglu, rot == 1, rot >= 1, rot == 2 && !geglu, &pl};
                         const double worst = run_case(t, &rng, &rw.w, ms[mi], &o, &ws, rot != 2);
-                        CHECK_MSG(worst <= 1.0, "%s K=%lld geglu %d tile %d, %d K splits, M=%lld: err/bound %.3f",
-                                  fc->name, (long long)kk, geglu, bts[bi], ksplit, (long long)ms[mi], worst);
+                        CHECK_MSG(worst <= 1.0,
+                                  "%s K=%lld geglu %d tile %d, %d K splits, cluster %d, M=%lld: err/bound %.3f", fc->name, (long long)kk, geglu, bts[bi], ksplit, cm, (long long)ms[mi], worst);
                         if (worst > worst_all) worst_all = worst;
                         runs++;
                     }
@@ -465,7 +467,7 @@ NIB_TEST(gemm_gpu_wgmma_tiles) {
         nib_qweight q;
         load_probe(t, &rw.w, 0, &a, &q);
         nib_gemm_plan pl;
-        CHECK_MSG(nib_cuda_gemm_wg_plan(&q, 300, 128, 1, &pl) == NIB_ERR_UNSUPPORTED, "INT4 accepted by the wgmma kernel");
+        CHECK_MSG(nib_cuda_gemm_wg_plan(&q, 300, 128, 1, 1, &pl) == NIB_ERR_UNSUPPORTED, "INT4 accepted by the wgmma kernel");
         CHECK_MSG(strstr(nib_last_error(), "with act-order") != NULL, "error names the act-order: %s", nib_last_error());
         nib_dev_arena_free(&a);
         rand_w_free(&rw);

@@ -287,42 +287,42 @@ NIB_TEST(gemm_wg_tile_rule) {
     unsetenv("NIB_GEMM_WG");
     unsetenv("NIB_GEMM_WG_BT");
     const uint64_t WS = 4u << 20; /* floats */
-    int ks = 0;
+    int ks = 0, cm = 0;
     const nib_wfmt yes[] = {NIB_WFMT_NVFP4, NIB_WFMT_MXFP4, NIB_WFMT_FP8};
     for (size_t i = 0; i < NIB_ARRAY_LEN(yes); i++) {
-        WG_IS(nib_gemm_wg_tile(yes[i], 0, NIB_GEMM_WG_MID_M, 32768, 2048, WS, 132, &ks), 0);
-        CHECK(nib_gemm_wg_tile(yes[i], 0, NIB_GEMM_WG_MID_M + 1, 32768, 2048, WS, 132, &ks) > 0);
-        WG_IS(nib_gemm_wg_tile(yes[i], 0, NIB_GEMM_WG_MIN_M - 1, 1024, 2048, WS, 132, &ks), 0); /* 2M elements */
-        CHECK(nib_gemm_wg_tile(yes[i], 0, NIB_GEMM_WG_MIN_M - 1, 1024, 4096, WS, 132, &ks) > 0);
-        const int bt = nib_gemm_wg_tile(yes[i], 0, NIB_GEMM_WG_MIN_M, 32768, 2048, WS, 132, &ks);
+        WG_IS(nib_gemm_wg_tile(yes[i], 0, NIB_GEMM_WG_MID_M, 32768, 2048, WS, 132, &ks, &cm), 0);
+        CHECK(nib_gemm_wg_tile(yes[i], 0, NIB_GEMM_WG_MID_M + 1, 32768, 2048, WS, 132, &ks, &cm) > 0);
+        WG_IS(nib_gemm_wg_tile(yes[i], 0, NIB_GEMM_WG_MIN_M - 1, 1024, 2048, WS, 132, &ks, &cm), 0); /* 2M elements */
+        CHECK(nib_gemm_wg_tile(yes[i], 0, NIB_GEMM_WG_MIN_M - 1, 1024, 4096, WS, 132, &ks, &cm) > 0);
+        const int bt = nib_gemm_wg_tile(yes[i], 0, NIB_GEMM_WG_MIN_M, 32768, 2048, WS, 132, &ks, &cm);
         CHECK_MSG(bt == 64 || bt == 128 || bt == 192 || bt == 256, "tile %d", bt);
-        WG_IS(nib_gemm_wg_tile(yes[i], 1, 532, 32768, 2048, WS, 132, &ks), 0); /* act-order */
+        WG_IS(nib_gemm_wg_tile(yes[i], 1, 532, 32768, 2048, WS, 132, &ks, &cm), 0); /* act-order */
     }
-    WG_IS(nib_gemm_wg_tile(NIB_WFMT_INT4, 0, 532, 32768, 2048, WS, 132, &ks), 0);
-    WG_IS(nib_gemm_wg_tile(NIB_WFMT_BF16, 0, 532, 32768, 2048, WS, 132, &ks), 0);
+    WG_IS(nib_gemm_wg_tile(NIB_WFMT_INT4, 0, 532, 32768, 2048, WS, 132, &ks, &cm), 0);
+    WG_IS(nib_gemm_wg_tile(NIB_WFMT_BF16, 0, 532, 32768, 2048, WS, 132, &ks, &cm), 0);
     /* 532 tokens x 256 row tiles: 3 tiles of 192 make 768 CTAs (6 waves of 132) against 5 x 128
      * (1280, 10 waves); no K split where the GPU is full */
-    WG_IS(nib_gemm_wg_tile(NIB_WFMT_NVFP4, 0, 532, 32768, 2048, WS, 132, &ks), 192);
+    WG_IS(nib_gemm_wg_tile(NIB_WFMT_NVFP4, 0, 532, 32768, 2048, WS, 132, &ks, &cm), 192);
     CHECK(ks == 1);
-    WG_IS(nib_gemm_wg_tile(NIB_WFMT_NVFP4, 0, 1024, 32768, 2048, WS, 132, &ks), 192); /* 256 spills: forced only */
+    WG_IS(nib_gemm_wg_tile(NIB_WFMT_NVFP4, 0, 1024, 32768, 2048, WS, 132, &ks, &cm), 192); /* 256 spills: forced only */
     /* 16384 -> 2048: 48 tiles of 192 tokens split K in two (96 CTAs); without the workspace for
      * it, 80 tiles of 128 */
-    WG_IS(nib_gemm_wg_tile(NIB_WFMT_NVFP4, 0, 532, 2048, 16384, WS, 132, &ks), 192);
+    WG_IS(nib_gemm_wg_tile(NIB_WFMT_NVFP4, 0, 532, 2048, 16384, WS, 132, &ks, &cm), 192);
     CHECK(ks == 2);
-    WG_IS(nib_gemm_wg_tile(NIB_WFMT_NVFP4, 0, 532, 2048, 16384, 1u << 20, 132, &ks), 128);
+    WG_IS(nib_gemm_wg_tile(NIB_WFMT_NVFP4, 0, 532, 2048, 16384, 1u << 20, 132, &ks, &cm), 128);
     CHECK(ks == 1);
     setenv("NIB_GEMM_WG", "0", 1);
-    WG_IS(nib_gemm_wg_tile(NIB_WFMT_NVFP4, 0, 1024, 32768, 2048, WS, 132, &ks), 0);
+    WG_IS(nib_gemm_wg_tile(NIB_WFMT_NVFP4, 0, 1024, 32768, 2048, WS, 132, &ks, &cm), 0);
     setenv("NIB_GEMM_WG", "1", 1);
-    CHECK_MSG(nib_gemm_wg_tile(NIB_WFMT_NVFP4, 0, 1, 2048, 2048, WS, 132, &ks) > 0,
+    CHECK_MSG(nib_gemm_wg_tile(NIB_WFMT_NVFP4, 0, 1, 2048, 2048, WS, 132, &ks, &cm) > 0,
               "NIB_GEMM_WG=1 forces the kernel at M = 1");
-    WG_IS(nib_gemm_wg_tile(NIB_WFMT_INT4, 0, 1, 2048, 2048, WS, 132, &ks), 0);
+    WG_IS(nib_gemm_wg_tile(NIB_WFMT_INT4, 0, 1, 2048, 2048, WS, 132, &ks, &cm), 0);
     setenv("NIB_GEMM_WG_BT", "128", 1);
-    WG_IS(nib_gemm_wg_tile(NIB_WFMT_FP8, 0, 1024, 32768, 2048, WS, 132, &ks), 128);
+    WG_IS(nib_gemm_wg_tile(NIB_WFMT_FP8, 0, 1024, 32768, 2048, WS, 132, &ks, &cm), 128);
     setenv("NIB_GEMM_WG_BT", "256", 1);
-    WG_IS(nib_gemm_wg_tile(NIB_WFMT_FP8, 0, 1024, 32768, 2048, WS, 132, &ks), 256);
+    WG_IS(nib_gemm_wg_tile(NIB_WFMT_FP8, 0, 1024, 32768, 2048, WS, 132, &ks, &cm), 256);
     setenv("NIB_GEMM_WG_BT", "100", 1); /* not a tile: ignored */
-    WG_IS(nib_gemm_wg_tile(NIB_WFMT_FP8, 0, 1024, 32768, 2048, WS, 132, &ks), 192);
+    WG_IS(nib_gemm_wg_tile(NIB_WFMT_FP8, 0, 1024, 32768, 2048, WS, 132, &ks, &cm), 192);
     unsetenv("NIB_GEMM_WG");
     unsetenv("NIB_GEMM_WG_BT");
 }

@@ -964,7 +964,7 @@ static size_t wg_smem(int bt) {
     }
 }
 
-nib_status nib_cuda_gemm_wg_plan(const nib_qweight *w, int64_t m, int bt, int ks, nib_gemm_plan *pl) {
+nib_status nib_cuda_gemm_wg_plan(const nib_qweight *w, int64_t m, int bt, int ks, int cm, nib_gemm_plan *pl) {
     nib_gemm_shape sh;
     NIB_RETURN_IF_ERR(weight_shape(w, m, &sh));
     if ((w->fmt != NIB_WFMT_NVFP4 && w->fmt != NIB_WFMT_MXFP4 && w->fmt != NIB_WFMT_FP8) || w->perm)
@@ -974,10 +974,12 @@ nib_status nib_cuda_gemm_wg_plan(const nib_qweight *w, int64_t m, int bt, int ks
         return NIB_ERR(NIB_ERR_INVALID_ARG, "gemm: no wgmma kernel with %d-token tiles (64, 128, 192, 256)", bt);
     if (ks < 1 || ks > w->kp / KCH)
         return NIB_ERR(NIB_ERR_INVALID_ARG, "gemm: %d K splits of %lld chunks", ks, (long long)(w->kp / KCH));
+    if (cm != 1 && cm != 2) return NIB_ERR(NIB_ERR_INVALID_ARG, "gemm: wgmma clusters of %d CTAs (1 or 2)", cm);
     memset(pl, 0, sizeof *pl);
     pl->wgt = bt;
     pl->m_chunks = (int)((m + bt - 1) / bt);
-    pl->row_blocks = (int)((w->np + NIB_GEMM_WG_ROWS - 1) / NIB_GEMM_WG_ROWS);
+    pl->row_blocks = (int)((w->np + NIB_GEMM_WG_ROWS - 1) / NIB_GEMM_WG_ROWS + cm - 1) / cm * cm;
+    pl->wgc = cm;
     pl->ctas = pl->m_chunks * pl->row_blocks * ks;
     pl->ksplit = ks;
     pl->smem = wg_smem(bt);
@@ -987,9 +989,9 @@ nib_status nib_cuda_gemm_wg_plan(const nib_qweight *w, int64_t m, int bt, int ks
 nib_status nib_cuda_gemm_plan(const nib_qweight *w, int64_t m, uint64_t ws_elems, nib_gemm_plan *pl) {
     nib_gemm_shape sh;
     NIB_RETURN_IF_ERR(weight_shape(w, m, &sh));
-    int ks = 1;
-    const int bt = nib_gemm_wg_tile(w->fmt, w->perm != NULL, m, w->np, w->kp, ws_elems, g_num_sms, &ks);
-    if (bt) return nib_cuda_gemm_wg_plan(w, m, bt, ks, pl);
+    int ks = 1, cm = 1;
+    const int bt = nib_gemm_wg_tile(w->fmt, w->perm != NULL, m, w->np, w->kp, ws_elems, g_num_sms, &ks, &cm);
+    if (bt) return nib_cuda_gemm_wg_plan(w, m, bt, ks, cm, pl);
     return nib_gemm_plan_for(&sh, m, ws_elems, g_num_sms, pl);
 }
 
@@ -1012,40 +1014,52 @@ static nib_status launch_t(const GemmParams &p, dim3 grid, size_t smem, cudaStre
     return NIB_OK;
 }
 
-template <int FMT, int BT>
+template <int FMT, int BT, int CM>
 static nib_status launch_wg_t(const GemmParams &p, const CUtensorMap &tmx, dim3 grid, cudaStream_t stream) {
     static int attr_set;
     if (!attr_set) {
-        NIB_CUDA_CHECK(cudaFuncSetAttribute(k_gemm_lowbit_wg<FMT, BT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        NIB_CUDA_CHECK(cudaFuncSetAttribute(k_gemm_lowbit_wg<FMT, BT, CM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             (int)WgTile<BT>::smem()));
         attr_set = 1;
     }
-    NIB_CUDA_CHECK(nib::launch(k_gemm_lowbit_wg<FMT, BT>, grid, dim3(WG_THREADS), WgTile<BT>::smem(), stream, tmx, p));
+    if (CM > 1)
+        NIB_CUDA_CHECK(nib::launch_cluster(k_gemm_lowbit_wg<FMT, BT, CM>, grid, dim3(WG_THREADS), WgTile<BT>::smem(),
+                                           stream, dim3(1, CM, 1), tmx, p));
+    else
+        NIB_CUDA_CHECK(nib::launch(k_gemm_lowbit_wg<FMT, BT, CM>, grid, dim3(WG_THREADS), WgTile<BT>::smem(), stream, tmx, p));
     NIB_LAUNCH_CHECK("k_gemm_lowbit_wg");
     return NIB_OK;
 }
 
-template <int FMT>
+template <int FMT, int CM>
 static nib_status launch_wg_bt(int bt, const GemmParams &p, const CUtensorMap &tmx, dim3 g, cudaStream_t s) {
     switch (bt) {
-    case 64: return launch_wg_t<FMT, 64>(p, tmx, g, s);
-    case 128: return launch_wg_t<FMT, 128>(p, tmx, g, s);
-    case 192: return launch_wg_t<FMT, 192>(p, tmx, g, s);
-    case 256: return launch_wg_t<FMT, 256>(p, tmx, g, s);
+    case 64: return launch_wg_t<FMT, 64, CM>(p, tmx, g, s);
+    case 128: return launch_wg_t<FMT, 128, CM>(p, tmx, g, s);
+    case 192: return launch_wg_t<FMT, 192, CM>(p, tmx, g, s);
+    case 256: return launch_wg_t<FMT, 256, CM>(p, tmx, g, s);
     default: return NIB_ERR(NIB_ERR_INVALID_ARG, "gemm: no wgmma kernel with %d-token tiles", bt);
     }
 }
 
+template <int FMT>
+static nib_status launch_wg_cm(int bt, int cm, const GemmParams &p, const CUtensorMap &tmx, dim3 g, cudaStream_t s) {
+    return cm == 2 ? launch_wg_bt<FMT, 2>(bt, p, tmx, g, s) : launch_wg_bt<FMT, 1>(bt, p, tmx, g, s);
+}
+
 /* the wgmma kernel (plan wgt > 0): NVFP4, MXFP4, FP8 without act-order */
-static nib_status launch_wg(const nib_qweight *w, const GemmParams &p, const void *x, int64_t ldx, int bt,
+static nib_status launch_wg(const nib_qweight *w, const GemmParams &p, const void *x, int64_t ldx, int bt, int cm,
                             const nib_gemm_ws *ws, cudaStream_t s) {
     if ((w->fmt != NIB_WFMT_NVFP4 && w->fmt != NIB_WFMT_MXFP4 && w->fmt != NIB_WFMT_FP8) || w->perm)
         return NIB_ERR(NIB_ERR_UNSUPPORTED, "gemm: the wgmma kernel runs NVFP4, MXFP4 and FP8 weights without act-order "
                        "(got %s%s)", nib_wfmt_name(w->fmt), w->perm ? " with act-order" : "");
     CUtensorMap tmx;
-    NIB_RETURN_IF_ERR(nib_tmap_rows_sw128(&tmx, x, 2, p.m, w->k, ldx, bt, "low-bit gemm X"));
-    const dim3 grid((unsigned)((p.m + bt - 1) / bt), (unsigned)((w->np + NIB_GEMM_WG_ROWS - 1) / NIB_GEMM_WG_ROWS),
-                    (unsigned)p.ksplit);
+    if (cm != 1 && cm != 2) return NIB_ERR(NIB_ERR_INVALID_ARG, "gemm: wgmma clusters of %d CTAs (1 or 2)", cm);
+    NIB_RETURN_IF_ERR(nib_tmap_rows_sw128(&tmx, x, 2, p.m, w->k, ldx, bt / cm, "low-bit gemm X"));
+    /* cm = 2: the row tiles rounded up to whole clusters (a CTA past N loads and multicasts its
+     * share of X, and stores nothing) */
+    const int64_t rtiles = (w->np + NIB_GEMM_WG_ROWS - 1) / NIB_GEMM_WG_ROWS;
+    const dim3 grid((unsigned)((p.m + bt - 1) / bt), (unsigned)((rtiles + cm - 1) / cm * cm), (unsigned)p.ksplit);
     if (p.ksplit > 1) {
         const uint64_t ctas = (uint64_t)grid.x * grid.y;
         if (!ws || (uint64_t)p.ksplit * ctas * bt * NIB_GEMM_WG_ROWS > ws->acc_elems || ctas > ws->n_counters)
@@ -1053,9 +1067,9 @@ static nib_status launch_wg(const nib_qweight *w, const GemmParams &p, const voi
                            p.ksplit, (unsigned long long)ctas, bt);
     }
     switch (w->fmt) {
-    case NIB_WFMT_NVFP4: return launch_wg_bt<NIB_WFMT_NVFP4>(bt, p, tmx, grid, s);
-    case NIB_WFMT_MXFP4: return launch_wg_bt<NIB_WFMT_MXFP4>(bt, p, tmx, grid, s);
-    default: return launch_wg_bt<NIB_WFMT_FP8>(bt, p, tmx, grid, s);
+    case NIB_WFMT_NVFP4: return launch_wg_cm<NIB_WFMT_NVFP4>(bt, cm, p, tmx, grid, s);
+    case NIB_WFMT_MXFP4: return launch_wg_cm<NIB_WFMT_MXFP4>(bt, cm, p, tmx, grid, s);
+    default: return launch_wg_cm<NIB_WFMT_FP8>(bt, cm, p, tmx, grid, s);
     }
 }
 
@@ -1142,7 +1156,7 @@ nib_status nib_cuda_gemm_planned(const nib_qweight *w, const void *x, int64_t m,
     p.cps = NIB_GEMM_CPS(pl.mt);
     p.scale_add = w->scale_add;
     if (p.res && p.ldr < p.n_out) return NIB_ERR(NIB_ERR_SHAPE, "gemm: residual ldr %lld < N_out %d", (long long)p.ldr, p.n_out);
-    if (pl.wgt) return launch_wg(w, p, x, ldx, pl.wgt, ws, (cudaStream_t)stream);
+    if (pl.wgt) return launch_wg(w, p, x, ldx, pl.wgt, pl.wgc ? pl.wgc : 1, ws, (cudaStream_t)stream);
     {
         const int wn = WARPS / pl.wk; /* warps along N: a power of two (wk is 1, 2, 4 or 8) */
         p.wn_shift = 0;

@@ -53,10 +53,10 @@ template <int FMT> __device__ __forceinline__ void wg_prefetch_chunk(const GemmP
  * accumulator writes (lanes: rows g, tokens 2 t) hit 32 distinct banks */
 constexpr int WG_TP = NIB_GEMM_WG_ROWS + 4;
 
-template <int FMT, int BT>
+template <int FMT, int BT, int CM>
 __global__ void __launch_bounds__(WG_THREADS, 1) k_gemm_lowbit_wg(const __grid_constant__ CUtensorMap tmx, const GemmParams p) {
     constexpr int ST = WgTile<BT>::ST, STAGE = WgTile<BT>::STAGE, PARTS = FmtT<FMT>::PARTS, SB = FmtT<FMT>::SB;
-    static_assert(ST >= 2 && BT % 64 == 0 && BT <= 256, "tile");
+    static_assert(ST >= 2 && BT % 64 == 0 && BT <= 256 && (CM == 1 || CM == 2), "tile");
     static_assert((size_t)BT * WG_TP * 4 <= (size_t)ST * STAGE, "the epilogue tile fits in the ring");
     extern __shared__ uint8_t smem_raw[];
     __shared__ __align__(8) uint64_t bars[2 * ST]; /* full[ST] (TMA landed), empty[ST] (consumers done) */
@@ -68,28 +68,42 @@ __global__ void __launch_bounds__(WG_THREADS, 1) k_gemm_lowbit_wg(const __grid_c
     /* K split (p.ksplit CTAs along z): this CTA's chunks [c0, c0 + nk) */
     const int c0 = (int)((long long)p.nchunks * blockIdx.z / p.ksplit);
     const int nk = (int)((long long)p.nchunks * (blockIdx.z + 1) / p.ksplit) - c0;
+    /* CM = 2: the cluster's two CTAs (adjacent row tiles, same tokens) each load half of every X
+     * stage (BT / 2 token rows) and multicast it to both: X crosses L2 -> SM once per 256 weight
+     * rows instead of 128. A stage is refilled once both CTAs' consumer warpgroups released it. */
+    const uint32_t crank = CM > 1 ? cluster_ctarank() : 0;
     if (tid == 0) {
         for (int s = 0; s < ST; s++) {
             mbar_init(full0 + 8 * s, 1);
-            mbar_init(empty0 + 8 * s, 8); /* lane 0 of each consumer warp */
+            /* lane 0 of each consumer warp; CM = 2: one thread per consumer warpgroup of each CTA */
+            mbar_init(empty0 + 8 * s, CM > 1 ? 2 * CM : 8);
         }
         mbar_init_fence();
     }
-    __syncthreads();
+    if (CM > 1) cluster_sync(); /* both CTAs' barriers exist before anyone multicasts or arrives */
+    else __syncthreads();
     if (warp == 8) { /* producer: X only (written by earlier kernels: after the grid dependency) */
         pdl_wait();
         pdl_trigger();
+        constexpr int HB = BT / CM * 128; /* bytes of this CTA's share of one box */
         for (int kb = 0; kb < nk; kb++) {
             const int s = kb % ST;
             if (kb >= ST) mbar_wait(empty0 + 8 * s, ((kb / ST) & 1) ^ 1);
             if (lane == 0) {
-                const uint32_t dst = sbase + s * STAGE;
+                const uint32_t dst = sbase + s * STAGE + crank * HB;
+                const int k = (c0 + kb) * 128, r = m0 + (int)crank * (BT / CM);
                 mbar_arrive_expect_tx(full0 + 8 * s, STAGE);
-                tma_load_2d(dst, &tmx, (c0 + kb) * 128, m0, full0 + 8 * s);
-                tma_load_2d(dst + BT * 128, &tmx, (c0 + kb) * 128 + 64, m0, full0 + 8 * s);
+                if (CM > 1) {
+                    tma_load_2d_mc(dst, &tmx, k, r, full0 + 8 * s, 3);
+                    tma_load_2d_mc(dst + BT * 128, &tmx, k + 64, r, full0 + 8 * s, 3);
+                } else {
+                    tma_load_2d(dst, &tmx, k, r, full0 + 8 * s);
+                    tma_load_2d(dst + BT * 128, &tmx, k + 64, r, full0 + 8 * s);
+                }
             }
             __syncwarp();
         }
+        if (CM > 1) cluster_sync(); /* the one after every CTA's K loop (consumers below) */
         return;
     }
     /* consumers: warp w decodes row group rg = blockIdx.y * 8 + w (warpgroup w / 4, its rows
@@ -132,10 +146,19 @@ __global__ void __launch_bounds__(WG_THREADS, 1) k_gemm_lowbit_wg(const __grid_c
             wgmma_commit();
             wgmma_wait<1>(); /* the group before this one is done: its A registers (and at h = 0
                               * the previous chunk's stage) are free */
-            if (h == 0 && kb > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((kb - 1) % ST));
+            if (h == 0 && kb > 0) {
+                const uint32_t e = empty0 + 8 * ((kb - 1) % ST);
+                if (CM == 1) {
+                    if (lane == 0) mbar_arrive(e);
+                } else if ((tid & 127) < CM) { /* the warpgroup's group is complete for all its warps */
+                    mbar_arrive_remote(e, (uint32_t)(tid & 127)); /* thread j of a warpgroup: CTA j */
+                }
+            }
         }
     }
     wgmma_wait<0>();
+    /* CM = 2: no CTA goes on (or exits) while its partner may still arrive on its barriers */
+    if (CM > 1) cluster_sync();
     if (p.ksplit > 1) {
         /* K split: the partial sums go to this split's slot (element i of consumer thread tid at
          * [split][cta][i][tid]); the last CTA of the tile adds the slots in split order, its own
