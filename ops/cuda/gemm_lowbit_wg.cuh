@@ -14,16 +14,23 @@
  * CTA: 2 consumer warpgroups (8 row groups: 128 weight rows) x BT tokens + the producer warp.
  * The weights are never staged: each lane loads its 16-byte pieces of the next chunk into
  * registers (evict-first streaming loads) one chunk ahead, and asks L2 for the chunk
- * WG_PF chunks ahead. Per 128-K chunk a warpgroup issues two groups of 4 wgmmas (steps 0-3,
- * 4-7), each from its own 16 A registers; after each commit it waits for the group before the
- * last, so the registers it decodes into next are free and one group stays in flight.
+ * WG_PF chunks ahead. Per 128-K chunk a warpgroup issues four groups of 2 wgmmas, each from its
+ * own 8 A registers (two sets in turn); after each commit it waits for the group before the
+ * last, so the registers it decodes into next are free and one group stays in flight (groups of
+ * 4 steps: 5 % slower at M = 532 / 1024, and BT = 192 spilled). The loop's indices and the
+ * descriptors (one base plus constants) are kept incrementally.
  * Grid: M tiles fastest (the CTAs resident at once share their weight rows: W streams from DRAM
- * about once), then 128-row tiles.
+ * about once), then 128-row tiles (CM = 2: in clusters of two sharing X by multicast, a lab
+ * variant: slower), then K splits (partial sums through the split-K workspace, added by the
+ * last CTA of the tile in split order: deterministic).
  * Formats: NVFP4, MXFP4, FP8 (every scale of theirs is applied in the decoder or the epilogue).
  * INT4 (fp32 group scales per chunk) and act-order permutations keep the mma.sync kernel.
- * Epilogue: epi_pair straight from the accumulators (colscale, bias, GeGLU, gate, residual):
- * the wgmma accumulator layout gives each thread rows g and g + 8 of its warp's row group for
- * the same tokens, as the mma.sync kernel's fragments do.
+ * Epilogue: colscale and bias (and GeGLU: each thread holds rows g and g + 8 of its warp's row
+ * group for the same tokens, as the mma.sync kernel's fragments do) into an fp32 tile in the
+ * idle ring, then gate, residual, one rounding and 16-byte stores per 8 columns of a token.
+ * Measured (docs/design.md, "The low-bit GEMM at large M"): one CTA of 9 warps per SM (168
+ * registers), ~60 % of the SM's tensor throughput in the K loop; prologue and epilogue, not
+ * overlapped with other CTAs, are a quarter of the time at K = 2048.
  */
 #ifndef NIB_GEMM_LOWBIT_WG_CUH
 #define NIB_GEMM_LOWBIT_WG_CUH
@@ -125,29 +132,36 @@ __global__ void __launch_bounds__(WG_THREADS, 1) k_gemm_lowbit_wg(const __grid_c
     float acc[BT / 2];
 #pragma unroll
     for (int i = 0; i < BT / 2; i++) acc[i] = 0.f;
-    uint32_t a[2][4][4]; /* A registers of the two groups of 4 k16 steps */
+    uint32_t a[2][2][4]; /* A registers of two groups of 2 k16 steps */
+    /* the loop keeps its indices incrementally: the stage and its phase, this lane's pointers to
+     * the next chunk, and the descriptors as one base (the X ring's start) plus constants */
+    const uint64_t d0 = wgmma_desc_sw128(sbase);
+    const uint8_t *wn = wp + PARTS * 512, *sn = sp + SB;
+    int s = 0, ph = 0, sprev = ST - 1;
     for (int kb = 0; kb < nk; kb++) {
         const Chunk<FMT> cur = nxt[0];
-        if (kb + 1 < nk) load_chunks_reg<FMT, 1>(nxt, wp + (size_t)(kb + 1) * PARTS * 512, sp + (size_t)(kb + 1) * SB,
-                                                 rg_ok, kb + 1, nk, g, pol);
+        if (kb + 1 < nk) load_chunks_reg<FMT, 1>(nxt, wn, sn, rg_ok, kb + 1, nk, g, pol);
+        wn += PARTS * 512, sn += SB;
         if (rg_ok && kb + WG_PF < nk) wg_prefetch_chunk<FMT>(p, tile0 + kb + WG_PF, lane);
         uint32_t zg = 0, zg8 = 0; /* INT4 only (not run here) */
-        const int s = kb % ST;
-        const uint32_t xs = sbase + s * STAGE;
+        const uint64_t ds = d0 + (uint64_t)((s * STAGE) >> 4);
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
+        for (int gq = 0; gq < 4; gq++) { /* groups of 2 k16 steps: 2 gq, 2 gq + 1 */
+            uint32_t (&ag)[2][4] = a[gq & 1];
 #pragma unroll
-            for (int q = 0; q < 4; q++) chunk_a<FMT>(cur, 4 * h + q, p.scale_add, zg, zg8, a[h][q]);
-            if (h == 0) mbar_wait(full0 + 8 * s, (kb / ST) & 1);
+            for (int q = 0; q < 2; q++) chunk_a<FMT>(cur, 2 * gq + q, p.scale_add, zg, zg8, ag[q]);
+            if (gq == 0) mbar_wait(full0 + 8 * s, ph);
             wgmma_fence();
 #pragma unroll
-            for (int q = 0; q < 4; q++)
-                WgmmaBf16RSK<BT>::mma(acc, a[h][q], wgmma_desc_sw128(xs + h * BT * 128 + q * 32));
+            for (int q = 0; q < 2; q++) {
+                const int st = 2 * gq + q; /* k16 step: box st / 4, 32 bytes per step inside it */
+                WgmmaBf16RSK<BT>::mma(acc, ag[q], ds + (uint64_t)(((st >> 2) * BT * 128 + (st & 3) * 32) >> 4));
+            }
             wgmma_commit();
-            wgmma_wait<1>(); /* the group before this one is done: its A registers (and at h = 0
+            wgmma_wait<1>(); /* the group before this one is done: its A registers (and at gq = 0
                               * the previous chunk's stage) are free */
-            if (h == 0 && kb > 0) {
-                const uint32_t e = empty0 + 8 * ((kb - 1) % ST);
+            if (gq == 0 && kb > 0) {
+                const uint32_t e = empty0 + 8 * sprev;
                 if (CM == 1) {
                     if (lane == 0) mbar_arrive(e);
                 } else if ((tid & 127) < CM) { /* the warpgroup's group is complete for all its warps */
@@ -155,6 +169,8 @@ __global__ void __launch_bounds__(WG_THREADS, 1) k_gemm_lowbit_wg(const __grid_c
                 }
             }
         }
+        sprev = s;
+        if (++s == ST) s = 0, ph ^= 1;
     }
     wgmma_wait<0>();
     /* CM = 2: no CTA goes on (or exits) while its partner may still arrive on its barriers */
