@@ -264,11 +264,16 @@ static const fmt_case k_fmts[] = {
     {"fp8-channel", NIB_WFMT_FP8, 0, 0, 1}, {"fp8-tensor", NIB_WFMT_FP8, 0, 0, 0},
 };
 
+/* The test's random stream and a split-K workspace for up to max_m tokens of max_np padded rows. */
+static void gemm_test_begin(nib_test_ctx *t, nib_rng *rng, nib_gemm_ws *ws, int64_t max_m, int64_t max_np) {
+    nib_test_rng(t, rng);
+    CHECK_OK(nib_cuda_gemm_ws_init(ws, max_m, max_np));
+}
+
 static void sweep(nib_test_ctx *t, int64_t n, int64_t k, const int64_t *ms, int nm, int with_bias) {
     nib_rng rng;
-    nib_test_rng(t, &rng);
     nib_gemm_ws ws;
-    CHECK_OK(nib_cuda_gemm_ws_init(&ws, 1024, 4096));
+    gemm_test_begin(t, &rng, &ws, 1024, 4096);
     for (size_t fi = 0; fi < NIB_ARRAY_LEN(k_fmts); fi++) {
         const fmt_case *fc = &k_fmts[fi];
         /* each format at the nearest K its block allows (INT4 groups of 128, MXFP4 blocks of 32) */
@@ -332,9 +337,8 @@ NIB_TEST(gemm_fp4_layout_decodes_every_code) {
 NIB_TEST(gemm_gpu_split_k_deterministic) {
     NIB_REQUIRE_GPU();
     nib_rng rng;
-    nib_test_rng(t, &rng);
     nib_gemm_ws ws;
-    CHECK_OK(nib_cuda_gemm_ws_init(&ws, 1024, 4096));
+    gemm_test_begin(t, &rng, &ws, 1024, 4096);
     const nib_wfmt fs[] = {NIB_WFMT_NVFP4, NIB_WFMT_INT4, NIB_WFMT_FP8};
     for (size_t i = 0; i < NIB_ARRAY_LEN(fs); i++) {
         rand_w rw;
@@ -363,9 +367,8 @@ NIB_TEST(gemm_gpu_split_k_deterministic) {
 NIB_TEST(gemm_gpu_every_plan) {
     NIB_REQUIRE_GPU();
     nib_rng rng;
-    nib_test_rng(t, &rng);
     nib_gemm_ws ws;
-    CHECK_OK(nib_cuda_gemm_ws_init(&ws, 128, 1024));
+    gemm_test_begin(t, &rng, &ws, 128, 1024);
     const nib_wfmt fs[] = {NIB_WFMT_NVFP4, NIB_WFMT_INT4};
     const int64_t ms[] = {1, 17, 50, 63, 100};
     int total = 0, occ1 = 0, occ2_mt8 = 0, regw = 0, msplit = 0;
@@ -416,9 +419,8 @@ NIB_TEST(gemm_gpu_every_plan) {
 NIB_TEST(gemm_gpu_wgmma_tiles) {
     NIB_REQUIRE_GPU();
     nib_rng rng;
-    nib_test_rng(t, &rng);
     nib_gemm_ws ws;
-    CHECK_OK(nib_cuda_gemm_ws_init(&ws, 512, 4096));
+    gemm_test_begin(t, &rng, &ws, 512, 4096);
     static const int bts[] = {64, 128, 192, 256};
     static const int64_t ms[] = {1, 63, 193, 300};
     static const int64_t ks[] = {272, 1152};
@@ -478,9 +480,8 @@ NIB_TEST(gemm_gpu_wgmma_tiles) {
 NIB_TEST(gemm_gpu_epilogues) {
     NIB_REQUIRE_GPU();
     nib_rng rng;
-    nib_test_rng(t, &rng);
     nib_gemm_ws ws;
-    CHECK_OK(nib_cuda_gemm_ws_init(&ws, 1024, 4096));
+    gemm_test_begin(t, &rng, &ws, 1024, 4096);
     const nib_wfmt fs[] = {NIB_WFMT_NVFP4, NIB_WFMT_INT4};
     for (size_t i = 0; i < NIB_ARRAY_LEN(fs); i++) {
         rand_w rw;
@@ -506,9 +507,8 @@ NIB_TEST(gemm_gpu_epilogues) {
 NIB_TEST(gemm_gpu_int4_act_order) {
     NIB_REQUIRE_GPU();
     nib_rng rng;
-    nib_test_rng(t, &rng);
     nib_gemm_ws ws;
-    CHECK_OK(nib_cuda_gemm_ws_init(&ws, 1024, 4096));
+    gemm_test_begin(t, &rng, &ws, 1024, 4096);
     rand_w rw;
     REQUIRE(make_rand_w(&rng, NIB_WFMT_INT4, 72, 512, 1, 1, 0, 0, &rw));
     case_opts o = {0, 0, 0, 0, NULL};
