@@ -232,8 +232,7 @@ int nib_gemm_wg_tile(nib_wfmt fmt, int has_perm, int64_t m, int64_t np, int64_t 
     double best_cost = 1e300;
     for (size_t i = 0; i < sizeof tiles / sizeof tiles[0]; i++) {
         const int bt = tiles[i];
-        /* the 256-token tile spills registers (one CTA of 288 threads gets 168 per thread): forced only */
-        if (forced ? bt != forced : bt == 256) continue;
+        if (forced && bt != forced) continue;
         const int64_t ctas = (m + bt - 1) / bt * rows;
         for (int k = 1; k <= 8; k++) {
             const int64_t cps = (nchunks + k - 1) / k;

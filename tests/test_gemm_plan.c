@@ -304,7 +304,8 @@ NIB_TEST(gemm_wg_tile_rule) {
      * (1280, 10 waves); no K split where the GPU is full */
     WG_IS(nib_gemm_wg_tile(NIB_WFMT_NVFP4, 0, 532, 32768, 2048, WS, 132, &ks, &cm), 192);
     CHECK(ks == 1);
-    WG_IS(nib_gemm_wg_tile(NIB_WFMT_NVFP4, 0, 1024, 32768, 2048, WS, 132, &ks, &cm), 192); /* 256 spills: forced only */
+    WG_IS(nib_gemm_wg_tile(NIB_WFMT_NVFP4, 0, 1024, 32768, 2048, WS, 132, &ks, &cm), 256); /* 4 tiles, 8 waves */
+    WG_IS(nib_gemm_wg_tile(NIB_WFMT_NVFP4, 0, 1024, 2560, 2048, WS, 132, &ks, &cm), 192);  /* 120 CTAs: one wave */
     /* 16384 -> 2048: 48 tiles of 192 tokens split K in two (96 CTAs); without the workspace for
      * it, 80 tiles of 128 */
     WG_IS(nib_gemm_wg_tile(NIB_WFMT_NVFP4, 0, 532, 2048, 16384, WS, 132, &ks, &cm), 192);
@@ -319,10 +320,10 @@ NIB_TEST(gemm_wg_tile_rule) {
     WG_IS(nib_gemm_wg_tile(NIB_WFMT_INT4, 0, 1, 2048, 2048, WS, 132, &ks, &cm), 0);
     setenv("NIB_GEMM_WG_BT", "128", 1);
     WG_IS(nib_gemm_wg_tile(NIB_WFMT_FP8, 0, 1024, 32768, 2048, WS, 132, &ks, &cm), 128);
-    setenv("NIB_GEMM_WG_BT", "256", 1);
-    WG_IS(nib_gemm_wg_tile(NIB_WFMT_FP8, 0, 1024, 32768, 2048, WS, 132, &ks, &cm), 256);
+    setenv("NIB_GEMM_WG_BT", "64", 1);
+    WG_IS(nib_gemm_wg_tile(NIB_WFMT_FP8, 0, 1024, 32768, 2048, WS, 132, &ks, &cm), 64);
     setenv("NIB_GEMM_WG_BT", "100", 1); /* not a tile: ignored */
-    WG_IS(nib_gemm_wg_tile(NIB_WFMT_FP8, 0, 1024, 32768, 2048, WS, 132, &ks, &cm), 192);
+    WG_IS(nib_gemm_wg_tile(NIB_WFMT_FP8, 0, 1024, 32768, 2048, WS, 132, &ks, &cm), 256);
     unsetenv("NIB_GEMM_WG");
     unsetenv("NIB_GEMM_WG_BT");
 }

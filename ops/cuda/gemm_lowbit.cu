@@ -1023,10 +1023,10 @@ static nib_status launch_wg_t(const GemmParams &p, const CUtensorMap &tmx, dim3 
         attr_set = 1;
     }
     if (CM > 1)
-        NIB_CUDA_CHECK(nib::launch_cluster(k_gemm_lowbit_wg<FMT, BT, CM>, grid, dim3(WG_THREADS), WgTile<BT>::smem(),
+        NIB_CUDA_CHECK(nib::launch_cluster(k_gemm_lowbit_wg<FMT, BT, CM>, grid, dim3(WgPW<BT>::THREADS), WgTile<BT>::smem(),
                                            stream, dim3(1, CM, 1), tmx, p));
     else
-        NIB_CUDA_CHECK(nib::launch(k_gemm_lowbit_wg<FMT, BT, CM>, grid, dim3(WG_THREADS), WgTile<BT>::smem(), stream, tmx, p));
+        NIB_CUDA_CHECK(nib::launch(k_gemm_lowbit_wg<FMT, BT, CM>, grid, dim3(WgPW<BT>::THREADS), WgTile<BT>::smem(), stream, tmx, p));
     NIB_LAUNCH_CHECK("k_gemm_lowbit_wg");
     return NIB_OK;
 }

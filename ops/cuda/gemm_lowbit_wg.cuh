@@ -10,8 +10,9 @@
  *     fragment of m16n8k16 is the per-warp slice of wgmma's register A operand), so the decoded
  *     values are exact as there;
  *   B (BT tokens x 16 K, bf16, shared memory) — X tiles written by TMA (128-byte swizzle, zeros
- *     past M and K) into a ring of ST stages (full / empty mbarriers) by one producer warp.
- * CTA: 2 consumer warpgroups (8 row groups: 128 weight rows) x BT tokens + the producer warp.
+ *     past M and K) into a ring of ST stages (full / empty mbarriers), issued by a producer warp
+ *     (or thread 0: WgPW).
+ * CTA: 2 consumer warpgroups (8 row groups: 128 weight rows) x BT tokens (+ the producer warp).
  * The weights are never staged: each lane loads its 16-byte pieces of the next chunk into
  * registers (evict-first streaming loads) one chunk ahead, and asks L2 for the chunk
  * WG_PF chunks ahead. Per 128-K chunk a warpgroup issues four groups of 2 wgmmas, each from its
@@ -39,7 +40,14 @@
 
 namespace {
 
-constexpr int WG_THREADS = 2 * 128 + 32; /* two consumer warpgroups + the producer warp */
+/* Who loads X: a producer warp (9 warps per CTA: ptxas gives each thread 168 registers), or, for the
+ * 256-token tile, thread 0 between its own groups (8 warps: 255 registers; with the producer warp
+ * that tile spilled). Measured (nib bench gemm, docs/design.md): the producer warp is 5-25 % faster
+ * at the same tile; the 256-token tile with thread 0 loading is the fastest at M = 1024 on the large
+ * shapes (2048 -> 32768: 224 against 284 us). */
+template <int BT> struct WgPW {
+    enum { PW = BT < 256, THREADS = 256 + (BT < 256 ? 32 : 0) };
+};
 constexpr int WG_PF = 4;                 /* chunks ahead of use whose weights are asked of L2 */
 constexpr int WG_SMEM_BUDGET = 192 * 1024;
 
@@ -61,7 +69,7 @@ template <int FMT> __device__ __forceinline__ void wg_prefetch_chunk(const GemmP
 constexpr int WG_TP = NIB_GEMM_WG_ROWS + 4;
 
 template <int FMT, int BT, int CM>
-__global__ void __launch_bounds__(WG_THREADS, 1) k_gemm_lowbit_wg(const __grid_constant__ CUtensorMap tmx, const GemmParams p) {
+__global__ void __launch_bounds__(WgPW<BT>::THREADS, 1) k_gemm_lowbit_wg(const __grid_constant__ CUtensorMap tmx, const GemmParams p) {
     constexpr int ST = WgTile<BT>::ST, STAGE = WgTile<BT>::STAGE, PARTS = FmtT<FMT>::PARTS, SB = FmtT<FMT>::SB;
     static_assert(ST >= 2 && BT % 64 == 0 && BT <= 256 && (CM == 1 || CM == 2), "tile");
     static_assert((size_t)BT * WG_TP * 4 <= (size_t)ST * STAGE, "the epilogue tile fits in the ring");
@@ -89,25 +97,30 @@ __global__ void __launch_bounds__(WG_THREADS, 1) k_gemm_lowbit_wg(const __grid_c
     }
     if (CM > 1) cluster_sync(); /* both CTAs' barriers exist before anyone multicasts or arrives */
     else __syncthreads();
-    if (warp == 8) { /* producer: X only (written by earlier kernels: after the grid dependency) */
+    /* X (written by earlier kernels: after the grid dependency): the producer warp walks the
+     * chunks, waiting for each stage's release; without it, thread 0 loads the first ST chunks
+     * before the K loop and refills a stage once every warpgroup has released it (WgPW) */
+    constexpr bool PW = WgPW<BT>::PW;
+    constexpr int HB = BT / CM * 128; /* bytes of this CTA's share of one box */
+    auto issue_x = [&](int kb) {
+        const int s = kb % ST;
+        const uint32_t dst = sbase + s * STAGE + crank * HB;
+        const int k = (c0 + kb) * 128, r = m0 + (int)crank * (BT / CM);
+        mbar_arrive_expect_tx(full0 + 8 * s, STAGE);
+        if (CM > 1) {
+            tma_load_2d_mc(dst, &tmx, k, r, full0 + 8 * s, 3);
+            tma_load_2d_mc(dst + BT * 128, &tmx, k + 64, r, full0 + 8 * s, 3);
+        } else {
+            tma_load_2d(dst, &tmx, k, r, full0 + 8 * s);
+            tma_load_2d(dst + BT * 128, &tmx, k + 64, r, full0 + 8 * s);
+        }
+    };
+    if (PW && warp == 8) {
         pdl_wait();
         pdl_trigger();
-        constexpr int HB = BT / CM * 128; /* bytes of this CTA's share of one box */
         for (int kb = 0; kb < nk; kb++) {
-            const int s = kb % ST;
-            if (kb >= ST) mbar_wait(empty0 + 8 * s, ((kb / ST) & 1) ^ 1);
-            if (lane == 0) {
-                const uint32_t dst = sbase + s * STAGE + crank * HB;
-                const int k = (c0 + kb) * 128, r = m0 + (int)crank * (BT / CM);
-                mbar_arrive_expect_tx(full0 + 8 * s, STAGE);
-                if (CM > 1) {
-                    tma_load_2d_mc(dst, &tmx, k, r, full0 + 8 * s, 3);
-                    tma_load_2d_mc(dst + BT * 128, &tmx, k + 64, r, full0 + 8 * s, 3);
-                } else {
-                    tma_load_2d(dst, &tmx, k, r, full0 + 8 * s);
-                    tma_load_2d(dst + BT * 128, &tmx, k + 64, r, full0 + 8 * s);
-                }
-            }
+            if (kb >= ST) mbar_wait(empty0 + 8 * (kb % ST), ((kb / ST) & 1) ^ 1);
+            if (lane == 0) issue_x(kb);
             __syncwarp();
         }
         if (CM > 1) cluster_sync(); /* the one after every CTA's K loop (consumers below) */
@@ -127,8 +140,11 @@ __global__ void __launch_bounds__(WG_THREADS, 1) k_gemm_lowbit_wg(const __grid_c
         for (int c = 0; c < WG_PF && c < nk; c++) wg_prefetch_chunk<FMT>(p, tile0 + c, lane);
     Chunk<FMT> nxt[1];
     load_chunks_reg<FMT, 1>(nxt, wp, sp, rg_ok, 0, nk, g, pol);
-    pdl_wait(); /* the epilogue reads the residual, which an earlier kernel may have written */
+    pdl_wait(); /* X, and the residual of the epilogue, may come from an earlier kernel */
     pdl_trigger();
+    int kn = 0; /* !PW, thread 0: the next chunk whose X is to be loaded */
+    if (!PW && tid == 0)
+        for (; kn < ST && kn < nk; kn++) issue_x(kn);
     float acc[BT / 2];
 #pragma unroll
     for (int i = 0; i < BT / 2; i++) acc[i] = 0.f;
@@ -145,6 +161,11 @@ __global__ void __launch_bounds__(WG_THREADS, 1) k_gemm_lowbit_wg(const __grid_c
         if (rg_ok && kb + WG_PF < nk) wg_prefetch_chunk<FMT>(p, tile0 + kb + WG_PF, lane);
         uint32_t zg = 0, zg8 = 0; /* INT4 only (not run here) */
         const uint64_t ds = d0 + (uint64_t)((s * STAGE) >> 4);
+        if (!PW && tid == 0)
+            for (; kn <= kb; kn++) { /* this chunk's stage was not free at the last look: wait for it */
+                mbar_wait(empty0 + 8 * (kn % ST), ((kn / ST) & 1) ^ 1);
+                issue_x(kn);
+            }
 #pragma unroll
         for (int gq = 0; gq < 4; gq++) { /* groups of 2 k16 steps: 2 gq, 2 gq + 1 */
             uint32_t (&ag)[2][4] = a[gq & 1];
@@ -168,12 +189,17 @@ __global__ void __launch_bounds__(WG_THREADS, 1) k_gemm_lowbit_wg(const __grid_c
                     mbar_arrive_remote(e, (uint32_t)(tid & 127)); /* thread j of a warpgroup: CTA j */
                 }
             }
+            /* !PW: thread 0 refills each stage once every warpgroup has released it, looking after
+             * each group without waiting (a wait here stalled its warpgroup: 15 % slower) */
+            if (!PW && tid == 0)
+                for (; kn < nk && kn < kb + ST && mbar_test(empty0 + 8 * (kn % ST), ((kn / ST) & 1) ^ 1); kn++) issue_x(kn);
         }
         sprev = s;
         if (++s == ST) s = 0, ph ^= 1;
     }
     wgmma_wait<0>();
-    /* CM = 2: no CTA goes on (or exits) while its partner may still arrive on its barriers */
+    /* CM = 2: no CTA goes on (or exits) while its partner may still arrive on its barriers or
+     * multicast into its ring */
     if (CM > 1) cluster_sync();
     if (p.ksplit > 1) {
         /* K split: the partial sums go to this split's slot (element i of consumer thread tid at

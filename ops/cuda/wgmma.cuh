@@ -67,6 +67,15 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, unsigned parity) {
                  "r"(parity)
                  : "memory");
 }
+/* has the phase of the given parity completed? (one test, no waiting) */
+__device__ __forceinline__ bool mbar_test(uint32_t bar, unsigned parity) {
+    uint32_t ok;
+    asm volatile("{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(ok)
+                 : "r"(bar), "r"(parity)
+                 : "memory");
+    return ok != 0;
+}
 /* 2-D TMA load of one box (c0: innermost coordinate) into shared memory, completing on bar */
 __device__ __forceinline__ void tma_load_2d(uint32_t dst, const void *tmap, int c0, int c1, uint32_t bar) {
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(dst),
