@@ -29,9 +29,10 @@
  * Epilogue: colscale and bias (and GeGLU: each thread holds rows g and g + 8 of its warp's row
  * group for the same tokens, as the mma.sync kernel's fragments do) into an fp32 tile in the
  * idle ring, then gate, residual, one rounding and 16-byte stores per 8 columns of a token.
- * Measured (docs/design.md, "The low-bit GEMM at large M"): one CTA of 9 warps per SM (168
- * registers), ~60 % of the SM's tensor throughput in the K loop; prologue and epilogue, not
- * overlapped with other CTAs, are a quarter of the time at K = 2048.
+ * Measured (docs/design.md, "The low-bit GEMM at large M"): one CTA per SM (9 warps and 168
+ * registers per thread, or 8 and 255 for the 256-token tile), ~60 % of the SM's tensor throughput
+ * in the K loop; prologue and epilogue, which no other CTA overlaps, are a quarter of the time at
+ * K = 2048.
  */
 #ifndef NIB_GEMM_LOWBIT_WG_CUH
 #define NIB_GEMM_LOWBIT_WG_CUH
