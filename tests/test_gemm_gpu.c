@@ -441,6 +441,13 @@ NIB_TEST(gemm_gpu_wgmma_tiles) {
                 CHECK_MSG(nib_cuda_gemm_wg_plan(&q, 300, 96, 1, 1, &bad) == NIB_ERR_INVALID_ARG, "a 96-token tile accepted");
                 CHECK_MSG(nib_cuda_gemm_wg_plan(&q, 300, 64, (int)(q.kp / 128) + 1, 1, &bad) == NIB_ERR_INVALID_ARG,
                           "more K splits than chunks accepted");
+                if (nib_cuda_gemm_wg_plan(&q, 300, 64, 1, 1, &bad) == NIB_OK) { /* a hand-edited plan is checked too */
+                    bad.ksplit = (int)(q.kp / 128) + 1; /* (the pointers are not dereferenced before the check) */
+                    void *fake = (void *)(uintptr_t)4096;
+                    CHECK_MSG(nib_cuda_gemm_planned(&q, fake, 300, kk, fake, q.n_out, NULL, &ws, &bad, NULL) ==
+                                  NIB_ERR_INVALID_ARG,
+                              "a wgmma plan with more K splits than chunks accepted");
+                }
                 for (size_t bi = 0; bi < NIB_ARRAY_LEN(bts); bi++)
                     for (size_t mi = 0; mi < NIB_ARRAY_LEN(ms); mi++) {
                         nib_gemm_plan pl;

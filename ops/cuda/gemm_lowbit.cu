@@ -955,6 +955,14 @@ static nib_status weight_shape(const nib_qweight *w, int64_t m, nib_gemm_shape *
     return NIB_OK;
 }
 
+/* the weights the wgmma kernel decodes */
+static nib_status wg_weight_check(const nib_qweight *w) {
+    if ((w->fmt != NIB_WFMT_NVFP4 && w->fmt != NIB_WFMT_MXFP4 && w->fmt != NIB_WFMT_FP8) || w->perm)
+        return NIB_ERR(NIB_ERR_UNSUPPORTED, "gemm: the wgmma kernel runs NVFP4, MXFP4 and FP8 weights without act-order "
+                       "(got %s%s)", nib_wfmt_name(w->fmt), w->perm ? " with act-order" : "");
+    return NIB_OK;
+}
+
 static size_t wg_smem(int bt) {
     switch (bt) {
     case 64: return WgTile<64>::smem();
@@ -967,9 +975,7 @@ static size_t wg_smem(int bt) {
 nib_status nib_cuda_gemm_wg_plan(const nib_qweight *w, int64_t m, int bt, int ks, int cm, nib_gemm_plan *pl) {
     nib_gemm_shape sh;
     NIB_RETURN_IF_ERR(weight_shape(w, m, &sh));
-    if ((w->fmt != NIB_WFMT_NVFP4 && w->fmt != NIB_WFMT_MXFP4 && w->fmt != NIB_WFMT_FP8) || w->perm)
-        return NIB_ERR(NIB_ERR_UNSUPPORTED, "gemm: the wgmma kernel runs NVFP4, MXFP4 and FP8 weights without act-order "
-                       "(got %s%s)", nib_wfmt_name(w->fmt), w->perm ? " with act-order" : "");
+    NIB_RETURN_IF_ERR(wg_weight_check(w));
     if (bt != 64 && bt != 128 && bt != 192 && bt != 256)
         return NIB_ERR(NIB_ERR_INVALID_ARG, "gemm: no wgmma kernel with %d-token tiles (64, 128, 192, 256)", bt);
     if (ks < 1 || ks > w->kp / KCH)
@@ -1050,9 +1056,7 @@ static nib_status launch_wg_cm(int bt, int cm, const GemmParams &p, const CUtens
 /* the wgmma kernel (plan wgt > 0): NVFP4, MXFP4, FP8 without act-order */
 static nib_status launch_wg(const nib_qweight *w, const GemmParams &p, const void *x, int64_t ldx, int bt, int cm,
                             const nib_gemm_ws *ws, cudaStream_t s) {
-    if ((w->fmt != NIB_WFMT_NVFP4 && w->fmt != NIB_WFMT_MXFP4 && w->fmt != NIB_WFMT_FP8) || w->perm)
-        return NIB_ERR(NIB_ERR_UNSUPPORTED, "gemm: the wgmma kernel runs NVFP4, MXFP4 and FP8 weights without act-order "
-                       "(got %s%s)", nib_wfmt_name(w->fmt), w->perm ? " with act-order" : "");
+    NIB_RETURN_IF_ERR(wg_weight_check(w));
     CUtensorMap tmx;
     if (cm != 1 && cm != 2) return NIB_ERR(NIB_ERR_INVALID_ARG, "gemm: wgmma clusters of %d CTAs (1 or 2)", cm);
     NIB_RETURN_IF_ERR(nib_tmap_rows_sw128(&tmx, x, 2, p.m, w->k, ldx, bt / cm, "low-bit gemm X"));
@@ -1105,6 +1109,9 @@ nib_status nib_cuda_gemm_planned(const nib_qweight *w, const void *x, int64_t m,
                        epi->geglu, w->geglu);
     nib_gemm_plan pl;
     if (plan && plan->wgt) {
+        if (plan->ksplit < 1 || plan->ksplit > w->kp / KCH)
+            return NIB_ERR(NIB_ERR_INVALID_ARG, "gemm: the given wgmma plan has %d K splits of %lld chunks", plan->ksplit,
+                           (long long)(w->kp / KCH));
         pl = *plan;
     } else if (plan) {
         const int mt = plan->mt;
