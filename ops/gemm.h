@@ -140,17 +140,22 @@ nib_status nib_cuda_gemm(const nib_qweight *w, const void *x, int64_t m, int64_t
 #define NIB_GEMM_X_BUDGET (48 * 1024) /* shared memory for X windows per CTA (x2 at one CTA per SM) */
 #define NIB_GEMM_MAX_SMEM (200 * 1024) /* dynamic shared memory a plan may use */
 
-/* The wgmma kernel for large M runs NVFP4, MXFP4 and FP8 weights without an act-order permutation
- * from NIB_GEMM_WG_MIN_M tokens up, and past NIB_GEMM_WG_MID_M tokens for weights of at least
- * NIB_GEMM_WG_MID_ELEMS (padded) elements, in token tiles of 64, 128, 192 or 256. */
+/* The wgmma kernel for large M runs NVFP4, MXFP4, INT4 and FP8 weights without an act-order
+ * permutation from NIB_GEMM_WG_MIN_M tokens up, and past NIB_GEMM_WG_MID_M tokens for weights of at
+ * least NIB_GEMM_WG_MID_ELEMS (padded) elements, in token tiles of 64, 128, 192 or 256 (INT4: 64 or
+ * 128). Its cost per chunk of 128 K in the planner: tokens + 80; INT4 A x tokens + B (the group
+ * scale pass over the chunk's products). */
 #define NIB_GEMM_WG_MIN_M 128
 #define NIB_GEMM_WG_MID_M 32
 #define NIB_GEMM_WG_MID_ELEMS ((int64_t)1 << 22)
+#define NIB_GEMM_WG_I4_A 1.5
+#define NIB_GEMM_WG_I4_B 150.0
 #define NIB_GEMM_WG_ROWS 128 /* weight rows per CTA */
 /* Its token tile for M tokens of a weight with np x kp padded rows x columns on `sms` SMs, or 0 where the
  * mma.sync kernel runs; *ks: the K split (CTAs along K, partial sums in a split-K workspace of ws_elems
  * floats); *cm: CTAs per cluster sharing X by multicast. Environment (lab / A-B): NIB_GEMM_WG=0 never,
- * NIB_GEMM_WG=1 at every M; NIB_GEMM_WG_BT=64|128|192|256 forces the tile, NIB_GEMM_WG_CM=1|2 the cluster.
+ * NIB_GEMM_WG=1 at every M; NIB_GEMM_WG_BT=64|128|192|256 forces the tile (a tile the format lacks is
+ * ignored), NIB_GEMM_WG_CM=1|2 the cluster.
  * Host code (no CUDA needed). */
 int nib_gemm_wg_tile(nib_wfmt fmt, int has_perm, int64_t m, int64_t np, int64_t kp, uint64_t ws_elems, int sms,
                      int *ks, int *cm);

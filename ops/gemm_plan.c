@@ -211,8 +211,9 @@ int nib_gemm_wg_tile(nib_wfmt fmt, int has_perm, int64_t m, int64_t np, int64_t 
     *ks = 1;
     *cm = 1;
     if (m < 1 || np < 1 || kp < NIB_GEMM_KCH || sms < 1 || has_perm ||
-        (fmt != NIB_WFMT_NVFP4 && fmt != NIB_WFMT_MXFP4 && fmt != NIB_WFMT_FP8))
+        (fmt != NIB_WFMT_NVFP4 && fmt != NIB_WFMT_MXFP4 && fmt != NIB_WFMT_FP8 && fmt != NIB_WFMT_INT4))
         return 0;
+    const int i4 = fmt == NIB_WFMT_INT4; /* 64- and 128-token tiles, and a group-scale pass per chunk */
     const char *e = getenv("NIB_GEMM_WG");
     if (e && !strcmp(e, "0")) return 0;
     if (!(e && !strcmp(e, "1")) && m < NIB_GEMM_WG_MIN_M && (m <= NIB_GEMM_WG_MID_M || np * kp < NIB_GEMM_WG_MID_ELEMS))
@@ -221,7 +222,7 @@ int nib_gemm_wg_tile(nib_wfmt fmt, int has_perm, int64_t m, int64_t np, int64_t 
     const char *f = getenv("NIB_GEMM_WG_BT");
     if (f && *f)
         for (size_t i = 0; i < sizeof tiles / sizeof tiles[0]; i++)
-            if (tiles[i] == atoi(f)) forced = tiles[i];
+            if (tiles[i] == atoi(f) && !(i4 && tiles[i] > 128)) forced = tiles[i];
     /* one CTA per SM. Cost of a wave, fitted to `nib bench gemm` over the issue's shapes at M = 16 ..
      * 1024 and every tile (H100, docs/design.md): per chunk of 128 K the tokens plus 80 (the
      * weights decoded), plus a fixed 650 + 8 per token (prologue, epilogue); a K split adds
@@ -232,13 +233,14 @@ int nib_gemm_wg_tile(nib_wfmt fmt, int has_perm, int64_t m, int64_t np, int64_t 
     double best_cost = 1e300;
     for (size_t i = 0; i < sizeof tiles / sizeof tiles[0]; i++) {
         const int bt = tiles[i];
-        if (forced && bt != forced) continue;
+        if ((forced && bt != forced) || (i4 && bt > 128)) continue;
         const int64_t ctas = (m + bt - 1) / bt * rows;
         for (int k = 1; k <= 8; k++) {
             const int64_t cps = (nchunks + k - 1) / k;
             if (k > 1 && (ctas * k > sms || cps < 2 || (uint64_t)k * ctas * bt * NIB_GEMM_WG_ROWS > ws_elems)) break;
             const int64_t waves = (ctas * k + sms - 1) / sms;
-            const double cost = (double)waves * ((double)cps * (bt + 80) + 650 + 8.0 * bt) + (k > 1 ? 100.0 * k * bt / 64 : 0);
+            const double per_chunk = i4 ? NIB_GEMM_WG_I4_A * bt + NIB_GEMM_WG_I4_B : bt + 80.0;
+            const double cost = (double)waves * ((double)cps * per_chunk + 650 + 8.0 * bt) + (k > 1 ? 100.0 * k * bt / 64 : 0);
             if (cost < best_cost - 1e-9) {
                 best_cost = cost;
                 best = bt;

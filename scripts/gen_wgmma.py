@@ -10,25 +10,31 @@ import os, sys
 
 NS = [64, 72, 96, 112, 128, 144, 192, 240, 256]
 
-def wrapper(struct, n, params, a_ops, a_inputs, shape, imm):
-    """One specialization: D (N/2 fp32 registers) += A x B; a_ops is A's PTX operand text (its
-    operands numbered from N/2), a_inputs their asm inputs; the B descriptor and the scale-d
-    constant follow them."""
+def method(name, n, params, a_ops, a_inputs, shape, imm, sd):
+    """One asm statement: D (N/2 fp32 registers) = A x B (+ D where scale-d is nonzero); a_ops is
+    A's PTX operand text (its operands numbered from N/2), a_inputs their asm inputs; the B
+    descriptor and scale-d (sd: an asm input, constant or register) follow them."""
     r = n // 2
     nin = len(a_inputs)
     regs = ", ".join(f"%{i}" for i in range(r))
     outs = ", ".join(f'"+f"(d[{i}])' for i in range(r))
-    ins = ", ".join(a_inputs + ['"l"(db)', '"n"(1)'])
-    return f'''template <> struct {struct}<{n}> {{
-    static __device__ __forceinline__ void mma(float (&d)[{r}], {params}) {{
+    ins = ", ".join(a_inputs + ['"l"(db)', sd])
+    return f'''    static __device__ __forceinline__ void {name}(float (&d)[{r}], {params}) {{
         asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{r + nin + 1}, 0;\\n"
                      "wgmma.mma_async.sync.aligned.{shape} "
                      "{{{regs}}}, {a_ops}, %{r + nin}, p, {imm};\\n}}\\n"
                      : {outs}
                      : {ins});
     }}
-}};
 '''
+
+def wrapper(struct, n, params, a_ops, a_inputs, shape, imm, with_sd=False):
+    """One specialization: mma() accumulates (D += A x B); with_sd adds mma_sd(..., acc), which
+    overwrites D with A x B where acc is 0 (wgmma's scale-d predicate)."""
+    body = method("mma", n, params, a_ops, a_inputs, shape, imm, '"n"(1)')
+    if with_sd:
+        body += method("mma_sd", n, params + ", int acc", a_ops, a_inputs, shape, imm, '"r"(acc)')
+    return f"template <> struct {struct}<{n}> {{\n{body}}};\n"
 
 def one(n):
     r = n // 2
@@ -53,7 +59,7 @@ def bf16_rsk(n):
     r = n // 2
     a_ops = "{" + ", ".join(f"%{r + i}" for i in range(4)) + "}"
     return wrapper("WgmmaBf16RSK", n, "const uint32_t (&a)[4], uint64_t db", a_ops, [f'"r"(a[{i}])' for i in range(4)],
-                   f"m64n{n}k16.f32.bf16.bf16", "1, 1, 0")
+                   f"m64n{n}k16.f32.bf16.bf16", "1, 1, 0", with_sd=True)
 
 def main():
     out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "ops", "cuda", "wgmma_e4m3.inc")
@@ -70,7 +76,8 @@ def main():
                 " * WgmmaBf16SS<N>: D (64 x N fp32) += A (64 x 16 bf16, K-major, shared) x B (N x 16 bf16, K-major,\n"
                 " * shared)ᵀ. WgmmaBf16RS<N>: D += A (64 x 16 bf16, registers: the m16n8k16 A fragment per warp)\n"
                 " * x B (16 x N bf16, MN-major in shared memory: imm-trans-b = 1). WgmmaBf16RSK<N>: the same with B\n"
-                " * (N x 16 bf16) K-major in shared memory (imm-trans-b = 0). scale-d = 1 (accumulate). */\n")
+                " * (N x 16 bf16) K-major in shared memory (imm-trans-b = 0), and mma_sd(): scale-d from a register (0: D = A x B,\n"
+                " * no accumulation). mma(): scale-d = 1 (accumulate). */\n")
         for n in NS_BF16_SS:
             f.write(bf16_ss(n))
         for n in NS_BF16_RS:

@@ -415,7 +415,8 @@ NIB_TEST(gemm_gpu_every_plan) {
  * one past it, and several tiles with a partial last one; 1, 2 and 3 K splits (partial sums
  * through the workspace, added in split order: the second call must match bitwise); X tiles
  * multicast over clusters of 2 CTAs (N = 200: two row tiles; 2 x 136: one, plus an idle CTA) or
- * not. The epilogues rotate over the cases: bias, GeGLU, gate + residual, in-place residual. INT4 is refused. */
+ * not. The epilogues rotate over the cases: bias, GeGLU, gate + residual, in-place residual. INT4 (sym and
+ * asym; K in whole groups of 128) runs the 64- and 128-token tiles, and is refused the others and with act-order. */
 NIB_TEST(gemm_gpu_wgmma_tiles) {
     NIB_REQUIRE_GPU();
     nib_rng rng;
@@ -426,14 +427,15 @@ NIB_TEST(gemm_gpu_wgmma_tiles) {
     static const int64_t ks[] = {272, 1152};
     int runs = 0;
     double worst_all = 0.0;
+    int i4_runs = 0;
     for (size_t fi = 0; fi < NIB_ARRAY_LEN(k_fmts); fi++) {
         const fmt_case *fc = &k_fmts[fi];
-        if (fc->f == NIB_WFMT_INT4) continue;
+        const int i4 = fc->f == NIB_WFMT_INT4;
         for (size_t ki = 0; ki < NIB_ARRAY_LEN(ks); ki++) {
-            const int64_t blk = fc->f == NIB_WFMT_MXFP4 ? 32 : 16, kk = (ks[ki] + blk - 1) / blk * blk;
+            const int64_t blk = i4 ? 128 : fc->f == NIB_WFMT_MXFP4 ? 32 : 16, kk = (ks[ki] + blk - 1) / blk * blk;
             for (int geglu = 0; geglu <= 1; geglu++) {
                 rand_w rw;
-                REQUIRE(make_rand_w(&rng, fc->f, geglu ? 2 * 136 : 200, kk, 0, 0, fc->per_channel, !geglu, &rw));
+                REQUIRE(make_rand_w(&rng, fc->f, geglu ? 2 * 136 : 200, kk, fc->asym, 0, fc->per_channel, !geglu, &rw));
                 nib_dev_arena a;
                 nib_qweight q;
                 load_probe(t, &rw.w, geglu, &a, &q);
@@ -453,6 +455,11 @@ NIB_TEST(gemm_gpu_wgmma_tiles) {
                         nib_gemm_plan pl;
                         const int ksplit = 1 + (int)((mi + ki) % 3); /* 1, 2 or 3 K splits (K = 272: 3 chunks) */
                         const int cm = 1 + (int)((mi + bi + geglu) % 2); /* X multicast over 2 CTAs, or none */
+                        if (i4 && bts[bi] > 128) {
+                            CHECK_MSG(nib_cuda_gemm_wg_plan(&q, ms[mi], bts[bi], ksplit, cm, &pl) == NIB_ERR_UNSUPPORTED,
+                                      "INT4 accepted with a %d-token tile", bts[bi]);
+                            continue;
+                        }
                         CHECK_OK(nib_cuda_gemm_wg_plan(&q, ms[mi], bts[bi], ksplit, cm, &pl));
                         const int rot = (int)(mi + bi) % 3; /* plain (bias), gate + residual, in place */
                         case_opts o = {geglu, rot == 1, rot >= 1, rot == 2 && !geglu, &pl};
@@ -461,22 +468,25 @@ NIB_TEST(gemm_gpu_wgmma_tiles) {
                                   "%s K=%lld geglu %d tile %d, %d K splits, cluster %d, M=%lld: err/bound %.3f", fc->name, (long long)kk, geglu, bts[bi], ksplit, cm, (long long)ms[mi], worst);
                         if (worst > worst_all) worst_all = worst;
                         runs++;
+                        i4_runs += i4;
                     }
                 nib_dev_arena_free(&a);
                 rand_w_free(&rw);
             }
         }
     }
-    printf("  %d wgmma cases, worst err/bound %.3f\n", runs, worst_all);
-    CHECK_MSG(runs == 4 * 2 * 2 * 4 * 4, "ran %d cases", runs);
-    { /* INT4 (group scales applied per chunk in fp32) stays on the mma.sync kernel */
+    printf("  %d wgmma cases (%d INT4), worst err/bound %.3f\n", runs, i4_runs, worst_all);
+    CHECK_MSG(runs == 4 * 2 * 2 * 4 * 4 + 2 * 2 * 2 * 2 * 4 && i4_runs == 2 * 2 * 2 * 2 * 4, "ran %d cases (%d INT4)",
+              runs, i4_runs);
+    { /* INT4 with act-order (its input channels gathered) stays on the mma.sync kernel */
         rand_w rw;
         REQUIRE(make_rand_w(&rng, NIB_WFMT_INT4, 64, 256, 1, 1, 0, 0, &rw));
         nib_dev_arena a;
         nib_qweight q;
         load_probe(t, &rw.w, 0, &a, &q);
         nib_gemm_plan pl;
-        CHECK_MSG(nib_cuda_gemm_wg_plan(&q, 300, 128, 1, 1, &pl) == NIB_ERR_UNSUPPORTED, "INT4 accepted by the wgmma kernel");
+        CHECK_MSG(nib_cuda_gemm_wg_plan(&q, 300, 128, 1, 1, &pl) == NIB_ERR_UNSUPPORTED,
+                  "act-order INT4 accepted by the wgmma kernel");
         CHECK_MSG(strstr(nib_last_error(), "with act-order") != NULL, "error names the act-order: %s", nib_last_error());
         nib_dev_arena_free(&a);
         rand_w_free(&rw);

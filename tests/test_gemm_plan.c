@@ -288,7 +288,7 @@ NIB_TEST(gemm_wg_tile_rule) {
     unsetenv("NIB_GEMM_WG_BT");
     const uint64_t WS = 4u << 20; /* floats */
     int ks = 0, cm = 0;
-    const nib_wfmt yes[] = {NIB_WFMT_NVFP4, NIB_WFMT_MXFP4, NIB_WFMT_FP8};
+    const nib_wfmt yes[] = {NIB_WFMT_NVFP4, NIB_WFMT_MXFP4, NIB_WFMT_FP8, NIB_WFMT_INT4};
     for (size_t i = 0; i < NIB_ARRAY_LEN(yes); i++) {
         WG_IS(nib_gemm_wg_tile(yes[i], 0, NIB_GEMM_WG_MID_M, 32768, 2048, WS, 132, &ks, &cm), 0);
         CHECK(nib_gemm_wg_tile(yes[i], 0, NIB_GEMM_WG_MID_M + 1, 32768, 2048, WS, 132, &ks, &cm) > 0);
@@ -298,7 +298,10 @@ NIB_TEST(gemm_wg_tile_rule) {
         CHECK_MSG(bt == 64 || bt == 128 || bt == 192 || bt == 256, "tile %d", bt);
         WG_IS(nib_gemm_wg_tile(yes[i], 1, 532, 32768, 2048, WS, 132, &ks, &cm), 0); /* act-order */
     }
-    WG_IS(nib_gemm_wg_tile(NIB_WFMT_INT4, 0, 532, 32768, 2048, WS, 132, &ks, &cm), 0);
+    for (int64_t m = 128; m <= 1024; m *= 2) { /* INT4: 64- or 128-token tiles only */
+        const int bt = nib_gemm_wg_tile(NIB_WFMT_INT4, 0, m, 32768, 2048, WS, 132, &ks, &cm);
+        CHECK_MSG(bt == 64 || bt == 128, "INT4 tile %d at M = %lld", bt, (long long)m);
+    }
     WG_IS(nib_gemm_wg_tile(NIB_WFMT_BF16, 0, 532, 32768, 2048, WS, 132, &ks, &cm), 0);
     /* 532 tokens x 256 row tiles: 3 tiles of 192 make 768 CTAs (6 waves of 132) against 5 x 128
      * (1280, 10 waves); no K split where the GPU is full */
@@ -317,13 +320,17 @@ NIB_TEST(gemm_wg_tile_rule) {
     setenv("NIB_GEMM_WG", "1", 1);
     CHECK_MSG(nib_gemm_wg_tile(NIB_WFMT_NVFP4, 0, 1, 2048, 2048, WS, 132, &ks, &cm) > 0,
               "NIB_GEMM_WG=1 forces the kernel at M = 1");
-    WG_IS(nib_gemm_wg_tile(NIB_WFMT_INT4, 0, 1, 2048, 2048, WS, 132, &ks, &cm), 0);
+    CHECK(nib_gemm_wg_tile(NIB_WFMT_INT4, 0, 1, 2048, 2048, WS, 132, &ks, &cm) > 0);
+    WG_IS(nib_gemm_wg_tile(NIB_WFMT_INT4, 1, 1, 2048, 2048, WS, 132, &ks, &cm), 0); /* act-order: never */
     setenv("NIB_GEMM_WG_BT", "128", 1);
     WG_IS(nib_gemm_wg_tile(NIB_WFMT_FP8, 0, 1024, 32768, 2048, WS, 132, &ks, &cm), 128);
     setenv("NIB_GEMM_WG_BT", "64", 1);
     WG_IS(nib_gemm_wg_tile(NIB_WFMT_FP8, 0, 1024, 32768, 2048, WS, 132, &ks, &cm), 64);
     setenv("NIB_GEMM_WG_BT", "100", 1); /* not a tile: ignored */
     WG_IS(nib_gemm_wg_tile(NIB_WFMT_FP8, 0, 1024, 32768, 2048, WS, 132, &ks, &cm), 256);
+    setenv("NIB_GEMM_WG_BT", "256", 1); /* not an INT4 tile: ignored */
+    const int i4 = nib_gemm_wg_tile(NIB_WFMT_INT4, 0, 1024, 32768, 2048, WS, 132, &ks, &cm);
+    CHECK_MSG(i4 == 64 || i4 == 128, "INT4 with NIB_GEMM_WG_BT=256: tile %d", i4);
     unsetenv("NIB_GEMM_WG");
     unsetenv("NIB_GEMM_WG_BT");
 }

@@ -955,11 +955,14 @@ static nib_status weight_shape(const nib_qweight *w, int64_t m, nib_gemm_shape *
     return NIB_OK;
 }
 
-/* the weights the wgmma kernel decodes */
-static nib_status wg_weight_check(const nib_qweight *w) {
-    if ((w->fmt != NIB_WFMT_NVFP4 && w->fmt != NIB_WFMT_MXFP4 && w->fmt != NIB_WFMT_FP8) || w->perm)
-        return NIB_ERR(NIB_ERR_UNSUPPORTED, "gemm: the wgmma kernel runs NVFP4, MXFP4 and FP8 weights without act-order "
-                       "(got %s%s)", nib_wfmt_name(w->fmt), w->perm ? " with act-order" : "");
+/* the weights the wgmma kernel decodes, and the tiles it has for them */
+static nib_status wg_weight_check(const nib_qweight *w, int bt) {
+    if ((w->fmt != NIB_WFMT_NVFP4 && w->fmt != NIB_WFMT_MXFP4 && w->fmt != NIB_WFMT_FP8 && w->fmt != NIB_WFMT_INT4) ||
+        w->perm)
+        return NIB_ERR(NIB_ERR_UNSUPPORTED, "gemm: the wgmma kernel runs NVFP4, MXFP4, INT4 and FP8 weights without "
+                       "act-order (got %s%s)", nib_wfmt_name(w->fmt), w->perm ? " with act-order" : "");
+    if (w->fmt == NIB_WFMT_INT4 && bt > 128)
+        return NIB_ERR(NIB_ERR_UNSUPPORTED, "gemm: the wgmma kernel runs INT4 with 64- and 128-token tiles, not %d", bt);
     return NIB_OK;
 }
 
@@ -975,12 +978,12 @@ static size_t wg_smem(int bt) {
 nib_status nib_cuda_gemm_wg_plan(const nib_qweight *w, int64_t m, int bt, int ks, int cm, nib_gemm_plan *pl) {
     nib_gemm_shape sh;
     NIB_RETURN_IF_ERR(weight_shape(w, m, &sh));
-    NIB_RETURN_IF_ERR(wg_weight_check(w));
     if (bt != 64 && bt != 128 && bt != 192 && bt != 256)
         return NIB_ERR(NIB_ERR_INVALID_ARG, "gemm: no wgmma kernel with %d-token tiles (64, 128, 192, 256)", bt);
     if (ks < 1 || ks > w->kp / KCH)
         return NIB_ERR(NIB_ERR_INVALID_ARG, "gemm: %d K splits of %lld chunks", ks, (long long)(w->kp / KCH));
     if (cm != 1 && cm != 2) return NIB_ERR(NIB_ERR_INVALID_ARG, "gemm: wgmma clusters of %d CTAs (1 or 2)", cm);
+    NIB_RETURN_IF_ERR(wg_weight_check(w, bt));
     memset(pl, 0, sizeof *pl);
     pl->wgt = bt;
     pl->m_chunks = (int)((m + bt - 1) / bt);
@@ -1029,10 +1032,10 @@ static nib_status launch_wg_t(const GemmParams &p, const CUtensorMap &tmx, dim3 
         attr_set = 1;
     }
     if (CM > 1)
-        NIB_CUDA_CHECK(nib::launch_cluster(k_gemm_lowbit_wg<FMT, BT, CM>, grid, dim3(WgPW<BT>::THREADS), WgTile<BT>::smem(),
+        NIB_CUDA_CHECK(nib::launch_cluster(k_gemm_lowbit_wg<FMT, BT, CM>, grid, dim3(WgPW<FMT, BT>::THREADS), WgTile<BT>::smem(),
                                            stream, dim3(1, CM, 1), tmx, p));
     else
-        NIB_CUDA_CHECK(nib::launch(k_gemm_lowbit_wg<FMT, BT, CM>, grid, dim3(WgPW<BT>::THREADS), WgTile<BT>::smem(), stream, tmx, p));
+        NIB_CUDA_CHECK(nib::launch(k_gemm_lowbit_wg<FMT, BT, CM>, grid, dim3(WgPW<FMT, BT>::THREADS), WgTile<BT>::smem(), stream, tmx, p));
     NIB_LAUNCH_CHECK("k_gemm_lowbit_wg");
     return NIB_OK;
 }
@@ -1042,9 +1045,12 @@ static nib_status launch_wg_bt(int bt, const GemmParams &p, const CUtensorMap &t
     switch (bt) {
     case 64: return launch_wg_t<FMT, 64, CM>(p, tmx, g, s);
     case 128: return launch_wg_t<FMT, 128, CM>(p, tmx, g, s);
-    case 192: return launch_wg_t<FMT, 192, CM>(p, tmx, g, s);
-    case 256: return launch_wg_t<FMT, 256, CM>(p, tmx, g, s);
-    default: return NIB_ERR(NIB_ERR_INVALID_ARG, "gemm: no wgmma kernel with %d-token tiles", bt);
+    default:
+        if constexpr (FMT != NIB_WFMT_INT4) { /* (wg_weight_check refuses INT4 here) */
+            if (bt == 192) return launch_wg_t<FMT, 192, CM>(p, tmx, g, s);
+            if (bt == 256) return launch_wg_t<FMT, 256, CM>(p, tmx, g, s);
+        }
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "gemm: no wgmma kernel with %d-token tiles for %s", bt, nib_wfmt_name((nib_wfmt)FMT));
     }
 }
 
@@ -1053,10 +1059,10 @@ static nib_status launch_wg_cm(int bt, int cm, const GemmParams &p, const CUtens
     return cm == 2 ? launch_wg_bt<FMT, 2>(bt, p, tmx, g, s) : launch_wg_bt<FMT, 1>(bt, p, tmx, g, s);
 }
 
-/* the wgmma kernel (plan wgt > 0): NVFP4, MXFP4, FP8 without act-order */
+/* the wgmma kernel (plan wgt > 0): NVFP4, MXFP4, INT4, FP8 without act-order */
 static nib_status launch_wg(const nib_qweight *w, const GemmParams &p, const void *x, int64_t ldx, int bt, int cm,
                             const nib_gemm_ws *ws, cudaStream_t s) {
-    NIB_RETURN_IF_ERR(wg_weight_check(w));
+    NIB_RETURN_IF_ERR(wg_weight_check(w, bt));
     CUtensorMap tmx;
     if (cm != 1 && cm != 2) return NIB_ERR(NIB_ERR_INVALID_ARG, "gemm: wgmma clusters of %d CTAs (1 or 2)", cm);
     NIB_RETURN_IF_ERR(nib_tmap_rows_sw128(&tmx, x, 2, p.m, w->k, ldx, bt / cm, "low-bit gemm X"));
@@ -1073,6 +1079,7 @@ static nib_status launch_wg(const nib_qweight *w, const GemmParams &p, const voi
     switch (w->fmt) {
     case NIB_WFMT_NVFP4: return launch_wg_cm<NIB_WFMT_NVFP4>(bt, cm, p, tmx, grid, s);
     case NIB_WFMT_MXFP4: return launch_wg_cm<NIB_WFMT_MXFP4>(bt, cm, p, tmx, grid, s);
+    case NIB_WFMT_INT4: return launch_wg_cm<NIB_WFMT_INT4>(bt, cm, p, tmx, grid, s);
     default: return launch_wg_cm<NIB_WFMT_FP8>(bt, cm, p, tmx, grid, s);
     }
 }

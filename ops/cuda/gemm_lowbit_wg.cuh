@@ -24,8 +24,11 @@
  * about once), then 128-row tiles (CM = 2: in clusters of two sharing X by multicast, a lab
  * variant: slower), then K splits (partial sums through the split-K workspace, added by the
  * last CTA of the tile in split order: deterministic).
- * Formats: NVFP4, MXFP4, FP8 (every scale of theirs is applied in the decoder or the epilogue).
- * INT4 (fp32 group scales per chunk) and act-order permutations keep the mma.sync kernel.
+ * Formats: NVFP4, MXFP4, FP8 (every scale of theirs is applied in the decoder or the epilogue);
+ * INT4-g128 with 64- and 128-token tiles: its group of 128 K is one chunk, multiplied into a
+ * second accumulator set (the chunk's first wgmma with scale-d = 0), which after the chunk's last
+ * group (a full wait) is added to the sums times the rows' fp16 group scales in fp32, exactly the
+ * mma.sync kernel's arithmetic. Act-order permutations keep the mma.sync kernel.
  * Epilogue: colscale and bias (and GeGLU: each thread holds rows g and g + 8 of its warp's row
  * group for the same tokens, as the mma.sync kernel's fragments do) into an fp32 tile in the
  * idle ring, then gate, residual, one rounding and 16-byte stores per 8 columns of a token.
@@ -42,12 +45,14 @@
 namespace {
 
 /* Who loads X: a producer warp (9 warps per CTA: ptxas gives each thread 168 registers), or, for the
- * 256-token tile, thread 0 between its own groups (8 warps: 255 registers; with the producer warp
- * that tile spilled). Measured (nib bench gemm, docs/design.md): the producer warp is 5-25 % faster
+ * 256-token tile (and INT4's 128-token one), thread 0 between its own groups (8 warps: 255
+ * registers; with the producer warp those tiles spilled). Measured (nib bench gemm, docs/design.md): the producer warp is 5-25 % faster
  * at the same tile; the 256-token tile with thread 0 loading is the fastest at M = 1024 on the large
  * shapes (2048 -> 32768: 224 against 284 us). */
-template <int BT> struct WgPW {
-    enum { PW = BT < 256, THREADS = 256 + (BT < 256 ? 32 : 0) };
+template <int FMT, int BT> struct WgPW {
+    /* INT4's 128-token tile holds a second accumulator set (the chunk's product before its group
+     * scale): with the producer warp's 168 registers it would spill */
+    enum { PW = BT < 256 && !(FMT == NIB_WFMT_INT4 && BT > 64), THREADS = 256 + (PW ? 32 : 0) };
 };
 constexpr int WG_PF = 4;                 /* chunks ahead of use whose weights are asked of L2 */
 constexpr int WG_SMEM_BUDGET = 192 * 1024;
@@ -70,9 +75,11 @@ template <int FMT> __device__ __forceinline__ void wg_prefetch_chunk(const GemmP
 constexpr int WG_TP = NIB_GEMM_WG_ROWS + 4;
 
 template <int FMT, int BT, int CM>
-__global__ void __launch_bounds__(WgPW<BT>::THREADS, 1) k_gemm_lowbit_wg(const __grid_constant__ CUtensorMap tmx, const GemmParams p) {
+__global__ void __launch_bounds__(WgPW<FMT, BT>::THREADS, 1) k_gemm_lowbit_wg(const __grid_constant__ CUtensorMap tmx, const GemmParams p) {
     constexpr int ST = WgTile<BT>::ST, STAGE = WgTile<BT>::STAGE, PARTS = FmtT<FMT>::PARTS, SB = FmtT<FMT>::SB;
     static_assert(ST >= 2 && BT % 64 == 0 && BT <= 256 && (CM == 1 || CM == 2), "tile");
+    static_assert(FMT != NIB_WFMT_INT4 || BT <= 128, "INT4 runs 64- and 128-token tiles");
+    constexpr bool I4 = FMT == NIB_WFMT_INT4;
     static_assert((size_t)BT * WG_TP * 4 <= (size_t)ST * STAGE, "the epilogue tile fits in the ring");
     extern __shared__ uint8_t smem_raw[];
     __shared__ __align__(8) uint64_t bars[2 * ST]; /* full[ST] (TMA landed), empty[ST] (consumers done) */
@@ -101,7 +108,7 @@ __global__ void __launch_bounds__(WgPW<BT>::THREADS, 1) k_gemm_lowbit_wg(const _
     /* X (written by earlier kernels: after the grid dependency): the producer warp walks the
      * chunks, waiting for each stage's release; without it, thread 0 loads the first ST chunks
      * before the K loop and refills a stage once every warpgroup has released it (WgPW) */
-    constexpr bool PW = WgPW<BT>::PW;
+    constexpr bool PW = WgPW<FMT, BT>::PW;
     constexpr int HB = BT / CM * 128; /* bytes of this CTA's share of one box */
     auto issue_x = [&](int kb) {
         const int s = kb % ST;
@@ -147,8 +154,12 @@ __global__ void __launch_bounds__(WgPW<BT>::THREADS, 1) k_gemm_lowbit_wg(const _
     if (!PW && tid == 0)
         for (; kn < ST && kn < nk; kn++) issue_x(kn);
     float acc[BT / 2];
+    /* INT4: each chunk (= one group of 128 K) is multiplied into tmp first (its first wgmma
+     * overwrites, scale-d = 0), then added to acc times the row's fp32 group scale, as the mma.sync
+     * kernel does (compute_chunk) */
+    float tmp[BT / 2]; /* (unused, and so not allocated, for the other formats) */
 #pragma unroll
-    for (int i = 0; i < BT / 2; i++) acc[i] = 0.f;
+    for (int i = 0; i < BT / 2; i++) acc[i] = 0.f, tmp[i] = 0.f;
     uint32_t a[2][2][4]; /* A registers of two groups of 2 k16 steps */
     /* the loop keeps its indices incrementally: the stage and its phase, this lane's pointers to
      * the next chunk, and the descriptors as one base (the X ring's start) plus constants */
@@ -160,7 +171,8 @@ __global__ void __launch_bounds__(WgPW<BT>::THREADS, 1) k_gemm_lowbit_wg(const _
         if (kb + 1 < nk) load_chunks_reg<FMT, 1>(nxt, wn, sn, rg_ok, kb + 1, nk, g, pol);
         wn += PARTS * 512, sn += SB;
         if (rg_ok && kb + WG_PF < nk) wg_prefetch_chunk<FMT>(p, tile0 + kb + WG_PF, lane);
-        uint32_t zg = 0, zg8 = 0; /* INT4 only (not run here) */
+        uint32_t zg = 0, zg8 = 0; /* INT4: the zero points of rows g and g + 8 (bf16 128 + zero, both halves) */
+        if (I4) zg = prmt(cur.s.x, 0, 0x3232), zg8 = prmt(cur.s.y, 0, 0x3232);
         const uint64_t ds = d0 + (uint64_t)((s * STAGE) >> 4);
         if (!PW && tid == 0)
             for (; kn <= kb; kn++) { /* this chunk's stage was not free at the last look: wait for it */
@@ -177,11 +189,15 @@ __global__ void __launch_bounds__(WgPW<BT>::THREADS, 1) k_gemm_lowbit_wg(const _
 #pragma unroll
             for (int q = 0; q < 2; q++) {
                 const int st = 2 * gq + q; /* k16 step: box st / 4, 32 bytes per step inside it */
-                WgmmaBf16RSK<BT>::mma(acc, ag[q], ds + (uint64_t)(((st >> 2) * BT * 128 + (st & 3) * 32) >> 4));
+                const uint64_t db = ds + (uint64_t)(((st >> 2) * BT * 128 + (st & 3) * 32) >> 4);
+                if (I4) WgmmaBf16RSK<BT>::mma_sd(tmp, ag[q], db, st); /* step 0 overwrites */
+                else WgmmaBf16RSK<BT>::mma(acc, ag[q], db);
             }
             wgmma_commit();
-            wgmma_wait<1>(); /* the group before this one is done: its A registers (and at gq = 0
-                              * the previous chunk's stage) are free */
+            /* the group before this one is done: its A registers (and at gq = 0 the previous
+             * chunk's stage) are free. INT4: the chunk's last group waits for all */
+            if (I4 && gq == 3) wgmma_wait<0>();
+            else wgmma_wait<1>();
             if (gq == 0 && kb > 0) {
                 const uint32_t e = empty0 + 8 * sprev;
                 if (CM == 1) {
@@ -194,6 +210,16 @@ __global__ void __launch_bounds__(WgPW<BT>::THREADS, 1) k_gemm_lowbit_wg(const _
              * each group without waiting (a wait here stalled its warpgroup: 15 % slower) */
             if (!PW && tid == 0)
                 for (; kn < nk && kn < kb + ST && mbar_test(empty0 + 8 * (kn % ST), ((kn / ST) & 1) ^ 1); kn++) issue_x(kn);
+        }
+        if (I4) { /* acc += the rows' fp16 group scales (low halves) x the chunk's products */
+            const float sg = __half2float(__ushort_as_half((unsigned short)(cur.s.x & 0xFFFFu)));
+            const float sg8 = __half2float(__ushort_as_half((unsigned short)(cur.s.y & 0xFFFFu)));
+            wgmma_fence_operand(tmp);
+#pragma unroll
+            for (int j = 0; j < BT / 8; j++) {
+                acc[4 * j] += sg * tmp[4 * j], acc[4 * j + 1] += sg * tmp[4 * j + 1];
+                acc[4 * j + 2] += sg8 * tmp[4 * j + 2], acc[4 * j + 3] += sg8 * tmp[4 * j + 3];
+            }
         }
         sprev = s;
         if (++s == ST) s = 0, ph ^= 1;

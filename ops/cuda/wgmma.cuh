@@ -47,6 +47,13 @@ __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_grou
 template <int N> __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
 }
+/* pin registers in place: the compiler may not move their reads or writes across this point (after
+ * a wgmma_wait, before the registers of the groups it completed are read; otherwise such a read
+ * could be scheduled above the wait, and ptxas serializes the wgmmas: C7514) */
+template <int N> __device__ __forceinline__ void wgmma_fence_operand(float (&r)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+f"(r[i])::"memory");
+}
 /* ---- mbarriers and TMA (cp.async.bulk.tensor) ---- */
 __device__ __forceinline__ void mbar_init(uint32_t bar, unsigned count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
