@@ -78,6 +78,8 @@ struct nib_pi05 {
     void *xws;
     uint64_t xws_bytes;
     char xpath[256];          /* which expert path runs, and why (nib_pi05_expert_path) */
+    int fused_qkv;            /* the prefix's RoPE + cache write as one kernel (prefix_setup) */
+    char ppath[128];          /* nib_pi05_prefix_path */
 };
 
 const nib_pi05_config *nib_pi05_cfg(const nib_pi05 *m) { return &m->c; }
@@ -933,6 +935,25 @@ static nib_status expert_setup(nib_pi05 *m) {
 
 const char *nib_pi05_expert_path(const nib_pi05 *m) { return m ? m->xpath : ""; }
 
+/* Decide once at load how the prefix applies RoPE and fills the cache: on the GPU with a bf16
+ * cache, one kernel (ops/qkv.h: q into its own buffer, the MLP's [Smax][F], free until the MLP;
+ * K/V into the cache, from which the attention then reads them); otherwise (or NIB_FUSED_QKV=0, for
+ * A/B) RoPE in place in the QKV output, then the plain cache write (the attention reads the exact
+ * bf16 k / v from the QKV output: a low-bit cache holds only their quantized values). */
+static void prefix_setup(nib_pi05 *m) {
+    const nib_pi05_config *c = &m->c;
+    const char *e = getenv("NIB_FUSED_QKV");
+    const char *why = m->be.kind != NIB_BE_CUDA ? "reference backend"
+                      : m->prec.kv != NIB_KV_BF16 ? "the KV cache is not bf16"
+                      : c->mlp < (int64_t)c->heads * c->head_dim ? "the MLP buffer cannot hold q"
+                      : e && !strcmp(e, "0") ? "NIB_FUSED_QKV=0" : NULL;
+    m->fused_qkv = why == NULL;
+    if (why) snprintf(m->ppath, sizeof m->ppath, "RoPE, then the cache write (%s)", why);
+    else snprintf(m->ppath, sizeof m->ppath, "fused RoPE + cache write (attention reads the bf16 cache)");
+}
+
+const char *nib_pi05_prefix_path(const nib_pi05 *m) { return m ? m->ppath : ""; }
+
 static nib_status alloc_act(nib_pi05 *m, void **p, int64_t elems, const char *what) {
     return nib_be_alloc_act(&m->be, (uint64_t)elems * m->be.act_size, p, what);
 }
@@ -1138,6 +1159,7 @@ nib_status nib_pi05_load(const nib_st_file *f, const nib_pi05_config *cfg, const
     }
     NIB_TRY(alloc_buffers(m));
     NIB_TRY(expert_setup(m));
+    prefix_setup(m);
     NIB_TRY(nib_be_sync(&m->be));
     *out = m;
     return NIB_OK;
@@ -1248,6 +1270,8 @@ static nib_status fwd_prefix(nib_pi05 *m, const call_shape *cs) {
     /* text tokens after the image tokens: embedding * sqrt(width) (openpi PyTorch: fp32 sqrt) */
     nib_embed_args ea = {m->embed, c->vocab, W, m->ids, cs->L, sqrtf((float)W), ACT(m->px, Vt * W), W};
     NIB_RETURN_IF_ERR(nib_be_embed(be, &ea));
+    const int fused_qkv = m->fused_qkv; /* prefix_setup */
+    void *const pq = m->pmlp;
     for (int l = 0; l < c->layers; l++) {
         const lm_layer *L = &m->pl[l];
         const int last = l == c->layers - 1;
@@ -1255,21 +1279,40 @@ static nib_status fwd_prefix(nib_pi05 *m, const call_shape *cs) {
         nib_norm_args n1 = {.kind = NIB_NORM_RMS, .rows = S, .dim = W, .eps = NIB_NORM_EPS, .x = m->px, .ldx = W,
                             .w = L->n1w, .y = m->py, .ldy = W};
         NIB_RETURN_IF_ERR(nib_be_norm_gemm(be, &n1, &L->qkv, m->pqkv, ld, NULL));
-        /* RoPE on q and k heads in place (q is pre-scaled through the weights), then K/V to the
-         * cache; the prefix attention reads the exact bf16 k/v from pqkv */
-        nib_rope_args ro = {NIB_ROPE_HALF, 0, S, NULL, (int32_t)(qh + nkv), (int32_t)hd, (int32_t)hd, m->pos_prefix,
-                            m->inv_freq, m->pqkv, ld};
-        NIB_RETURN_IF_ERR(nib_be_rope(be, &ro));
-        nib_kv_write_args kw = {S, NULL, ACT(m->pqkv, qh * hd), ld, ACT(m->pqkv, (qh + nkv) * hd), ld, &m->kv[l], 0, NULL};
-        NIB_RETURN_IF_ERR(nib_be_kv_write(be, &kw));
-        if (last) { /* the last layer's output is never used: K/V only */
-            NIB_RETURN_IF_ERR(check_stage(m, m->pqkv, S, ld, ld, 0, "prefix k|v (post-RoPE)", "prefix layer %d K/V", l));
-            break;
-        }
         nib_attn_prefix_args at;
         memset(&at, 0, sizeof at);
-        at.q = m->pqkv, at.k = ACT(m->pqkv, nh * hd), at.v = ACT(m->pqkv, (nh + nkv) * hd), at.o = m->pattn;
-        at.q_tok = at.k_tok = at.v_tok = ld, at.o_tok = nh * hd;
+        if (fused_qkv) {
+            /* one pass: RoPE on q (pre-scaled through the weights: q_scale 1) into pq, RoPE on k
+             * and k, v into the bf16 cache, from which the attention reads them (the same bf16
+             * values the unfused path leaves in pqkv) */
+            nib_qkv_args qa = {S, NULL, (int32_t)qh, (int32_t)nkv, (int32_t)hd, m->pqkv, ld, m->pos_prefix, m->inv_freq,
+                               1.0f, last ? NULL : pq, nh * hd, &m->kv[l], 0, NULL};
+            NIB_RETURN_IF_ERR(nib_be_qkv(be, &qa));
+            at.q = pq, at.k = m->kv[l].k, at.v = m->kv[l].v;
+            at.q_tok = nh * hd, at.k_tok = at.v_tok = nkv * hd;
+        } else {
+            /* RoPE on q and k heads in place (q is pre-scaled through the weights), then K/V to
+             * the cache; the prefix attention reads the exact bf16 k/v from pqkv */
+            nib_rope_args ro = {NIB_ROPE_HALF, 0, S, NULL, (int32_t)(qh + nkv), (int32_t)hd, (int32_t)hd, m->pos_prefix,
+                                m->inv_freq, m->pqkv, ld};
+            NIB_RETURN_IF_ERR(nib_be_rope(be, &ro));
+            nib_kv_write_args kw = {S, NULL, ACT(m->pqkv, qh * hd), ld, ACT(m->pqkv, (qh + nkv) * hd), ld, &m->kv[l], 0, NULL};
+            NIB_RETURN_IF_ERR(nib_be_kv_write(be, &kw));
+            at.q = m->pqkv, at.k = ACT(m->pqkv, nh * hd), at.v = ACT(m->pqkv, (nh + nkv) * hd);
+            at.q_tok = at.k_tok = at.v_tok = ld;
+        }
+        if (last) { /* the last layer's output is never used: K/V only */
+            if (fused_qkv) {
+                NIB_RETURN_IF_ERR(check_stage(m, m->kv[l].k, S, nkv * hd, nkv * hd, 0, "prefix k (post-RoPE, cache)",
+                                              "prefix layer %d K", l));
+                NIB_RETURN_IF_ERR(check_stage(m, m->kv[l].v, S, nkv * hd, nkv * hd, 0, "prefix v (cache)",
+                                              "prefix layer %d V", l));
+            } else {
+                NIB_RETURN_IF_ERR(check_stage(m, m->pqkv, S, ld, ld, 0, "prefix k|v (post-RoPE)", "prefix layer %d K/V", l));
+            }
+            break;
+        }
+        at.o = m->pattn, at.o_tok = nh * hd;
         at.n_seq = 1, at.s_max = (int32_t)S, at.n_heads = (int32_t)nh, at.n_kv_heads = (int32_t)nkv, at.head_dim = (int32_t)hd;
         NIB_RETURN_IF_ERR(nib_be_attn_prefix(be, &at));
         nib_gemm_epi res = {0, NULL, m->px, W};

@@ -114,6 +114,9 @@ void nib_pi05_set_check_numerics(nib_pi05 *m, int on);
  * per-op above" (ops/expert.h; the default, NIB_FUSED_STEP=0 at load turns it off), or "per-op (<why>)". Check-numerics
  * calls always run the per-op path (it scans every layer's output). */
 const char *nib_pi05_expert_path(const nib_pi05 *m);
+/* How the prefix applies RoPE and writes the KV cache, decided at load: "fused RoPE + cache write ..."
+ * (GPU, bf16 cache; NIB_FUSED_QKV=0 at load turns it off) or "RoPE, then the cache write (<why>)". */
+const char *nib_pi05_prefix_path(const nib_pi05 *m);
 
 /* After a run: layer l's prefix K (which = 0) or V (1) for the valid prefix tokens, dequantized
  * to fp32 [P][head_dim] (the accuracy tool compares these across backends). P is returned. */

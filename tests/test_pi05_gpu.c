@@ -227,3 +227,52 @@ NIB_TEST(pi05_gpu_expert_kernel_vs_per_op_and_reference) {
     expert_paths(t, ckpt());
     expert_paths(t, ckpt_awkward());
 }
+
+/* ---- the prefix's fused QKV epilogue -------------------------------------------------------
+ * With a bf16 cache the prefix runs RoPE and the cache write as one kernel (ops/qkv.h, q into its
+ * own buffer) and its attention reads K/V from the cache; NIB_FUSED_QKV=0 keeps RoPE in place plus
+ * the plain cache write, the attention reading pqkv. Both produce the same bf16 q / k / v with the
+ * same fp32 operations, so the actions must match bitwise (bf16 and fast, 1 and 3 cameras). */
+NIB_TEST(pi05_gpu_prefix_fused_qkv_bitwise) {
+    NIB_REQUIRE_GPU();
+    REQUIRE(ckpt());
+    static const char *presets[2] = {"bf16", "fast"};
+    for (int pi = 0; pi < 2; pi++) {
+        nib_st_file *f0 = NULL, *f1 = NULL;
+        nib_pi05 *unfused = NULL, *fused = NULL;
+        nib_rng rng;
+        nib_test_rng(t, &rng);
+        setenv("NIB_FUSED_QKV", "0", 1); /* read at load */
+        CHECK_OK(load(presets[pi], NULL, &f0, &unfused));
+        unsetenv("NIB_FUSED_QKV");
+        CHECK_OK(load(presets[pi], NULL, &f1, &fused));
+        if (unfused && fused) {
+            CHECK_MSG(strstr(nib_pi05_prefix_path(unfused), "NIB_FUSED_QKV=0") != NULL, "unfused path: %s",
+                      nib_pi05_prefix_path(unfused));
+            CHECK_MSG(!strncmp(nib_pi05_prefix_path(fused), "fused", 5), "fused path not selected: %s",
+                      nib_pi05_prefix_path(fused));
+        }
+        static run_in x, y;
+        make_in(&rng, &x, 1, 7, 10);
+        make_in(&rng, &y, 3, 20, 16);
+        float a0[16 * 32], a1[16 * 32], b0[16 * 32], b1[16 * 32];
+        if (unfused) {
+            CHECK_OK(nib_pi05_run(unfused, &x.in, a0, NULL));
+            CHECK_OK(nib_pi05_run(unfused, &y.in, b0, NULL));
+        }
+        if (unfused && fused) {
+            CHECK_OK(nib_pi05_run(fused, &x.in, a1, NULL));
+            CHECK_OK(nib_pi05_run(fused, &y.in, b1, NULL));
+            int bad = 0;
+            for (int i = 0; i < 10 * 32; i++) bad += !isfinite(a1[i]);
+            CHECK_MSG(!bad, "%s: %d non-finite actions", presets[pi], bad);
+            CHECK_MSG(!memcmp(a0, a1, 10 * 32 * sizeof(float)), "%s, 1 camera: fused prefix QKV differs from unfused",
+                      presets[pi]);
+            CHECK_MSG(!memcmp(b0, b1, 16 * 32 * sizeof(float)), "%s, 3 cameras: fused prefix QKV differs from unfused",
+                      presets[pi]);
+            printf("  %s: fused and unfused prefix QKV give identical actions (1 and 3 cameras)\n", presets[pi]);
+        }
+        nib_pi05_free(unfused), nib_pi05_free(fused);
+        nib_st_close(f0), nib_st_close(f1);
+    }
+}
