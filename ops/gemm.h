@@ -142,8 +142,8 @@ nib_status nib_cuda_gemm(const nib_qweight *w, const void *x, int64_t m, int64_t
 
 /* The wgmma kernel for large M runs NVFP4, MXFP4, INT4 and FP8 weights without an act-order
  * permutation from NIB_GEMM_WG_MIN_M tokens up, and past NIB_GEMM_WG_MID_M tokens for weights of at
- * least NIB_GEMM_WG_MID_ELEMS (padded) elements, in token tiles of 64, 128, 192 or 256 (INT4: 64 or
- * 128). Its cost per chunk of 128 K in the planner: tokens + 80; INT4 A x tokens + B (the group
+ * least NIB_GEMM_WG_MID_ELEMS (padded) elements, in token tiles of 64, 128, 192 or 256 (INT4: up to
+ * 192). Its cost per chunk of 128 K in the planner: tokens + 80; INT4 A x tokens + B (the group
  * scale pass over the chunk's products). */
 #define NIB_GEMM_WG_MIN_M 128
 #define NIB_GEMM_WG_MID_M 32

@@ -213,7 +213,7 @@ int nib_gemm_wg_tile(nib_wfmt fmt, int has_perm, int64_t m, int64_t np, int64_t 
     if (m < 1 || np < 1 || kp < NIB_GEMM_KCH || sms < 1 || has_perm ||
         (fmt != NIB_WFMT_NVFP4 && fmt != NIB_WFMT_MXFP4 && fmt != NIB_WFMT_FP8 && fmt != NIB_WFMT_INT4))
         return 0;
-    const int i4 = fmt == NIB_WFMT_INT4; /* 64- and 128-token tiles, and a group-scale pass per chunk */
+    const int i4 = fmt == NIB_WFMT_INT4; /* 64- to 192-token tiles, and a group-scale pass per chunk */
     const char *e = getenv("NIB_GEMM_WG");
     if (e && !strcmp(e, "0")) return 0;
     if (!(e && !strcmp(e, "1")) && m < NIB_GEMM_WG_MIN_M && (m <= NIB_GEMM_WG_MID_M || np * kp < NIB_GEMM_WG_MID_ELEMS))
@@ -222,7 +222,7 @@ int nib_gemm_wg_tile(nib_wfmt fmt, int has_perm, int64_t m, int64_t np, int64_t 
     const char *f = getenv("NIB_GEMM_WG_BT");
     if (f && *f)
         for (size_t i = 0; i < sizeof tiles / sizeof tiles[0]; i++)
-            if (tiles[i] == atoi(f) && !(i4 && tiles[i] > 128)) forced = tiles[i];
+            if (tiles[i] == atoi(f) && !(i4 && tiles[i] > 192)) forced = tiles[i];
     /* one CTA per SM. Cost of a wave, fitted to `nib bench gemm` over the issue's shapes at M = 16 ..
      * 1024 and every tile (H100, docs/design.md): per chunk of 128 K the tokens plus 80 (the
      * weights decoded), plus a fixed 650 + 8 per token (prologue, epilogue); a K split adds
@@ -233,7 +233,7 @@ int nib_gemm_wg_tile(nib_wfmt fmt, int has_perm, int64_t m, int64_t np, int64_t 
     double best_cost = 1e300;
     for (size_t i = 0; i < sizeof tiles / sizeof tiles[0]; i++) {
         const int bt = tiles[i];
-        if ((forced && bt != forced) || (i4 && bt > 128)) continue;
+        if ((forced && bt != forced) || (i4 && bt > 192)) continue;
         const int64_t ctas = (m + bt - 1) / bt * rows;
         for (int k = 1; k <= 8; k++) {
             const int64_t cps = (nchunks + k - 1) / k;

@@ -961,8 +961,8 @@ static nib_status wg_weight_check(const nib_qweight *w, int bt) {
         w->perm)
         return NIB_ERR(NIB_ERR_UNSUPPORTED, "gemm: the wgmma kernel runs NVFP4, MXFP4, INT4 and FP8 weights without "
                        "act-order (got %s%s)", nib_wfmt_name(w->fmt), w->perm ? " with act-order" : "");
-    if (w->fmt == NIB_WFMT_INT4 && bt > 128)
-        return NIB_ERR(NIB_ERR_UNSUPPORTED, "gemm: the wgmma kernel runs INT4 with 64- and 128-token tiles, not %d", bt);
+    if (w->fmt == NIB_WFMT_INT4 && bt > 192)
+        return NIB_ERR(NIB_ERR_UNSUPPORTED, "gemm: the wgmma kernel runs INT4 with 64- to 192-token tiles, not %d", bt);
     return NIB_OK;
 }
 
@@ -1046,8 +1046,8 @@ static nib_status launch_wg_bt(int bt, const GemmParams &p, const CUtensorMap &t
     case 64: return launch_wg_t<FMT, 64, CM>(p, tmx, g, s);
     case 128: return launch_wg_t<FMT, 128, CM>(p, tmx, g, s);
     default:
+        if (bt == 192) return launch_wg_t<FMT, 192, CM>(p, tmx, g, s);
         if constexpr (FMT != NIB_WFMT_INT4) { /* (wg_weight_check refuses INT4 here) */
-            if (bt == 192) return launch_wg_t<FMT, 192, CM>(p, tmx, g, s);
             if (bt == 256) return launch_wg_t<FMT, 256, CM>(p, tmx, g, s);
         }
         return NIB_ERR(NIB_ERR_INVALID_ARG, "gemm: no wgmma kernel with %d-token tiles for %s", bt, nib_wfmt_name((nib_wfmt)FMT));

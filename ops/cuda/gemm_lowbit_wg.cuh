@@ -25,7 +25,7 @@
  * variant: slower), then K splits (partial sums through the split-K workspace, added by the
  * last CTA of the tile in split order: deterministic).
  * Formats: NVFP4, MXFP4, FP8 (every scale of theirs is applied in the decoder or the epilogue);
- * INT4-g128 with 64- and 128-token tiles: its group of 128 K is one chunk, multiplied into a
+ * INT4-g128 with 64- to 192-token tiles: its group of 128 K is one chunk, multiplied into a
  * second accumulator set (the chunk's first wgmma with scale-d = 0), which after the chunk's last
  * group (a full wait) is added to the sums times the rows' fp16 group scales in fp32, exactly the
  * mma.sync kernel's arithmetic. Act-order permutations keep the mma.sync kernel.
@@ -45,13 +45,13 @@
 namespace {
 
 /* Who loads X: a producer warp (9 warps per CTA: ptxas gives each thread 168 registers), or, for the
- * 256-token tile (and INT4's 128-token one), thread 0 between its own groups (8 warps: 255
+ * 256-token tile (and INT4's 128- and 192-token ones), thread 0 between its own groups (8 warps: 255
  * registers; with the producer warp those tiles spilled). Measured (nib bench gemm, docs/design.md): the producer warp is 5-25 % faster
  * at the same tile; the 256-token tile with thread 0 loading is the fastest at M = 1024 on the large
  * shapes (2048 -> 32768: 224 against 284 us). */
 template <int FMT, int BT> struct WgPW {
-    /* INT4's 128-token tile holds a second accumulator set (the chunk's product before its group
-     * scale): with the producer warp's 168 registers it would spill */
+    /* INT4's 128- and 192-token tiles hold a second accumulator set (the chunk's product before
+     * its group scale): with the producer warp's 168 registers they would spill */
     enum { PW = BT < 256 && !(FMT == NIB_WFMT_INT4 && BT > 64), THREADS = 256 + (PW ? 32 : 0) };
 };
 constexpr int WG_PF = 4;                 /* chunks ahead of use whose weights are asked of L2 */
@@ -78,7 +78,7 @@ template <int FMT, int BT, int CM>
 __global__ void __launch_bounds__(WgPW<FMT, BT>::THREADS, 1) k_gemm_lowbit_wg(const __grid_constant__ CUtensorMap tmx, const GemmParams p) {
     constexpr int ST = WgTile<BT>::ST, STAGE = WgTile<BT>::STAGE, PARTS = FmtT<FMT>::PARTS, SB = FmtT<FMT>::SB;
     static_assert(ST >= 2 && BT % 64 == 0 && BT <= 256 && (CM == 1 || CM == 2), "tile");
-    static_assert(FMT != NIB_WFMT_INT4 || BT <= 128, "INT4 runs 64- and 128-token tiles");
+    static_assert(FMT != NIB_WFMT_INT4 || BT <= 192, "INT4 runs 64- to 192-token tiles");
     constexpr bool I4 = FMT == NIB_WFMT_INT4;
     static_assert((size_t)BT * WG_TP * 4 <= (size_t)ST * STAGE, "the epilogue tile fits in the ring");
     extern __shared__ uint8_t smem_raw[];
