@@ -143,13 +143,10 @@ nib_status nib_cuda_gemm(const nib_qweight *w, const void *x, int64_t m, int64_t
 /* The wgmma kernel for large M runs NVFP4, MXFP4, INT4 and FP8 weights without an act-order
  * permutation from NIB_GEMM_WG_MIN_M tokens up, and past NIB_GEMM_WG_MID_M tokens for weights of at
  * least NIB_GEMM_WG_MID_ELEMS (padded) elements, in token tiles of 64, 128, 192 or 256 (INT4: up to
- * 192). Its cost per chunk of 128 K in the planner: tokens + 80; INT4 A x tokens + B (the group
- * scale pass over the chunk's products). */
+ * 192). */
 #define NIB_GEMM_WG_MIN_M 128
 #define NIB_GEMM_WG_MID_M 32
 #define NIB_GEMM_WG_MID_ELEMS ((int64_t)1 << 22)
-#define NIB_GEMM_WG_I4_A 1.5
-#define NIB_GEMM_WG_I4_B 150.0
 #define NIB_GEMM_WG_ROWS 128 /* weight rows per CTA */
 /* Its token tile for M tokens of a weight with np x kp padded rows x columns on `sms` SMs, or 0 where the
  * mma.sync kernel runs; *ks: the K split (CTAs along K, partial sums in a split-K workspace of ws_elems

@@ -107,6 +107,87 @@ NIB_TEST(gemm_plan_matches_recorded_sweep) {
     CHECK_MSG(worst <= 1.151, "worst regret %.3f > 1.151 (the model as fitted)", worst);
 }
 
+/* INT4 on the wgmma kernel: the token tile the planner picks (nib_gemm_wg_tile), against the
+ * measured time of each tile it may use (64 / 128 / 192 tokens, forced one at a time with
+ * NIB_GEMM_WG_BT) on eight lab shapes at M = 128, 532, 1024 (bench/results/
+ * gemm-int4-tiles-h100-v1-4366dae.json, H100). Each tile ran at the K split the planner chose for it
+ * then; this checks the tile choice, the larger effect. Bounds: the model's values on that file
+ * (1.0063x geometric mean, 1.0824x worst), rounded up in the third digit: a ratchet. */
+#define INT4_TILES_FILE "bench/results/gemm-int4-tiles-h100-v1-4366dae.json"
+NIB_TEST(gemm_wg_int4_tile_matches_recorded) {
+    unsetenv("NIB_GEMM_WG");
+    unsetenv("NIB_GEMM_WG_BT");
+    char path[1024], *text = NULL;
+    size_t len = 0;
+    snprintf(path, sizeof path, "%s", INT4_TILES_FILE);
+    nib_status st = nib_read_file(path, 16u << 20, &text, &len);
+    if (st) {
+        nib_clear_error();
+        const char *slash = strrchr(__FILE__, '/');
+        int dir = slash ? (int)(slash - __FILE__) : 0;
+        snprintf(path, sizeof path, "%.*s/../%s", dir, __FILE__, INT4_TILES_FILE);
+        st = nib_read_file(path, 16u << 20, &text, &len);
+    }
+    CHECK_MSG(st == NIB_OK, "cannot read %s (%s)", path, nib_last_error());
+    if (st) return;
+    nib_json_doc *doc = NULL;
+    CHECK_OK(nib_json_parse(text, len, 0, &doc));
+    free(text);
+    if (!doc) return;
+    const nib_json_value *runs = nib_json_get(nib_json_root(doc), "runs");
+    static const int bts[3] = {64, 128, 192};
+    const nib_json_value *rows[3];
+    for (int b = 0; b < 3; b++) {
+        char key[8];
+        snprintf(key, sizeof key, "%d", bts[b]);
+        rows[b] = nib_json_get(runs, key);
+        CHECK_MSG(nib_json_count(rows[b]) > 0, "%s: no rows for the %d-token tile", path, bts[b]);
+    }
+    int cases = 0, worst_k = 0, worst_n = 0, worst_m = 0;
+    double log_sum = 0.0, worst = 1.0;
+    for (size_t i = 0; i < nib_json_count(rows[0]); i++) {
+        const nib_json_value *r = nib_json_elem(rows[0], i);
+        const char *v = nib_json_string(nib_json_get(r, "variant"), NULL);
+        if (!v || strcmp(v, "int4-g128")) continue;
+        int64_t k = 0, n = 0, m = 0;
+        CHECK_OK(nib_json_int64(nib_json_get(r, "k"), &k));
+        CHECK_OK(nib_json_int64(nib_json_get(r, "n"), &n));
+        CHECK_OK(nib_json_int64(nib_json_get(r, "m"), &m));
+        double us[3] = {NAN, NAN, NAN}, best = INFINITY;
+        for (int b = 0; b < 3; b++)
+            for (size_t j = 0; j < nib_json_count(rows[b]); j++) {
+                const nib_json_value *q = nib_json_elem(rows[b], j);
+                const char *qv = nib_json_string(nib_json_get(q, "variant"), NULL);
+                int64_t qk = 0, qn = 0, qm = 0;
+                if (!qv || strcmp(qv, "int4-g128") || nib_json_int64(nib_json_get(q, "k"), &qk) ||
+                    nib_json_int64(nib_json_get(q, "n"), &qn) || nib_json_int64(nib_json_get(q, "m"), &qm) ||
+                    qk != k || qn != n || qm != m)
+                    continue;
+                us[b] = nib_json_double(nib_json_get(q, "us"));
+                if (us[b] < best) best = us[b];
+            }
+        nib_clear_error();
+        int ks = 0, cm = 0;
+        const int64_t np = (n + 15) / 16 * 16, kp = (k + NIB_GEMM_KCH - 1) / NIB_GEMM_KCH * NIB_GEMM_KCH;
+        const int bt = nib_gemm_wg_tile(NIB_WFMT_INT4, 0, m, np, kp, 1ull << 30, SWEEP_SMS, &ks, &cm);
+        const int b = bt == 64 ? 0 : bt == 128 ? 1 : bt == 192 ? 2 : -1;
+        CHECK_MSG(b >= 0 && !isnan(us[b]), "K=%lld N=%lld M=%lld: tile %d, not among the recorded ones", (long long)k,
+                  (long long)n, (long long)m, bt);
+        if (b < 0 || isnan(us[b])) continue;
+        const double regret = us[b] / best;
+        log_sum += log(regret);
+        cases++;
+        if (regret > worst) worst = regret, worst_k = (int)k, worst_n = (int)n, worst_m = (int)m;
+    }
+    nib_json_free(doc);
+    CHECK_MSG(cases == 21, "expected 21 cases (7 INT4 shapes x 3 M), found %d", cases);
+    const double geo = cases ? exp(log_sum / cases) : 0.0;
+    printf("  %d cases: the INT4 tile picked is %.4fx the best measured tile (geometric mean), worst %.3fx "
+           "(K=%d N=%d M=%d)\n", cases, geo, worst, worst_k, worst_n, worst_m);
+    CHECK_MSG(geo <= 1.007, "geometric-mean regret %.4f > 1.007 (the model as fitted)", geo);
+    CHECK_MSG(worst <= 1.083, "worst regret %.3f > 1.083 (the model as fitted)", worst);
+}
+
 /* Every enumerated plan is self-consistent and fits; the pick is one of them; cached and fresh
  * answers agree; bad shapes are errors, not plans. */
 NIB_TEST(gemm_plan_invariants) {
