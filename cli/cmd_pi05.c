@@ -428,6 +428,8 @@ int nib_bench_pi05(int argc, char **argv) {
         char label[64], pstr[128];
         snprintf(label, sizeof label, "%s%s", presets[p], over ? "+" : "");
         nib_pi05_precision_str(pr, pstr, sizeof pstr);
+        /* which paths run (decided at load): the persistent expert kernel or per-op, and why */
+        printf("  %s (%s): expert %s; prefix %s\n", label, pstr, nib_pi05_expert_path(m), nib_pi05_prefix_path(m));
         for (int cams = 1; cams <= 3 && !st; cams++)
             for (int hi = 0; hi < 2 && !st; hi++) {
                 int H = hi ? 50 : 10;
@@ -473,9 +475,16 @@ int nib_bench_pi05(int argc, char **argv) {
                     if (jf)
                         fprintf(jf, "%s\n    {\"preset\": \"%s\", \"overrides\": \"%s\", \"precision\": \"%s\", \"cameras\": %d, \"horizon\": %d, \"text\": %d, \"total_ms\": %.4f, "
                                     "\"vision_ms\": %.4f, \"prefix_ms\": %.4f, \"step_ms\": %.4f, \"wall_ms\": %.4f, "
-                                    "\"floor_vision_ms\": %.4f, \"floor_prefix_ms\": %.4f, \"floor_step_ms\": %.4f, \"floor_total_ms\": %.4f}",
+                                    "\"floor_vision_ms\": %.4f, \"floor_prefix_ms\": %.4f, \"floor_step_ms\": %.4f, \"floor_total_ms\": %.4f, "
+                                    "\"expert_path\": ",
                                 first ? "" : ",", presets[p], over ? over : "", pstr, cams, H, ntext, t.total_ms, t.vision_ms, t.prefix_ms,
                                 steps / t.steps, wall[reps / 2], fv, fp, fs, ft);
+                    if (jf) {
+                        nib_cli_json_string(jf, nib_pi05_expert_path(m));
+                        fprintf(jf, ", \"prefix_path\": ");
+                        nib_cli_json_string(jf, nib_pi05_prefix_path(m));
+                        fprintf(jf, "}");
+                    }
                     first = 0;
                 }
                 nib_free(act), nib_free(tms), nib_free(wall);
