@@ -25,15 +25,48 @@
 #define SWEEP_WS_ELEMS (9ull * 32768 * 64 * 2)
 #define SWEEP_SMS 132
 
-static nib_status read_sweep(char **text, size_t *len, char *path, size_t cap) {
-    snprintf(path, cap, "%s", SWEEP_FILE);
-    if (nib_read_file(path, 64u << 20, text, len) == NIB_OK) return NIB_OK;
-    nib_clear_error();
-    /* run from elsewhere: the repository root is the parent of this file's directory */
-    const char *slash = strrchr(__FILE__, '/');
-    int dir = slash ? (int)(slash - __FILE__) : 0;
-    snprintf(path, cap, "%.*s/../%s", dir, __FILE__, SWEEP_FILE);
-    return nib_read_file(path, 64u << 20, text, len);
+/* A recorded result file of bench/results, parsed; NULL (with a failed check naming it) if it
+ * cannot be read or parsed. */
+static nib_json_doc *read_recorded(nib_test_ctx *t, const char *file) {
+    char path[1024], *text = NULL;
+    size_t len = 0;
+    snprintf(path, sizeof path, "%s", file);
+    nib_status st = nib_read_file(path, 64u << 20, &text, &len);
+    if (st) {
+        nib_clear_error();
+        /* run from elsewhere: the repository root is the parent of this file's directory */
+        const char *slash = strrchr(__FILE__, '/');
+        int dir = slash ? (int)(slash - __FILE__) : 0;
+        snprintf(path, sizeof path, "%.*s/../%s", dir, __FILE__, file);
+        st = nib_read_file(path, 64u << 20, &text, &len);
+    }
+    CHECK_MSG(st == NIB_OK, "cannot read %s (%s)", path, nib_last_error());
+    if (st) return NULL;
+    nib_json_doc *doc = NULL;
+    CHECK_OK(nib_json_parse(text, len, 0, &doc));
+    free(text);
+    return doc;
+}
+
+/* The planner's regret over recorded cases (its pick's time / the best measured, worst case
+ * named), printed and held to the bounds the model had when it was fitted (a ratchet). */
+typedef struct regret_sum {
+    int cases, worst_k, worst_n, worst_m;
+    double log_sum, worst;
+} regret_sum;
+static void regret_add(regret_sum *r, double regret, int64_t k, int64_t n, int64_t m) {
+    r->log_sum += log(regret);
+    r->cases++;
+    if (regret > r->worst) r->worst = regret, r->worst_k = (int)k, r->worst_n = (int)n, r->worst_m = (int)m;
+}
+static void regret_check(nib_test_ctx *t, const regret_sum *r, const char *what, int want_cases, double geo_max,
+                         double worst_max) {
+    CHECK_MSG(r->cases == want_cases, "%s: expected %d cases, found %d", what, want_cases, r->cases);
+    const double geo = r->cases ? exp(r->log_sum / r->cases) : 0.0;
+    printf("  %d cases: %s %.4fx the best measured (geometric mean), worst %.3fx (K=%d N=%d M=%d)\n", r->cases, what,
+           geo, r->worst, r->worst_k, r->worst_n, r->worst_m);
+    CHECK_MSG(geo <= geo_max, "%s: geometric-mean regret %.4f > %.3f (the model as fitted)", what, geo, geo_max);
+    CHECK_MSG(r->worst <= worst_max, "%s: worst regret %.3f > %.3f (the model as fitted)", what, r->worst, worst_max);
 }
 
 static void plan_text(const nib_gemm_plan *pl, char *buf, size_t n) {
@@ -43,21 +76,13 @@ static void plan_text(const nib_gemm_plan *pl, char *buf, size_t n) {
 }
 
 NIB_TEST(gemm_plan_matches_recorded_sweep) {
-    char path[1024], *text = NULL;
-    size_t len = 0;
-    nib_status st = read_sweep(&text, &len, path, sizeof path);
-    CHECK_MSG(st == NIB_OK, "cannot read %s (%s)", path, nib_last_error());
-    if (st) return;
-    nib_json_doc *doc = NULL;
-    CHECK_OK(nib_json_parse(text, len, 0, &doc));
-    free(text);
+    nib_json_doc *doc = read_recorded(t, SWEEP_FILE);
     if (!doc) return;
     const nib_json_value *rows = nib_json_get(nib_json_root(doc), "rows");
     const size_t nrows = nib_json_count(rows);
-    CHECK_MSG(nrows > 100, "%s has %zu rows", path, nrows);
+    CHECK_MSG(nrows > 100, "%s has %zu rows", SWEEP_FILE, nrows);
     /* every (K, N, M) case of the NVFP4 rows: its best measured time, and the planner's pick */
-    int cases = 0, worst_k = 0, worst_n = 0, worst_m = 0;
-    double log_sum = 0.0, worst = 1.0;
+    regret_sum rs = {0, 0, 0, 0, 0.0, 1.0};
     for (size_t i = 0; i < nrows; i++) {
         const nib_json_value *r = nib_json_elem(rows, i);
         const char *v = nib_json_string(nib_json_get(r, "variant"), NULL);
@@ -90,21 +115,10 @@ NIB_TEST(gemm_plan_matches_recorded_sweep) {
                   (long long)k, (long long)n, (long long)m, want);
         if (isnan(picked)) continue;
         if (getenv("NIB_PLAN_DEBUG")) printf("  K=%lld N=%lld M=%lld pick %s %.2f best %.2f\n", (long long)k, (long long)n, (long long)m, want, picked, best);
-        const double regret = picked / best;
-        log_sum += log(regret);
-        cases++;
-        if (regret > worst) {
-            worst = regret;
-            worst_k = (int)k, worst_n = (int)n, worst_m = (int)m;
-        }
+        regret_add(&rs, picked / best, k, n, m);
     }
     nib_json_free(doc);
-    CHECK_MSG(cases == 54, "expected 54 cases (9 shapes x 6 M), found %d", cases);
-    const double geo = cases ? exp(log_sum / cases) : 0.0;
-    printf("  %d cases: the planner's picks are %.4fx the best measured plan (geometric mean), worst %.3fx "
-           "(K=%d N=%d M=%d)\n", cases, geo, worst, worst_k, worst_n, worst_m);
-    CHECK_MSG(geo <= 1.017, "geometric-mean regret %.4f > 1.017 (the model as fitted)", geo);
-    CHECK_MSG(worst <= 1.151, "worst regret %.3f > 1.151 (the model as fitted)", worst);
+    regret_check(t, &rs, "the planner's plans are", 54 /* 9 shapes x 6 M */, 1.017, 1.151);
 }
 
 /* INT4 on the wgmma kernel: the token tile the planner picks (nib_gemm_wg_tile), against the
@@ -117,22 +131,7 @@ NIB_TEST(gemm_plan_matches_recorded_sweep) {
 NIB_TEST(gemm_wg_int4_tile_matches_recorded) {
     unsetenv("NIB_GEMM_WG");
     unsetenv("NIB_GEMM_WG_BT");
-    char path[1024], *text = NULL;
-    size_t len = 0;
-    snprintf(path, sizeof path, "%s", INT4_TILES_FILE);
-    nib_status st = nib_read_file(path, 16u << 20, &text, &len);
-    if (st) {
-        nib_clear_error();
-        const char *slash = strrchr(__FILE__, '/');
-        int dir = slash ? (int)(slash - __FILE__) : 0;
-        snprintf(path, sizeof path, "%.*s/../%s", dir, __FILE__, INT4_TILES_FILE);
-        st = nib_read_file(path, 16u << 20, &text, &len);
-    }
-    CHECK_MSG(st == NIB_OK, "cannot read %s (%s)", path, nib_last_error());
-    if (st) return;
-    nib_json_doc *doc = NULL;
-    CHECK_OK(nib_json_parse(text, len, 0, &doc));
-    free(text);
+    nib_json_doc *doc = read_recorded(t, INT4_TILES_FILE);
     if (!doc) return;
     const nib_json_value *runs = nib_json_get(nib_json_root(doc), "runs");
     static const int bts[3] = {64, 128, 192};
@@ -141,10 +140,9 @@ NIB_TEST(gemm_wg_int4_tile_matches_recorded) {
         char key[8];
         snprintf(key, sizeof key, "%d", bts[b]);
         rows[b] = nib_json_get(runs, key);
-        CHECK_MSG(nib_json_count(rows[b]) > 0, "%s: no rows for the %d-token tile", path, bts[b]);
+        CHECK_MSG(nib_json_count(rows[b]) > 0, "%s: no rows for the %d-token tile", INT4_TILES_FILE, bts[b]);
     }
-    int cases = 0, worst_k = 0, worst_n = 0, worst_m = 0;
-    double log_sum = 0.0, worst = 1.0;
+    regret_sum rs = {0, 0, 0, 0, 0.0, 1.0};
     for (size_t i = 0; i < nib_json_count(rows[0]); i++) {
         const nib_json_value *r = nib_json_elem(rows[0], i);
         const char *v = nib_json_string(nib_json_get(r, "variant"), NULL);
@@ -174,18 +172,10 @@ NIB_TEST(gemm_wg_int4_tile_matches_recorded) {
         CHECK_MSG(b >= 0 && !isnan(us[b]), "K=%lld N=%lld M=%lld: tile %d, not among the recorded ones", (long long)k,
                   (long long)n, (long long)m, bt);
         if (b < 0 || isnan(us[b])) continue;
-        const double regret = us[b] / best;
-        log_sum += log(regret);
-        cases++;
-        if (regret > worst) worst = regret, worst_k = (int)k, worst_n = (int)n, worst_m = (int)m;
+        regret_add(&rs, us[b] / best, k, n, m);
     }
     nib_json_free(doc);
-    CHECK_MSG(cases == 21, "expected 21 cases (7 INT4 shapes x 3 M), found %d", cases);
-    const double geo = cases ? exp(log_sum / cases) : 0.0;
-    printf("  %d cases: the INT4 tile picked is %.4fx the best measured tile (geometric mean), worst %.3fx "
-           "(K=%d N=%d M=%d)\n", cases, geo, worst, worst_k, worst_n, worst_m);
-    CHECK_MSG(geo <= 1.007, "geometric-mean regret %.4f > 1.007 (the model as fitted)", geo);
-    CHECK_MSG(worst <= 1.083, "worst regret %.3f > 1.083 (the model as fitted)", worst);
+    regret_check(t, &rs, "the INT4 tiles picked are", 21 /* 7 INT4 shapes x 3 M */, 1.007, 1.083);
 }
 
 /* Every enumerated plan is self-consistent and fits; the pick is one of them; cached and fresh
