@@ -45,10 +45,11 @@
 namespace {
 
 /* Who loads X: a producer warp (9 warps per CTA: ptxas gives each thread 168 registers), or, for the
- * 256-token tile (and INT4's 128- and 192-token ones), thread 0 between its own groups (8 warps: 255
- * registers; with the producer warp those tiles spilled). Measured (nib bench gemm, docs/design.md): the producer warp is 5-25 % faster
- * at the same tile; the 256-token tile with thread 0 loading is the fastest at M = 1024 on the large
- * shapes (2048 -> 32768: 224 against 284 us). */
+ * 256-token tile (and INT4's 128- and 192-token ones), thread 0 between its own groups (8 warps:
+ * 255 registers; with the producer warp those tiles spilled). Measured (nib bench gemm,
+ * docs/design.md): the producer warp is 5-25 % faster at the same tile; the 256-token tile with
+ * thread 0 loading is the fastest at M = 1024 on the large shapes (2048 -> 32768: 224 against
+ * 284 us). */
 template <int FMT, int BT> struct WgPW {
     /* INT4's 128- and 192-token tiles hold a second accumulator set (the chunk's product before
      * its group scale): with the producer warp's 168 registers they would spill */

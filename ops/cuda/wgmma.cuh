@@ -47,9 +47,11 @@ __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_grou
 template <int N> __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
 }
-/* pin registers in place: the compiler may not move their reads or writes across this point (after
- * a wgmma_wait, before the registers of the groups it completed are read; otherwise such a read
- * could be scheduled above the wait, and ptxas serializes the wgmmas: C7514) */
+/* pin registers in place: the compiler may not move their reads or writes across this point. After
+ * a wgmma_wait, before the accumulators of the groups it completed are read: the wgmma asm declares
+ * them written at its issue, so without this a read could be scheduled above the wait (as
+ * CUTLASS's warpgroup_fence_operand). It did not stop ptxas's C7514 serialization where a set
+ * written before a loop's back edge is read after it (docs/design.md, INT4 on the wgmma kernel). */
 template <int N> __device__ __forceinline__ void wgmma_fence_operand(float (&r)[N]) {
 #pragma unroll
     for (int i = 0; i < N; i++) asm volatile("" : "+f"(r[i])::"memory");
