@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "io/json.h"
 #include "ops/gemm.h"
@@ -33,12 +34,20 @@ static nib_json_doc *read_recorded(nib_test_ctx *t, const char *file) {
     snprintf(path, sizeof path, "%s", file);
     nib_status st = nib_read_file(path, 64u << 20, &text, &len);
     if (st) {
+        /* run from elsewhere: the repository root is the parent of the test binary's directory
+         * (BUILD/nib_tests) */
         nib_clear_error();
-        /* run from elsewhere: the repository root is the parent of this file's directory */
-        const char *slash = strrchr(__FILE__, '/');
-        int dir = slash ? (int)(slash - __FILE__) : 0;
-        snprintf(path, sizeof path, "%.*s/../%s", dir, __FILE__, file);
-        st = nib_read_file(path, 64u << 20, &text, &len);
+        char exe[900];
+        const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+        if (n > 0) {
+            exe[n] = '\0';
+            for (int up = 0; up < 2; up++) {
+                char *slash = strrchr(exe, '/');
+                if (slash) *slash = '\0';
+            }
+            snprintf(path, sizeof path, "%s/%s", exe, file);
+            st = nib_read_file(path, 64u << 20, &text, &len);
+        }
     }
     CHECK_MSG(st == NIB_OK, "cannot read %s (%s)", path, nib_last_error());
     if (st) return NULL;
