@@ -757,6 +757,18 @@ NIB_TEST(attn_gpu_decode) {
      * multiple of 16, and 2 KV heads of 4 query heads each */
     const ccase cs[] = {{1000, 777, 1, 1, 4, 1}, {2000, 1999, 1, 1, 8, 2}};
     for (size_t i = 0; i < NIB_ARRAY_LEN(cs); i++) cache_all_dtypes(t, &rng, &cs[i]);
+    /* long splits, so each warp runs many steps with its next step's K / V in flight, with step
+     * counts that are not multiples of the 4 warps:
+     * 1 split of 3001 keys (188 steps, 47 per warp) and 3 of 4097 (88 / 88 / 81 steps) */
+    const struct {
+        const char *splits;
+        ccase c;
+    } ls[] = {{"1", {3100, 3001, 1, 1, 8, 1}}, {"3", {4200, 4097, 1, 1, 8, 1}}};
+    for (size_t i = 0; i < NIB_ARRAY_LEN(ls); i++) {
+        setenv("NIB_ATTN_SPLITS", ls[i].splits, 1);
+        cache_all_dtypes(t, &rng, &ls[i].c);
+    }
+    unsetenv("NIB_ATTN_SPLITS");
 }
 
 /* One captured CUDA graph serves every valid length: capture once, then change t_valid on the

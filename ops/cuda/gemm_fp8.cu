@@ -293,6 +293,7 @@ __global__ void __launch_bounds__(WG * 128 + 32, 1)
         }
     }
     wgmma_wait<0>();
+    wgmma_fence_operand(acc); /* the accumulators are read below: not before the wait */
     if (KS > 1) {
         /* every CTA of the cluster is past its K loop (rank 0's stages are free and its TMA
          * writes landed); ranks 1.. store their sums into rank 0's stage buffers, element i of

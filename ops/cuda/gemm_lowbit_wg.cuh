@@ -226,6 +226,7 @@ __global__ void __launch_bounds__(WgPW<FMT, BT>::THREADS, 1) k_gemm_lowbit_wg(co
         if (++s == ST) s = 0, ph ^= 1;
     }
     wgmma_wait<0>();
+    wgmma_fence_operand(acc); /* the accumulators are read below: not before the wait */
     /* CM = 2: no CTA goes on (or exits) while its partner may still arrive on its barriers or
      * multicast into its ring */
     if (CM > 1) cluster_sync();
