@@ -371,24 +371,6 @@ NIB_TEST(attn_gpu_prefix_gemma_large) {
     setenv("NIB_ATTN_SPLITS", "2", 1);
     run_prefix(t, &rng, &cs[3]);
     unsetenv("NIB_ATTN_SPLITS");
-    /* wg1c: the keys split over the 2..4 CTAs of a cluster, merged in distributed shared memory
-     * (the default for the unsplit prefix shapes above, e.g. S = 532 with 3): forced, on GQA with
-     * head_dim 128, one token (the other splits empty: their CTAs must still meet the cluster
-     * barriers), two sequences with fewer valid tokens than planned, nothing valid; then each
-     * cluster size (NIB_ATTN_SPLITS) on the Pi0.5 prefix and the padded one (968 planned, 532
-     * valid) */
-    setenv("NIB_ATTN_VARIANT", "wg1c", 1);
-    run_prefix(t, &rng, &t2[2]);
-    run_prefix(t, &rng, &(pcase){1, 1, 1, 1, 8, 1, 256, 0});
-    run_prefix(t, &rng, &(pcase){2, 2, 70, 67, 8, 1, 256, 0});
-    run_prefix(t, &rng, &(pcase){1, 1, 24, 0, 8, 1, 256, 0});
-    const char *sizes[] = {"2", "3", "4"};
-    for (size_t i = 0; i < NIB_ARRAY_LEN(sizes); i++) {
-        setenv("NIB_ATTN_SPLITS", sizes[i], 1);
-        run_prefix(t, &rng, &cs[1]);
-        run_prefix(t, &rng, &cs[3]);
-    }
-    unsetenv("NIB_ATTN_SPLITS");
     unsetenv("NIB_ATTN_VARIANT");
 }
 
@@ -643,10 +625,10 @@ static void cache_all_dtypes(nib_test_ctx *t, nib_rng *rng, const ccase *c) {
         kx[i] = (float)nib_rng_normal(rng);
         vx[i] = (float)nib_rng_normal(rng);
     }
-    /* NIB_ATTN_VARIANT=wg / wg1c (the wgmma kernel) takes a bf16 cache only: the low-bit ones are
-     * refused with NIB_ERR_UNSUPPORTED naming the dtype, checked once here, then skipped */
+    /* NIB_ATTN_VARIANT=wg (the wgmma kernel) takes a bf16 cache only: the low-bit ones are refused
+     * with NIB_ERR_UNSUPPORTED naming the dtype, checked once here, then skipped */
     const char *fv = getenv("NIB_ATTN_VARIANT");
-    const int n_dt = fv && (!strcmp(fv, "wg") || !strcmp(fv, "wg1c")) ? 1 : NIB_KV_COUNT;
+    const int n_dt = fv && !strcmp(fv, "wg") ? 1 : NIB_KV_COUNT;
     if (n_dt == 1) {
         nib_attn_cache_args a;
         memset(&a, 0, sizeof a);
@@ -709,7 +691,7 @@ NIB_TEST(attn_gpu_cache_edges) {
      * every shape it takes (NIB_ATTN_VARIANT / NIB_ATTN_CLUSTER are read at every plan): the
      * opt-in cluster variant on a long cache (10 tiles per split), with clusters of 8 too, on
      * GQA, on the suffix and on a nothing-visible cache */
-    const char *forced[] = {"r4", "r8", "dec", "cl", "cl8", "cl", "rk", "wg", "wg1c"};
+    const char *forced[] = {"r4", "r8", "dec", "cl", "cl8", "cl", "rk", "wg"};
     const ccase fc[][2] = {{{700, 650, 6, 6, 8, 1}, {600, 560, 50, 10, 8, 1}},
                            {{700, 650, 6, 6, 8, 1}, {600, 560, 50, 10, 8, 1}},
                            {{700, 650, 6, 6, 8, 1}, {552, 552, 10, 10, 8, 1}},
@@ -721,9 +703,6 @@ NIB_TEST(attn_gpu_cache_edges) {
                            {{300, 257, 2, 2, 8, 2}, {600, 560, 2, 1, 4, 1}},
                            /* the wgmma kernel (bf16 caches only: the low-bit ones are refused and
                             * skipped by cache_all_dtypes' wg rule below) on the suffix and GQA */
-                           {{600, 560, 50, 10, 8, 1}, {300, 257, 3, 3, 8, 2}},
-                           /* wg1c (bf16 caches only, as wg): the suffix planned for H = 50 run with
-                            * 10, and GQA */
                            {{600, 560, 50, 10, 8, 1}, {300, 257, 3, 3, 8, 2}}};
     for (size_t v = 0; v < NIB_ARRAY_LEN(forced); v++) {
         setenv("NIB_ATTN_VARIANT", v == 4 ? "cl" : forced[v], 1);

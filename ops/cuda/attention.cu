@@ -98,18 +98,12 @@ static KInfo g_kinfo[] = {
     /* the wgmma kernel (attn_wg.cuh): bf16, head_dim <= 256, 128 rows; the default where r8 was */
     {k_attn_wg<2>, F_BF16, 256, 8, 1, WgCfg<2>::TK, WgCfg<2>::NT, WgCfg<2>::SMEM, "wg", WgCfg<2>::ROWS, 0, 0, 0, 0},
     {k_attn_wg<1>, F_BF16, 256, 4, 1, WgCfg<1>::TK, WgCfg<1>::NT, WgCfg<1>::SMEM, "wg1", WgCfg<1>::ROWS, 0, 0, 0, 0},
-    /* wg1c: wg1 with the keys split over the cl = 2..4 CTAs of a cluster, merged in distributed
-     * shared memory (no workspace, no merge kernel); one K / V stage, 2 CTAs per SM */
-#define KWC(N) {k_attn_wg<1, N>, F_BF16, 256, 4, 1, WgCfg<1, N>::TK, WgCfg<1, N>::NT, WgCfg<1, N>::SMEM, "wg1c" #N, 64, N, 0, 0, 0}
-    KWC(2), KWC(3), KWC(4),
-#undef KWC
 };
 #define K_D80 (3 * V_PER_FMT)
 #define K_CL (K_D80 + 1)     /* + fmt */
 #define K_RK (K_CL + 3)      /* + fmt: the decode kernel (attn_dec.cuh) */
 #define K_T2 (K_RK + 3)      /* r4t2 (head_dim 256), then d80t2: bf16 only */
 #define K_WG (K_T2 + 2)      /* the wgmma kernel: bf16, head_dim 256 */
-#define K_WC (K_WG + 2)      /* + cluster size - 2: wg1c, the wgmma kernel with its key splits in a cluster */
 
 static int g_sms;
 
@@ -134,8 +128,7 @@ static int pick_variant(int fmt, int dp, int64_t rows, int cache) {
     const char *e = getenv("NIB_ATTN_VARIANT");
     int forced = !e || !*e ? -1 : !strcmp(e, "dec") ? V_DEC : !strcmp(e, "r4") ? V_R4 : !strcmp(e, "r8") ? V_R8 : -1;
     if (e && !strcmp(e, "t2")) return fmt == F_BF16 ? (dp == 80 ? K_T2 + 1 : K_T2) : -2;
-    if (e && (!strcmp(e, "wg") || !strcmp(e, "wg1") || !strcmp(e, "wg1c")))
-        return fmt == F_BF16 && dp == 256 ? (!strcmp(e, "wg1c") ? K_WC : K_WG + (e[2] == '1')) : -3;
+    if (e && (!strcmp(e, "wg") || !strcmp(e, "wg1"))) return fmt == F_BF16 && dp == 256 ? K_WG + (e[2] == '1') : -3;
     /* head_dim 80 (SigLIP): d80t2; H100, 256 tokens x 16 heads, bf16: 8.90 us for 2 images
      * against 10.36 with d80 (r4), 12.28 against 12.93 for 3 (`nib bench attn --variants t2`) */
     if (dp == 80) return forced == V_R4 ? K_D80 : K_T2 + 1;
@@ -160,7 +153,7 @@ static nib_status kinfo_ready(KInfo *k) {
         return NIB_ERR(NIB_ERR_UNSUPPORTED_DEVICE, "attention kernel %s: does not fit on an SM (%d bytes of shared memory)",
                        k->name, k->smem);
     k->occ = occ;
-    if (k->cl == 1) { /* the largest cluster (16 needs the non-portable opt-in, then 8) of which one fits */
+    if (k->cl) { /* the largest cluster (16 needs the non-portable opt-in, then 8) of which one fits */
         NIB_CUDA_CHECK(cudaFuncSetAttribute(k->kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
         for (int c = CL_MAX; c >= 8 && !k->cl_max; c /= 2) {
             cudaLaunchAttribute at;
@@ -240,43 +233,6 @@ static nib_status plan_cluster(int fmt, int64_t rows_max, int64_t z, Plan *pl, i
     return NIB_OK;
 }
 
-static int e_forced(void) {
-    const char *e = getenv("NIB_ATTN_VARIANT");
-    return e && *e;
-}
-
-/* wg1c (the wgmma kernel, one warpgroup, its key splits the 2..4 CTAs of a cluster merged in
- * distributed shared memory): the cluster size is the largest whose CTAs (rb x z x size) fit in
- * one wave at the kernel's occupancy (2 per SM) with at least one tile per split; none fits:
- * n_splits = 1 (not wg1c), unless forced (then 2). NIB_ATTN_SPLITS=2..4 forces the size when
- * forced is set. H100, `nib bench attn --variants wg1,wg1c`, the Gemma prefix: S = 532 (67 row
- * blocks) 21.3 us with wg1 unsplit against 21.0 with 2 splits (134 CTAs: the two past 132 SMs
- * share an SM and set the time), S = 788 29.4 -> 26.7, S = 968 34.1 -> 29.9. */
-static nib_status plan_wg1c(int64_t rb, int64_t z, int64_t tiles, int forced, Plan *pl) {
-    int cls = 0;
-    const char *fs = getenv("NIB_ATTN_SPLITS");
-    if (forced && fs && *fs) {
-        cls = atoi(fs);
-        if (cls < 2 || cls > 4) return NIB_ERR(NIB_ERR_INVALID_ARG, "attention: wg1c takes NIB_ATTN_SPLITS=2..4 (the cluster size); got %s", fs);
-    }
-    for (int c = 4; c >= 2 && !cls; c--) {
-        KInfo *k = &g_kinfo[K_WC + c - 2];
-        NIB_RETURN_IF_ERR(kinfo_ready(k));
-        if (rb * z * c <= (int64_t)k->occ * g_sms && c <= tiles) cls = c;
-    }
-    if (!cls && forced) cls = 2;
-    if (!cls) {
-        pl->n_splits = 1;
-        return NIB_OK;
-    }
-    NIB_RETURN_IF_ERR(kinfo_ready(&g_kinfo[K_WC + cls - 2]));
-    pl->ki = K_WC + cls - 2;
-    pl->row_blocks = (int)rb;
-    pl->n_splits = cls;
-    pl->z = (int)z;
-    return NIB_OK;
-}
-
 static nib_status make_plan(int fmt, int dp, int64_t rows_max, int64_t t_max, int64_t z, int d, int cache, Plan *pl) {
     memset(pl, 0, sizeof *pl);
     if (cache && dp == 256) {
@@ -303,8 +259,6 @@ static nib_status make_plan(int fmt, int dp, int64_t rows_max, int64_t t_max, in
         return NIB_ERR(NIB_ERR_UNSUPPORTED, "attention: %lld row blocks x %lld (sequence, KV head) pairs exceed the grid",
                        (long long)rb, (long long)z);
     const int64_t tiles = t_max > 0 ? (t_max + k->tk - 1) / k->tk : 1;
-    if (pl->ki == K_WC) /* forced wg1c (NIB_ATTN_VARIANT): NIB_ATTN_SPLITS=2..4 picks the cluster size */
-        return plan_wg1c(rb, z, tiles, 1, pl);
     /* the decode kernel: one CTA per SM measured best (H100, T = 32768: 132 splits 21.7 / 17.5 /
      * 17.4 us for bf16 / fp8 / nvfp4 vs 24.8 / 18.7 / 17.5 us with 264 at 2 per SM) */
     const int64_t slots = (int64_t)g_sms * (pl->ki >= K_RK && pl->ki < K_T2 ? 1 : k->occ);
@@ -325,19 +279,6 @@ static nib_status make_plan(int fmt, int dp, int64_t rows_max, int64_t t_max, in
     if (fs && *fs) {
         long v = strtol(fs, NULL, 10);
         bs = (int)(v < 1 ? 1 : v > tiles ? tiles : v > MAX_SPLITS ? MAX_SPLITS : v);
-    }
-    /* the prefix's unsplit wg1 plan becomes wg1c where 2..4 key splits per row block still fit
-     * in one wave at 2 CTAs per SM (NIB_ATTN_WG1C=0: keep wg1, the A/B switch) */
-    const char *wce = getenv("NIB_ATTN_WG1C");
-    if (!cache && pl->ki == K_WG + 1 && bs == 1 && !(e_forced() || (fs && *fs)) && !(wce && !strcmp(wce, "0"))) {
-        Plan wc;
-        memset(&wc, 0, sizeof wc);
-        wc.ki = K_WC;
-        NIB_RETURN_IF_ERR(plan_wg1c(rb, z, tiles, 0, &wc));
-        if (wc.n_splits > 1) {
-            *pl = wc;
-            return NIB_OK;
-        }
     }
     pl->row_blocks = (int)rb;
     pl->n_splits = bs;

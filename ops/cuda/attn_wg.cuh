@@ -28,29 +28,17 @@
 #define NIB_ATTN_WG_CUH
 
 #include "ops/cuda/attention.cuh"
-#include "ops/cuda/cluster.cuh"
 #include "ops/cuda/wgmma.cuh"
 
 namespace nib {
 
-/* WGS warpgroups of 64 query rows per CTA; CLS > 1 (wg1c, 2..4): the key splits are the CLS CTAs
- * of a cluster, merged in distributed shared memory; one K and one V stage, so that two CTAs fit
- * on an SM */
-template <int WGS, int CLS = 1> struct WgCfg {
+template <int WGS> struct WgCfg { /* WGS warpgroups of 64 query rows per CTA */
     static constexpr int NT = 128 * WGS, ROWS = 64 * WGS, TK = 64, DP = 256, RSTEP = NT / 32;
-    static constexpr int KST = CLS > 1 ? 1 : 2, VST = KST;  /* K and V ring stages */
+    static constexpr int KST = 2, VST = 2;                 /* K and V ring stages */
     static constexpr int ATOM = 128;                       /* bytes per row of one 64-column atom */
     static constexpr int Q_WG_BYTES = 64 * DP * 2;         /* one warpgroup's 64 rows: 32 KB */
     static constexpr int KV_BYTES = TK * DP * 2;           /* one K (or V) tile: 32 KB */
     static constexpr int SMEM = 1024 /* alignment slack */ + WGS * Q_WG_BYTES + (KST + VST) * KV_BYTES;
-    /* CLS > 1: rank r finishes the 8-dim groups j (o[4 j ..]) with j * CLS / 32 == r, at most JPR
-     * of them; it receives from each of the CLS - 1 others (slot: the sender's rank, skipping r)
-     * their unnormalized O of those groups (a float4 per thread and group) and their rows'
-     * (m, l), in its K / V stages once every CTA is past its loop */
-    static constexpr int JPR = (32 + CLS - 1) / CLS;
-    static constexpr int XO_SLOT = JPR * NT * 16, XO_BYTES = (CLS - 1) * XO_SLOT, XML_BYTES = (CLS - 1) * NT * 16;
-    static_assert(CLS == 1 || (CLS <= 4 && WGS == 1), "wg1c: one warpgroup, clusters of 2..4");
-    static_assert(XO_BYTES + XML_BYTES <= (KST + VST) * KV_BYTES, "the exchange fits in the K / V stages");
 };
 
 /* byte offset of 16-byte chunk c (0..31: 8 dims each) of row r in an operand of `rows` rows */
@@ -58,10 +46,10 @@ __device__ __forceinline__ uint32_t wg_chunk_off(int r, int c, int rows) {
     return (uint32_t)((c >> 3) * rows * 128 + r * 128 + ((((c & 7) ^ (r & 7))) << 4));
 }
 
-template <int WGS, int CLS = 1>
-__global__ void __launch_bounds__(WgCfg<WGS, CLS>::NT, CLS > 1 ? 2 : 1) k_attn_wg(AttnParams p) {
+template <int WGS>
+__global__ void __launch_bounds__(WgCfg<WGS>::NT, 1) k_attn_wg(AttnParams p) {
     nib::pdl_enter(); /* runtime/launch.cuh: first, before any access or return */
-    using C = WgCfg<WGS, CLS>;
+    using C = WgCfg<WGS>;
     constexpr int TK = C::TK;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     /* the swizzle is applied to address bits 4..9: operands start on 1024-byte boundaries */
@@ -78,8 +66,7 @@ __global__ void __launch_bounds__(WgCfg<WGS, CLS>::NT, CLS > 1 ? 2 : 1) k_attn_w
     const int rows_valid = read_len(p.nq_valid, p.nq_max) * p.group;
     if (row0 >= rows_valid) return;
     int t0, t1;
-    /* a cluster's CTAs both reach its barriers: an empty split runs no tiles (t0 = t1) */
-    if (split >= nib_attn_split_range(T, p.n_splits, TK, split, &t0, &t1) && CLS == 1) return;
+    if (split >= nib_attn_split_range(T, p.n_splits, TK, split, &t0, &t1)) return;
     const int n_tiles = (t1 - t0 + TK - 1) / TK;
 
     const int c = tid & 31, r8 = tid >> 5; /* this thread's chunk column; its first row (< RSTEP) */
@@ -115,29 +102,8 @@ __global__ void __launch_bounds__(WgCfg<WGS, CLS>::NT, CLS > 1 ? 2 : 1) k_attn_w
             vs += C::RSTEP * p.v_tok;
         }
     };
-    /* one stage (CLS > 1): K and V of a tile are loaded separately, each once the previous
-     * tile's product that reads it is done */
-    auto load_one = [&](int it, const uint8_t *base, int64_t tok, uint32_t dst, const void *zsrc) {
-        const int tt0 = t0 + it * TK;
-        const uint8_t *src = base + (long long)(tt0 + r8) * tok;
-#pragma unroll 4
-        for (int j = r8; j < TK; j += C::RSTEP) {
-            const bool ok = cok && tt0 + j < t1;
-            cp_async16(dst + wg_chunk_off(j, c, TK), ok ? (const void *)src : zsrc, ok ? 16 : 0);
-            src += C::RSTEP * tok;
-        }
-    };
-    auto load_k = [&](int it) { load_one(it, kbase, p.k_tok, sk, p.k); };
-    auto load_v = [&](int it) { load_one(it, vbase, p.v_tok, sv, p.v); };
-    if constexpr (C::KST == 2) {
-        if (n_tiles > 0) load_tile(0);
-        cp_async_commit(); /* group 0: Q and tile 0 */
-    } else {
-        if (n_tiles > 0) load_k(0);
-        cp_async_commit(); /* group 0: Q and K(0) */
-        if (n_tiles > 0) load_v(0);
-        cp_async_commit(); /* group 1: V(0) */
-    }
+    if (n_tiles > 0) load_tile(0);
+    cp_async_commit(); /* group 0: Q and tile 0 */
 
     /* per-thread state: rows g (i = 0) and g + 8 (i = 1) of the warp's 16 */
     float o[128];
@@ -157,18 +123,12 @@ __global__ void __launch_bounds__(WgCfg<WGS, CLS>::NT, CLS > 1 ? 2 : 1) k_attn_w
 
 #pragma unroll 1
     for (int it = 0; it < n_tiles; it++) {
-        if constexpr (C::KST == 2) {
-            cp_async_wait_all();      /* this thread's copies of tile it (and Q) landed */
-            fence_proxy_async_smem(); /* ... and are visible to wgmma's async proxy */
-            __syncthreads();          /* every thread's; and both warpgroups are done with tile it - 1 */
-            if (it + 1 < n_tiles) load_tile(it + 1);
-            cp_async_commit();
-            if (!wg_active) continue;
-        } else { /* one stage: groups go K(it), V(it), K(it + 1), ... */
-            cp_async_wait<1>(); /* K(it) (and Q) landed; V(it) may still be in flight */
-            fence_proxy_async_smem();
-            __syncthreads();
-        }
+        cp_async_wait_all();      /* this thread's copies of tile it (and Q) landed */
+        fence_proxy_async_smem(); /* ... and are visible to wgmma's async proxy */
+        __syncthreads();          /* every thread's; and both warpgroups are done with tile it - 1 */
+        if (it + 1 < n_tiles) load_tile(it + 1);
+        cp_async_commit();
+        if (!wg_active) continue;
         const uint32_t kt = sk + (it % C::KST) * C::KV_BYTES;
 
         /* S = Q K^T: 64 rows x 64 keys, 16 k-steps of 16 dims (4 per 128-byte atom) */
@@ -184,12 +144,7 @@ __global__ void __launch_bounds__(WgCfg<WGS, CLS>::NT, CLS > 1 ? 2 : 1) k_attn_w
         }
         wgmma_commit();
         wgmma_wait<0>();
-        wgmma_fence_operand(s);
-        if constexpr (C::KST == 1) { /* every thread's S reads of K(it) are done: load K(it + 1) */
-            __syncthreads();
-            if (it + 1 < n_tiles) load_k(it + 1);
-            cp_async_commit();
-        }
+        wgmma_fence_operand(s); /* S is read below: not before the wait */
 
         /* scale to log2 units, mask keys past the split end, online softmax (as k_attn) */
         const int key_t0 = t0 + it * TK;
@@ -226,21 +181,11 @@ __global__ void __launch_bounds__(WgCfg<WGS, CLS>::NT, CLS > 1 ? 2 : 1) k_attn_w
             a[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
             a[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
         }
-        if constexpr (C::KST == 1) {
-            cp_async_wait<1>(); /* V(it) landed; K(it + 1) may still be in flight */
-            fence_proxy_async_smem();
-            __syncthreads();
-        }
         wgmma_fence();
         pv(it);
         wgmma_commit();
         wgmma_wait<0>();
-        wgmma_fence_operand(o);
-        if constexpr (C::KST == 1) { /* every thread's P V reads of V(it) are done: load V(it + 1) */
-            __syncthreads();
-            if (it + 1 < n_tiles) load_v(it + 1);
-            cp_async_commit();
-        }
+        wgmma_fence_operand(o); /* O is rescaled (next tile) or stored: not before the wait */
     }
     cp_async_wait_all(); /* nothing may land in smem after this point */
     if (!wg_active) return;
@@ -250,82 +195,6 @@ __global__ void __launch_bounds__(WgCfg<WGS, CLS>::NT, CLS > 1 ? 2 : 1) k_attn_w
     for (int i = 0; i < 2; i++) {
         lrow[i] += __shfl_xor_sync(0xffffffffu, lrow[i], 1);
         lrow[i] += __shfl_xor_sync(0xffffffffu, lrow[i], 2);
-    }
-    if constexpr (CLS > 1) {
-        /* wg1c: split = cluster rank. Every thread sends each other rank its unnormalized O of
-         * that rank's dim groups and its rows' (m, l), then combines its own groups over the
-         * splits in split order: o = sum_s f_s O_s / sum_s f_s l_s, f_s = 2^(m_s - max m). No
-         * workspace, no merge kernel, deterministic. */
-        constexpr int NT = C::NT;
-        const int rank = (int)cluster_ctarank();
-        const uint32_t xo = sk, xml = sk + C::XO_BYTES;
-        cluster_sync(); /* every CTA is past its loop (the stages are free) and running */
-#pragma unroll
-        for (int dst = 0; dst < CLS; dst++) {
-            if (dst == rank) continue;
-            const int slot = rank < dst ? rank : rank - 1; /* this CTA's slot at dst */
-            const uint32_t ro = cluster_map(xo, (uint32_t)dst) + (uint32_t)(slot * C::XO_SLOT + 16 * tid);
-#pragma unroll
-            for (int j = 0; j < 32; j++) /* constant indices into o (a runtime one would put o on the stack) */
-                if (j * CLS / 32 == dst)
-                    st_cluster_v4(ro + (uint32_t)(16 * NT * (j - (32 * dst + CLS - 1) / CLS)), o[4 * j], o[4 * j + 1],
-                                  o[4 * j + 2], o[4 * j + 3]);
-            st_cluster_v4(cluster_map(xml, (uint32_t)dst) + (uint32_t)(slot * NT * 16 + 16 * tid), mrow[0], mrow[1],
-                          lrow[0], lrow[1]);
-        }
-        cluster_sync(); /* the others' values are in this CTA's shared memory */
-        float f[CLS][2], inv[2];
-        {
-            float ms[CLS][2], ls[CLS][2];
-#pragma unroll
-            for (int sp = 0; sp < CLS; sp++) {
-                const float4 v = sp == rank ? make_float4(mrow[0], mrow[1], lrow[0], lrow[1])
-                                            : lds_f4(xml + (uint32_t)((sp < rank ? sp : sp - 1) * NT * 16 + 16 * tid));
-                ms[sp][0] = v.x, ms[sp][1] = v.y, ls[sp][0] = v.z, ls[sp][1] = v.w;
-            }
-#pragma unroll
-            for (int i = 0; i < 2; i++) {
-                float mx = -INFINITY;
-#pragma unroll
-                for (int sp = 0; sp < CLS; sp++) mx = fmaxf(mx, ms[sp][i]);
-                const float mu = mx == -INFINITY ? 0.f : mx;
-                float L = 0.f;
-#pragma unroll
-                for (int sp = 0; sp < CLS; sp++) {
-                    f[sp][i] = exp2f(ms[sp][i] - mu);
-                    L += f[sp][i] * ls[sp][i];
-                }
-                inv[i] = L > 0.f ? 1.f / L : 0.f;
-            }
-        }
-        const int rowb = row0 + (warp & 3) * 16 + g;
-        __nv_bfloat16 *dst[2];
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-            const int row = rowb + 8 * i;
-            dst[i] = row < rows_valid ? p.o + seq * p.o_seq + (long long)(row / p.group) * p.o_tok +
-                                            (long long)(hkv * p.group + row % p.group) * p.d
-                                      : nullptr;
-        }
-        const int jb = (32 * rank + CLS - 1) / CLS; /* this rank's first group */
-#pragma unroll
-        for (int j = 0; j < 32; j++) {
-            if (j * CLS / 32 != rank) continue;
-            const int dim = 8 * j + t2;
-            float4 acc[2] = {make_float4(0.f, 0.f, 0.f, 0.f), make_float4(0.f, 0.f, 0.f, 0.f)};
-#pragma unroll
-            for (int sp = 0; sp < CLS; sp++) {
-                const float4 v = sp == rank ? make_float4(o[4 * j], o[4 * j + 1], o[4 * j + 2], o[4 * j + 3])
-                                            : lds_f4(xo + (uint32_t)((sp < rank ? sp : sp - 1) * C::XO_SLOT +
-                                                                     16 * (NT * (j - jb) + tid)));
-                acc[0].x += f[sp][0] * v.x, acc[0].y += f[sp][0] * v.y; /* row g: dims dim, dim + 1 */
-                acc[1].x += f[sp][1] * v.z, acc[1].y += f[sp][1] * v.w; /* row g + 8 */
-            }
-#pragma unroll
-            for (int i = 0; i < 2; i++)
-                if (dst[i] && dim < p.d) *(uint32_t *)(dst[i] + dim) = pack_bf16(acc[i].x * inv[i], acc[i].y * inv[i]);
-        }
-        return;
     }
     const size_t part0 = ((size_t)z * p.n_splits + split) * p.rows_max; /* workspace row 0 of this split */
 #pragma unroll

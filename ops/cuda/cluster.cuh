@@ -1,8 +1,8 @@
 /* cluster.cuh — thread-block cluster primitives shared by nib's kernels (sm_90): the CTA's rank,
  * the cluster barrier (full, or split into arrive / wait), and distributed shared memory (the
  * address of a shared variable in another CTA of the cluster, remote loads and stores).
- * Used by act.cu (the 2-CTA GeGLU/GELU rows), expert.cu (the CTA pairs), gemm_fp8.cu (K split,
- * W multicast) and attn_wg.cuh (wg1c: two key splits merged in the cluster). */
+ * Used by act.cu (the 2-CTA GeGLU/GELU rows), expert.cu (the CTA pairs) and gemm_fp8.cu (K split,
+ * W multicast). */
 #ifndef NIB_CLUSTER_CUH
 #define NIB_CLUSTER_CUH
 
@@ -35,18 +35,6 @@ __device__ __forceinline__ float ld_cluster_f32(uint32_t caddr) {
 }
 __device__ __forceinline__ void st_cluster_f32(uint32_t caddr, float v) {
     asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(caddr), "f"(v) : "memory");
-}
-
-__device__ __forceinline__ void st_cluster_v4(uint32_t caddr, float a, float b, float c, float d) {
-    asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(caddr), "f"(a), "f"(b), "f"(c), "f"(d)
-                 : "memory");
-}
-/* a float4 of this CTA's shared memory (a shared::cta address) */
-__device__ __forceinline__ float4 lds_f4(uint32_t saddr) {
-    float4 v;
-    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(saddr)
-                 : "memory");
-    return v;
 }
 
 } /* namespace nib */
