@@ -34,7 +34,7 @@ static const char *ckpt(void) {
 
 typedef struct run_in {
     float img[3 * 3 * 56 * 56], noise[16 * 32];
-    int32_t ids[24];
+    int32_t ids[512];
     nib_pi05_inputs in;
 } run_in;
 
@@ -154,7 +154,9 @@ NIB_TEST(pi05_gpu_graph_replays_deterministic_and_reusable) {
 /* ---- the persistent expert kernel (ops/expert.h) ------------------------------------------
  * The same NVFP4 expert through the per-op path (NIB_FUSED_STEP=0) and the persistent kernel (the default),
  * on the tiny config and on one with awkward expert sizes (width 80, 3 heads, MLP 176), for
- * H = 1, 7, 10, 16 and 1-3 cameras. Both paths round to bf16 at the same points; what differs
+ * H = 1, 7, 10, 16 and 1-3 cameras, and on one with 8 expert heads and ~500 text tokens, where the
+ * attention has more (row block, key split) tasks than the kernel has CTAs (144 at H = 16 on 132
+ * SMs: some CTAs run two tasks and merge two row blocks' shares). Both paths round to bf16 at the same points; what differs
  * is the fp32 accumulation order and the softmax's split points, so a value may land on the
  * other side of a bf16 rounding boundary: up to 2^-8 relative per op, ~40 ops in quadrature
  * ~0.025 on the update: bound 0.04 between the paths. Against the precision-matched fp32
@@ -170,6 +172,17 @@ static const char *ckpt_awkward(void) {
     }
     return path[0] ? path : NULL;
 }
+static const char *ckpt_long(void) {
+    static char path[512];
+    if (!path[0]) {
+        snprintf(path, sizeof path, "%s/pi05_tiny_long_text.safetensors", nib_test_tmpdir());
+        nib_pi05_config c;
+        nib_pi05_config_tiny(&c);
+        c.e_heads = 8, c.max_text = 512;
+        if (nib_pi05_synth_checkpoint_ex(path, &c, 9, 1)) path[0] = '\0';
+    }
+    return path[0] ? path : NULL;
+}
 
 static nib_status load_from(const char *file, const char *preset, const char *over, nib_st_file **f, nib_pi05 **m) {
     nib_pi05_precision p;
@@ -181,7 +194,7 @@ static nib_status load_from(const char *file, const char *preset, const char *ov
     return nib_pi05_load(*f, &c, &p, m);
 }
 
-static void expert_paths(nib_test_ctx *t, const char *file) {
+static void expert_paths(nib_test_ctx *t, const char *file, int ncase, const int *Hs, const int *cams, const int *Ls) {
     nib_st_file *f0 = NULL, *f1 = NULL, *fr = NULL;
     nib_pi05 *per_op = NULL, *fused = NULL, *ref = NULL;
     setenv("NIB_FUSED_STEP", "0", 1);
@@ -196,8 +209,7 @@ static void expert_paths(nib_test_ctx *t, const char *file) {
     CHECK_MSG(!strncmp(nib_pi05_expert_path(per_op), "per-op", 6), "NIB_FUSED_STEP=0 did not select the per-op path");
     nib_rng rng;
     nib_test_rng(t, &rng);
-    static const int Hs[4] = {1, 7, 10, 16}, cams[4] = {1, 3, 2, 3}, Ls[4] = {5, 24, 11, 1};
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < ncase; i++) {
         static run_in x;
         make_in(&rng, &x, cams[i], Ls[i], Hs[i]);
         float a0[16 * 32], a1[16 * 32], ar[16 * 32];
@@ -224,8 +236,12 @@ NIB_TEST(pi05_gpu_expert_kernel_vs_per_op_and_reference) {
     NIB_REQUIRE_GPU();
     REQUIRE(ckpt());
     REQUIRE(ckpt_awkward());
-    expert_paths(t, ckpt());
-    expert_paths(t, ckpt_awkward());
+    REQUIRE(ckpt_long());
+    static const int Hs[4] = {1, 7, 10, 16}, cams[4] = {1, 3, 2, 3}, Ls[4] = {5, 24, 11, 1};
+    expert_paths(t, ckpt(), 4, Hs, cams, Ls);
+    expert_paths(t, ckpt_awkward(), 4, Hs, cams, Ls);
+    static const int lH[2] = {16, 10}, lcams[2] = {2, 3}, lL[2] = {500, 487};
+    expert_paths(t, ckpt_long(), 2, lH, lcams, lL);
 }
 
 /* ---- the prefix's fused QKV epilogue -------------------------------------------------------

@@ -2,7 +2,7 @@
  * one flow-matching step.
  *
  * Layout: one CTA of 8 warps per SM, in pairs (thread-block clusters of 2; cooperative launch:
- * all CTAs resident). Per layer, six phases separated by grid barriers:
+ * all CTAs resident). Per layer, six phases; grid barriers after all but attention:
  *   1 QKV    each pair's CTAs copy their half of the K columns of x into shared memory while
  *            they sum the row statistics of the adaRMS (from the per-16-column sums of squares the
  *            previous down epilogue wrote; layer 0: from x itself), and normalize; then their warps
@@ -14,7 +14,9 @@
  *   2 attn   task (16-row block of the H x n_heads query rows, 32-key split): RoPE + q_scale
  *            applied to q on load, keys [0, P) from the cache, keys P.. from raw qkv (RoPE on
  *            load); S = q kᵀ and O = P v on tensor cores; unnormalized O, row max and sum out
- *   3 merge  splits combined (max, exp2 weights) -> o bf16
+ *            each task signals its row block's counter when its partials are out
+ *   3 merge  no grid barrier before it: the CTAs of a row block's splits wait for that row
+ *            block's counter, then each combines its share of the block (max, exp2 weights) -> o bf16
  *   4 O      the pair's halves of o staged; tiles; rank 0: x = bf16(gate * acc + x) in place
  *            (each element has one writer and no other reader in this phase), and per row group
  *            the rows' sums of squares of the 16 new values (the next adaRMS's statistics)
@@ -67,6 +69,7 @@ constexpr float LOG2E = 1.4426950408889634f;
  * adaRMS phases: copy issued + statistics summed (nstat), the copy waited for (nwait). SEGW: 6 phases x NSEG,
  * then clock64 / globaltimer at start and end (clock calibration). */
 constexpr int NSEG = 8, SEGW = 6 * NSEG + 4;
+constexpr int NBAR = 5; /* grid barriers per layer: after qkv, merge, O, gate|up, down */
 /* thread 0 (segp != NULL): add the cycles since tlast to segment s */
 __device__ __forceinline__ void seg_add(unsigned long long *segp, int s, long long &tlast) {
     if (segp) {
@@ -106,6 +109,7 @@ struct Params {
                      * epilogues, for the adaRMS of gate|up and of the next layer's QKV */
     int ngx, nstld; /* ceil(We / 16) slots per row, row stride (even) */
     unsigned *bar;  /* [0] barrier arrivals, [32] kernel exits (separate 128-byte lines) */
+    unsigned *rbc;  /* [rb * 32]: finished attention tasks of row block rb, NS per layer (own 128-byte lines) */
     unsigned long long *trace; /* NULL, or [barriers][G][2] globaltimer stamps (NIB_EXPERT_TRACE) */
     unsigned long long *seg;   /* NULL, or [G][SEGW]: per-CTA cycles per phase segment (NIB_EXPERT_TRACE) */
     int attn_off, tab_off, mods_off, seg_off, rinv_off; /* shared-memory offsets: attention tiles,
@@ -205,6 +209,7 @@ __device__ __forceinline__ void kernel_exit(const Params &p) {
     __syncthreads();
     if (threadIdx.x == 0 && atomicAdd(p.bar + 32, 1u) == gridDim.x - 1) { /* everyone passed every barrier */
         atomicExch(p.bar, 0u);
+        for (int rb = 0; rb < (p.H * p.nh + 15) / 16; rb++) atomicExch(p.rbc + 32 * rb, 0u);
         atomicExch(p.bar + 32, 0u);
     }
 }
@@ -752,21 +757,26 @@ __device__ void attn_phase(const Params &p, const LayerDev &Ld, unsigned char *a
                 __stcg((float2 *)(dst + (g + 8) * HD + col), make_float2(c[i][2], c[i][3]));
             }
         }
-        __syncthreads(); /* shared tiles are reused by the next task */
+        __syncthreads(); /* shared tiles are reused by the next task; the partials are all stored */
+        if (threadIdx.x == 0) red_release_add(p.rbc + 32 * rb, 1u); /* this split of row block rb is out */
     }
 }
 
-/* Split merge: (row, 4 dims) items, SL adjacent lanes each take splits sl, sl + SL, ... (all
- * loads of a lane issued together), then shuffle-reduce. */
+/* Split merge, inside the attention phase (no grid barrier between): the CTA that ran split sp of
+ * row block rb waits until all NS splits of rb are out (rbc[rb] reaches NS per layer so far: only
+ * the row block's own CTAs are waited for, not the grid), then merges share sp of rb's
+ * (row, 4 dims) items. An item's SL adjacent lanes take splits sl, sl + SL, ... (all loads of a
+ * lane issued together), then shuffle-reduce: per item the same operations in the same order
+ * whichever CTA runs it. Every CTA has stored and signalled all its tasks before it waits for
+ * any (and all CTAs are resident), so the waits cannot deadlock. */
 constexpr int SL = 4, MSL = 8; /* lanes per item, splits per lane per round */
-__device__ void merge_phase(const Params &p, int T) {
-    const int R = p.H * p.nh, NS = (T + KC - 1) / KC, c4 = HD / 4;
-    const int total = R * c4 * SL;
-    for (int base = blockIdx.x * NT; base < total; base += gridDim.x * NT) { /* uniform trip count per warp */
-        const int it = base + threadIdx.x, sl = it & (SL - 1), item = it / SL;
-        const bool on = it < total;
-        const int r = on ? item / c4 : 0, c = item - r * c4, rb = r >> 4, rr = r & 15;
-        const size_t t0 = (size_t)rb * NS;
+__device__ __forceinline__ void merge_items(const Params &p, int NS, int rb, int i0, int i1) {
+    const int R = p.H * p.nh, c4 = HD / 4;
+    const size_t t0 = (size_t)rb * NS;
+    for (int base = 0; base < (i1 - i0) * SL; base += NT) { /* uniform trip count per CTA */
+        const int it = base + threadIdx.x, sl = it & (SL - 1), item = i0 + it / SL;
+        const int rr = item / c4, c = item - rr * c4, r = rb * 16 + rr;
+        const bool on = item < i1 && r < R;
         float M = -INFINITY, l = 0.f;
         float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
         for (int s0 = sl; s0 < NS; s0 += SL * MSL) { /* rounds (one for NS <= 32) */
@@ -818,6 +828,21 @@ __device__ void merge_phase(const Params &p, int T) {
         u.x = *(uint32_t *)&lo2;
         u.y = *(uint32_t *)&hi2;
         *(uint2 *)(p.o + (size_t)tok * p.nh * HD + hh * HD + 4 * c) = u;
+    }
+}
+/* the merges of this CTA's attention tasks (attn_phase's task loop), layer `layer` of the launch */
+__device__ void merge_phase(const Params &p, int T, int layer) {
+    const int NS = (T + KC - 1) / KC, tasks = ((p.H * p.nh + 15) / 16) * NS, n_items = 16 * (HD / 4);
+    for (int task = blockIdx.x; task < tasks; task += gridDim.x) {
+        const int rb = task / NS, sp = task - rb * NS;
+        if (threadIdx.x == 0) {
+            const unsigned target = (unsigned)(layer + 1) * (unsigned)NS;
+            while (ld_relaxed(p.rbc + 32 * rb) < target) { /* relaxed polls, then one fence (grid_barrier) */
+            }
+            fence_acq_rel();
+        }
+        __syncthreads();
+        merge_items(p, NS, rb, sp * n_items / NS, (sp + 1) * n_items / NS);
     }
 }
 
@@ -895,13 +920,14 @@ __global__ void __launch_bounds__(NT, 1) k_expert(const Params p) {
     for (int layer = 0; layer < p.n_layers; layer++) {
         const LayerDev &Ld = tab[layer];
         const float *ma = p.mods + (size_t)(2 * layer) * 3 * p.We, *mf = ma + 3 * p.We;
-        /* phases 0 qkv, 1 attention, 2 merge, 3 O, 4 gate|up, 5 down; one call site per helper */
+        /* phases 0 qkv, 1 attention, 2 merge, 3 O, 4 gate|up, 5 down; one call site per helper; no grid
+         * barrier between attention and merge (merge_phase waits for its row block's splits only) */
         for (int ph = 0; ph < 6; ph++) {
             if (ph == 1) {
                 attn_phase(p, Ld, abase, have_task, T0, P0);
                 seg_add(tr0 ? segs + ph * NSEG : nullptr, 1, tlast);
             } else if (ph == 2) {
-                merge_phase(p, T0);
+                merge_phase(p, T0, layer);
                 seg_add(tr0 ? segs + ph * NSEG : nullptr, 1, tlast);
             } else {
                 const int li = ph == 0 ? L_QKV : ph == 3 ? L_O : ph == 4 ? L_GU : L_DOWN;
@@ -942,6 +968,7 @@ __global__ void __launch_bounds__(NT, 1) k_expert(const Params p) {
                 __syncthreads();
                 seg_add(tr0 ? segs + ph * NSEG : nullptr, 3, tlast);
             }
+            if (ph == 1) continue;
             /* the barrier after QKV: thread 0 issues the next layer's L2 prefetch while it waits */
             grid_barrier(p, nbar, ph == 0 && layer + 1 < p.n_layers && p.pf_first >= (int)gridDim.x ? &tab[layer + 1] : nullptr,
                          kv_bytes);
@@ -971,6 +998,10 @@ int max_t(const nib_expert_args *a) {
     return t;
 }
 
+/* the barrier words (256 bytes) and one 128-byte line per row block of NIB_EXPERT_MAX_ROWS rows */
+size_t bar_bytes(const nib_expert_args *a) {
+    return 256 + 128 * (size_t)((NIB_EXPERT_MAX_ROWS * a->n_heads + 15) / 16);
+}
 int nst_ld(int width) { return ((width + 15) / 16 + 1) & ~1; } /* statistics row stride: even (float2 loads) */
 WsLayout ws_layout(const nib_expert_args *a) {
     WsLayout w;
@@ -982,9 +1013,9 @@ WsLayout ws_layout(const nib_expert_args *a) {
         o += (bytes + 255) / 256 * 256;
         return at;
     };
-    w.bar = take(256);
+    w.bar = take(bar_bytes(a)); /* rows-independent (prepare zeroes it) */
     w.layers = take(sizeof(LayerDev) * (size_t)a->n_layers);
-    w.trace = take(sizeof(unsigned long long) * 2 * TRACE_MAX_CTAS * 6 * (size_t)a->n_layers); /* rows-independent offset */
+    w.trace = take(sizeof(unsigned long long) * 2 * TRACE_MAX_CTAS * NBAR * (size_t)a->n_layers); /* rows-independent offset */
     w.seg = take(sizeof(unsigned long long) * SEGW * TRACE_MAX_CTAS);
     w.rope = take(sizeof(float2) * (size_t)a->rows * HALF);
     w.ml = take(sizeof(float2) * (size_t)w.max_tasks * 16);
@@ -1143,7 +1174,7 @@ extern "C" nib_status nib_cuda_expert_prepare(const nib_expert_args *a, void *ws
         h[l].vc = (const __nv_bfloat16 *)L->kv.v;
     }
     nib_status st = NIB_OK;
-    NIB_CUDA_TRY(cudaMemset(ws, 0, 256));
+    NIB_CUDA_TRY(cudaMemset((uint8_t *)ws + w.bar, 0, bar_bytes(a)));
     NIB_CUDA_TRY(cudaMemcpy((uint8_t *)ws + w.layers, h, sizeof(LayerDev) * (size_t)a->n_layers, cudaMemcpyHostToDevice));
 fail:
     free(h);
@@ -1179,6 +1210,7 @@ extern "C" nib_status nib_cuda_expert_run(const nib_expert_args *a, void *ws, ui
     p.nst = (float *)(base + w.nst);
     p.ngx = (a->width + 15) / 16, p.nstld = nst_ld(a->width);
     p.bar = (unsigned *)(base + w.bar);
+    p.rbc = p.bar + 64;
     p.attn_off = (int)attn_off(a), p.tab_off = (int)tab_off(a), p.mods_off = (int)mods_off(a), p.seg_off = (int)seg_off(a);
     const char *tr = getenv("NIB_EXPERT_TRACE");
     NIB_RETURN_IF_ERR(ensure_grid(a));
@@ -1210,16 +1242,16 @@ extern "C" nib_status nib_cuda_expert_trace_report(const nib_expert_args *a, voi
     const WsLayout w = ws_layout(a);
     if (ws_bytes < w.total || !g_grid || g_grid > TRACE_MAX_CTAS)
         return NIB_ERR(NIB_ERR_INVALID_ARG, "expert trace: no trace area");
-    const int nb = 6 * a->n_layers - 1, G = g_grid;
+    const int nb = NBAR * a->n_layers - 1, G = g_grid;
     unsigned long long *t = (unsigned long long *)malloc(sizeof(unsigned long long) * 2 * (size_t)G * nb);
     if (!t) return NIB_ERR_OUT_OF_MEMORY;
     nib_status st = NIB_OK;
     NIB_CUDA_TRY(cudaDeviceSynchronize());
     NIB_CUDA_TRY(cudaMemcpy(t, (uint8_t *)ws + w.trace, sizeof(unsigned long long) * 2 * (size_t)G * nb, cudaMemcpyDeviceToHost));
     {
-        static const char *const nm[6] = {"qkv", "attention", "merge", "o-proj", "gate|up", "down"};
-        double work[6] = {0}, bar[6] = {0};
-        int cnt[6] = {0};
+        static const char *const nm[NBAR] = {"qkv", "attn+merge", "o-proj", "gate|up", "down"};
+        double work[NBAR] = {0}, bar[NBAR] = {0};
+        int cnt[NBAR] = {0};
         for (int k = 1; k < nb; k++) { /* barrier k closes phase k (phase 0 has no release before it) */
             unsigned long long rel_min = ~0ull, done_max = 0, rel_max = 0;
             for (int b = 0; b < G; b++) {
@@ -1227,13 +1259,13 @@ extern "C" nib_status nib_cuda_expert_trace_report(const nib_expert_args *a, voi
                 done_max = t[((size_t)k * G + b) * 2] > done_max ? t[((size_t)k * G + b) * 2] : done_max;
                 rel_max = t[((size_t)k * G + b) * 2 + 1] > rel_max ? t[((size_t)k * G + b) * 2 + 1] : rel_max;
             }
-            work[k % 6] += (double)(done_max - rel_min) * 1e-3;
-            bar[k % 6] += (double)(rel_max - done_max) * 1e-3;
-            cnt[k % 6]++;
+            work[k % NBAR] += (double)(done_max - rel_min) * 1e-3;
+            bar[k % NBAR] += (double)(rel_max - done_max) * 1e-3;
+            cnt[k % NBAR]++;
         }
         fprintf(out, "expert kernel trace (last launch, %d CTAs, us per layer):\n", G);
         double tw = 0, tb = 0;
-        for (int i = 0; i < 6; i++) {
+        for (int i = 0; i < NBAR; i++) {
             if (!cnt[i]) continue;
             fprintf(out, "  %-10s work %6.2f  barrier %5.2f\n", nm[i], work[i] / cnt[i], bar[i] / cnt[i]);
             tw += work[i] / cnt[i], tb += bar[i] / cnt[i];
