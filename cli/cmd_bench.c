@@ -258,8 +258,8 @@ static nib_status bench_algos(const bench_cfg *cfg, gemm_ctx *g, uint64_t canon_
 /* --sweep for fp8-nib: every compiled tile, next to the planner's (already timed in *row) */
 static nib_status sweep_fp8_tiles(const bench_cfg *cfg, gemm_ctx *g, uint64_t canon_bytes, double copy_gbps,
                                   double bf16_us, const bench_row *row, bench_row *rows, int *nrows, int max_rows) {
-    nib_fp8_tile tiles[32], pick;
-    const int nt = nib_fp8_tiles(tiles, 32);
+    nib_fp8_tile tiles[64], pick;
+    const int nt = nib_fp8_tiles(tiles, 64);
     NIB_RETURN_IF_ERR(nib_cuda_fp8_plan(g->m, g->n, g->k, 0, &pick));
     double best = row->us;
     char best_plan[64];

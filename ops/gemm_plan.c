@@ -262,8 +262,21 @@ static const nib_fp8_tile k_fp8_tiles[] = {
     {2, 112, 4, 1, 1}, {2, 128, 5, 1, 1}, {2, 144, 4, 1, 1}, {2, 192, 4, 1, 1}, {2, 256, 4, 1, 1}, {2, 128, 5, 2, 1},
     {2, 128, 5, 3, 1}, {2, 144, 4, 2, 1}, {2, 192, 4, 2, 1}, {1, 64, 6, 1, 4},  {1, 64, 6, 1, 8},  {1, 128, 4, 1, 4},
     {2, 64, 4, 1, 4},  {2, 96, 4, 1, 4},  {2, 128, 5, 1, 2}, {2, 128, 5, 1, 4}, {2, 256, 4, 1, 2}, {2, 240, 4, 1, 5},
-    {2, 256, 4, 1, 8}, {3, 192, 4, 1, 1}, {3, 192, 4, 1, 3}};
+    {2, 256, 4, 1, 8}, {3, 192, 4, 1, 1}, {3, 192, 4, 1, 3},
+    /* by rule only (fp8_k_heavy_narrow), never by the cost model */
+    {1, 128, 8, 1, 4}};
 #define N_FP8_TILES ((int)(sizeof k_fp8_tiles / sizeof k_fp8_tiles[0]))
+#define N_FP8_PLANNED 27 /* the cost model's tiles: the first N_FP8_PLANNED */
+static const nib_fp8_tile k_fp8_narrow = {1, 128, 8, 1, 4};
+
+/* SigLIP's fc2 (4304 -> 1152) at 2-3 cameras: K in (2048, 4608], N <= 1152, 321..1024 rows. The
+ * sweep (`nib bench gemm --variants cublaslt-fp8,fp8-nib --shapes 4304:1152 --m 512,532,768
+ * --sweep`, fourteenth session, docs/design.md) timed 64 x 128 tiles with W multicast over 4 M
+ * tiles and an 8-deep ring at 11.7 / 12.6 / 12.7 us against cuBLASLt's 14.5 / 14.2 / 14.2 us and
+ * the cost model's pick's 16.1 / 16.6 / 20.0 us (the model does not credit ring depth). */
+static int fp8_k_heavy_narrow(int64_t m, int64_t n, int64_t k) {
+    return k > 2048 && k <= 4608 && n <= 1152 && m > 320 && m <= 1024;
+}
 
 int nib_fp8_tiles(nib_fp8_tile *out, int max) {
     int n = 0;
@@ -325,10 +338,14 @@ void nib_fp8_plan_slots(int64_t m, int64_t n, int64_t k, int sms, const int *slo
                 *out = f;
                 return;
             }
+    if (!geglu && fp8_k_heavy_narrow(m, n, k)) {
+        *out = k_fp8_narrow;
+        return;
+    }
     if (sms < 1) sms = 132;
     double best = 0;
     int bi = -1;
-    for (int i = 0; i < N_FP8_TILES; i++) {
+    for (int i = 0; i < N_FP8_PLANNED; i++) {
         if (geglu && !nib_fp8_tile_geglu(&k_fp8_tiles[i])) continue;
         const int sl = slots ? slots[i] : fp8_slots_estimate(&k_fp8_tiles[i], sms);
         const double c = fp8_cost(&k_fp8_tiles[i], m, n, k, sms, sl);
@@ -351,13 +368,15 @@ int nib_fp8_use_nib(int64_t m, int64_t n, int64_t k) {
      * - K <= 2048 with fewer than 2^23 outputs (SigLIP 1152 -> 1152 / 3456 / 4304, Gemma q|k|v and
      *   o): 3.3-4.9 against 6.8 us at 1152 -> 1152; not N > 4096 past 640 rows (1152 -> 4304 at
      *   M = 768: 11.7 against 10.0 us);
-     * - K up to 4608 at M <= 320, the same outputs (4304 -> 1152 at M = 256: 10.4 against 14.3 us);
+     * - K up to 4608 at M <= 320, the same outputs (4304 -> 1152 at M = 256: 10.4 against 14.3 us),
+     *   and past 320 rows with N <= 1152 on the tile of fp8_k_heavy_narrow (SigLIP's fc2);
      * - the Gemma gate|up (2048 -> 32768) only at 512-640 rows that overrun a 256-row multiple by
      *   at most 64 (M = 532: 70-76 against 79-81 us), where cuBLASLt's 256-row tiles waste most;
      *   at M = 256 / 512 / 768 / 788 cuBLASLt is faster (35 / 55 / 77 / 103 against 39 / 65 /
      *   107 / 123 us);
      * - not K = 16384 (M = 532: 41 against 47-55 us). */
     if (m > 1024) return 0;
+    if (fp8_k_heavy_narrow(m, n, k)) return 1; /* with its own tile (nib_fp8_plan_slots) */
     if (k <= 2048 && m * n < ((int64_t)1 << 23)) return !(n > 4096 && m > 640);
     if (k <= 4608 && m <= 320 && m * n < ((int64_t)1 << 23)) return 1;
     if (k <= 2048 && m >= 512 && m <= 640 && m % 256 >= 1 && m % 256 <= 64) return 1;

@@ -1104,8 +1104,8 @@ static void fp8_case_run(nib_test_ctx *t, nib_rng *rng, const fp8_case *c, doubl
     CHECK_OK(nib_dev_upload(db, hb, (size_t)n * 2));
     CHECK_OK(nib_dev_upload(dsx, hsx, (size_t)m * 4));
     CHECK_OK(nib_dev_upload(dsw, hsw, (size_t)n * 4));
-    nib_fp8_tile tiles[33];
-    int nt = nib_fp8_tiles(tiles, 32);
+    nib_fp8_tile tiles[65];
+    int nt = nib_fp8_tiles(tiles, 64);
     tiles[nt].wg = 0; /* last: the planner's pick (NULL tile) */
     for (int ti = 0; ti <= nt; ti++) {
         const int inplace = c->cmode == 2;
@@ -1195,8 +1195,8 @@ NIB_TEST(gemm_fp8_gpu_geglu) {
         CHECK_OK(nib_dev_upload(db, hb, (size_t)n * 2));
         CHECK_OK(nib_dev_upload(dsx, hsx, (size_t)m * 4));
         CHECK_OK(nib_dev_upload(dsw, hsw, (size_t)n * 4));
-        nib_fp8_tile all[32], tiles[33];
-        const int na = nib_fp8_tiles(all, 32);
+        nib_fp8_tile all[64], tiles[65];
+        const int na = nib_fp8_tiles(all, 64);
         int nt = 0;
         for (int i = 0; i < na; i++)
             if (nib_fp8_tile_geglu(&all[i])) tiles[nt++] = all[i];

@@ -315,7 +315,17 @@ NIB_TEST(gemm_fp8_plan_and_checks) {
     CHECK(nib_fp8_use_nib(532, 32768, 2048) == 1);
     CHECK(nib_fp8_use_nib(512, 4304, 1152) == 1);
     CHECK(nib_fp8_use_nib(256, 1152, 4304) == 1);
-    CHECK(nib_fp8_use_nib(512, 1152, 4304) == 0);    /* K > 2048 past 320 rows */
+    CHECK(nib_fp8_use_nib(512, 1152, 4304) == 1);    /* SigLIP's fc2 past 320 rows: its own tile */
+    CHECK(nib_fp8_use_nib(768, 1152, 4304) == 1);
+    CHECK(nib_fp8_use_nib(512, 2048, 4304) == 0);    /* K > 2048 past 320 rows, N > 1152 */
+    CHECK(nib_fp8_use_nib(1100, 1152, 4304) == 0);
+    {
+        nib_fp8_tile kt;
+        nib_fp8_plan_for(532, 1152, 4304, 132, &kt);
+        CHECK(kt.wg == 1 && kt.bn == 128 && kt.stages == 8 && kt.ks == 1 && kt.cm == 4);
+        nib_fp8_plan_for(256, 1152, 4304, 132, &kt); /* 320 rows or fewer: the cost model's pick */
+        CHECK(!(kt.wg == 1 && kt.bn == 128 && kt.stages == 8));
+    }
     CHECK(nib_fp8_use_nib(768, 4304, 1152) == 0);    /* N > 4096 past 640 rows */
     CHECK(nib_fp8_use_nib(512, 32768, 2048) == 0);   /* cuBLASLt's 256-row tiles fit M */
     CHECK(nib_fp8_use_nib(276, 32768, 2048) == 0);
