@@ -269,13 +269,15 @@ static const nib_fp8_tile k_fp8_tiles[] = {
 #define N_FP8_PLANNED 27 /* the cost model's tiles: the first N_FP8_PLANNED */
 static const nib_fp8_tile k_fp8_narrow = {1, 128, 8, 1, 4};
 
-/* SigLIP's fc2 (4304 -> 1152) at 2-3 cameras: K in (2048, 4608], N <= 1152, 321..1024 rows. The
+/* SigLIP's fc2 (4304 -> 1152) at 2-3 cameras: K in (2048, 4608], N <= 1152, 321..768 rows. The
  * sweep (`nib bench gemm --variants cublaslt-fp8,fp8-nib --shapes 4304:1152 --m 512,532,768
  * --sweep`, fourteenth session, docs/design.md) timed 64 x 128 tiles with W multicast over 4 M
  * tiles and an 8-deep ring at 11.7 / 12.6 / 12.7 us against cuBLASLt's 14.5 / 14.2 / 14.2 us and
- * the cost model's pick's 16.1 / 16.6 / 20.0 us (the model does not credit ring depth). */
+ * the cost model's pick's 16.1 / 16.6 / 20.0 us (the model does not credit ring depth). Up to
+ * 768 rows the grid (M tiles rounded to the cluster of 4, x 9 N tiles) is one wave of the 120
+ * resident CTAs; at 788 rows it is 144 CTAs and took 22.4 us against cuBLASLt's 14.2. */
 static int fp8_k_heavy_narrow(int64_t m, int64_t n, int64_t k) {
-    return k > 2048 && k <= 4608 && n <= 1152 && m > 320 && m <= 1024;
+    return k > 2048 && k <= 4608 && n <= 1152 && m > 320 && m <= 768;
 }
 
 int nib_fp8_tiles(nib_fp8_tile *out, int max) {
