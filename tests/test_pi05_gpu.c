@@ -21,15 +21,23 @@
 #include "harness.h"
 #include "models/pi05.h"
 
-static const char *ckpt(void) {
-    static char path[512];
+/* a tiny synthetic checkpoint, written once into path (static storage) with the given expert
+ * width / heads / MLP and text capacity (0: the tiny config's) */
+static const char *ckpt_tiny(char *path, size_t n, const char *name, uint64_t seed, int e_width, int e_heads, int e_mlp,
+                             int max_text) {
     if (!path[0]) {
-        snprintf(path, sizeof path, "%s/pi05_tiny_gpu.safetensors", nib_test_tmpdir());
+        snprintf(path, n, "%s/%s", nib_test_tmpdir(), name);
         nib_pi05_config c;
         nib_pi05_config_tiny(&c);
-        if (nib_pi05_synth_checkpoint_ex(path, &c, 99, 1)) path[0] = '\0';
+        if (e_width) c.e_width = e_width, c.e_heads = e_heads, c.e_mlp = e_mlp;
+        if (max_text) c.max_text = max_text;
+        if (nib_pi05_synth_checkpoint_ex(path, &c, seed, 1)) path[0] = '\0';
     }
     return path[0] ? path : NULL;
+}
+static const char *ckpt(void) {
+    static char path[512];
+    return ckpt_tiny(path, sizeof path, "pi05_tiny_gpu.safetensors", 99, 0, 0, 0, 0);
 }
 
 typedef struct run_in {
@@ -163,25 +171,11 @@ NIB_TEST(pi05_gpu_graph_replays_deterministic_and_reusable) {
  * reference the bf16-activation bound of the first test applies (0.06). */
 static const char *ckpt_awkward(void) {
     static char path[512];
-    if (!path[0]) {
-        snprintf(path, sizeof path, "%s/pi05_tiny_awkward_expert.safetensors", nib_test_tmpdir());
-        nib_pi05_config c;
-        nib_pi05_config_tiny(&c);
-        c.e_width = 80, c.e_heads = 3, c.e_mlp = 176;
-        if (nib_pi05_synth_checkpoint_ex(path, &c, 7, 1)) path[0] = '\0';
-    }
-    return path[0] ? path : NULL;
+    return ckpt_tiny(path, sizeof path, "pi05_tiny_awkward_expert.safetensors", 7, 80, 3, 176, 0);
 }
-static const char *ckpt_long(void) {
+static const char *ckpt_long(void) { /* 8 expert heads (the tiny config's width and MLP), 512 text tokens */
     static char path[512];
-    if (!path[0]) {
-        snprintf(path, sizeof path, "%s/pi05_tiny_long_text.safetensors", nib_test_tmpdir());
-        nib_pi05_config c;
-        nib_pi05_config_tiny(&c);
-        c.e_heads = 8, c.max_text = 512;
-        if (nib_pi05_synth_checkpoint_ex(path, &c, 9, 1)) path[0] = '\0';
-    }
-    return path[0] ? path : NULL;
+    return ckpt_tiny(path, sizeof path, "pi05_tiny_long_text.safetensors", 9, 128, 8, 256, 512);
 }
 
 static nib_status load_from(const char *file, const char *preset, const char *over, nib_st_file **f, nib_pi05 **m) {
