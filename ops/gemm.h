@@ -290,6 +290,9 @@ nib_status nib_cuda_fp8_plan(int64_t m, int64_t n, int64_t k, int geglu, nib_fp8
 /* whether nib_blas_gemm_fused sends this FP8 product (fast accumulation) to nib's kernel instead
  * of cuBLASLt: NIB_FP8_GEMM=nib / cublaslt forces it, else the measured rule in gemm_plan.c */
 int nib_fp8_use_nib(int64_t m, int64_t n, int64_t k);
+/* the same for a gate|up product with the GeGLU fused into nib's epilogue (then h quantized per
+ * row), against cuBLASLt's product followed by the GeGLU + FP8 kernel */
+int nib_fp8_use_nib_geglu(int64_t m, int64_t n, int64_t k);
 /* whether the shapes, strides and alignment suit nib's kernel (no error set: the engine rule's
  * test; cuBLASLt takes the product otherwise) */
 int nib_fp8_args_suit(const nib_blas_gemm_args *a);

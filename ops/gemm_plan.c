@@ -376,13 +376,30 @@ int nib_fp8_use_nib(int64_t m, int64_t n, int64_t k) {
      *   at most 64 (M = 532: 70-76 against 79-81 us), where cuBLASLt's 256-row tiles waste most;
      *   at M = 256 / 512 / 768 / 788 cuBLASLt is faster (35 / 55 / 77 / 103 against 39 / 65 /
      *   107 / 123 us);
-     * - not K = 16384 (M = 532: 41 against 47-55 us). */
+     * - not K = 16384 (M = 532: 41 against 47-55 us). At 256-448 rows the lab times nib's tile
+     *   faster (32.5-37.0 against 40.6 us, bench/results/gemm-fp8-k16k-h100-ca4f42f.json), but
+     *   in the model at one camera (276 rows) it made the prefix slower, 2.665 / 2.670 -> 2.709 ms
+     *   (`scripts/ab.sh`, fifteenth session). Not explained; one candidate: in the lab's
+     *   back-to-back launches a call's weight prefetch (before griddepcontrol.wait) overlaps the
+     *   previous call, which the model's down projection, behind a row quantization, does not get. */
     if (m > 1024) return 0;
     if (fp8_k_heavy_narrow(m, n, k)) return 1; /* with its own tile (nib_fp8_plan_slots) */
     if (k <= 2048 && m * n < ((int64_t)1 << 23)) return !(n > 4096 && m > 640);
     if (k <= 4608 && m <= 320 && m * n < ((int64_t)1 << 23)) return 1;
     if (k <= 2048 && m >= 512 && m <= 640 && m % 256 >= 1 && m % 256 <= 64) return 1;
     return 0;
+}
+
+int nib_fp8_use_nib_geglu(int64_t m, int64_t n, int64_t k) {
+    const char *e = getenv("NIB_FP8_GEMM");
+    if (e && (!strcmp(e, "nib") || !strcmp(e, "cublaslt"))) return nib_fp8_use_nib(m, n, k);
+    /* the GeGLU in nib's epilogue and a row quantization of h, against cuBLASLt's product and the
+     * GeGLU + FP8 kernel: besides the product rule, 257-320 rows (one camera) with K <= 2048,
+     * where cuBLASLt's 256-row tiles waste most; `nib bench pi05 --preset fast --horizon 10`,
+     * alternated twice with NIB_FUSED_GEGLU=1 (fused at every row count) on one H100 (fifteenth
+     * session): prefix 2.659 / 2.662 -> 2.612 / 2.609 ms at 1 camera (276 rows), 4.147 / 4.146 ->
+     * 4.229 / 4.224 ms at 3 (788 rows, where the rule keeps cuBLASLt) */
+    return nib_fp8_use_nib(m, n, k) || (k <= 2048 && m > 256 && m <= 320);
 }
 
 static int fp8_shape_fits(const nib_blas_gemm_args *a) {

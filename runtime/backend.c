@@ -342,7 +342,10 @@ nib_status nib_be_gemm(nib_be *be, const nib_be_linear *L, const void *x, int64_
     }
     const int aligned = ((uintptr_t)y | (uintptr_t)(epi->residual ? epi->residual : y)) % 16 == 0 && ldy % 8 == 0 &&
                         (!epi->residual || (epi->ldr % 8 == 0 && (epi->residual != y || epi->ldr == ldy)));
-    /* NIB_FUSED_EPILOGUE=0: always the product + epilogue kernel (the A/B switch of the benches) */
+    /* NIB_FUSED_EPILOGUE=0: always the product + epilogue kernel (the A/B switch of the benches).
+     * Gated residuals stay on the epilogue kernel: cuBLASLt 13 offers no bf16 algorithm with a
+     * per-channel alpha (CUBLASLT_POINTER_MODE_ALPHA_DEVICE_VECTOR_BETA_HOST: NOT_SUPPORTED at
+     * M = 1..50, K = 1024 / 4096 on H100, fifteenth session) */
     const char *fe = getenv("NIB_FUSED_EPILOGUE");
     if (!L->geglu && !epi->gate && aligned && (!L->bias || L->bias16) && !(fe && !strcmp(fe, "0"))) {
         nib_blas_gemm_args a = {L->w8a8, L->w8a8 ? be->xq8 : x, be->xs8, 1, L->w8a8 ? L->wq8 : L->q.bf16_w,
@@ -418,10 +421,12 @@ nib_status nib_be_mlp(nib_be *be, const nib_norm_args *n, const nib_be_linear *u
     NIB_RETURN_IF_ERR(nib_cuda_norm(&q, be->stream));
     /* GeGLU fused into nib's FP8 GEMM where the engine rule picks nib's kernel for the gate|up
      * product: h (bf16, M x H) straight from the fp32 epilogue, then its FP8 codes for the down
-     * projection (NIB_FUSED_GEGLU=0: the product, then the GeGLU + FP8 kernel) */
+     * projection (lab: NIB_FUSED_GEGLU=0: the product, then the GeGLU + FP8 kernel; =1: fused at
+     * every row count) */
     const char *fg = getenv("NIB_FUSED_GEGLU");
-    if (!gelu && up->geglu && !up->bias && !(fg && !strcmp(fg, "0")) && nib_blas_fp8_fast_accum(be->blas) &&
-        nib_fp8_use_nib(rows, up->n, up->k)) {
+    const int fg_off = fg && !strcmp(fg, "0"), fg_on = fg && !strcmp(fg, "1");
+    if (!gelu && up->geglu && !up->bias && !fg_off && nib_blas_fp8_fast_accum(be->blas) &&
+        (fg_on || nib_fp8_use_nib_geglu(rows, up->n, up->k))) {
         nib_blas_gemm_args a = {1, be->xq8, be->xs8, 1, up->wq8, up->sw8, 1, rows, up->n, up->k,
                                 NULL, NULL, 0, be->gemm_tmp, h};
         NIB_RETURN_IF_ERR(nib_cuda_gemm_fp8_geglu(&a, NULL, be->stream));

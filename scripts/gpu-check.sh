@@ -24,8 +24,9 @@
 #             default fast; 2 cameras, 20 text tokens; kernels serialized, caches not flushed;
 #             NIB_FUSED_STEP=0 unless PI05PROF_FUSED=1, since kernel profiling cannot relaunch the
 #             persistent expert kernel), summed per kernel name and stage by scripts/ncu_timeline.py
-#             (ncu-pi05.csv, ncu-pi05.txt); PI05PROF_PRESET and PI05PROF_HORIZON (default 10) take
-#             comma lists, each pair other than fast / 10 writing ncu-pi05-<preset>-h<H>.*
+#             (ncu-pi05.csv, ncu-pi05.txt, with the first PI05PROF_LIST (40) prefix kernels in order);
+#             PI05PROF_PRESET, PI05PROF_HORIZON (default 10) and PI05PROF_CAMS (default 2) take comma
+#             lists, each triple other than fast / 10 / 2 writing ncu-pi05-<preset>-h<H>-c<cams>.*
 #   experttrace  NIB_EXPERT_TRACE=1 nib bench pi05 --preset fast --cams 2 --horizon 10 (experttrace.log):
 #             the persistent expert kernel's per-phase times and per-CTA segments
 #   load      nib quantize --pi05 fast of the synthetic checkpoint, then nib run --timing on it:
@@ -166,19 +167,22 @@ fi
 if has pi05prof; then
     ncu_bin=$(command -v ncu 2>/dev/null || echo "${CUDA_HOME:-/usr/local/cuda}/bin/ncu")
     [ -f "$CKPT" ] || ./build/nib demo >/dev/null 2>&1
-    IN=${TMPDIR:-/tmp}/nib-pi05-inputs.safetensors
-    python3 scripts/pi05_inputs.py "$IN" --cameras 2 --text 20 >/dev/null
-    for pp in $(echo "${PI05PROF_PRESET:-fast}" | tr , ' '); do
-        for ph in $(echo "${PI05PROF_HORIZON:-10}" | tr , ' '); do
-            sfx=""; [ "$pp:$ph" != "fast:10" ] && sfx="-$pp-h$ph"
-            NIB_FUSED_STEP=${PI05PROF_FUSED:-0} "$ncu_bin" --clock-control none --cache-control none \
-                --metrics gpu__time_duration.sum --csv --page raw \
-                ./build/nib run pi05 --checkpoint "$CKPT" --inputs "$IN" --out "$OUT/pi05prof-actions$sfx.safetensors" \
-                --preset "$pp" --horizon "$ph" >"$OUT/ncu-pi05$sfx.csv" 2>"$OUT/ncu-pi05$sfx.err"
-            rc=$?
-            python3 scripts/ncu_timeline.py "$OUT/ncu-pi05$sfx.csv" --first 40 >"$OUT/ncu-pi05$sfx.txt" 2>&1
-            note "pi05prof $pp H=$ph (rc $rc): $(head -1 "$OUT/ncu-pi05$sfx.txt")"
-            grep -E '^(vision|prefix|expert) ' "$OUT/ncu-pi05$sfx.txt" | tee -a "$LOG"
+    for pc in $(echo "${PI05PROF_CAMS:-2}" | tr , ' '); do
+        IN=${TMPDIR:-/tmp}/nib-pi05-inputs-c$pc.safetensors
+        python3 scripts/pi05_inputs.py "$IN" --cameras "$pc" --text 20 >/dev/null
+        for pp in $(echo "${PI05PROF_PRESET:-fast}" | tr , ' '); do
+            for ph in $(echo "${PI05PROF_HORIZON:-10}" | tr , ' '); do
+                sfx=""; [ "$pp:$ph:$pc" != "fast:10:2" ] && sfx="-$pp-h$ph-c$pc"
+                NIB_FUSED_STEP=${PI05PROF_FUSED:-0} "$ncu_bin" --clock-control none --cache-control none \
+                    --metrics gpu__time_duration.sum --csv --page raw \
+                    ./build/nib run pi05 --checkpoint "$CKPT" --inputs "$IN" --out "$OUT/pi05prof-actions$sfx.safetensors" \
+                    --preset "$pp" --horizon "$ph" >"$OUT/ncu-pi05$sfx.csv" 2>"$OUT/ncu-pi05$sfx.err"
+                rc=$?
+                python3 scripts/ncu_timeline.py "$OUT/ncu-pi05$sfx.csv" --first 40 --list prefix:${PI05PROF_LIST:-40} \
+                    >"$OUT/ncu-pi05$sfx.txt" 2>&1
+                note "pi05prof $pp H=$ph cams=$pc (rc $rc): $(head -1 "$OUT/ncu-pi05$sfx.txt")"
+                grep -E '^(vision|prefix|expert) ' "$OUT/ncu-pi05$sfx.txt" | tee -a "$LOG"
+            done
         done
     done
 fi

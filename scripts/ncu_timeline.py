@@ -10,6 +10,7 @@
 #         occurrence starts a new stage (default: k_embed, the text embedding after vision, and
 #         the first k_gemm_lowbit or k_expert, the first expert step), so the totals are split
 #         into vision / prefix / expert. --first: also list the first N kernels in order.
+#         --list STAGE:N: also list the first N kernels of stage STAGE (vision, prefix, expert).
 # ncu serializes kernels (no overlap, no programmatic dependent launch), so the sums are larger
 # than the graph's stage times; the shares are what this is for.
 import csv
@@ -41,6 +42,7 @@ def main():
             print(line[2:])
         sys.exit(0 if args else 2)
     path, start_re, stage_res, first, keep_all = args[0], 'k_im2patch', ['k_embed', 'k_gemm_lowbit|k_expert'], 0, False
+    lists = []
     i = 1
     while i < len(args):
         if args[i] == '--all':
@@ -51,6 +53,8 @@ def main():
             stage_res = args[i + 1].split(','); i += 2
         elif args[i] == '--first':
             first = int(args[i + 1]); i += 2
+        elif args[i] == '--list':
+            st, n = args[i + 1].split(':'); lists.append((st, int(n))); i += 2
         else:
             sys.exit('ncu_timeline.py: unknown argument ' + args[i])
     rows = list(csv.reader(l for l in open(path, errors='replace') if not l.startswith('==')))
@@ -81,10 +85,11 @@ def main():
     later = len(ks) - s1 if s1 is not None else 0
     ks = ks[s0:s1]
     stages, cur, names = [], OrderedDict(), ['vision', 'prefix', 'expert'] + ['stage%d' % i for i in range(3, 9)]
-    si = 0
+    si, seq = 0, [[]]
     for name, grid, us in ks:
         if si < len(stage_res) and re.search(stage_res[si], name):
-            stages.append(cur); cur = OrderedDict(); si += 1
+            stages.append(cur); cur = OrderedDict(); si += 1; seq.append([])
+        seq[-1].append((name, grid, us))
         c = cur.setdefault(name, [0, 0.0])
         c[0] += 1
         c[1] += us
@@ -97,6 +102,12 @@ def main():
         print('\n%-8s %6d kernels %10.1f us' % (names[i], sum(v[0] for v in st.values()), t))
         for name, (n, us) in sorted(st.items(), key=lambda kv: -kv[1][1]):
             print('  %-34s %6d x %8.2f us = %9.1f us  %5.1f %%' % (name[:34], n, us / n, us, 100 * us / t if t else 0))
+    for st, n in lists:
+        if st not in names or names.index(st) >= len(seq):
+            sys.exit('ncu_timeline.py: --list: no stage %r' % st)
+        print('\nfirst %d kernels of %s:' % (n, st))
+        for name, grid, us in seq[names.index(st)][:n]:
+            print('  %-34s %-16s %8.2f us' % (name[:34], grid, us))
     if first:
         print('\nfirst %d kernels:' % first)
         for name, grid, us in ks[:first]:

@@ -831,7 +831,9 @@ NIB_TEST(blas_gpu_fp8_row_quantizer_paths) {
     NIB_REQUIRE_GPU();
     nib_rng rng;
     nib_test_rng(t, &rng);
-    const int64_t ks[] = {8, 1000, 1152, 2056, 8192, 16384, 1001};
+    /* the vector kernels with 1, 2, 4 and 8 chunks per thread, partly filled (4104, 8200, 12296),
+     * and past 2048 chunks (20480) the scalar kernel */
+    const int64_t ks[] = {8, 1000, 1152, 2056, 4104, 8192, 8200, 12296, 16384, 20480, 1001};
     for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++)
         for (int mis = 0; mis < 2; mis++) {
             const int64_t k = ks[ki], m = 5, off = mis; /* off: 1 element = 2 bytes: misaligned rows */

@@ -331,11 +331,22 @@ NIB_TEST(gemm_fp8_plan_and_checks) {
     CHECK(nib_fp8_use_nib(276, 32768, 2048) == 0);
     CHECK(nib_fp8_use_nib(788, 32768, 2048) == 0);
     CHECK(nib_fp8_use_nib(532, 2048, 16384) == 0);   /* K = 16384 */
+    CHECK(nib_fp8_use_nib(276, 2048, 16384) == 0);   /* also at one camera (measured in the model) */
+    /* the gate|up with the GeGLU fused: the product's rule, and 257-320 rows */
+    CHECK(nib_fp8_use_nib_geglu(532, 32768, 2048) == 1);
+    CHECK(nib_fp8_use_nib_geglu(276, 32768, 2048) == 1);
+    CHECK(nib_fp8_use_nib_geglu(320, 32768, 2048) == 1);
+    CHECK(nib_fp8_use_nib_geglu(256, 32768, 2048) == 0);
+    CHECK(nib_fp8_use_nib_geglu(321, 32768, 2048) == 0);
+    CHECK(nib_fp8_use_nib_geglu(788, 32768, 2048) == 0);
+    CHECK(nib_fp8_use_nib_geglu(276, 32768, 4096) == 0);
     CHECK(nib_fp8_use_nib(2048, 2048, 2048) == 0);   /* M past the lab's range */
     setenv("NIB_FP8_GEMM", "nib", 1);
     CHECK(nib_fp8_use_nib(10, 4304, 1152) == 1);
+    CHECK(nib_fp8_use_nib_geglu(788, 32768, 2048) == 1);
     setenv("NIB_FP8_GEMM", "cublaslt", 1);
     CHECK(nib_fp8_use_nib(512, 1152, 1152) == 0);
+    CHECK(nib_fp8_use_nib_geglu(276, 32768, 2048) == 0);
     unsetenv("NIB_FP8_GEMM");
     /* argument checks (pointers are never dereferenced here) */
     char *base = (char *)(uintptr_t)0x10000;

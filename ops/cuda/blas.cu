@@ -471,6 +471,10 @@ nib_status nib_cuda_quantize_fp8_rows(const void *x, int64_t m, int64_t k, int p
     cudaStream_t s = (cudaStream_t)stream;
     if (per_token) {
         const int64_t nc = k / 8, vm = (nc + 255) / 256;
+        /* a two-pass kernel for long rows (the max, then the codes from a second read through
+         * L1 / L2; 32 registers, every row resident at once) measured slower in the model than
+         * VMAX = 8 in registers (1.34 waves at 532 rows): fast prefix 3.167 -> 3.244 ms at 2
+         * cameras (fifteenth session, docs/design.md) */
         const int vec = k % 8 == 0 && ((uintptr_t)x | (uintptr_t)xq) % 16 == 0 && vm <= 8;
         const __nv_bfloat16 *xb = (const __nv_bfloat16 *)x;
         if (vec && vm <= 1) NIB_CUDA_CHECK(nib::launch(k_quant_fp8_rows_vec<1>, dim3((unsigned)m), dim3(256), 0, s, xb, k, (uint8_t *)xq, scales));
