@@ -1339,11 +1339,20 @@ static nib_status fwd_step(nib_pi05 *m, const call_shape *cs, int s) {
         expert_args(m, (int32_t)H, s, &xa);
         NIB_RETURN_IF_ERR(nib_be_expert(be, &xa, m->xws, m->xws_bytes));
     }
+    /* Gated residuals whose product runs on cuBLAS (bf16, W8A8: a separate epilogue kernel) are
+     * deferred: the product goes to ey, and the next adaRMS norm adds (ey * gate) + ex into ex
+     * before normalizing (nib_norm_args.res_gate): the same operations in the same order as the
+     * epilogue kernel, one kernel fewer per gated product. Not while checking stages (ex must be
+     * current after every layer); NIB_DEFER_GATE=0 keeps the epilogue kernel (A/B switch). */
+    const char *dg = getenv("NIB_DEFER_GATE");
+    const int defer = !m->checking && !(dg && !strcmp(dg, "0"));
+    const float *pend = NULL; /* the gate of a product in ey not yet added to ex */
     for (int l = 0; l < (fused ? 0 : c->e_layers); l++) {
         const lm_layer *L = &m->el[l];
         const float *ma = mods + (int64_t)(2 * l) * 3 * We, *mf = mods + (int64_t)(2 * l + 1) * 3 * We;
         nib_norm_args n1 = {.kind = NIB_NORM_ADARMS, .rows = H, .dim = We, .eps = NIB_NORM_EPS, .x = m->ex, .ldx = We,
                             .scale = ma, .shift = ma + We, .y = m->ey, .ldy = We};
+        if (pend) n1.x = m->ey, n1.residual = m->ex, n1.ldr = We, n1.res_gate = pend, pend = NULL;
         NIB_RETURN_IF_ERR(nib_be_norm(be, &n1));
         NIB_RETURN_IF_ERR(nib_be_gemm(be, &L->qkv, m->ey, H, We, m->eqkv, ld, NULL));
         /* RoPE at positions P + j, q out, K/V into cache slots P .. P + H - 1 */
@@ -1355,20 +1364,31 @@ static nib_status fwd_step(nib_pi05 *m, const call_shape *cs, int s) {
         ca.q = m->eq, ca.o = m->eattn, ca.q_tok = ca.o_tok = nh * hd, ca.nq = (int32_t)H, ca.n_heads = (int32_t)nh;
         ca.kv = m->kv[l], ca.t_valid = m->ints + 1;
         NIB_RETURN_IF_ERR(nib_be_attn_cache(be, &ca));
-        nib_gemm_epi ga = {0, ma + 2 * We, m->ex, We}; /* gated residual */
-        NIB_RETURN_IF_ERR(nib_be_gemm(be, &L->o, m->eattn, H, nh * hd, m->ex, We, &ga));
-        nib_norm_args n2 = n1;
-        n2.scale = mf, n2.shift = mf + We;
+        nib_norm_args n2 = {.kind = NIB_NORM_ADARMS, .rows = H, .dim = We, .eps = NIB_NORM_EPS, .x = m->ex, .ldx = We,
+                            .scale = mf, .shift = mf + We, .y = m->ey, .ldy = We};
+        if (defer && !nib_be_gemm_fuses_gate(be, &L->o)) {
+            NIB_RETURN_IF_ERR(nib_be_gemm(be, &L->o, m->eattn, H, nh * hd, m->ey, We, NULL));
+            n2.x = m->ey, n2.residual = m->ex, n2.ldr = We, n2.res_gate = ma + 2 * We;
+        } else {
+            nib_gemm_epi ga = {0, ma + 2 * We, m->ex, We}; /* gated residual */
+            NIB_RETURN_IF_ERR(nib_be_gemm(be, &L->o, m->eattn, H, nh * hd, m->ex, We, &ga));
+        }
         NIB_RETURN_IF_ERR(nib_be_norm(be, &n2));
         nib_gemm_epi gg = {1, NULL, NULL, 0};
         NIB_RETURN_IF_ERR(nib_be_gemm(be, &L->gu, m->ey, H, We, m->emlp, c->e_mlp, &gg));
-        nib_gemm_epi gf = {0, mf + 2 * We, m->ex, We};
-        NIB_RETURN_IF_ERR(nib_be_gemm(be, &L->down, m->emlp, H, c->e_mlp, m->ex, We, &gf));
-        NIB_RETURN_IF_ERR(check_stage(m, m->ex, H, We, We, 0, "expert x", "step %d expert layer %d output", s, l));
+        if (defer && !nib_be_gemm_fuses_gate(be, &L->down)) {
+            NIB_RETURN_IF_ERR(nib_be_gemm(be, &L->down, m->emlp, H, c->e_mlp, m->ey, We, NULL));
+            pend = mf + 2 * We;
+        } else {
+            nib_gemm_epi gf = {0, mf + 2 * We, m->ex, We};
+            NIB_RETURN_IF_ERR(nib_be_gemm(be, &L->down, m->emlp, H, c->e_mlp, m->ex, We, &gf));
+            NIB_RETURN_IF_ERR(check_stage(m, m->ex, H, We, We, 0, "expert x", "step %d expert layer %d output", s, l));
+        }
     }
     const float *mfin = mods + (nmod - 1) * 3 * We;
     nib_norm_args nf = {.kind = NIB_NORM_ADARMS, .rows = H, .dim = We, .eps = NIB_NORM_EPS, .x = m->ex, .ldx = We,
                         .scale = mfin, .shift = mfin + We, .y = m->ey, .ldy = We};
+    if (pend) nf.x = m->ey, nf.residual = m->ex, nf.ldr = We, nf.res_gate = pend;
     NIB_RETURN_IF_ERR(nib_be_norm(be, &nf));
     NIB_RETURN_IF_ERR(nib_be_gemm(be, &m->aout, m->ey, H, We, m->eout, A, NULL)); /* dt folded */
     NIB_RETURN_IF_ERR(check_stage(m, m->eout, H, A, A, 0, "expert out (velocity x dt)", "step %d velocity", s));

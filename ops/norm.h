@@ -7,7 +7,9 @@
  *
  * Per row r (a token) and column d < dim, with every fp32 operation rounded separately (no
  * FMA contraction) in the order written:
- *   h_d  = x_d + residual_d     (residual given; else h = x). h is STORED in the activation
+ *   h_d  = x_d + residual_d     (residual given; else h = x; with res_gate, h_d = (x_d * g_d) +
+ *                               residual_d: the gated residual of the layer before, deferred
+ *                               into this norm). h is STORED in the activation
  *                               dtype (float in the reference, bf16 on the GPU) into h_out, or
  *                               back into residual when h_out is NULL, and the norm reads the
  *                               stored h: fused add+norm == add, then norm of what was stored.
@@ -76,6 +78,8 @@ typedef struct nib_norm_args {
     int64_t ldr;
     void *h_out;             /* optional [rows][ldh]: where h is stored; NULL = into residual */
     int64_t ldh;
+    const float *res_gate;   /* optional [dim] fp32 (device memory for CUDA, 16-byte aligned),
+                                with a residual only: h = (x * res_gate) + residual */
 
     const float *w;          /* [dim] fp32 on both backends (device memory for CUDA). RMS: the
                                 Gemma w of (1 + w), may be NULL; LAYER: gamma, NULL = 1;

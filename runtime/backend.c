@@ -368,6 +368,10 @@ nib_status nib_be_gemm(nib_be *be, const nib_be_linear *L, const void *x, int64_
     return nib_cuda_epilogue(&e, be->stream);
 }
 
+int nib_be_gemm_fuses_gate(const nib_be *be, const nib_be_linear *L) {
+    return be->kind == NIB_BE_REF || (L->fmt != NIB_WFMT_BF16 && !L->w8a8);
+}
+
 nib_status nib_be_norm_gemm(nib_be *be, const nib_norm_args *n, const nib_be_linear *L, void *y, int64_t ldy,
                             const nib_gemm_epi *epi) {
     if (n->dim != L->k)

@@ -103,6 +103,12 @@ nib_status nib_be_linear_load(nib_be *be, const nib_wsrc *src, int geglu, int w8
 nib_status nib_be_gemm(nib_be *be, const nib_be_linear *L, const void *x, int64_t m, int64_t ldx, void *y,
                          int64_t ldy, const nib_gemm_epi *epi);
 
+/* Whether nib_be_gemm applies a gated residual inside the product's own kernel (the reference;
+ * the CUDA low-bit GEMM). Otherwise (cuBLAS: bf16, W8A8) it costs a separate epilogue kernel,
+ * and a caller may instead write the bare product and defer the gated residual into the next
+ * norm (nib_norm_args.res_gate), which computes the same values. */
+int nib_be_gemm_fuses_gate(const nib_be *be, const nib_be_linear *L);
+
 /* norm then y = epilogue(norm(x) · Wᵀ). For a CUDA W8A8 layer the norm emits the FP8 codes and
  * per-row scales directly (n->y is then not written); otherwise n->y holds the normed rows. */
 nib_status nib_be_norm_gemm(nib_be *be, const nib_norm_args *n, const nib_be_linear *L, void *y, int64_t ldy,

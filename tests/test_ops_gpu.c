@@ -152,6 +152,7 @@ typedef struct norm_variant {
     int residual; /* 0 none, 1 in place into residual, 2 into h_out */
     int outs;     /* 1 y, 2 y_q, 3 both */
     int partial;  /* n_valid = rows - rows / 3 (device int) */
+    int gate;     /* with a residual: h = (x * g) + residual (res_gate, the deferred gated residual) */
 } norm_variant;
 
 /* One GPU norm call vs the reference; returns 0 if the case could not run.
@@ -172,10 +173,10 @@ static int norm_case(nib_test_ctx *t, nib_rng *rng, const norm_variant *v, int64
     uint8_t *gq = nib_malloc((size_t)(R * ldq)), *rq = nib_malloc((size_t)(rows * dim) + 1);
     float *pw = nib_malloc((size_t)dim * 4), *pb = nib_malloc((size_t)dim * 4), *fh = nib_malloc((size_t)(rows * dim) * 4 + 4);
     float *ry = nib_malloc((size_t)(rows * dim) * 4 + 4), *rs = nib_malloc((size_t)rows * 4 + 4);
-    float *gs = nib_malloc((size_t)R * 4);
-    dbuf dx = {0}, dr = {0}, dh = {0}, dy = {0}, dq = {0}, ds = {0}, dw = {0}, db = {0}, dn = {0};
+    float *gs = nib_malloc((size_t)R * 4), *pg = nib_malloc((size_t)dim * 4);
+    dbuf dx = {0}, dr = {0}, dh = {0}, dy = {0}, dq = {0}, ds = {0}, dw = {0}, db = {0}, dn = {0}, dg = {0};
     int ok = 0;
-    if (!(hx && hr && hh && hy && gr && gh && gy && gq && rq && pw && pb && fh && ry && rs && gs)) {
+    if (!(hx && hr && hh && hy && gr && gh && gy && gq && rq && pw && pb && fh && ry && rs && gs && pg)) {
         nib_test_fail(t, __FILE__, __LINE__, "host allocation");
         goto done;
     }
@@ -188,6 +189,7 @@ static int norm_case(nib_test_ctx *t, nib_rng *rng, const norm_variant *v, int64
     for (int64_t d = 0; d < dim; d++) {
         pw[d] = (float)(0.5 * nib_rng_normal(rng));
         pb[d] = (float)(0.5 * nib_rng_normal(rng));
+        pg[d] = (float)(0.5 * nib_rng_normal(rng)); /* gates of both signs */
     }
     for (size_t i = 0; i < nb; i++) hh[i] = hy[i] = PBF16;
     memset(gq, PE4M3, (size_t)(R * ldq));
@@ -196,7 +198,8 @@ static int norm_case(nib_test_ctx *t, nib_rng *rng, const norm_variant *v, int64
         int32_t nvi = (int32_t)nv;
         if (!(dput(t, &dx, hx, nb * 2) && dput(t, &dr, hr, nb * 2) && dput(t, &dh, hh, nb * 2) &&
               dput(t, &dy, hy, nb * 2) && dput(t, &dq, gq, (size_t)(R * ldq)) && dput(t, &ds, gs, (size_t)R * 4) &&
-              dput(t, &dw, pw, (size_t)dim * 4) && dput(t, &db, pb, (size_t)dim * 4) && dput(t, &dn, &nvi, 4)))
+              dput(t, &dw, pw, (size_t)dim * 4) && dput(t, &db, pb, (size_t)dim * 4) && dput(t, &dn, &nvi, 4) &&
+              dput(t, &dg, pg, (size_t)dim * 4)))
             goto done;
     }
     nib_norm_args a;
@@ -215,6 +218,7 @@ static int norm_case(nib_test_ctx *t, nib_rng *rng, const norm_variant *v, int64
             a.h_out = (uint16_t *)dh.p + ld;
             a.ldh = ld;
         }
+        if (v->gate) a.res_gate = dg.p;
     }
     if (v->kind == NIB_NORM_ADARMS) {
         a.scale = dw.p;
@@ -239,7 +243,12 @@ static int norm_case(nib_test_ctx *t, nib_rng *rng, const norm_variant *v, int64
     for (int64_t r = 0; r < nv; r++)
         for (int64_t d = 0; d < dim; d++) {
             float x = bfv(hx[(r + 1) * ld + d]);
-            fh[r * dim + d] = v->residual ? bfv(bfr(x + bfv(hr[(r + 1) * ld + d]))) : x;
+            if (v->residual && v->gate) {
+                const float xg = x * pg[d]; /* rounded, then added: the epilogue's order */
+                fh[r * dim + d] = bfv(bfr(xg + bfv(hr[(r + 1) * ld + d])));
+            } else {
+                fh[r * dim + d] = v->residual ? bfv(bfr(x + bfv(hr[(r + 1) * ld + d]))) : x;
+            }
         }
     nib_norm_args ra;
     memset(&ra, 0, sizeof ra);
@@ -320,7 +329,8 @@ static int norm_case(nib_test_ctx *t, nib_rng *rng, const norm_variant *v, int64
         if (!inside) bad_guard += f2u(gs[r]) != PF32;
     }
     CHECK_MSG(vs.nonfinite == 0, "%lld NaN/Inf outputs", (long long)vs.nonfinite);
-    CHECK_MSG(bad_h == 0, "%lld stored h values differ from bf16(x + residual)", (long long)bad_h);
+    CHECK_MSG(bad_h == 0, "%lld stored h values differ from bf16(x%s + residual)", (long long)bad_h,
+              v->gate && v->residual ? " * gate" : "");
     CHECK_MSG(bad_guard == 0, "%lld guard / out-of-range values were written", (long long)bad_guard);
     CHECK_MSG(bad_code == 0, "%lld FP8 codes differ beyond boundary flips", (long long)bad_code);
     if (vs.worst > *worst) *worst = vs.worst;
@@ -335,6 +345,8 @@ done:
     dfree(&dw);
     dfree(&db);
     dfree(&dn);
+    dfree(&dg);
+    nib_free(pg);
     nib_free(hx);
     nib_free(hr);
     nib_free(hh);
@@ -363,8 +375,8 @@ static void norm_sweep(nib_test_ctx *t, nib_norm_kind kind, int use_w) {
         double worst = 0;
         for (size_t ri = 0; ri < NIB_ARRAY_LEN(k_rows); ri++, idx++) {
             /* two variants per shape, rotating through residual modes, outputs and valid rows */
-            norm_variant a = {kind, use_w, idx % 3, 3, 0};
-            norm_variant b = {kind, use_w, (idx + 1) % 3, 1 + idx % 2, k_rows[ri] >= 3};
+            norm_variant a = {kind, use_w, idx % 3, 3, 0, idx % 2};
+            norm_variant b = {kind, use_w, (idx + 1) % 3, 1 + idx % 2, k_rows[ri] >= 3, (idx + 1) % 2};
             if (!norm_case(t, &rng, &a, dims[di], k_rows[ri], &flips, &worst)) return;
             if (!norm_case(t, &rng, &b, dims[di], k_rows[ri], &flips, &worst)) return;
         }
@@ -374,7 +386,7 @@ static void norm_sweep(nib_test_ctx *t, nib_norm_kind kind, int use_w) {
     const int64_t xdims[] = {8, 4096, 6144, 8192};
     for (size_t di = 0; di < NIB_ARRAY_LEN(xdims); di++) {
         double worst = 0;
-        norm_variant a = {kind, use_w, 1, 3, 0}, b = {kind, use_w, 2, 3, 1};
+        norm_variant a = {kind, use_w, 1, 3, 0, 0}, b = {kind, use_w, 2, 3, 1, 1};
         if (!norm_case(t, &rng, &a, xdims[di], 3, &flips, &worst)) return;
         if (!norm_case(t, &rng, &b, xdims[di], 17, &flips, &worst)) return;
     }

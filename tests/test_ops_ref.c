@@ -425,6 +425,46 @@ NIB_TEST(ops_ref_norm_alias_and_valid) {
     nib_free(y2);
 }
 
+/* The gated residual (res_gate, the previous layer's deferred adaRMS gate): h = (x * g) + r with
+ * two fp32 roundings, stored into the residual (or h_out), and the norm of the stored h equal to
+ * the norm of a plain call on that h; against the same rows computed here in the same order. */
+NIB_TEST(ops_ref_norm_gated_residual) {
+    nib_rng rng;
+    nib_test_rng(t, &rng);
+    const int64_t rows = 5, dim = 1024;
+    float *x = nib_malloc((size_t)(rows * dim) * 4), *r = nib_malloc((size_t)(rows * dim) * 4);
+    float *r0 = nib_malloc((size_t)(rows * dim) * 4), *g = nib_malloc((size_t)dim * 4);
+    float *sc = nib_malloc((size_t)dim * 4), *sh = nib_malloc((size_t)dim * 4);
+    float *y1 = nib_malloc((size_t)(rows * dim) * 4), *y2 = nib_malloc((size_t)(rows * dim) * 4);
+    float *h = nib_malloc((size_t)(rows * dim) * 4);
+    REQUIRE(x && r && r0 && g && sc && sh && y1 && y2 && h);
+    fill_normal(&rng, x, rows * dim, 1.0);
+    fill_normal(&rng, r, rows * dim, 4.0);
+    fill_normal(&rng, g, dim, 0.5);
+    fill_normal(&rng, sc, dim, 0.1);
+    fill_normal(&rng, sh, dim, 0.1);
+    memcpy(r0, r, (size_t)(rows * dim) * 4);
+    nib_norm_args a;
+    memset(&a, 0, sizeof a);
+    a.kind = NIB_NORM_ADARMS, a.rows = rows, a.dim = dim, a.eps = NIB_NORM_EPS;
+    a.x = x, a.ldx = dim, a.residual = r, a.ldr = dim, a.res_gate = g;
+    a.scale = sc, a.shift = sh, a.y = y1, a.ldy = dim;
+    CHECK_OK(nib_ref_norm(&a));
+    int badh = 0;
+    for (int64_t i = 0; i < rows * dim; i++) {
+        const float xg = x[i] * g[i % dim];
+        h[i] = xg + r0[i];
+        badh += f2u(r[i]) != f2u(h[i]);
+    }
+    CHECK_MSG(badh == 0, "%d stored h values differ from fp32(fp32(x * g) + r)", badh);
+    nib_norm_args b = a; /* the plain norm of that h */
+    b.x = h, b.residual = NULL, b.ldr = 0, b.res_gate = NULL, b.y = y2;
+    CHECK_OK(nib_ref_norm(&b));
+    CHECK_MSG(!memcmp(y1, y2, (size_t)(rows * dim) * 4), "gated add + norm differs from the norm of the stored h");
+    nib_free(x), nib_free(r), nib_free(r0), nib_free(g), nib_free(sc), nib_free(sh);
+    nib_free(y1), nib_free(y2), nib_free(h);
+}
+
 NIB_TEST(ops_ref_norm_rejects) {
     float x[16], y[16], w[16], s;
     uint8_t q[16];
@@ -467,6 +507,10 @@ NIB_TEST(ops_ref_norm_rejects) {
     a.h_out = y;
     a.ldh = 16;
     CHECK_ST(nib_ref_norm(&a), NIB_ERR_INVALID_ARG); /* h_out without residual */
+    a = g;
+    a.res_gate = w;
+    CHECK_ST(nib_ref_norm(&a), NIB_ERR_INVALID_ARG); /* res_gate without residual */
+    CHECK(strstr(nib_last_error(), "res_gate") != NULL);
     a = g;
     a.b = w;
     CHECK_ST(nib_ref_norm(&a), NIB_ERR_INVALID_ARG); /* bias on RMSNorm */

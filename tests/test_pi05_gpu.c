@@ -243,6 +243,47 @@ NIB_TEST(pi05_gpu_expert_kernel_vs_per_op_and_reference) {
  * own buffer) and its attention reads K/V from the cache; NIB_FUSED_QKV=0 keeps RoPE in place plus
  * the plain cache write, the attention reading pqkv. Both produce the same bf16 q / k / v with the
  * same fp32 operations, so the actions must match bitwise (bf16 and fast, 1 and 3 cameras). */
+/* The per-op expert's gated residuals of cuBLAS products (bf16; W8A8 with expert=fp8) deferred
+ * into the next adaRMS norm (nib_norm_args.res_gate) must give the same actions, bit for bit, as
+ * the product + epilogue kernel (NIB_DEFER_GATE=0, read when a call is recorded): the norm does
+ * the epilogue's operations in its order on the same bf16 product. H = 10 and 16. */
+NIB_TEST(pi05_gpu_expert_deferred_gate_bitwise) {
+    NIB_REQUIRE_GPU();
+    REQUIRE(ckpt());
+    static const char *presets[2] = {"bf16", "fast"}, *overs[2] = {NULL, "expert=fp8"};
+    for (int pi = 0; pi < 2; pi++) {
+        nib_st_file *f0 = NULL, *f1 = NULL;
+        nib_pi05 *epi = NULL, *def = NULL;
+        nib_rng rng;
+        nib_test_rng(t, &rng);
+        CHECK_OK(load(presets[pi], overs[pi], &f0, &epi));
+        CHECK_OK(load(presets[pi], overs[pi], &f1, &def));
+        static run_in x, y;
+        make_in(&rng, &x, 1, 7, 10);
+        make_in(&rng, &y, 3, 20, 16);
+        float a0[16 * 32], a1[16 * 32], b0[16 * 32], b1[16 * 32];
+        if (epi && def) {
+            setenv("NIB_DEFER_GATE", "0", 1);
+            CHECK_OK(nib_pi05_run(epi, &x.in, a0, NULL));
+            CHECK_OK(nib_pi05_run(epi, &y.in, b0, NULL));
+            unsetenv("NIB_DEFER_GATE");
+            CHECK_OK(nib_pi05_run(def, &x.in, a1, NULL));
+            CHECK_OK(nib_pi05_run(def, &y.in, b1, NULL));
+            int bad = 0;
+            for (int i = 0; i < 10 * 32; i++) bad += !isfinite(a1[i]);
+            CHECK_MSG(!bad, "%s: %d non-finite actions", presets[pi], bad);
+            CHECK_MSG(!memcmp(a0, a1, 10 * 32 * sizeof(float)), "%s%s%s, H = 10: deferred gate differs from the epilogue",
+                      presets[pi], overs[pi] ? " " : "", overs[pi] ? overs[pi] : "");
+            CHECK_MSG(!memcmp(b0, b1, 16 * 32 * sizeof(float)), "%s%s%s, H = 16: deferred gate differs from the epilogue",
+                      presets[pi], overs[pi] ? " " : "", overs[pi] ? overs[pi] : "");
+            printf("  %s%s%s: deferred and epilogue gated residuals give identical actions (H = 10, 16)\n", presets[pi],
+                   overs[pi] ? " " : "", overs[pi] ? overs[pi] : "");
+        }
+        nib_pi05_free(epi), nib_pi05_free(def);
+        nib_st_close(f0), nib_st_close(f1);
+    }
+}
+
 NIB_TEST(pi05_gpu_prefix_fused_qkv_bitwise) {
     NIB_REQUIRE_GPU();
     REQUIRE(ckpt());

@@ -37,6 +37,7 @@ struct NormParams {
     long long ldr;
     uint16_t *h; /* h destination (h_out or residual); NULL without a residual */
     long long ldh;
+    const float *rg; /* gated residual: h = x * rg + residual; NULL = x + residual */
     const float *pa, *pb; /* RMS: w, -; LAYER: w, b; ADARMS: scale, shift (NULL = absent) */
     uint16_t *y;
     long long ldy;
@@ -88,6 +89,12 @@ __global__ void __launch_bounds__(256) k_norm(const NormParams p) {
             if (p.res) {
                 float r[8];
                 unpack8(ld16(p.res + row * p.ldr + 8 * c), r);
+                if (p.rg) { /* the previous layer's gated residual, as its GEMM epilogue computes it */
+                    float g[8];
+                    load8f(p.rg + 8 * c, g);
+#pragma unroll
+                    for (int k = 0; k < 8; k++) v[i][k] = __fmul_rn(v[i][k], g[k]);
+                }
 #pragma unroll
                 for (int k = 0; k < 8; k++) v[i][k] = __fadd_rn(v[i][k], r[k]);
                 const uint4 hu = pack8(v[i]);
@@ -175,7 +182,7 @@ nib_status nib_cuda_norm(const nib_norm_args *a, void *stream) {
                        (long long)a->ldq);
     const float *pa = a->kind == NIB_NORM_ADARMS ? a->scale : a->w;
     const float *pb = a->kind == NIB_NORM_ADARMS ? a->shift : a->b;
-    if ((pa && !al16(pa)) || (pb && !al16(pb)))
+    if ((pa && !al16(pa)) || (pb && !al16(pb)) || (a->res_gate && !al16(a->res_gate)))
         return NIB_ERR(NIB_ERR_SHAPE, "%s (%s): fp32 parameter vectors must be 16-byte aligned", who, kn);
     if (a->rows == 0) return NIB_OK;
 
@@ -191,6 +198,7 @@ nib_status nib_cuda_norm(const nib_norm_args *a, void *stream) {
     p.ldr = a->ldr;
     p.h = a->residual ? (uint16_t *)(a->h_out ? a->h_out : a->residual) : NULL;
     p.ldh = a->h_out ? a->ldh : a->ldr;
+    p.rg = a->residual ? a->res_gate : NULL;
     p.pa = pa;
     p.pb = pb;
     p.y = (uint16_t *)a->y;

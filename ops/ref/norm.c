@@ -36,6 +36,8 @@ nib_status nib_norm_validate(const nib_norm_args *a, const char *who) {
         return NIB_ERR(NIB_ERR_SHAPE, "%s (%s): ldr %lld < dim %lld", who, k, (long long)a->ldr, (long long)a->dim);
     if (a->h_out && !a->residual)
         return NIB_ERR(NIB_ERR_INVALID_ARG, "%s (%s): h_out given without a residual (h = x + residual)", who, k);
+    if (a->res_gate && !a->residual)
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "%s (%s): res_gate given without a residual (h = x * g + residual)", who, k);
     if (a->h_out && a->ldh < a->dim)
         return NIB_ERR(NIB_ERR_SHAPE, "%s (%s): ldh %lld < dim %lld", who, k, (long long)a->ldh, (long long)a->dim);
     if (!a->y && !a->y_q)
@@ -89,7 +91,13 @@ nib_status nib_ref_norm(const nib_norm_args *a) {
         if (a->residual) {
             float *res = (float *)a->residual + r * a->ldr;
             float *dst = a->h_out ? (float *)a->h_out + r * a->ldh : res;
-            for (int64_t d = 0; d < dim; d++) h[d] = x[d] + res[d];
+            if (a->res_gate)
+                for (int64_t d = 0; d < dim; d++) {
+                    const float t = x[d] * a->res_gate[d]; /* rounded, then added (ISO C: no contraction) */
+                    h[d] = t + res[d];
+                }
+            else
+                for (int64_t d = 0; d < dim; d++) h[d] = x[d] + res[d];
             memcpy(dst, h, (size_t)dim * sizeof(float));
         } else {
             memcpy(h, x, (size_t)dim * sizeof(float));
