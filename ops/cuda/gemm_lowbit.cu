@@ -494,13 +494,11 @@ __global__ void __launch_bounds__(WARPS * 32, OCC) k_gemm_lowbit(GemmParams p) {
 
     /* split-K: the last CTA of this (row block, M chunk) finishes the tile */
     __shared__ int s_last;
-    __threadfence();
-    __syncthreads();
+    __syncthreads(); /* publish / acquire: one acq_rel add between two CTA barriers (atomic_add_acq_rel_gpu) */
     int *ctr = p.counters + blockIdx.z * p.row_blocks + blockIdx.x;
-    if (threadIdx.x == 0) s_last = (atomicAdd(ctr, 1) == p.ksplit - 1);
+    if (threadIdx.x == 0) s_last = (atomic_add_acq_rel_gpu(ctr, 1) == p.ksplit - 1);
     __syncthreads();
     if (!s_last) return;
-    __threadfence();
     const int rows_cta = 16 * R * wn_count;
     const int pb = blockIdx.x * rows_cta;
     const int rows = min(rows_cta, p.np - pb);

@@ -240,12 +240,11 @@ __global__ void __launch_bounds__(WgPW<FMT, BT>::THREADS, 1) k_gemm_lowbit_wg(co
         float *mine = p.ws + (size_t)blockIdx.z * sstride + (size_t)cta * (BT / 2) * 256 + tid;
 #pragma unroll
         for (int i = 0; i < BT / 2; i++) __stcg(mine + i * 256, acc[i]);
-        __threadfence();
+        /* publish / acquire: one acq_rel add between two CTA barriers (atomic_add_acq_rel_gpu) */
         asm volatile("bar.sync 1, 256;" ::: "memory");
-        if (tid == 0) s_last = atomicAdd(p.counters + cta, 1) == p.ksplit - 1;
+        if (tid == 0) s_last = atomic_add_acq_rel_gpu(p.counters + cta, 1) == p.ksplit - 1;
         asm volatile("bar.sync 1, 256;" ::: "memory");
         if (!s_last) return;
-        __threadfence();
 #pragma unroll
         for (int i = 0; i < BT / 2; i++) acc[i] = __ldcg(slot0 + i * 256);
         for (int z = 1; z < p.ksplit; z++)
