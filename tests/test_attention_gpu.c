@@ -684,10 +684,11 @@ NIB_TEST(attn_gpu_cache_edges) {
         {300, 257, 3, 3, 8, 2},   /* GQA: 2 KV heads */
         {64, 0, 2, 2, 8, 1},      /* nothing visible */
         {5000, 33, 1, 1, 8, 1},   /* decode planned for 5000 slots, 33 visible */
-        {700, 650, 6, 6, 8, 1},   /* 48 rows: the dec kernel (cache paths up to 128 rows) */
+        {700, 650, 6, 6, 8, 1},   /* 48 rows: wg1 on the bf16 cache, dec on the low-bit ones */
     };
     for (size_t i = 0; i < NIB_ARRAY_LEN(cs); i++) cache_all_dtypes(t, &rng, &cs[i]);
-    /* the cache path picks dec up to 128 rows and r8 above; every variant stays correct for
+    /* the cache path picks rk up to 8 rows, dec up to 16 (bf16) or 128 (low-bit caches), wg1
+     * (bf16) or r8 above; every variant stays correct for
      * every shape it takes (NIB_ATTN_VARIANT / NIB_ATTN_CLUSTER are read at every plan): the
      * opt-in cluster variant on a long cache (10 tiles per split), with clusters of 8 too, on
      * GQA, on the suffix and on a nothing-visible cache */

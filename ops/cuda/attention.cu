@@ -39,7 +39,8 @@
  *   r4t2 WR4 x WT2, TK 64, 256 threads, head_dim 256, bf16 (lab: NIB_ATTN_VARIANT=t2; measured
  *        level with r8 on the Gemma prefix: 30.5 vs 30.0 us at S = 532)
  *   wg1  wgmma (attn_wg.cuh), 64 rows, TK 64, 128 threads, head_dim <= 256, bf16: the default
- *        where r8 was for a bf16 K/V (the Gemma prefix, the suffix past 128 rows)
+ *        where r8 was for a bf16 K/V (the Gemma prefix, the suffix past 128 rows), and where dec
+ *        was for a bf16 cache read by 17..128 rows (the suffix at H = 3..16, per-op path)
  *   wg   the same with two warpgroups (128 rows, 256 threads): lab (NIB_ATTN_VARIANT=wg)
  * Tested by tests/test_attention_gpu.c (`build/nib_tests attn_gpu`), timed by `nib bench attn`.
  */
@@ -134,8 +135,14 @@ static int pick_variant(int fmt, int dp, int64_t rows, int cache) {
     if (dp == 80) return forced == V_R4 ? K_D80 : K_T2 + 1;
     if ((e && !strcmp(e, "rk")) || (forced < 0 && cache && rows <= 8)) return rows <= 8 ? K_RK + fmt : -1;
     int v = forced >= 0 ? forced : rows <= 16 || (cache && rows <= 128) ? V_DEC : rows <= 64 ? V_R4 : V_R8;
-    const char *wge = getenv("NIB_ATTN_WG"); /* NIB_ATTN_WG=0: the default keeps r8 (A/B switch) */
-    if (forced < 0 && v == V_R8 && fmt == F_BF16 && dp == 256 && !(wge && !strcmp(wge, "0"))) return K_WG + 1;
+    const char *wge = getenv("NIB_ATTN_WG"); /* NIB_ATTN_WG=0: the default keeps r8 / dec (A/B switch) */
+    const int wg_ok = forced < 0 && fmt == F_BF16 && dp == 256 && !(wge && !strcmp(wge, "0"));
+    if (wg_ok && v == V_R8) return K_WG + 1;
+    /* a bf16 cache read by 17..128 query rows (the Pi0.5 suffix at H = 3..16 on the per-op path):
+     * wg1 too. H100, `nib bench attn --sections cache --kv bf16 --variants auto,wg1`, cold L2,
+     * H = 10 (80 rows): P = 532 / 768 / 1024 9.39 / 9.54 / 10.32 us (wg1, 2 row blocks x 9-17
+     * splits) against 11.41 / 10.31 / 12.07 us (dec, 5 x 17-33) */
+    if (wg_ok && v == V_DEC && cache && rows > 16) return K_WG + 1;
     return fmt * V_PER_FMT + v;
 }
 
