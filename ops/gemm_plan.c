@@ -117,7 +117,21 @@ static int mt_allowed(int64_t m, int mt) {
            (mt < NIB_GEMM_MT(m) && m <= NIB_GEMM_MSPLIT_MAX_M && (m + 8 * mt - 1) / (8 * mt) <= NIB_GEMM_MSPLIT_MAX_CHUNKS);
 }
 
-static nib_status plan_search(const nib_gemm_shape *w, int64_t m, uint64_t ws_elems, int sms, nib_gemm_plan *pl) {
+/* Long-K GEMV rule. At M <= 8 with K >= 8192 (the Gemma MLP's down projection, 16384 -> 2048, when
+ * decoding) the measured best plans split K across CTAs so that every SM runs two of them, one
+ * wave: 16 warps per SM with short chains instead of 8 with long ones (the model charges a
+ * co-resident CTA as if it ran after the other, so it never picks them). H100, `nib bench gemm
+ * --variants nvfp4 --sweep`, 16384 -> 2048 at M = 1 (bench/results/gemm-sweep-h100-v5-acqrel.json,
+ * after the split-K arrival became one acq_rel add): the model's ks1 wk8 (128 CTAs) 11.77 us;
+ * 256-CTA splits 9.67 (wk2 ks8), 9.88 (wk1 ks16), 10.12 (wk4 ks4), 11.12 us (wk8 ks2); the older
+ * sweep (v4, before that change) had them at 10.54 / 10.48 / 10.76 / 11.69 against 11.65 us. So at
+ * these shapes the search keeps only plans with a K split, at most 2 warps along K (the K split
+ * goes across CTAs, not across the warps of one) and more than one CTA, at most two, per SM; the
+ * cost model picks among them (its ties keep the fewer K splits: wk2 ks8 there). */
+static int long_k_gemv(const nib_gemm_shape *w, int64_t m) { return m <= 8 && w->kp / NIB_GEMM_KCH >= 64; }
+
+/* The cheapest plan by the model (lk: only the long-K GEMV rule's plans); pl->wk = 0 when none fits. */
+static void plan_search_in(const nib_gemm_shape *w, int64_t m, uint64_t ws_elems, int sms, int lk, nib_gemm_plan *pl) {
     double best = 1e30;
     nib_gemm_plan cand;
     memset(pl, 0, sizeof *pl);
@@ -138,11 +152,19 @@ static nib_status plan_search(const nib_gemm_shape *w, int64_t m, uint64_t ws_el
                         /* K and M splits are there to fill the GPU: none past 4 waves of CTAs (the
                          * range the model was fitted on; the lab's sweep times no more) */
                         if ((ks > 1 || mt != NIB_GEMM_MT(m)) && cand.ctas > 4 * occ * sms) continue;
+                        if (lk && (ks < 2 || wk > 2 || occ != 2 || cand.ctas <= sms || cand.ctas > 2 * sms)) continue;
                         if (cost < best - 1e-9 || (cost < best + 1e-9 && ks < pl->ksplit)) {
                             best = cost;
                             *pl = cand;
                         }
                     }
+}
+
+static nib_status plan_search(const nib_gemm_shape *w, int64_t m, uint64_t ws_elems, int sms, nib_gemm_plan *pl) {
+    const int lk = long_k_gemv(w, m);
+    plan_search_in(w, m, ws_elems, sms, lk, pl);
+    if (!pl->wk && lk) plan_search_in(w, m, ws_elems, sms, 0, pl); /* no long-K plan fits (a small split-K
+                                                                       * workspace): the model's pick */
     if (!pl->wk) return NIB_ERR(NIB_ERR_INTERNAL, "gemm: no launch plan fits shared memory (M=%lld)", (long long)m);
     return NIB_OK;
 }
