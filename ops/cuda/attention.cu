@@ -275,7 +275,14 @@ static nib_status make_plan(int fmt, int dp, int64_t rows_max, int64_t t_max, in
     int bs = 1;
     for (int64_t s = 1; s <= tiles && s <= MAX_SPLITS; s++) {
         double waves = (double)((rb * z * s + slots - 1) / slots);
-        double cost = waves * ((double)((tiles + s - 1) / s) + cta_fixed) + (s > 1 ? merge_tiles : 0.0);
+        /* the wgmma kernel on a cache: the merge grows with the partials, splits x row blocks
+         * (fp32, 64 rows x 256 each), ~0.03 tile per block. H100, `NIB_ATTN_SPLITS` forced, P =
+         * 532 / 768 / 1024 at H = 50 (7 row blocks): the best counts were 6-10 / 8 / 6 where the
+         * plain model took every tile (10 / 13 / 17: up to 15 % slower); at H = 10 (2 row blocks)
+         * every tile stays best (7 and 9 splits at P = 768 / 1024: 10.86 / 11.15 against 9.54 /
+         * 10.40 us) */
+        const double per_split = cache && pl->ki >= K_WG ? 0.22 / 7.0 * (double)s * (double)(rb * z) : 0.0;
+        double cost = waves * ((double)((tiles + s - 1) / s) + cta_fixed) + (s > 1 ? merge_tiles + per_split : 0.0);
         if (cost < best - 1e-9) {
             best = cost;
             bs = (int)s;
