@@ -100,6 +100,7 @@ struct Params {
     const int32_t *t_valid, *slot_base, *pos;
     const float *inv_freq;
     float q_scale, eps;
+    double inv_we; /* 1 / We when We is a power of two (then a * inv_we == a / We exactly), else 0 */
     uint32_t scale_add;
     __nv_bfloat16 *x, *qkv, *o, *h;
     float2 *rope;   /* [H][HALF] (cos, sin) */
@@ -359,9 +360,13 @@ __device__ void stage_norm(const Params &p, const float *mods_s, __nv_bfloat16 *
             a1 += __shfl_xor_sync(0xffffffffu, a1, off);
         }
         if (lane == 0) {
-            const float m0 = __double2float_rn(a0 / (double)p.We), m1 = __double2float_rn(a1 / (double)p.We);
-            rinv[r0] = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(m0, p.eps)));
-            if (r1 < NIB_EXPERT_MAX_ROWS) rinv[r1] = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(m1, p.eps)));
+            /* the mean: a product where it is exact (no fp64 division on this critical path); 1 / rms
+             * as the correctly rounded reciprocal, the same value as 1.0f / s and cheaper */
+            const double d0 = p.inv_we != 0.0 ? a0 * p.inv_we : a0 / (double)p.We;
+            const double d1 = p.inv_we != 0.0 ? a1 * p.inv_we : a1 / (double)p.We;
+            const float m0 = __double2float_rn(d0), m1 = __double2float_rn(d1);
+            rinv[r0] = __frcp_rn(__fsqrt_rn(__fadd_rn(m0, p.eps)));
+            if (r1 < NIB_EXPERT_MAX_ROWS) rinv[r1] = __frcp_rn(__fsqrt_rn(__fadd_rn(m1, p.eps)));
         }
     }
     seg_add(segp, 6, tlast);
@@ -821,7 +826,7 @@ __device__ __forceinline__ void merge_items(const Params &p, int NS, int rb, int
             M = Mn;
         }
         if (!on || sl) continue;
-        const float inv = 1.f / l;
+        const float inv = __frcp_rn(l); /* = 1.f / l */
         const int tok = r / p.nh, hh = r - tok * p.nh;
         __nv_bfloat162 lo2 = __floats2bfloat162_rn(acc.x * inv, acc.y * inv), hi2 = __floats2bfloat162_rn(acc.z * inv, acc.w * inv);
         uint2 u;
@@ -1202,6 +1207,7 @@ extern "C" nib_status nib_cuda_expert_run(const nib_expert_args *a, void *ws, ui
     p.mods = a->mods;
     p.t_valid = a->t_valid, p.slot_base = a->slot_base, p.pos = a->positions, p.inv_freq = a->inv_freq;
     p.q_scale = a->q_scale, p.eps = a->eps;
+    p.inv_we = (a->width & (a->width - 1)) == 0 ? 1.0 / (double)a->width : 0.0;
     p.scale_add = a->layers[0].qkv->scale_add;
     p.x = (__nv_bfloat16 *)a->x, p.qkv = (__nv_bfloat16 *)a->qkv, p.o = (__nv_bfloat16 *)a->o, p.h = (__nv_bfloat16 *)a->h;
     p.rope = (float2 *)(base + w.rope);

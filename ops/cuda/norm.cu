@@ -31,6 +31,7 @@ struct NormParams {
     int kind, dim, nch; /* nch = dim / 8 chunks */
     const int32_t *n_valid;
     float eps;
+    double inv_dim; /* 1 / dim when dim is a power of two (then s * inv_dim == s / dim exactly), else 0 */
     const uint16_t *x;
     long long ldx;
     const uint16_t *res;
@@ -109,7 +110,7 @@ __global__ void __launch_bounds__(256) k_norm(const NormParams p) {
     const double s = block_sum(acc, s_sum, nw);
     float inv, mu = 0.f;
     if (p.kind == NIB_NORM_LAYER) {
-        const double mean = s / (double)p.dim;
+        const double mean = p.inv_dim != 0.0 ? s * p.inv_dim : s / (double)p.dim;
         double acc2 = 0.0;
 #pragma unroll
         for (int i = 0; i < V; i++)
@@ -120,12 +121,14 @@ __global__ void __launch_bounds__(256) k_norm(const NormParams p) {
                     acc2 += d * d;
                 }
             }
-        const double var = block_sum(acc2, s_sq, nw) / (double)p.dim;
+        const double s2 = block_sum(acc2, s_sq, nw);
+        const double var = p.inv_dim != 0.0 ? s2 * p.inv_dim : s2 / (double)p.dim;
         mu = __double2float_rn(mean);
-        inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__double2float_rn(var), p.eps)));
+        inv = __frcp_rn(__fsqrt_rn(__fadd_rn(__double2float_rn(var), p.eps)));
     } else {
-        const float ms = __double2float_rn(s / (double)p.dim);
-        inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ms, p.eps)));
+        const float ms = __double2float_rn(p.inv_dim != 0.0 ? s * p.inv_dim : s / (double)p.dim);
+        /* the correctly rounded reciprocal: the value of 1.0f / x, without the division's slow path */
+        inv = __frcp_rn(__fsqrt_rn(__fadd_rn(ms, p.eps)));
     }
     float amax = 0.f;
 #pragma unroll
@@ -190,6 +193,7 @@ nib_status nib_cuda_norm(const nib_norm_args *a, void *stream) {
     p.kind = (int)a->kind;
     p.dim = (int)a->dim;
     p.nch = (int)(a->dim / 8);
+    p.inv_dim = (a->dim & (a->dim - 1)) == 0 ? 1.0 / (double)a->dim : 0.0;
     p.n_valid = a->n_valid;
     p.eps = a->eps;
     p.x = (const uint16_t *)a->x;
