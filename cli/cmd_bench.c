@@ -37,6 +37,8 @@ typedef struct bench_cfg {
     int reps;
     int sweep; /* --sweep: also time every launch plan of the low-bit kernels */
     int algos; /* --algos N: also time cuBLASLt's first N heuristic candidates (cuBLAS variants) */
+    int lt_configs; /* --lt-configs N: also time up to N configurations cuBLASLt accepts (cuBLAS variants) */
+    int bf16_listed; /* cublas-bf16 was named in --variants (not only run as the baseline) */
     int hot;   /* --hot: one weight copy (L2-resident after the first call) instead of > 3x L2 */
     int sms;   /* the device's SM count */
     const char *json_path;
@@ -208,8 +210,8 @@ static nib_status time_row(gemm_ctx *g, int reps, uint64_t canon_bytes, double c
 }
 
 static void algo_str(const nib_blas_algo_desc *d, int i, char *buf, size_t n) {
-    snprintf(buf, n, "algo%d id%d tile%d st%d sk%d red%d sw%d cu%d cl%d in%d w%.2f", i, d->id, d->tile, d->stages,
-             d->splitk, d->reduction, d->swizzle, d->custom, d->cluster, d->inner, d->waves);
+    snprintf(buf, n, "algo%d b%d id%d tile%d st%d sk%d red%d sw%d cu%d cl%d w%.2f", i, d->base, d->id, d->tile, d->stages,
+             d->splitk, d->reduction, d->swizzle, d->custom, d->cluster, d->waves);
 }
 
 /* --algos: the default row (cuBLASLt's first candidate, already timed in *row) labelled with its
@@ -253,6 +255,56 @@ static nib_status bench_algos(const bench_cfg *cfg, gemm_ctx *g, uint64_t canon_
                (long long)g->k, (long long)g->n, (long long)g->m, k_vname[g->v], nd, best_i, best, row->us,
                row->us / best);
     return st;
+}
+
+/* --lt-configs: every configuration cuBLASLt accepts for this product (up to cfg->lt_configs),
+ * timed like the heuristic's candidates; the best ten are listed at the end */
+static nib_status bench_lt_configs(const bench_cfg *cfg, gemm_ctx *g, uint64_t canon_bytes, double copy_gbps,
+                                   double bf16_us, bench_row *row, bench_row *rows, int *nrows, int max_rows) {
+    nib_blas_algo_desc *ds = nib_calloc((size_t)cfg->lt_configs, sizeof *ds);
+    if (!ds) return NIB_ERR(NIB_ERR_OUT_OF_MEMORY, "bench: %d config slots", cfg->lt_configs);
+    int nd = 0;
+    const int fp8 = g->v != V_BF16;
+    nib_status st = nib_blas_configs(g->blas, fp8, g->m, g->n, g->k, g->sx, g->sw, ds, cfg->lt_configs, &nd);
+    row->sweep = 2;
+    nib_blas_tune tn;
+    if (fp8 && nib_blas_tune_on() && nib_blas_tune_for(1, g->m, g->n, g->k, cfg->sms, &tn))
+        snprintf(row->plan, sizeof row->plan, "nib's reconfiguration: tile%d cu%d cl%d", tn.tile, tn.custom, tn.cluster);
+    else
+        snprintf(row->plan, sizeof row->plan, "heuristic");
+    print_row(row);
+    printf("%6lld %6lld %5lld  %-13s %d configurations accepted by cuBLASLt\n", (long long)g->k, (long long)g->n,
+           (long long)g->m, k_vname[g->v], nd);
+    const int first = *nrows;
+    for (int i = 0; i < nd && *nrows < max_rows && !st; i++) {
+        nib_blas_set_algo_config(g->blas, &ds[i]);
+        bench_row *ar = &rows[(*nrows)++];
+        st = time_row(g, 3, canon_bytes, copy_gbps, bf16_us, ar);
+        if (st == NIB_ERR_UNSUPPORTED || st == NIB_ERR_CUDA) { /* refused at run time: reported, not fatal */
+            nib_clear_error();
+            (*nrows)--;
+            st = NIB_OK;
+            continue;
+        }
+        if (st) break;
+        algo_str(&ds[i], i, ar->plan, sizeof ar->plan);
+        ar->sweep = 1;
+    }
+    nib_blas_set_algo_config(g->blas, NULL);
+    nib_free(ds);
+    if (st) return st;
+    /* the ten fastest, printed (all rows go to the JSON) */
+    for (int r = 0; r < 10; r++) {
+        int best = -1;
+        for (int i = first; i < *nrows; i++)
+            if (rows[i].sweep == 1 && (best < 0 || rows[i].us < rows[best].us)) best = i;
+        if (best < 0) break;
+        rows[best].sweep = 3; /* printed (without the sweep mark); restored below */
+        print_row(&rows[best]);
+    }
+    for (int i = first; i < *nrows; i++)
+        if (rows[i].sweep == 3) rows[i].sweep = 1;
+    return NIB_OK;
 }
 
 /* --sweep for fp8-nib: every compiled tile, next to the planner's (already timed in *row) */
@@ -374,6 +426,10 @@ static nib_status bench_variant(const bench_cfg *cfg, variant v, gemm_ctx *g, ni
         if (v >= V_NVFP4 && !nib_cuda_gemm_plan(&g->w[0], g->m, g->ws->acc_elems, &chosen))
             plan_str(&chosen, row->plan, sizeof row->plan);
         row->sweep = cfg->sweep && v >= V_NVFP4 ? 2 : 0;
+        if (cfg->lt_configs > 0 && v < V_W8A8 && (v != V_BF16 || cfg->bf16_listed)) {
+            NIB_TRY(bench_lt_configs(cfg, g, canon_bytes, copy_gbps, bf16_us[mi], row, rows, nrows, max_rows));
+            continue;
+        }
         if (cfg->algos > 0 && v < V_FP8NIB) {
             NIB_TRY(bench_algos(cfg, g, canon_bytes, copy_gbps, bf16_us[mi], row, rows, nrows, max_rows));
             continue;
@@ -518,12 +574,13 @@ static int bench_gemm(int argc, char **argv) {
     cfg.nm = parse_list("1,4,10,16,50,128,532,1024", cfg.m, MAX_MS);
     for (int v = 0; v < V_COUNT; v++) cfg.enabled[v] = 1;
     cfg.reps = 15;
+    cfg.bf16_listed = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (nib_cli_is_help(a)) {
             printf("usage: nib bench gemm [--shapes K:N,...] [--m M,...] [--variants LIST] [--reps N] [--sweep]\n"
-                   "                      [--hot] [--algos N] [--json FILE]\n"
+                   "                      [--hot] [--algos N] [--lt-configs N] [--json FILE]\n"
                    "The GEMM kernel lab. Variants: cublas-bf16 (baseline), cublaslt-fp8 (GEMM only),\n"
                    "fp8-w8a8 (per-token quantize + the FP8 product the engine rule picks: cuBLASLt or nib's),\n"
                    "fp8-nib (nib's wgmma FP8 product, GEMM only), nvfp4, mxfp4, int4-g128, fp8-wo (nib's\n"
@@ -543,7 +600,13 @@ static int bench_gemm(int argc, char **argv) {
                    "rotates copies over > 3x L2, so weights come from DRAM as in the model).\n"
                    "--algos N: for the cuBLAS variants, also time cuBLASLt's first N heuristic candidates\n"
                    "(1..32; tile, stages, split-K, swizzle, cluster ids and the heuristic's wave count in\n"
-                   "the plan column; 5 reps each) and print the best against cuBLASLt's first choice.\n");
+                   "the plan column; 5 reps each) and print the best against cuBLASLt's first choice.\n"
+                   "--lt-configs N: for cublaslt-fp8 (and cublas-bf16 when named in --variants), also time up\n"
+                   "to N configurations cuBLASLt accepts for the product: its heuristic's first 8 candidates\n"
+                   "with other tiles, custom options, cluster shapes, CTA swizzle and split-K 1-4 (3 reps\n"
+                   "each; NIB_LT_DEBUG=1 prints what each candidate offers); the ten fastest are printed, all\n"
+                   "go to the JSON. The default row runs cuBLASLt's heuristic, or nib's measured\n"
+                   "reconfiguration where ops/gemm_plan.c has one (NIB_BLAS_TUNE=0: the heuristic always).\n");
             return 0;
         } else if (!strcmp(a, "--shapes") && val) {
             if (parse_shapes(val, &cfg) <= 0) {
@@ -571,6 +634,7 @@ static int bench_gemm(int argc, char **argv) {
                     return 2;
                 }
             }
+            cfg.bf16_listed = cfg.enabled[V_BF16];
             cfg.enabled[V_BF16] = 1; /* the baseline is always measured */
             i++;
         } else if (!strcmp(a, "--reps") && val) {
@@ -584,6 +648,13 @@ static int bench_gemm(int argc, char **argv) {
             cfg.hot = 1;
         } else if (!strcmp(a, "--sweep")) {
             cfg.sweep = 1;
+        } else if (!strcmp(a, "--lt-configs") && val) {
+            cfg.lt_configs = atoi(val);
+            if (cfg.lt_configs < 1 || cfg.lt_configs > 100000) {
+                fprintf(stderr, "nib bench gemm: --lt-configs wants 1..100000, got '%s'\n", val);
+                return 2;
+            }
+            i++;
         } else if (!strcmp(a, "--algos") && val) {
             cfg.algos = atoi(val);
             if (cfg.algos < 1 || cfg.algos > 32) {
@@ -610,7 +681,8 @@ static int bench_gemm(int argc, char **argv) {
     nib_blas *blas = NULL;
     nib_gemm_ws ws;
     memset(&ws, 0, sizeof ws);
-    int max_rows = cfg.nshapes * cfg.nm * V_COUNT * (cfg.sweep ? 256 : 1) * (cfg.algos > 0 ? cfg.algos : 1), nrows = 0;
+    int max_rows = cfg.nshapes * cfg.nm * V_COUNT * (cfg.sweep ? 256 : 1) * (cfg.algos > 0 ? cfg.algos : 1) +
+                   cfg.nshapes * cfg.nm * 2 * cfg.lt_configs, nrows = 0;
     bench_row *rows = nib_calloc((size_t)max_rows, sizeof *rows);
     int64_t max_m = 1, max_n = 1;
     for (int i = 0; i < cfg.nm; i++) max_m = cfg.m[i] > max_m ? cfg.m[i] : max_m;

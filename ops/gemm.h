@@ -218,6 +218,7 @@ int nib_blas_fp8_fast_accum(const nib_blas *b);
 void nib_blas_set_algo_index(nib_blas *b, int i);
 typedef struct nib_blas_algo_desc {
     int id, tile, stages, splitk, reduction, swizzle, custom, cluster, inner; /* cublasLtMatmulAlgoConfig */
+    int base; /* nib_blas_configs: the heuristic candidate it was derived from */
     float waves;        /* the heuristic's wavesCount (1.0: one full wave of CTAs) */
     uint64_t workspace; /* bytes */
 } nib_blas_algo_desc;
@@ -226,6 +227,17 @@ typedef struct nib_blas_algo_desc {
  * max (<= 32) into out, their number in *count. */
 nib_status nib_blas_algos(nib_blas *b, int fp8, int64_t m, int64_t n, int64_t k, const float *sx, const float *sw,
                           nib_blas_algo_desc *out, int max, int *count);
+/* Lab (nib bench gemm --lt-configs): every configuration cuBLASLt accepts (cublasLtMatmulAlgoCheck,
+ * within nib's workspace) for the plain product of nib_blas_algos, enumerated over its algorithm
+ * heuristic's first 8 candidates reconfigured: each candidate's algorithm's tiles, custom options,
+ * cluster shapes {auto, 1x1, 2x1, 1x2, 2x2, 4x1, 1x4}, CTA swizzle and, where it has split-K,
+ * {1, 2, 3, 4} with the compute-type and in-place reductions where offered; at most max. */
+nib_status nib_blas_configs(nib_blas *b, int fp8, int64_t m, int64_t n, int64_t k, const float *sx, const float *sw,
+                            nib_blas_algo_desc *out, int max, int *count);
+/* Lab: products planned from now on run configuration d (NULL: cuBLASLt's heuristic again); a
+ * configuration cuBLASLt refuses for a product (or whose base candidate it does not offer) is
+ * NIB_ERR_UNSUPPORTED at that product. */
+void nib_blas_set_algo_config(nib_blas *b, const nib_blas_algo_desc *d);
 /* bf16: Y[M,N] = X[M,K] · W[N,K]ᵀ (+ optional bias fp32 [N] through the cuBLASLt epilogue). */
 nib_status nib_blas_gemm_bf16(nib_blas *b, const void *x, const void *w, void *y, int64_t m,
                               int64_t n, int64_t k, void *stream);
@@ -287,6 +299,18 @@ int nib_fp8_tile_geglu(const nib_fp8_tile *t);
 /* the tile nib_cuda_gemm_fp8 (geglu: nib_cuda_gemm_fp8_geglu) runs for this shape when given none
  * (the device's resident counts) */
 nib_status nib_cuda_fp8_plan(int64_t m, int64_t n, int64_t k, int geglu, nib_fp8_tile *out);
+/* A reconfiguration of cuBLASLt's first heuristic candidate measured faster for this product
+ * (ops/gemm_plan.c: the Gemma down projection and gate|up at the model's row counts): 1 and its
+ * tile / custom option / cluster shape ids (cuBLASLt's enums) in *out, else 0. sms: the device's
+ * SM count (the tile choice fills the GPU). nib_blas_tune_on: 0 when NIB_BLAS_TUNE=0 (then
+ * cuBLASLt's heuristic runs as it picks, and the engine rule as before the tuning). */
+typedef struct nib_blas_tune {
+    int tile, custom, cluster;
+} nib_blas_tune;
+int nib_blas_tune_for(int fp8, int64_t m, int64_t n, int64_t k, int sms, nib_blas_tune *out);
+int nib_blas_tune_on(void);
+/* how many of this handle's cuBLASLt plans run such a reconfiguration (tests, lab) */
+int nib_blas_tuned_plans(const nib_blas *b);
 /* whether nib_blas_gemm_fused sends this FP8 product (fast accumulation) to nib's kernel instead
  * of cuBLASLt: NIB_FP8_GEMM=nib / cublaslt forces it, else the measured rule in gemm_plan.c */
 int nib_fp8_use_nib(int64_t m, int64_t n, int64_t k);

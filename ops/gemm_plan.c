@@ -382,6 +382,51 @@ void nib_fp8_plan_for(int64_t m, int64_t n, int64_t k, int sms, nib_fp8_tile *ou
     nib_fp8_plan_slots(m, n, k, sms, NULL, 0, out);
 }
 
+int nib_blas_tune_on(void) {
+    const char *e = getenv("NIB_BLAS_TUNE");
+    return !(e && !strcmp(e, "0"));
+}
+
+/* cuBLASLt's FP8 algorithm (tile ids of cublasLtMatmulTile_t, in cuBLASLt's terms: output
+ * channels x tokens) reconfigured where `nib bench gemm --variants cublaslt-fp8 --lt-configs 4000
+ * --shapes 2048:32768,16384:2048 --m 276,532,788` (bench/results/gemm-fp8-ltconfigs-h100-*.json,
+ * nineteenth session) timed a configuration well ahead of the heuristic's (which takes 128 x 128
+ * tiles, cluster shape auto):
+ * - the Gemma down projection, 16384 -> 2048: the tile that fills the GPU in the fewest waves of
+ *   the least work (ceil(CTAs / SMs) x tile area, the larger tile on a tie) among 64 x 96,
+ *   128 x 96 and 128 x 128, custom option 1, 1 x 1 clusters (2 x 1 for 128 x 128): 276 rows
+ *   40.6 -> 21.6 us (64 x 96), 532 rows 40.4 -> 33.8 us (128 x 96), 788 rows 45.3 -> 45.0 us
+ *   (128 x 128);
+ * - the Gemma gate|up, 2048 -> 32768: 257-320 rows on 128 x 160 tiles, custom option 7, 1 x 2
+ *   clusters (276 rows: 49.0 -> 40.2 us); 513-640 rows on 128 x 128 tiles, custom option 1,
+ *   4 x 1 clusters (532 rows: 80.4 -> 65.2 us). */
+int nib_blas_tune_for(int fp8, int64_t m, int64_t n, int64_t k, int sms, nib_blas_tune *out) {
+    memset(out, 0, sizeof *out);
+    if (!fp8 || sms < 1) return 0;
+    if (k == 16384 && n == 2048 && m >= 129 && m <= 1024) {
+        static const int tiles[3][3] = {{64, 96, 26}, {128, 96, 33}, {128, 128, 20}}; /* channels, tokens, id */
+        int64_t best_cost = 0;
+        for (int i = 0; i < 3; i++) {
+            const int64_t ctas = ((n + tiles[i][0] - 1) / tiles[i][0]) * ((m + tiles[i][1] - 1) / tiles[i][1]);
+            const int64_t cost = (ctas + sms - 1) / sms * tiles[i][0] * tiles[i][1];
+            if (!out->tile || cost <= best_cost) { /* ascending area: a tie goes to the larger tile */
+                best_cost = cost;
+                out->tile = tiles[i][2];
+            }
+        }
+        out->custom = 1;
+        out->cluster = out->tile == 20 ? 3 : 2; /* CUBLASLT_CLUSTER_SHAPE_2x1x1 : 1x1x1 */
+        return 1;
+    }
+    if (k == 2048 && n == 32768 && m >= 257 && m <= 320) {
+        out->tile = 29; /* 128 x 160 */
+        out->custom = 7;
+        out->cluster = 5; /* 1 x 2 */
+        return 1;
+    }
+    return 0;
+}
+
 int nib_fp8_use_nib(int64_t m, int64_t n, int64_t k) {
     const char *e = getenv("NIB_FP8_GEMM");
     if (e && !strcmp(e, "nib")) return 1;
@@ -405,6 +450,8 @@ int nib_fp8_use_nib(int64_t m, int64_t n, int64_t k) {
      *   back-to-back launches a call's weight prefetch (before griddepcontrol.wait) overlaps the
      *   previous call, which the model's down projection, behind a row quantization, does not get. */
     if (m > 1024) return 0;
+    nib_blas_tune t;
+    if (nib_blas_tune_on() && nib_blas_tune_for(1, m, n, k, 132, &t)) return 0; /* cuBLASLt, reconfigured */
     if (fp8_k_heavy_narrow(m, n, k)) return 1; /* with its own tile (nib_fp8_plan_slots) */
     if (k <= 2048 && m * n < ((int64_t)1 << 23)) return !(n > 4096 && m > 640);
     if (k <= 4608 && m <= 320 && m * n < ((int64_t)1 << 23)) return 1;
@@ -421,6 +468,8 @@ int nib_fp8_use_nib_geglu(int64_t m, int64_t n, int64_t k) {
      * alternated twice with NIB_FUSED_GEGLU=1 (fused at every row count) on one H100 (fifteenth
      * session): prefix 2.659 / 2.662 -> 2.612 / 2.609 ms at 1 camera (276 rows), 4.147 / 4.146 ->
      * 4.229 / 4.224 ms at 3 (788 rows, where the rule keeps cuBLASLt) */
+    nib_blas_tune t;
+    if (nib_blas_tune_on() && nib_blas_tune_for(1, m, n, k, 132, &t)) return 0; /* cuBLASLt, reconfigured */
     return nib_fp8_use_nib(m, n, k) || (k <= 2048 && m > 256 && m <= 320);
 }
 

@@ -62,6 +62,17 @@ nib_status nib_blas_create(nib_blas **out) {
 void nib_blas_free(nib_blas *b) { (void)b; }
 void nib_blas_set_fp8_fast_accum(nib_blas *b, int on) { (void)b, (void)on; }
 void nib_blas_set_algo_index(nib_blas *b, int i) { (void)b, (void)i; }
+void nib_blas_set_algo_config(nib_blas *b, const nib_blas_algo_desc *d) { (void)b, (void)d; }
+int nib_blas_tuned_plans(const nib_blas *b) {
+    (void)b;
+    return 0;
+}
+nib_status nib_blas_configs(nib_blas *b, int fp8, int64_t m, int64_t n, int64_t k, const float *sx, const float *sw,
+                            nib_blas_algo_desc *out, int max, int *count) {
+    (void)b, (void)fp8, (void)m, (void)n, (void)k, (void)sx, (void)sw, (void)out, (void)max;
+    *count = 0;
+    return NO_CUDA("nib_blas_configs");
+}
 void nib_blas_set_fp8_engine(nib_blas *b, int engine) { (void)b, (void)engine; }
 nib_status nib_cuda_fp8_plan(int64_t m, int64_t n, int64_t k, int geglu, nib_fp8_tile *out) {
     (void)m, (void)n, (void)k, (void)geglu, (void)out;

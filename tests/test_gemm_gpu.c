@@ -728,6 +728,108 @@ NIB_TEST(blas_gpu_bf16_and_fp8_w8a8) {
     nib_free(absr);
 }
 
+/* cuBLASLt's FP8 algorithm reconfigured by nib_blas_tune_for (other tiles, custom option and
+ * cluster shape than its heuristic picks) at the Gemma down projection and gate|up shapes and
+ * the row counts of 1 and 2 cameras: against fp64 sums of the same codes on a sample of rows
+ * (all columns), with the fast-accumulation bound of blas_gpu_bf16_and_fp8_w8a8; the down
+ * projection also in place over a residual (C = Y, as the model runs it: the product is rounded
+ * to bf16, then C added and rounded again). Guard columns past N stay untouched. */
+NIB_TEST(blas_gpu_fp8_tuned_configs) {
+    NIB_REQUIRE_GPU();
+    nib_rng rng;
+    nib_test_rng(t, &rng);
+    if (!nib_blas_tune_on()) {
+        printf("  NIB_BLAS_TUNE=0: the reconfigurations are off, nothing to test here\n");
+        return;
+    }
+    struct {
+        int64_t m, n, k;
+        int inplace;
+    } cs[] = {{276, 2048, 16384, 0}, {532, 2048, 16384, 1}, {300, 32768, 2048, 0}};
+    nib_blas *b = NULL;
+    CHECK_OK(nib_blas_create(&b));
+    REQUIRE(b);
+    CHECK(nib_blas_fp8_fast_accum(b) == 1 || getenv("NIB_BLAS_FAST_ACCUM"));
+    for (int ci = 0; ci < 3; ci++) {
+        const int64_t m = cs[ci].m, n = cs[ci].n, k = cs[ci].k, ldy = n + 8;
+        nib_blas_tune tune;
+        CHECK(nib_blas_tune_for(1, m, n, k, 132, &tune) == 1); /* the shapes the rule covers */
+        uint8_t *hxq = nib_malloc((size_t)m * k), *hwq = nib_malloc((size_t)n * k);
+        float *hsx = nib_malloc((size_t)m * 4), *hsw = nib_malloc((size_t)n * 4);
+        uint16_t *hy = nib_malloc((size_t)m * ldy * 2), *hc = nib_malloc((size_t)m * ldy * 2);
+        REQUIRE(hxq && hwq && hsx && hsw && hy && hc);
+        for (int64_t i = 0; i < m * k; i++) hxq[i] = nib_f32_to_e4m3((float)(64.0 * nib_rng_normal(&rng)));
+        for (int64_t i = 0; i < n * k; i++) hwq[i] = nib_f32_to_e4m3((float)(64.0 * nib_rng_normal(&rng)));
+        for (int64_t i = 0; i < m; i++) hsx[i] = (float)(0.01 * (1.0 + nib_rng_uniform(&rng)));
+        for (int64_t i = 0; i < n; i++) hsw[i] = (float)(0.0005 * (1.0 + nib_rng_uniform(&rng)));
+        for (int64_t i = 0; i < m * ldy; i++)
+            hc[i] = (i % ldy) < n && cs[ci].inplace ? nib_f32_to_bf16((float)nib_rng_normal(&rng)) : (uint16_t)POISON;
+        void *dxq, *dwq, *dy;
+        float *dsx, *dsw;
+        CHECK_OK(nib_dev_malloc(&dxq, (size_t)m * k, "xq"));
+        CHECK_OK(nib_dev_malloc(&dwq, (size_t)n * k, "wq"));
+        CHECK_OK(nib_dev_malloc(&dy, (size_t)m * ldy * 2, "y"));
+        CHECK_OK(nib_dev_malloc((void **)&dsx, (size_t)m * 4, "sx"));
+        CHECK_OK(nib_dev_malloc((void **)&dsw, (size_t)n * 4, "sw"));
+        CHECK_OK(nib_dev_upload(dxq, hxq, (size_t)m * k));
+        CHECK_OK(nib_dev_upload(dwq, hwq, (size_t)n * k));
+        CHECK_OK(nib_dev_upload(dsx, hsx, (size_t)m * 4));
+        CHECK_OK(nib_dev_upload(dsw, hsw, (size_t)n * 4));
+        CHECK_OK(nib_dev_upload(dy, hc, (size_t)m * ldy * 2)); /* the residual (in place) or the guard */
+        const int before = nib_blas_tuned_plans(b);
+        nib_blas_set_fp8_engine(b, NIB_FP8_ENGINE_CUBLASLT);
+        nib_blas_gemm_args a = {1, dxq, dsx, 1, dwq, dsw, 1, m, n, k, NULL, cs[ci].inplace ? dy : NULL, ldy, dy, ldy};
+        CHECK_OK(nib_blas_gemm_fused(b, &a, NULL));
+        nib_blas_set_fp8_engine(b, NIB_FP8_ENGINE_AUTO);
+        CHECK_MSG(nib_blas_tuned_plans(b) == before + 1, "M=%lld N=%lld K=%lld did not run the reconfigured algorithm",
+                  (long long)m, (long long)n, (long long)k);
+        CHECK_OK(nib_dev_download(hy, dy, (size_t)m * ldy * 2));
+        const int64_t rows[] = {0, 1, m / 3, m / 2, m - 2, m - 1};
+        int over = 0, guard = 0;
+        double worst = 0;
+        for (int ri = 0; ri < 6; ri++) {
+            const int64_t i = rows[ri];
+            for (int64_t j = 0; j < ldy; j++) {
+                const uint16_t got = hy[i * ldy + j];
+                if (j >= n) {
+                    guard += got != (uint16_t)POISON;
+                    continue;
+                }
+                double s = 0, ab = 0, run = 0;
+                for (int64_t q = 0; q < k; q++) {
+                    double tt = (double)nib_e4m3_to_f32(hxq[i * k + q]) * hsx[i] * (double)nib_e4m3_to_f32(hwq[j * k + q]) * hsw[j];
+                    s += tt;
+                    ab += fabs(tt);
+                    if (q % 16 == 15 || q == k - 1) run += fabs(s);
+                }
+                const double c = cs[ci].inplace ? nib_bf16_to_f32(hc[i * ldy + j]) : 0.0;
+                const double y = nib_bf16_to_f32(got), want = s + c;
+                const double bound = 0x1p-8 * (fabs(s) + fabs(want)) * 1.01 + 0x1p-12 * (run + ab);
+                if (fabs(y - want) / bound > worst) worst = fabs(y - want) / bound;
+                if (!(fabs(y - want) <= bound) && over++ < 5)
+                    nib_test_fail(t, __FILE__, __LINE__, "M=%lld N=%lld K=%lld [%lld,%lld]: %g vs %g (bound %g)",
+                                  (long long)m, (long long)n, (long long)k, (long long)i, (long long)j, y, want, bound);
+            }
+        }
+        CHECK_MSG(guard == 0, "%d guard values past N overwritten", guard);
+        printf("  M=%lld N=%lld K=%lld tile %d custom %d cluster %d%s: worst error / bound %.3f\n", (long long)m,
+               (long long)n, (long long)k, tune.tile, tune.custom, tune.cluster, cs[ci].inplace ? " (in place)" : "",
+               worst);
+        nib_dev_free(dxq, (size_t)m * k);
+        nib_dev_free(dwq, (size_t)n * k);
+        nib_dev_free(dy, (size_t)m * ldy * 2);
+        nib_dev_free(dsx, (size_t)m * 4);
+        nib_dev_free(dsw, (size_t)n * 4);
+        nib_free(hxq);
+        nib_free(hwq);
+        nib_free(hsx);
+        nib_free(hsw);
+        nib_free(hy);
+        nib_free(hc);
+    }
+    nib_blas_free(b);
+}
+
 NIB_TEST(gemm_gpu_argument_errors) {
     NIB_REQUIRE_GPU();
     nib_rng rng;

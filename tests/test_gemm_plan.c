@@ -351,15 +351,37 @@ NIB_TEST(gemm_fp8_plan_and_checks) {
     CHECK(nib_fp8_use_nib(788, 32768, 2048) == 0);
     CHECK(nib_fp8_use_nib(532, 2048, 16384) == 0);   /* K = 16384 */
     CHECK(nib_fp8_use_nib(276, 2048, 16384) == 0);   /* also at one camera (measured in the model) */
-    /* the gate|up with the GeGLU fused: the product's rule, and 257-320 rows */
+    /* the gate|up with the GeGLU fused: the product's rule; 257-320 rows go to cuBLASLt's
+     * reconfigured algorithm (nib_blas_tune_for), or, with NIB_BLAS_TUNE=0, to nib's kernel */
     CHECK(nib_fp8_use_nib_geglu(532, 32768, 2048) == 1);
+    CHECK(nib_fp8_use_nib_geglu(276, 32768, 2048) == 0);
+    CHECK(nib_fp8_use_nib_geglu(320, 32768, 2048) == 0);
+    setenv("NIB_BLAS_TUNE", "0", 1);
     CHECK(nib_fp8_use_nib_geglu(276, 32768, 2048) == 1);
     CHECK(nib_fp8_use_nib_geglu(320, 32768, 2048) == 1);
+    CHECK(nib_fp8_use_nib(532, 32768, 2048) == 1);
+    unsetenv("NIB_BLAS_TUNE");
     CHECK(nib_fp8_use_nib_geglu(256, 32768, 2048) == 0);
     CHECK(nib_fp8_use_nib_geglu(321, 32768, 2048) == 0);
     CHECK(nib_fp8_use_nib_geglu(788, 32768, 2048) == 0);
     CHECK(nib_fp8_use_nib_geglu(276, 32768, 4096) == 0);
     CHECK(nib_fp8_use_nib(2048, 2048, 2048) == 0);   /* M past the lab's range */
+    {
+        /* the reconfigured cuBLASLt products: the down projection's tile fills 132 SMs in the
+         * fewest waves of the least work (the lab's fastest at 276 / 532 / 788 rows) */
+        nib_blas_tune bt;
+        CHECK(nib_blas_tune_for(1, 276, 2048, 16384, 132, &bt) == 1 && bt.tile == 26 && bt.custom == 1 && bt.cluster == 2);
+        CHECK(nib_blas_tune_for(1, 532, 2048, 16384, 132, &bt) == 1 && bt.tile == 33 && bt.cluster == 2);
+        CHECK(nib_blas_tune_for(1, 788, 2048, 16384, 132, &bt) == 1 && bt.tile == 20 && bt.cluster == 3);
+        CHECK(nib_blas_tune_for(1, 276, 32768, 2048, 132, &bt) == 1 && bt.tile == 29 && bt.custom == 7 && bt.cluster == 5);
+        CHECK(nib_blas_tune_for(1, 532, 32768, 2048, 132, &bt) == 0); /* nib's fused GeGLU kernel there */
+        CHECK(nib_blas_tune_for(1, 100, 2048, 16384, 132, &bt) == 0);  /* outside the measured rows */
+        CHECK(nib_blas_tune_for(0, 532, 2048, 16384, 132, &bt) == 0);  /* bf16: the heuristic */
+        CHECK(nib_blas_tune_for(1, 532, 2048, 8192, 132, &bt) == 0);
+        /* fewer SMs: 532 rows in 128 x 96 tiles are 96 CTAs, two waves on 64 SMs; 128 x 128 (80
+         * CTAs) is also two waves of more work, 64 x 96 (192 CTAs) three of less: 3 x 6144 < 2 x 12288 */
+        CHECK(nib_blas_tune_for(1, 532, 2048, 16384, 64, &bt) == 1 && bt.tile == 26);
+    }
     setenv("NIB_FP8_GEMM", "nib", 1);
     CHECK(nib_fp8_use_nib(10, 4304, 1152) == 1);
     CHECK(nib_fp8_use_nib_geglu(788, 32768, 2048) == 1);

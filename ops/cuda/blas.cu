@@ -14,6 +14,7 @@
 #include <cuda_runtime.h>
 #include <string.h>
 
+#include "base/base.h"
 #include "ops/gemm.h"
 #include "runtime/cuda_check.h"
 #include "runtime/launch.cuh"
@@ -43,6 +44,8 @@ typedef struct blas_plan {
     int64_t ldc, ldd;  /* ldc 0: no C (beta = 0); -1: C is D (in place, one descriptor) */
     int unsupported;   /* cuBLASLt has no algorithm for this combination (remembered) */
     int algo_index;    /* which heuristic candidate (0: cuBLASLt's first choice; the lab's --algos) */
+    int cfg_on;        /* the algorithm is cfg (the lab's --lt-configs), not a heuristic candidate */
+    nib_blas_algo_desc cfg;
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t a, b, c, d;
     cublasLtMatmulAlgo_t algo;
@@ -56,13 +59,19 @@ struct nib_blas {
     int fast_accum; /* FP8 products without periodic promotion (see "FP8 accumulation") */
     int algo_index; /* heuristic candidate for plans made from now on (nib_blas_set_algo_index) */
     int fp8_engine; /* nib_blas_set_fp8_engine */
+    int tune;       /* nib_blas_tune_on() at creation: the measured reconfigurations (nib_blas_tune_for) */
+    int sms;        /* the device's SM count */
+    int tuned_plans; /* plans that run a reconfiguration of nib_blas_tune_for (nib_blas_tuned_plans) */
+    int cfg_on;     /* nib_blas_set_algo_config: plans made from now on use cfg */
+    nib_blas_algo_desc cfg;
 };
 
 #define NIB_BLAS_MAX_ALGOS 32
 
 nib_status nib_blas_create(nib_blas **out) {
     *out = NULL;
-    NIB_RETURN_IF_ERR(nib_device_require(NULL));
+    nib_device_info di;
+    NIB_RETURN_IF_ERR(nib_device_require(&di));
     nib_blas *b = (nib_blas *)calloc(1, sizeof *b);
     if (!b) return NIB_ERR(NIB_ERR_OUT_OF_MEMORY, "nib_blas_create: host allocation");
     cublasStatus_t s = cublasLtCreate(&b->lt);
@@ -71,6 +80,8 @@ nib_status nib_blas_create(nib_blas **out) {
         return blas_status(s, "cublasLtCreate", __FILE__, __LINE__);
     }
     b->fast_accum = env_fast_accum();
+    b->tune = nib_blas_tune_on();
+    b->sms = di.sm_count;
     nib_status st = nib_dev_malloc(&b->ws, NIB_BLAS_WS_BYTES, "cuBLASLt workspace");
     if (st) {
         cublasLtDestroy(b->lt); /* unchecked: cleanup after a failed allocation, whose error is returned */
@@ -187,6 +198,70 @@ static nib_status plan_heuristic(nib_blas *b, const blas_plan *p, int64_t ldc, i
     return NIB_OK;
 }
 
+static uint32_t algo_attr(const cublasLtMatmulAlgo_t *a, cublasLtMatmulAlgoConfigAttributes_t attr) {
+    uint32_t v = 0; /* every attribute read here is 16 or 32 bits wide: a zeroed 32-bit buffer holds either */
+    size_t written = 0;
+    if (cublasLtMatmulAlgoConfigGetAttribute(a, attr, &v, sizeof v, &written) != CUBLAS_STATUS_SUCCESS) return 0;
+    return written == 2 ? (v & 0xFFFFu) : v;
+}
+
+static void desc_of(const cublasLtMatmulHeuristicResult_t *r, nib_blas_algo_desc *d) {
+    memset(d, 0, sizeof *d);
+    d->id = (int)algo_attr(&r->algo, CUBLASLT_ALGO_CONFIG_ID);
+    d->tile = (int)algo_attr(&r->algo, CUBLASLT_ALGO_CONFIG_TILE_ID);
+    d->stages = (int)algo_attr(&r->algo, CUBLASLT_ALGO_CONFIG_STAGES_ID);
+    d->splitk = (int)algo_attr(&r->algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM);
+    d->reduction = (int)algo_attr(&r->algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME);
+    d->swizzle = (int)algo_attr(&r->algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING);
+    d->custom = (int)algo_attr(&r->algo, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION);
+    d->cluster = (int)algo_attr(&r->algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID);
+    d->inner = (int)algo_attr(&r->algo, CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID);
+    d->waves = r->wavesCount;
+    d->workspace = (uint64_t)r->workspaceSize;
+}
+
+static int same_config(const nib_blas_algo_desc *x, const nib_blas_algo_desc *y) {
+    return x->id == y->id && x->tile == y->tile && x->stages == y->stages && x->splitk == y->splitk &&
+           x->reduction == y->reduction && x->swizzle == y->swizzle && x->custom == y->custom &&
+           x->cluster == y->cluster && x->inner == y->inner && x->base == y->base;
+}
+
+static void algo_types(int kind, cudaDataType_t *ab) { *ab = kind ? CUDA_R_8F_E4M3 : CUDA_R_16BF; }
+
+/* cuBLASLt algorithm `d`: a copy of `base` (a heuristic candidate: cublasLtMatmulAlgoInit leaves
+ * fields the Hopper kernels need unset, and cuBLASLt refuses what it builds) with d's tile, stages,
+ * split-K, swizzle, custom option and cluster shape, checked against the plan's descriptors;
+ * NIB_ERR_UNSUPPORTED when cuBLASLt refuses it or it needs more workspace than nib's */
+static nib_status config_algo(nib_blas *b, const blas_plan *p, int64_t ldc, const nib_blas_algo_desc *d,
+                              const cublasLtMatmulAlgo_t *base, cublasLtMatmulAlgo_t *algo, uint64_t *ws,
+                              float *waves) {
+    *algo = *base;
+    const uint32_t tile = (uint32_t)d->tile, stages = (uint32_t)d->stages, red = (uint32_t)d->reduction,
+                   sw = (uint32_t)d->swizzle, custom = (uint32_t)d->custom;
+    const int32_t sk = d->splitk;
+    const uint16_t cl = (uint16_t)d->cluster;
+    cublasStatus_t s = cublasLtMatmulAlgoConfigSetAttribute(algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile);
+    if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatmulAlgoConfigSetAttribute(algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof stages);
+    if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatmulAlgoConfigSetAttribute(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &sk, sizeof sk);
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = cublasLtMatmulAlgoConfigSetAttribute(algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &red, sizeof red);
+    if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatmulAlgoConfigSetAttribute(algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &sw, sizeof sw);
+    if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatmulAlgoConfigSetAttribute(algo, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, &custom, sizeof custom);
+    if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatmulAlgoConfigSetAttribute(algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cl, sizeof cl);
+    cublasLtMatmulHeuristicResult_t r;
+    memset(&r, 0, sizeof r);
+    if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatmulAlgoCheck(b->lt, p->op, p->a, p->b, ldc > 0 ? p->c : p->d, p->d, algo, &r);
+    if (s != CUBLAS_STATUS_SUCCESS || r.workspaceSize > NIB_BLAS_WS_BYTES)
+        return NIB_ERR(NIB_ERR_UNSUPPORTED,
+                       "cuBLASLt refuses candidate %d reconfigured (algorithm %d, tile %d, stages %d, split-K %d, "
+                       "custom %d, cluster %d) for M=%lld N=%lld K=%lld (status %d, workspace %llu)",
+                       d->base, d->id, d->tile, d->stages, d->splitk, d->custom, d->cluster, (long long)p->m,
+                       (long long)p->n, (long long)p->k, (int)s, (unsigned long long)r.workspaceSize);
+    if (ws) *ws = r.workspaceSize;
+    if (waves) *waves = r.wavesCount;
+    return NIB_OK;
+}
+
 static nib_status plan_get(nib_blas *b, int kind, int64_t m, int64_t n, int64_t k, int sx_vec,
                            int sw_vec, const float *sx, const float *sw, const void *bias, int64_t ldc,
                            int64_t ldd, blas_plan **out) {
@@ -196,7 +271,7 @@ static nib_status plan_get(nib_blas *b, int kind, int64_t m, int64_t n, int64_t 
         blas_plan *p = &b->cache[i];
         if (p->used && p->kind == kind && p->m == m && p->n == n && p->k == k && p->sx_vec == sx_vec &&
             p->sw_vec == sw_vec && p->fast == fast && p->bias == has_bias && p->ldc == ldc && p->ldd == ldd &&
-            p->algo_index == ai) {
+            p->algo_index == ai && p->cfg_on == b->cfg_on && (!b->cfg_on || same_config(&p->cfg, &b->cfg))) {
             if (p->unsupported)
                 return NIB_ERR(NIB_ERR_UNSUPPORTED, "cuBLASLt has no %s algorithm for M=%lld N=%lld K=%lld%s%s",
                                kind ? "fp8" : "bf16", (long long)m, (long long)n, (long long)k,
@@ -212,6 +287,36 @@ static nib_status plan_get(nib_blas *b, int kind, int64_t m, int64_t n, int64_t 
     if (ds) {
         plan_release(p);
         return ds;
+    }
+    if (b->cfg_on) { /* the lab's configuration: checked, never replaced by another */
+        p->kind = kind;
+        p->m = m;
+        p->n = n;
+        p->k = k;
+        cublasLtMatmulHeuristicResult_t hr[NIB_BLAS_MAX_ALGOS];
+        int hn = 0;
+        cublasStatus_t hs = CUBLAS_STATUS_SUCCESS;
+        const int base = b->cfg.base > 0 && b->cfg.base < NIB_BLAS_MAX_ALGOS ? b->cfg.base : 0;
+        ds = plan_heuristic(b, p, ldc, base + 1, hr, &hn, &hs);
+        if (!ds && (hs != CUBLAS_STATUS_SUCCESS || hn <= base))
+            ds = NIB_ERR(NIB_ERR_UNSUPPORTED, "cuBLASLt offers no candidate %d for M=%lld N=%lld K=%lld (status %d)",
+                         base, (long long)m, (long long)n, (long long)k, (int)hs);
+        if (!ds) ds = config_algo(b, p, ldc, &b->cfg, &hr[base].algo, &p->algo, NULL, NULL);
+        if (ds) {
+            plan_release(p);
+            return ds;
+        }
+        p->sx_vec = sx_vec;
+        p->sw_vec = sw_vec;
+        p->fast = fast;
+        p->bias = has_bias;
+        p->ldc = ldc;
+        p->ldd = ldd;
+        p->algo_index = ai;
+        p->cfg_on = 1;
+        p->cfg = b->cfg;
+        *out = p;
+        return NIB_OK;
     }
     cublasLtMatmulHeuristicResult_t res[NIB_BLAS_MAX_ALGOS];
     int found = 0;
@@ -257,20 +362,41 @@ static nib_status plan_get(nib_blas *b, int kind, int64_t m, int64_t n, int64_t 
                        found, kind ? "fp8" : "bf16", (long long)m, (long long)n, (long long)k, ai);
     }
     p->algo = res[ai].algo;
+    nib_blas_tune t;
+    if (ai == 0 && b->tune && nib_blas_tune_for(kind, m, n, k, b->sms, &t)) {
+        nib_blas_algo_desc d;
+        desc_of(&res[0], &d);
+        d.tile = t.tile;
+        d.custom = t.custom;
+        d.cluster = t.cluster;
+        cublasLtMatmulAlgo_t tuned;
+        if (!config_algo(b, p, ldc, &d, &res[0].algo, &tuned, NULL, NULL)) {
+            p->algo = tuned;
+            b->tuned_plans++;
+        } else { /* another cuBLASLt than the one measured: its own pick, said once per plan */
+            NIB_LOGW("cuBLASLt refused nib's measured configuration for the %s product M=%lld N=%lld K=%lld "
+                     "(%s); running its heuristic's choice", kind ? "fp8" : "bf16", (long long)m, (long long)n,
+                     (long long)k, nib_last_error());
+            nib_clear_error();
+        }
+    }
     *out = p;
     return NIB_OK;
+}
+
+int nib_blas_tuned_plans(const nib_blas *b) { return b ? b->tuned_plans : 0; }
+
+void nib_blas_set_algo_config(nib_blas *b, const nib_blas_algo_desc *d) {
+    if (!b) return;
+    b->cfg_on = d != NULL;
+    if (d) b->cfg = *d;
 }
 
 void nib_blas_set_algo_index(nib_blas *b, int i) {
     if (b) b->algo_index = i > 0 ? (i < NIB_BLAS_MAX_ALGOS ? i : NIB_BLAS_MAX_ALGOS - 1) : 0;
 }
 
-static uint32_t algo_attr(const cublasLtMatmulAlgo_t *a, cublasLtMatmulAlgoConfigAttributes_t attr) {
-    uint32_t v = 0; /* every attribute read here is 16 or 32 bits wide: a zeroed 32-bit buffer holds either */
-    size_t written = 0;
-    if (cublasLtMatmulAlgoConfigGetAttribute(a, attr, &v, sizeof v, &written) != CUBLAS_STATUS_SUCCESS) return 0;
-    return written == 2 ? (v & 0xFFFFu) : v;
-}
+
 
 nib_status nib_blas_algos(nib_blas *b, int fp8, int64_t m, int64_t n, int64_t k, const float *sx, const float *sw,
                           nib_blas_algo_desc *out, int max, int *count) {
@@ -288,22 +414,110 @@ nib_status nib_blas_algos(nib_blas *b, int fp8, int64_t m, int64_t n, int64_t k,
     cublasStatus_t hs = CUBLAS_STATUS_SUCCESS;
     if (!st) st = plan_heuristic(b, &p, 0, max, res, &found, &hs);
     if (!st && hs != CUBLAS_STATUS_SUCCESS) st = blas_status(hs, "cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__);
-    for (int i = 0; !st && i < found; i++) {
-        nib_blas_algo_desc *d = &out[i];
-        memset(d, 0, sizeof *d);
-        d->id = (int)algo_attr(&res[i].algo, CUBLASLT_ALGO_CONFIG_ID);
-        d->tile = (int)algo_attr(&res[i].algo, CUBLASLT_ALGO_CONFIG_TILE_ID);
-        d->stages = (int)algo_attr(&res[i].algo, CUBLASLT_ALGO_CONFIG_STAGES_ID);
-        d->splitk = (int)algo_attr(&res[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM);
-        d->reduction = (int)algo_attr(&res[i].algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME);
-        d->swizzle = (int)algo_attr(&res[i].algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING);
-        d->custom = (int)algo_attr(&res[i].algo, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION);
-        d->cluster = (int)algo_attr(&res[i].algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID);
-        d->inner = (int)algo_attr(&res[i].algo, CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID);
-        d->waves = res[i].wavesCount;
-        d->workspace = (uint64_t)res[i].workspaceSize;
-    }
+    for (int i = 0; !st && i < found; i++) desc_of(&res[i], &out[i]);
     if (!st) *count = found;
+    plan_release(&p);
+    return st;
+}
+
+/* an algorithm capability that is an array of uint32 (tile or stage ids): at most max into out */
+static int cap_ids(const cublasLtMatmulAlgo_t *a, cublasLtMatmulAlgoCapAttributes_t attr, uint32_t *out, int max) {
+    size_t bytes = 0;
+    if (cublasLtMatmulAlgoCapGetAttribute(a, attr, NULL, 0, &bytes) != CUBLAS_STATUS_SUCCESS) return 0;
+    int n = (int)(bytes / sizeof(uint32_t));
+    if (n > max) n = max;
+    if (n < 1) return 0;
+    size_t w = 0;
+    if (cublasLtMatmulAlgoCapGetAttribute(a, attr, out, (size_t)n * sizeof(uint32_t), &w) != CUBLAS_STATUS_SUCCESS) return 0;
+    return (int)(w / sizeof(uint32_t));
+}
+
+static int32_t cap_i32(const cublasLtMatmulAlgo_t *a, cublasLtMatmulAlgoCapAttributes_t attr) {
+    int32_t v = 0;
+    size_t w = 0;
+    if (cublasLtMatmulAlgoCapGetAttribute(a, attr, &v, sizeof v, &w) != CUBLAS_STATUS_SUCCESS) return 0;
+    return v;
+}
+
+nib_status nib_blas_configs(nib_blas *b, int fp8, int64_t m, int64_t n, int64_t k, const float *sx, const float *sw,
+                            nib_blas_algo_desc *out, int max, int *count) {
+    *count = 0;
+    if (!b || !out || max < 1) return NIB_ERR(NIB_ERR_INVALID_ARG, "blas configs: NULL handle/output or max < 1");
+    if (m < 1 || n < 1 || k < 1) return NIB_ERR(NIB_ERR_SHAPE, "blas configs: M=%lld N=%lld K=%lld", (long long)m,
+                                              (long long)n, (long long)k);
+    if (fp8 && (!sx || !sw)) return NIB_ERR(NIB_ERR_INVALID_ARG, "blas configs: fp8 needs its scale pointers");
+    blas_plan p;
+    memset(&p, 0, sizeof p);
+    nib_status st = plan_descs(&p, fp8, m, n, k, fp8, fp8, sx, sw, NULL, 0, n, fp8 ? b->fast_accum : 0);
+    p.kind = fp8;
+    p.m = m;
+    p.n = n;
+    p.k = k;
+    cudaDataType_t ab;
+    algo_types(fp8, &ab);
+    enum { BASES = 8 };
+    cublasLtMatmulHeuristicResult_t res[BASES];
+    int found = 0;
+    cublasStatus_t hs = CUBLAS_STATUS_SUCCESS;
+    if (!st) st = plan_heuristic(b, &p, 0, BASES, res, &found, &hs);
+    if (!st && hs != CUBLAS_STATUS_SUCCESS) st = blas_status(hs, "cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__);
+    const char *dbg_env = getenv("NIB_LT_DEBUG");
+    const int dbg = dbg_env && *dbg_env == '1';
+    /* cluster shapes tried: auto, 1x1, 2x1, 1x2, 2x2, 4x1, 1x4 (cuBLASLt has no capability listing them) */
+    static const int clusters[] = {0, 2, 3, 5, 6, 4, 8};
+    static const int splits[] = {1, 2, 3, 4};
+    static const uint32_t reds[] = {CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE, CUBLASLT_REDUCTION_SCHEME_INPLACE};
+    for (int bi = 0; bi < found && !st && *count < max; bi++) {
+        nib_blas_algo_desc hd;
+        desc_of(&res[bi], &hd);
+        cublasLtMatmulAlgo_t a;
+        if (cublasLtMatmulAlgoInit(b->lt, CUBLAS_COMPUTE_32F, CUDA_R_32F, ab, ab, CUDA_R_16BF, CUDA_R_16BF, hd.id, &a) !=
+            CUBLAS_STATUS_SUCCESS)
+            continue;
+        /* tiles: the algorithm's list and the candidate's own; stages: the candidate's */
+        uint32_t tiles[129];
+        int nt = cap_ids(&a, CUBLASLT_ALGO_CAP_TILE_IDS, tiles, 128), have = 0;
+        /* an algorithm that lists no tile (the Hopper FP8 kernels list only "undefined") may
+         * still accept several: every tile id is tried, cublasLtMatmulAlgoCheck decides */
+        if (nt <= 1 && (nt == 0 || tiles[0] == CUBLASLT_MATMUL_TILE_UNDEFINED))
+            for (nt = 0; nt + 1 < CUBLASLT_MATMUL_TILE_8x256 + 1 && nt < 128; nt++) tiles[nt] = (uint32_t)(nt + 1);
+        for (int i = 0; i < nt; i++) have |= tiles[i] == (uint32_t)hd.tile;
+        if (!have) tiles[nt++] = (uint32_t)hd.tile;
+        const int sk_ok = cap_i32(&a, CUBLASLT_ALGO_CAP_SPLITK_SUPPORT) != 0;
+        const uint32_t red_mask = (uint32_t)cap_i32(&a, CUBLASLT_ALGO_CAP_REDUCTION_SCHEME_MASK);
+        const int sw_ok = cap_i32(&a, CUBLASLT_ALGO_CAP_CTA_SWIZZLING_SUPPORT) != 0;
+        int cmax = cap_i32(&a, CUBLASLT_ALGO_CAP_CUSTOM_OPTION_MAX);
+        if (cmax < 0) cmax = 0;
+        if (cmax > 15) cmax = 15;
+        if (dbg) fprintf(stderr, "lt: candidate %d: algorithm %d tile %d stages %d custom %d cluster %d; %d tiles, split-K %d (0x%x), swizzle %d, custom max %d\n",
+                         bi, hd.id, hd.tile, hd.stages, hd.custom, hd.cluster, nt, sk_ok, red_mask, sw_ok, cmax);
+        int tried = 0, ok = 0;
+        for (int ti = 0; ti < nt && *count < max; ti++)
+            for (int cu = 0; cu <= cmax && *count < max; cu++)
+                for (int ci = 0; ci < (int)(sizeof clusters / sizeof clusters[0]) && *count < max; ci++)
+                    for (int sz = 0; sz <= sw_ok && *count < max; sz++)
+                        for (int ki = 0; ki < (sk_ok ? (int)(sizeof splits / sizeof splits[0]) : 1) && *count < max; ki++)
+                            for (int ri = 0; ri < (splits[ki] > 1 ? 2 : 1) && *count < max; ri++) {
+                                if (splits[ki] > 1 && !(red_mask & reds[ri])) continue;
+                                nib_blas_algo_desc d = hd;
+                                d.base = bi;
+                                d.tile = (int)tiles[ti];
+                                d.custom = cu;
+                                d.cluster = clusters[ci];
+                                d.swizzle = sz;
+                                d.splitk = splits[ki];
+                                d.reduction = splits[ki] > 1 ? (int)reds[ri] : 0;
+                                cublasLtMatmulAlgo_t algo;
+                                tried++;
+                                if (config_algo(b, &p, 0, &d, &res[bi].algo, &algo, &d.workspace, &d.waves)) {
+                                    nib_clear_error();
+                                    continue;
+                                }
+                                ok++;
+                                out[(*count)++] = d;
+                            }
+        if (dbg) fprintf(stderr, "lt: candidate %d: %d of %d configurations accepted\n", bi, ok, tried);
+    }
     plan_release(&p);
     return st;
 }
