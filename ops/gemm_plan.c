@@ -399,7 +399,9 @@ int nib_blas_tune_on(void) {
  *   (128 x 128);
  * - the Gemma gate|up, 2048 -> 32768: 257-320 rows on 128 x 160 tiles, custom option 7, 1 x 2
  *   clusters (276 rows: 49.0 -> 40.2 us); 513-640 rows on 128 x 128 tiles, custom option 1,
- *   4 x 1 clusters (532 rows: 80.4 -> 65.2 us). */
+ *   4 x 1 clusters (532 rows: 80.4 -> 65.2 us, ahead of nib's kernel, 69 us) for the plain
+ *   product only: with the GeGLU, nib's kernel fuses it and the model's prefix measured faster
+ *   that way (nib_fp8_use_nib_geglu). */
 int nib_blas_tune_for(int fp8, int64_t m, int64_t n, int64_t k, int sms, nib_blas_tune *out) {
     memset(out, 0, sizeof *out);
     if (!fp8 || sms < 1) return 0;
@@ -418,6 +420,12 @@ int nib_blas_tune_for(int fp8, int64_t m, int64_t n, int64_t k, int sms, nib_bla
         out->cluster = out->tile == 20 ? 3 : 2; /* CUBLASLT_CLUSTER_SHAPE_2x1x1 : 1x1x1 */
         return 1;
     }
+    if (k == 2048 && n == 32768 && m >= 513 && m <= 640) { /* the plain product (not the model's: see geglu) */
+        out->tile = 20; /* 128 x 128 */
+        out->custom = 1;
+        out->cluster = 4; /* 4 x 1 */
+        return 1;
+    }
     if (k == 2048 && n == 32768 && m >= 257 && m <= 320) {
         out->tile = 29; /* 128 x 160 */
         out->custom = 7;
@@ -426,6 +434,8 @@ int nib_blas_tune_for(int fp8, int64_t m, int64_t n, int64_t k, int sms, nib_bla
     }
     return 0;
 }
+
+static int fp8_rule(int64_t m, int64_t n, int64_t k);
 
 int nib_fp8_use_nib(int64_t m, int64_t n, int64_t k) {
     const char *e = getenv("NIB_FP8_GEMM");
@@ -452,6 +462,12 @@ int nib_fp8_use_nib(int64_t m, int64_t n, int64_t k) {
     if (m > 1024) return 0;
     nib_blas_tune t;
     if (nib_blas_tune_on() && nib_blas_tune_for(1, m, n, k, 132, &t)) return 0; /* cuBLASLt, reconfigured */
+    return fp8_rule(m, n, k);
+}
+
+/* the measured rule of nib_fp8_use_nib, before the cuBLASLt reconfigurations */
+static int fp8_rule(int64_t m, int64_t n, int64_t k) {
+    if (m > 1024) return 0;
     if (fp8_k_heavy_narrow(m, n, k)) return 1; /* with its own tile (nib_fp8_plan_slots) */
     if (k <= 2048 && m * n < ((int64_t)1 << 23)) return !(n > 4096 && m > 640);
     if (k <= 4608 && m <= 320 && m * n < ((int64_t)1 << 23)) return 1;
@@ -468,8 +484,12 @@ int nib_fp8_use_nib_geglu(int64_t m, int64_t n, int64_t k) {
      * alternated twice with NIB_FUSED_GEGLU=1 (fused at every row count) on one H100 (fifteenth
      * session): prefix 2.659 / 2.662 -> 2.612 / 2.609 ms at 1 camera (276 rows), 4.147 / 4.146 ->
      * 4.229 / 4.224 ms at 3 (788 rows, where the rule keeps cuBLASLt) */
+    /* 257-320 rows: cuBLASLt's reconfigured product and the GeGLU + FP8 kernel measured faster
+     * than the fused kernel (prefix at 1 camera 2.286 -> 2.171 ms, nineteenth session); at 513-640
+     * rows the fused kernel stays (2 cameras: prefix 3.017 with it against 3.126-3.132 ms) */
     nib_blas_tune t;
-    if (nib_blas_tune_on() && nib_blas_tune_for(1, m, n, k, 132, &t)) return 0; /* cuBLASLt, reconfigured */
+    if (nib_blas_tune_on() && nib_blas_tune_for(1, m, n, k, 132, &t) && !(m >= 513 && m <= 640)) return 0;
+    if (m >= 513 && m <= 640) return fp8_rule(m, n, k);
     return nib_fp8_use_nib(m, n, k) || (k <= 2048 && m > 256 && m <= 320);
 }
 

@@ -745,12 +745,12 @@ NIB_TEST(blas_gpu_fp8_tuned_configs) {
     struct {
         int64_t m, n, k;
         int inplace;
-    } cs[] = {{276, 2048, 16384, 0}, {532, 2048, 16384, 1}, {300, 32768, 2048, 0}};
+    } cs[] = {{276, 2048, 16384, 0}, {532, 2048, 16384, 1}, {300, 32768, 2048, 0}, {532, 32768, 2048, 0}};
     nib_blas *b = NULL;
     CHECK_OK(nib_blas_create(&b));
     REQUIRE(b);
     CHECK(nib_blas_fp8_fast_accum(b) == 1 || getenv("NIB_BLAS_FAST_ACCUM"));
-    for (int ci = 0; ci < 3; ci++) {
+    for (int ci = 0; ci < 4; ci++) {
         const int64_t m = cs[ci].m, n = cs[ci].n, k = cs[ci].k, ldy = n + 8;
         nib_blas_tune tune;
         CHECK(nib_blas_tune_for(1, m, n, k, 132, &tune) == 1); /* the shapes the rule covers */
@@ -784,10 +784,10 @@ NIB_TEST(blas_gpu_fp8_tuned_configs) {
         CHECK_MSG(nib_blas_tuned_plans(b) == before + 1, "M=%lld N=%lld K=%lld did not run the reconfigured algorithm",
                   (long long)m, (long long)n, (long long)k);
         CHECK_OK(nib_dev_download(hy, dy, (size_t)m * ldy * 2));
-        const int64_t rows[] = {0, 1, m / 3, m / 2, m - 2, m - 1};
+        const int64_t rows[] = {0, m / 2, m - 2, m - 1};
         int over = 0, guard = 0;
         double worst = 0;
-        for (int ri = 0; ri < 6; ri++) {
+        for (int ri = 0; ri < 4; ri++) {
             const int64_t i = rows[ri];
             for (int64_t j = 0; j < ldy; j++) {
                 const uint16_t got = hy[i * ldy + j];

@@ -331,7 +331,7 @@ NIB_TEST(gemm_fp8_plan_and_checks) {
     unsetenv("NIB_FP8_GEMM");
     CHECK(nib_fp8_use_nib(512, 1152, 1152) == 1);
     CHECK(nib_fp8_use_nib(532, 2048, 2048) == 1);
-    CHECK(nib_fp8_use_nib(532, 32768, 2048) == 1);
+    CHECK(nib_fp8_use_nib(532, 32768, 2048) == 0); /* cuBLASLt reconfigured (nib_blas_tune_for) */
     CHECK(nib_fp8_use_nib(512, 4304, 1152) == 1);
     CHECK(nib_fp8_use_nib(256, 1152, 4304) == 1);
     CHECK(nib_fp8_use_nib(512, 1152, 4304) == 1);    /* SigLIP's fc2 past 320 rows: its own tile */
@@ -374,7 +374,10 @@ NIB_TEST(gemm_fp8_plan_and_checks) {
         CHECK(nib_blas_tune_for(1, 532, 2048, 16384, 132, &bt) == 1 && bt.tile == 33 && bt.cluster == 2);
         CHECK(nib_blas_tune_for(1, 788, 2048, 16384, 132, &bt) == 1 && bt.tile == 20 && bt.cluster == 3);
         CHECK(nib_blas_tune_for(1, 276, 32768, 2048, 132, &bt) == 1 && bt.tile == 29 && bt.custom == 7 && bt.cluster == 5);
-        CHECK(nib_blas_tune_for(1, 532, 32768, 2048, 132, &bt) == 0); /* nib's fused GeGLU kernel there */
+        CHECK(nib_blas_tune_for(1, 532, 32768, 2048, 132, &bt) == 1 && bt.tile == 20 && bt.cluster == 4);
+        CHECK(nib_fp8_use_nib(532, 32768, 2048) == 0);       /* the plain product: cuBLASLt, reconfigured */
+        CHECK(nib_fp8_use_nib_geglu(532, 32768, 2048) == 1); /* with the GeGLU: nib's fused kernel */
+        CHECK(nib_blas_tune_for(1, 788, 32768, 2048, 132, &bt) == 0);
         CHECK(nib_blas_tune_for(1, 100, 2048, 16384, 132, &bt) == 0);  /* outside the measured rows */
         CHECK(nib_blas_tune_for(0, 532, 2048, 16384, 132, &bt) == 0);  /* bf16: the heuristic */
         CHECK(nib_blas_tune_for(1, 532, 2048, 8192, 132, &bt) == 0);
