@@ -268,8 +268,9 @@ static nib_status bench_lt_configs(const bench_cfg *cfg, gemm_ctx *g, uint64_t c
     nib_status st = nib_blas_configs(g->blas, fp8, g->m, g->n, g->k, g->sx, g->sw, ds, cfg->lt_configs, &nd);
     row->sweep = 2;
     nib_blas_tune tn;
-    if (fp8 && nib_blas_tune_on() && nib_blas_tune_for(1, g->m, g->n, g->k, cfg->sms, &tn))
-        snprintf(row->plan, sizeof row->plan, "nib's reconfiguration: tile%d cu%d cl%d", tn.tile, tn.custom, tn.cluster);
+    if (nib_blas_tune_on() && nib_blas_tune_for(fp8, g->m, g->n, g->k, cfg->sms, &tn))
+        snprintf(row->plan, sizeof row->plan, "nib's reconfiguration: tile%d cu%d cl%d sk%d", tn.tile, tn.custom,
+                 tn.cluster, tn.splitk);
     else
         snprintf(row->plan, sizeof row->plan, "heuristic");
     print_row(row);

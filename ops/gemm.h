@@ -306,6 +306,7 @@ nib_status nib_cuda_fp8_plan(int64_t m, int64_t n, int64_t k, int geglu, nib_fp8
  * cuBLASLt's heuristic runs as it picks, and the engine rule as before the tuning). */
 typedef struct nib_blas_tune {
     int tile, custom, cluster;
+    int splitk, reduction; /* 0: the candidate's own */
 } nib_blas_tune;
 int nib_blas_tune_for(int fp8, int64_t m, int64_t n, int64_t k, int sms, nib_blas_tune *out);
 int nib_blas_tune_on(void);

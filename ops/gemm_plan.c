@@ -404,7 +404,29 @@ int nib_blas_tune_on(void) {
  *   that way (nib_fp8_use_nib_geglu). */
 int nib_blas_tune_for(int fp8, int64_t m, int64_t n, int64_t k, int sms, nib_blas_tune *out) {
     memset(out, 0, sizeof *out);
-    if (!fp8 || sms < 1) return 0;
+    if (sms < 1) return 0;
+    if (!fp8) {
+        /* bf16 at the action expert's row counts (the bf16 preset's per-op step): `nib bench gemm
+         * --variants cublas-bf16 --lt-configs 800 --m 10` (bench/results/gemm-bf16-ltconfigs-h100-*.json):
+         * down 4096 -> 1024 8.55 -> 7.69 us with a K split of 4 (fp32 workspace reduction), o
+         * 2048 -> 1024 5.79 -> 5.54 us with 1 x 2 clusters; 64 x 8 tiles */
+        if (m > 16) return 0;
+        if (k == 4096 && n == 1024) {
+            out->tile = 10;
+            out->custom = 1;
+            out->cluster = 2;
+            out->splitk = 4;
+            out->reduction = 2; /* CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE */
+            return 1;
+        }
+        if (k == 2048 && n == 1024) {
+            out->tile = 10;
+            out->custom = 1;
+            out->cluster = 5;
+            return 1;
+        }
+        return 0;
+    }
     if (k == 16384 && n == 2048 && m >= 129 && m <= 1024) {
         static const int tiles[3][3] = {{64, 96, 26}, {128, 96, 33}, {128, 128, 20}}; /* channels, tokens, id */
         int64_t best_cost = 0;

@@ -830,6 +830,78 @@ NIB_TEST(blas_gpu_fp8_tuned_configs) {
     nib_blas_free(b);
 }
 
+/* The bf16 reconfigurations (the action expert's o and down at 1-16 rows, one with a K split
+ * reduced in an fp32 workspace): against fp64 sums of the same bf16 values with the bound of
+ * blas_gpu_bf16_and_fp8_w8a8; guard columns past N untouched. */
+NIB_TEST(blas_gpu_bf16_tuned_configs) {
+    NIB_REQUIRE_GPU();
+    nib_rng rng;
+    nib_test_rng(t, &rng);
+    if (!nib_blas_tune_on()) {
+        printf("  NIB_BLAS_TUNE=0: the reconfigurations are off, nothing to test here\n");
+        return;
+    }
+    struct {
+        int64_t m, n, k;
+    } cs[] = {{10, 1024, 4096}, {1, 1024, 4096}, {16, 1024, 2048}, {7, 1024, 2048}};
+    nib_blas *b = NULL;
+    CHECK_OK(nib_blas_create(&b));
+    REQUIRE(b);
+    for (int ci = 0; ci < 4; ci++) {
+        const int64_t m = cs[ci].m, n = cs[ci].n, k = cs[ci].k, ldy = n + 8;
+        nib_blas_tune tune;
+        CHECK(nib_blas_tune_for(0, m, n, k, 132, &tune) == 1);
+        uint16_t *hx = nib_malloc((size_t)m * k * 2), *hw = nib_malloc((size_t)n * k * 2), *hy = nib_malloc((size_t)m * ldy * 2);
+        REQUIRE(hx && hw && hy);
+        for (int64_t i = 0; i < m * k; i++) hx[i] = nib_f32_to_bf16((float)nib_rng_normal(&rng));
+        for (int64_t i = 0; i < n * k; i++) hw[i] = nib_f32_to_bf16((float)(0.02 * nib_rng_normal(&rng)));
+        for (int64_t i = 0; i < m * ldy; i++) hy[i] = (uint16_t)POISON;
+        void *dx, *dw, *dy;
+        CHECK_OK(nib_dev_malloc(&dx, (size_t)m * k * 2, "x"));
+        CHECK_OK(nib_dev_malloc(&dw, (size_t)n * k * 2, "w"));
+        CHECK_OK(nib_dev_malloc(&dy, (size_t)m * ldy * 2, "y"));
+        CHECK_OK(nib_dev_upload(dx, hx, (size_t)m * k * 2));
+        CHECK_OK(nib_dev_upload(dw, hw, (size_t)n * k * 2));
+        CHECK_OK(nib_dev_upload(dy, hy, (size_t)m * ldy * 2));
+        const int before = nib_blas_tuned_plans(b);
+        nib_blas_gemm_args a = {0, dx, NULL, 0, dw, NULL, 0, m, n, k, NULL, NULL, 0, dy, ldy};
+        CHECK_OK(nib_blas_gemm_fused(b, &a, NULL));
+        CHECK_MSG(nib_blas_tuned_plans(b) == before + 1, "bf16 M=%lld N=%lld K=%lld did not run the reconfigured algorithm",
+                  (long long)m, (long long)n, (long long)k);
+        CHECK_OK(nib_dev_download(hy, dy, (size_t)m * ldy * 2));
+        int over = 0, guard = 0;
+        double worst = 0;
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < ldy; j++) {
+                if (j >= n) {
+                    guard += hy[i * ldy + j] != (uint16_t)POISON;
+                    continue;
+                }
+                double s = 0, ab = 0;
+                for (int64_t q = 0; q < k; q++) {
+                    double tt = (double)nib_bf16_to_f32(hx[i * k + q]) * nib_bf16_to_f32(hw[j * k + q]);
+                    s += tt;
+                    ab += fabs(tt);
+                }
+                const double y = nib_bf16_to_f32(hy[i * ldy + j]), bound = 0x1p-8 * fabs(s) * 1.01 + (k + 64) * 0x1p-22 * ab;
+                if (fabs(y - s) / bound > worst) worst = fabs(y - s) / bound;
+                if (!(fabs(y - s) <= bound) && over++ < 5)
+                    nib_test_fail(t, __FILE__, __LINE__, "bf16 M=%lld N=%lld K=%lld [%lld,%lld]: %g vs %g (bound %g)",
+                                  (long long)m, (long long)n, (long long)k, (long long)i, (long long)j, y, s, bound);
+            }
+        CHECK_MSG(guard == 0, "%d guard values past N overwritten", guard);
+        printf("  bf16 M=%lld N=%lld K=%lld tile %d custom %d cluster %d split-K %d: worst error / bound %.3f\n",
+               (long long)m, (long long)n, (long long)k, tune.tile, tune.custom, tune.cluster, tune.splitk, worst);
+        nib_dev_free(dx, (size_t)m * k * 2);
+        nib_dev_free(dw, (size_t)n * k * 2);
+        nib_dev_free(dy, (size_t)m * ldy * 2);
+        nib_free(hx);
+        nib_free(hw);
+        nib_free(hy);
+    }
+    nib_blas_free(b);
+}
+
 NIB_TEST(gemm_gpu_argument_errors) {
     NIB_REQUIRE_GPU();
     nib_rng rng;

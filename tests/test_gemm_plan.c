@@ -380,6 +380,10 @@ NIB_TEST(gemm_fp8_plan_and_checks) {
         CHECK(nib_blas_tune_for(1, 788, 32768, 2048, 132, &bt) == 0);
         CHECK(nib_blas_tune_for(1, 100, 2048, 16384, 132, &bt) == 0);  /* outside the measured rows */
         CHECK(nib_blas_tune_for(0, 532, 2048, 16384, 132, &bt) == 0);  /* bf16: the heuristic */
+        CHECK(nib_blas_tune_for(0, 10, 1024, 4096, 132, &bt) == 1 && bt.splitk == 4 && bt.reduction == 2);
+        CHECK(nib_blas_tune_for(0, 16, 1024, 2048, 132, &bt) == 1 && bt.splitk == 0 && bt.cluster == 5);
+        CHECK(nib_blas_tune_for(0, 17, 1024, 4096, 132, &bt) == 0);     /* bf16 past 16 rows: the heuristic */
+        CHECK(nib_blas_tune_for(0, 10, 2560, 1024, 132, &bt) == 0);
         CHECK(nib_blas_tune_for(1, 532, 2048, 8192, 132, &bt) == 0);
         /* fewer SMs: 532 rows in 128 x 96 tiles are 96 CTAs, two waves on 64 SMs; 128 x 128 (80
          * CTAs) is also two waves of more work, 64 x 96 (192 CTAs) three of less: 3 x 6144 < 2 x 12288 */

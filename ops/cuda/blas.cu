@@ -369,6 +369,10 @@ static nib_status plan_get(nib_blas *b, int kind, int64_t m, int64_t n, int64_t 
         d.tile = t.tile;
         d.custom = t.custom;
         d.cluster = t.cluster;
+        if (t.splitk) {
+            d.splitk = t.splitk;
+            d.reduction = t.reduction;
+        }
         cublasLtMatmulAlgo_t tuned;
         if (!config_algo(b, p, ldc, &d, &res[0].algo, &tuned, NULL, NULL)) {
             p->algo = tuned;
@@ -492,12 +496,14 @@ nib_status nib_blas_configs(nib_blas *b, int fp8, int64_t m, int64_t n, int64_t 
         if (dbg) fprintf(stderr, "lt: candidate %d: algorithm %d tile %d stages %d custom %d cluster %d; %d tiles, split-K %d (0x%x), swizzle %d, custom max %d\n",
                          bi, hd.id, hd.tile, hd.stages, hd.custom, hd.cluster, nt, sk_ok, red_mask, sw_ok, cmax);
         int tried = 0, ok = 0;
-        for (int ti = 0; ti < nt && *count < max; ti++)
-            for (int cu = 0; cu <= cmax && *count < max; cu++)
-                for (int ci = 0; ci < (int)(sizeof clusters / sizeof clusters[0]) && *count < max; ci++)
-                    for (int sz = 0; sz <= sw_ok && *count < max; sz++)
-                        for (int ki = 0; ki < (sk_ok ? (int)(sizeof splits / sizeof splits[0]) : 1) && *count < max; ki++)
-                            for (int ri = 0; ri < (splits[ki] > 1 ? 2 : 1) && *count < max; ri++) {
+        /* each candidate gets an equal share of max (what the earlier ones leave unused passes on) */
+        const int lim = *count + (max - *count) / (found - bi);
+        for (int ti = 0; ti < nt && *count < lim; ti++)
+            for (int cu = 0; cu <= cmax && *count < lim; cu++)
+                for (int ci = 0; ci < (int)(sizeof clusters / sizeof clusters[0]) && *count < lim; ci++)
+                    for (int sz = 0; sz <= sw_ok && *count < lim; sz++)
+                        for (int ki = 0; ki < (sk_ok ? (int)(sizeof splits / sizeof splits[0]) : 1) && *count < lim; ki++)
+                            for (int ri = 0; ri < (splits[ki] > 1 ? 2 : 1) && *count < lim; ri++) {
                                 if (splits[ki] > 1 && !(red_mask & reds[ri])) continue;
                                 nib_blas_algo_desc d = hd;
                                 d.base = bi;
