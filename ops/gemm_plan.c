@@ -389,7 +389,7 @@ int nib_blas_tune_on(void) {
 
 /* cuBLASLt's FP8 algorithm (tile ids of cublasLtMatmulTile_t, in cuBLASLt's terms: output
  * channels x tokens) reconfigured where `nib bench gemm --variants cublaslt-fp8 --lt-configs 4000
- * --shapes 2048:32768,16384:2048 --m 276,532,788` (bench/results/gemm-fp8-ltconfigs-h100-*.json,
+ * --shapes 2048:32768,16384:2048 --m 276,532,788` (bench/results/gemm-fp8-ltconfigs-h100-7026e7e.json,
  * nineteenth session) timed a configuration well ahead of the heuristic's (which takes 128 x 128
  * tiles, cluster shape auto):
  * - the Gemma down projection, 16384 -> 2048: the tile that fills the GPU in the fewest waves of
@@ -407,7 +407,7 @@ int nib_blas_tune_for(int fp8, int64_t m, int64_t n, int64_t k, int sms, nib_bla
     if (sms < 1) return 0;
     if (!fp8) {
         /* bf16 at the action expert's row counts (the bf16 preset's per-op step): `nib bench gemm
-         * --variants cublas-bf16 --lt-configs 800 --m 10` (bench/results/gemm-bf16-ltconfigs-h100-*.json):
+         * --variants cublas-bf16 --lt-configs 800 --m 10` (bench/results/gemm-bf16-ltconfigs-h100-6d7b837.json):
          * down 4096 -> 1024 8.55 -> 7.69 us with a K split of 4 (fp32 workspace reduction), o
          * 2048 -> 1024 5.79 -> 5.54 us with 1 x 2 clusters; 64 x 8 tiles */
         if (m > 16) return 0;
