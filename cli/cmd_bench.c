@@ -281,7 +281,7 @@ static nib_status bench_lt_configs(const bench_cfg *cfg, gemm_ctx *g, uint64_t c
         nib_blas_set_algo_config(g->blas, &ds[i]);
         bench_row *ar = &rows[(*nrows)++];
         st = time_row(g, 3, canon_bytes, copy_gbps, bf16_us, ar);
-        if (st == NIB_ERR_UNSUPPORTED || st == NIB_ERR_CUDA) { /* refused at run time: reported, not fatal */
+        if (st == NIB_ERR_UNSUPPORTED || st == NIB_ERR_CUDA) { /* refused at run time: skipped, not fatal */
             nib_clear_error();
             (*nrows)--;
             st = NIB_OK;

@@ -262,6 +262,22 @@ static nib_status config_algo(nib_blas *b, const blas_plan *p, int64_t ldc, cons
     return NIB_OK;
 }
 
+/* the cache key of plan p */
+static void plan_key(blas_plan *p, int kind, int64_t m, int64_t n, int64_t k, int sx_vec, int sw_vec, int fast,
+                     int has_bias, int64_t ldc, int64_t ldd, int ai) {
+    p->kind = kind;
+    p->m = m;
+    p->n = n;
+    p->k = k;
+    p->sx_vec = sx_vec;
+    p->sw_vec = sw_vec;
+    p->fast = fast;
+    p->bias = has_bias;
+    p->ldc = ldc;
+    p->ldd = ldd;
+    p->algo_index = ai;
+}
+
 static nib_status plan_get(nib_blas *b, int kind, int64_t m, int64_t n, int64_t k, int sx_vec,
                            int sw_vec, const float *sx, const float *sw, const void *bias, int64_t ldc,
                            int64_t ldd, blas_plan **out) {
@@ -289,10 +305,7 @@ static nib_status plan_get(nib_blas *b, int kind, int64_t m, int64_t n, int64_t 
         return ds;
     }
     if (b->cfg_on) { /* the lab's configuration: checked, never replaced by another */
-        p->kind = kind;
-        p->m = m;
-        p->n = n;
-        p->k = k;
+        plan_key(p, kind, m, n, k, sx_vec, sw_vec, fast, has_bias, ldc, ldd, ai);
         cublasLtMatmulHeuristicResult_t hr[NIB_BLAS_MAX_ALGOS];
         int hn = 0;
         cublasStatus_t hs = CUBLAS_STATUS_SUCCESS;
@@ -306,13 +319,6 @@ static nib_status plan_get(nib_blas *b, int kind, int64_t m, int64_t n, int64_t 
             plan_release(p);
             return ds;
         }
-        p->sx_vec = sx_vec;
-        p->sw_vec = sw_vec;
-        p->fast = fast;
-        p->bias = has_bias;
-        p->ldc = ldc;
-        p->ldd = ldd;
-        p->algo_index = ai;
         p->cfg_on = 1;
         p->cfg = b->cfg;
         *out = p;
@@ -330,17 +336,7 @@ static nib_status plan_get(nib_blas *b, int kind, int64_t m, int64_t n, int64_t 
      * caller then runs the plain product and nib's epilogue kernel); other failures are errors */
     const int unsup = (s == CUBLAS_STATUS_NOT_SUPPORTED || s == CUBLAS_STATUS_INVALID_VALUE ||
                        (s == CUBLAS_STATUS_SUCCESS && !found)) && (has_bias || ldc);
-    p->kind = kind;
-    p->m = m;
-    p->n = n;
-    p->k = k;
-    p->sx_vec = sx_vec;
-    p->sw_vec = sw_vec;
-    p->fast = fast;
-    p->bias = has_bias;
-    p->ldc = ldc;
-    p->ldd = ldd;
-    p->algo_index = ai;
+    plan_key(p, kind, m, n, k, sx_vec, sw_vec, fast, has_bias, ldc, ldd, ai);
     if (unsup) {
         p->unsupported = 1;
         return NIB_ERR(NIB_ERR_UNSUPPORTED, "cuBLASLt has no %s algorithm for M=%lld N=%lld K=%lld%s%s (status %d)",
