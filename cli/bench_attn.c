@@ -11,9 +11,9 @@
  *           than 3x L2, so every call reads its KV from DRAM; "hot": one cache, L2-resident (as
  *           the Pi0.5 prefix KV of 18 layers, ~10 MB, is in practice).
  *   decode  1 query x 8 heads over T = 1024 .. 32768 slots, each dtype, cold (rotating caches).
- * --variants auto,dec,r4,r8,cl,rk,wg,wg1 repeats the cache and decode sections with the kernel variant
- * forced (NIB_ATTN_VARIANT; "auto" = the planner's choice), to measure the alternatives in one run;
- * t2 (two token groups per CTA, bf16) repeats the prefix section instead; r8 and wg / wg1
+ * --variants auto,dec,r4,r8,cl,rk,wg,wg1,wk2 repeats the cache and decode sections with the kernel
+ * variant forced (NIB_ATTN_VARIANT; "auto" = the planner's choice), to measure the alternatives in one
+ * run; t2 (two token groups per CTA, bf16) repeats the prefix section instead; r8 and wg / wg1 / wk2
  * (the wgmma kernel: bf16 caches, no decode rows) repeat the Gemma prefix rows too.
  * KV bytes = what one call must read: element planes + block scales + per-(token, head) scales
  * of the T visible slots. FLOPs = 4 x rows x T x D (Q.K and P.V).
@@ -323,7 +323,8 @@ int nib_bench_attn(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (nib_cli_is_help(a)) {
-            printf("usage: nib bench attn [--sections prefix,cache,decode] [--variants auto,dec,r4,r8,cl,rk,t2,wg,wg1]\n"
+            printf("usage: nib bench attn [--sections prefix,cache,decode]\n"
+                   "                      [--variants auto,dec,r4,r8,cl,rk,t2,wg,wg1,wk2]\n"
                    "                      [--reps N] [--t T1,T2,..] [--kv bf16,fp8,nvfp4] [--json FILE]\n"
                    "The attention kernel lab: prefix self-attention (Gemma S = 532, 788, 968; SigLIP 1..3 images),\n"
                    "the Pi0.5 suffix over the KV cache (P = 532, 768, 1024 x H = 10, 50 x bf16/fp8/nvfp4, cold\n"
@@ -335,8 +336,8 @@ int nib_bench_attn(int argc, char **argv) {
                    "--kv limits the cache and decode sections to the named cache dtypes.\n"
                    "--variants repeats the cache and decode sections with the kernel variant forced (auto: the\n"
                    "planner's); t2 (two token groups per CTA, bf16 only) repeats the prefix section instead;\n"
-                   "r8 and wg / wg1 (the wgmma kernel: bf16 caches only, no decode rows) also repeat the Gemma\n"
-                   "prefix (S = 532, 788, 968).\n");
+                   "r8 and wg / wg1 / wk2 (the wgmma kernel: bf16 caches only, no decode rows; wk2 splits each\n"
+                   "CTA's keys between two warpgroups) also repeat the Gemma prefix (S = 532, 788, 968).\n");
             return 0;
         } else if (!strcmp(a, "--json") && val) {
             json = val;
@@ -440,14 +441,14 @@ int nib_bench_attn(int argc, char **argv) {
         }
         if (!strcmp(v, "auto")) unsetenv("NIB_ATTN_VARIANT");
         else if (!strcmp(v, "dec") || !strcmp(v, "r4") || !strcmp(v, "r8") || !strcmp(v, "cl") || !strcmp(v, "rk") ||
-                 !strcmp(v, "wg") || !strcmp(v, "wg1"))
+                 !strcmp(v, "wg") || !strcmp(v, "wg1") || !strcmp(v, "wk2"))
             setenv("NIB_ATTN_VARIANT", v, 1);
         else {
-            printf("  unknown variant '%s' skipped (auto, dec, r4, r8, cl, rk, t2, wg, wg1)\n", v);
+            printf("  unknown variant '%s' skipped (auto, dec, r4, r8, cl, rk, t2, wg, wg1, wk2)\n", v);
             continue;
         }
         /* r8 and wg (the mma.sync and the wgmma kernel for many rows) also repeat the Gemma prefix */
-        const int wg = !strncmp(v, "wg", 2); /* wg, wg1: bf16 caches only */
+        const int wg = !strncmp(v, "wg", 2) || !strcmp(v, "wk2"); /* wg, wg1, wk2: bf16 caches only */
         if (do_prefix && (!strcmp(v, "r8") || wg)) {
             RUN(bench_prefix(b, "gemma", 1, 532, 8, 1, 256));
             RUN(bench_prefix(b, "gemma", 1, 788, 8, 1, 256));

@@ -38,8 +38,10 @@ typedef struct bench_cfg {
     int sweep; /* --sweep: also time every launch plan of the low-bit kernels */
     int algos; /* --algos N: also time cuBLASLt's first N heuristic candidates (cuBLAS variants) */
     int lt_configs; /* --lt-configs N: also time up to N configurations cuBLASLt accepts (cuBLAS variants) */
+    int lt_search;  /* --lt-search: a coordinate search over cuBLASLt's configurations (cuBLAS variants) */
     int bf16_listed; /* cublas-bf16 was named in --variants (not only run as the baseline) */
     int hot;   /* --hot: one weight copy (L2-resident after the first call) instead of > 3x L2 */
+    int inplace; /* --inplace: cublas-bf16 adds the product to Y in place (C = Y), as the model's residuals */
     int sms;   /* the device's SM count */
     const char *json_path;
 } bench_cfg;
@@ -66,13 +68,19 @@ typedef struct gemm_ctx {
     nib_gemm_ws *ws;
     const nib_gemm_plan *plan; /* NULL: the planner's choice */
     const nib_fp8_tile *tile;  /* fp8-nib: NULL for the planner's tile */
+    int inplace;               /* cublas-bf16: Y += X W^T (C = Y, beta 1) */
 } gemm_ctx;
 
 static nib_status gemm_call(void *c, int i, void *stream) {
     gemm_ctx *g = (gemm_ctx *)c;
     int j = i % g->ncopies;
     switch (g->v) {
-    case V_BF16: return nib_blas_gemm_bf16(g->blas, g->x, g->bw[j], g->y, g->m, g->n, g->k, stream);
+    case V_BF16:
+        if (g->inplace) { /* the model's residual products: C = Y, accumulated in place */
+            nib_blas_gemm_args a = {0, g->x, NULL, 0, g->bw[j], NULL, 0, g->m, g->n, g->k, NULL, g->y, g->n, g->y, g->n};
+            return nib_blas_gemm_fused(g->blas, &a, stream);
+        }
+        return nib_blas_gemm_bf16(g->blas, g->x, g->bw[j], g->y, g->m, g->n, g->k, stream);
     case V_FP8LT: /* cuBLASLt's FP8 product, whatever the engine rule says */
         nib_blas_set_fp8_engine(g->blas, NIB_FP8_ENGINE_CUBLASLT);
         return nib_blas_gemm_fp8(g->blas, g->xq, g->sx, 1, g->bw[j], g->sw, 1, g->y, g->m, g->n, g->k, stream);
@@ -308,6 +316,128 @@ static nib_status bench_lt_configs(const bench_cfg *cfg, gemm_ctx *g, uint64_t c
     return NIB_OK;
 }
 
+/* --lt-search: from each of the heuristic's first 8 candidates, a coordinate search over the
+ * configurations cuBLASLt accepts: one field at a time (tile, cluster shape, custom option, CTA
+ * swizzle, split-K with its reduction), every value of that field with the others at the best so
+ * far, timed (5 reps each), the fastest kept when it is at least 1 % faster; two passes over the
+ * fields. Unlike --lt-configs, whose budget runs out inside the first tiles of a candidate with
+ * many custom options, every field's whole range is tried. */
+static nib_status lt_try(gemm_ctx *g, const nib_blas_algo_desc *d, uint64_t canon_bytes, double copy_gbps,
+                         double bf16_us, bench_row *rows, int *nrows, int max_rows, double *us) {
+    *us = INFINITY;
+    if (*nrows >= max_rows) return NIB_OK;
+    nib_blas_algo_desc c = *d;
+    const int fp8 = g->v != V_BF16;
+    nib_status st = nib_blas_config_check(g->blas, fp8, g->m, g->n, g->k, g->sx, g->sw, &c);
+    if (st == NIB_ERR_UNSUPPORTED) { /* refused: not a configuration */
+        nib_clear_error();
+        return NIB_OK;
+    }
+    NIB_RETURN_IF_ERR(st);
+    nib_blas_set_algo_config(g->blas, &c);
+    bench_row *ar = &rows[(*nrows)++];
+    st = time_row(g, 5, canon_bytes, copy_gbps, bf16_us, ar);
+    nib_blas_set_algo_config(g->blas, NULL);
+    if (st == NIB_ERR_UNSUPPORTED || st == NIB_ERR_CUDA) { /* refused at run time: skipped, not fatal */
+        nib_clear_error();
+        (*nrows)--;
+        return NIB_OK;
+    }
+    NIB_RETURN_IF_ERR(st);
+    algo_str(&c, c.base, ar->plan, sizeof ar->plan);
+    ar->sweep = 1;
+    *us = ar->us;
+    return NIB_OK;
+}
+
+static nib_status bench_lt_search(const bench_cfg *cfg, gemm_ctx *g, uint64_t canon_bytes, double copy_gbps,
+                                  double bf16_us, bench_row *row, bench_row *rows, int *nrows, int max_rows) {
+    (void)cfg;
+    nib_blas_algo_desc hs[8];
+    int nh = 0;
+    const int fp8 = g->v != V_BF16;
+    NIB_RETURN_IF_ERR(nib_blas_algos(g->blas, fp8, g->m, g->n, g->k, g->sx, g->sw, hs, 8, &nh));
+    row->sweep = 2;
+    nib_blas_tune tn;
+    if (nib_blas_tune_on() && nib_blas_tune_for(fp8, g->m, g->n, g->k, cfg->sms, &tn))
+        snprintf(row->plan, sizeof row->plan, "nib's reconfiguration: tile%d cu%d cl%d sk%d", tn.tile, tn.custom,
+                 tn.cluster, tn.splitk);
+    else
+        snprintf(row->plan, sizeof row->plan, "heuristic");
+    print_row(row);
+    /* cluster shapes: auto, 1x1, 2x1, 1x2, 2x2, 4x1, 1x4, 4x2, 2x4 (CUBLASLT_CLUSTER_SHAPE_* ids) */
+    static const int clusters[] = {0, 2, 3, 5, 6, 4, 8, 7, 9};
+    enum { F_TILE, F_CLUSTER, F_CUSTOM, F_SWIZZLE, F_SPLIT, F_COUNT };
+    nib_blas_algo_desc best_all;
+    double best_all_us = INFINITY;
+    int timed = 0;
+    for (int bi = 0; bi < nh; bi++) {
+        nib_blas_algo_desc cur = hs[bi];
+        cur.base = bi;
+        double cur_us;
+        const int n0 = *nrows;
+        int tiles[1024], ntl = 0;
+        NIB_RETURN_IF_ERR(nib_blas_config_tiles(g->blas, fp8, g->m, g->n, g->k, g->sx, g->sw, bi, tiles, 1024, &ntl));
+        NIB_RETURN_IF_ERR(lt_try(g, &cur, canon_bytes, copy_gbps, bf16_us, rows, nrows, max_rows, &cur_us));
+        const double start_us = cur_us;
+        if (isinf(cur_us)) { /* refused as offered: say what was offered */
+            char buf[96];
+            algo_str(&cur, bi, buf, sizeof buf);
+            printf("%6lld %6lld %5lld  %-13s candidate %d as offered (%s): %s\n", (long long)g->k, (long long)g->n,
+                   (long long)g->m, k_vname[g->v], bi, buf, "refused by cublasLtMatmulAlgoCheck");
+        }
+        for (int pass = 0; pass < 2; pass++)
+            for (int f = 0; f < F_COUNT; f++) {
+                nib_blas_algo_desc best = cur;
+                double best_us = cur_us;
+                const int nv = f == F_TILE ? ntl : f == F_CLUSTER ? (int)(sizeof clusters / sizeof clusters[0])
+                               : f == F_CUSTOM ? 16 : f == F_SWIZZLE ? 2 : 7;
+                for (int vi = 0; vi < nv; vi++) {
+                    nib_blas_algo_desc d = cur;
+                    switch (f) {
+                    case F_TILE: d.tile = tiles[vi]; break;
+                    case F_CLUSTER: d.cluster = clusters[vi]; break;
+                    case F_CUSTOM: d.custom = vi; break;
+                    case F_SWIZZLE: d.swizzle = vi; break;
+                    default: /* 1; 2, 3, 4 with the compute-type reduction; 2, 3, 4 in place */
+                        d.splitk = vi == 0 ? 1 : 2 + (vi - 1) % 3;
+                        d.reduction = vi == 0 ? 0 : vi <= 3 ? 2 /* COMPUTE_TYPE */ : 1 /* INPLACE */;
+                        break;
+                    }
+                    if (d.tile == cur.tile && d.cluster == cur.cluster && d.custom == cur.custom &&
+                        d.swizzle == cur.swizzle && d.splitk == cur.splitk && d.reduction == cur.reduction)
+                        continue;
+                    double us;
+                    NIB_RETURN_IF_ERR(lt_try(g, &d, canon_bytes, copy_gbps, bf16_us, rows, nrows, max_rows, &us));
+                    if (us < best_us * 0.99) {
+                        best_us = us;
+                        best = d;
+                    }
+                }
+                cur = best;
+                cur_us = best_us;
+            }
+        timed += *nrows - n0;
+        char buf[96];
+        algo_str(&cur, bi, buf, sizeof buf);
+        printf("%6lld %6lld %5lld  %-13s candidate %d: %.2f us as offered, %.2f us as %s\n", (long long)g->k,
+               (long long)g->n, (long long)g->m, k_vname[g->v], bi, start_us, cur_us, buf);
+        if (cur_us < best_all_us) {
+            best_all_us = cur_us;
+            best_all = cur;
+        }
+    }
+    if (best_all_us < INFINITY) {
+        char buf[96];
+        algo_str(&best_all, best_all.base, buf, sizeof buf);
+        printf("%6lld %6lld %5lld  %-13s search: %d configurations timed; best %.2f us (%s) against the default row's "
+               "%.2f us (%.2fx)\n",
+               (long long)g->k, (long long)g->n, (long long)g->m, k_vname[g->v], timed, best_all_us, buf, row->us,
+               row->us / best_all_us);
+    }
+    return NIB_OK;
+}
+
 /* --sweep for fp8-nib: every compiled tile, next to the planner's (already timed in *row) */
 static nib_status sweep_fp8_tiles(const bench_cfg *cfg, gemm_ctx *g, uint64_t canon_bytes, double copy_gbps,
                                   double bf16_us, const bench_row *row, bench_row *rows, int *nrows, int max_rows) {
@@ -427,6 +557,10 @@ static nib_status bench_variant(const bench_cfg *cfg, variant v, gemm_ctx *g, ni
         if (v >= V_NVFP4 && !nib_cuda_gemm_plan(&g->w[0], g->m, g->ws->acc_elems, &chosen))
             plan_str(&chosen, row->plan, sizeof row->plan);
         row->sweep = cfg->sweep && v >= V_NVFP4 ? 2 : 0;
+        if (cfg->lt_search && v < V_W8A8 && (v != V_BF16 || cfg->bf16_listed)) {
+            NIB_TRY(bench_lt_search(cfg, g, canon_bytes, copy_gbps, bf16_us[mi], row, rows, nrows, max_rows));
+            continue;
+        }
         if (cfg->lt_configs > 0 && v < V_W8A8 && (v != V_BF16 || cfg->bf16_listed)) {
             NIB_TRY(bench_lt_configs(cfg, g, canon_bytes, copy_gbps, bf16_us[mi], row, rows, nrows, max_rows));
             continue;
@@ -497,6 +631,7 @@ static nib_status bench_shape(const bench_cfg *cfg, int si, nib_blas *blas, nib_
     gemm_ctx g;
     memset(&g, 0, sizeof g);
     g.blas = blas;
+    g.inplace = cfg->inplace;
     g.ws = ws;
     g.n = n;
     g.k = k;
@@ -581,7 +716,8 @@ static int bench_gemm(int argc, char **argv) {
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (nib_cli_is_help(a)) {
             printf("usage: nib bench gemm [--shapes K:N,...] [--m M,...] [--variants LIST] [--reps N] [--sweep]\n"
-                   "                      [--hot] [--algos N] [--lt-configs N] [--json FILE]\n"
+                   "                      [--hot] [--algos N] [--lt-configs N] [--lt-search] [--inplace]\n"
+                   "                      [--json FILE]\n"
                    "The GEMM kernel lab. Variants: cublas-bf16 (baseline), cublaslt-fp8 (GEMM only),\n"
                    "fp8-w8a8 (per-token quantize + the FP8 product the engine rule picks: cuBLASLt or nib's),\n"
                    "fp8-nib (nib's wgmma FP8 product, GEMM only), nvfp4, mxfp4, int4-g128, fp8-wo (nib's\n"
@@ -607,7 +743,13 @@ static int bench_gemm(int argc, char **argv) {
                    "with other tiles, custom options, cluster shapes, CTA swizzle and split-K 1-4 (3 reps\n"
                    "each; NIB_LT_DEBUG=1 prints what each candidate offers); the ten fastest are printed, all\n"
                    "go to the JSON. The default row runs cuBLASLt's heuristic, or nib's measured\n"
-                   "reconfiguration where ops/gemm_plan.c has one (NIB_BLAS_TUNE=0: the heuristic always).\n");
+                   "reconfiguration where ops/gemm_plan.c has one (NIB_BLAS_TUNE=0: the heuristic always).\n"
+                   "--lt-search: for the same variants, a coordinate search from each of the heuristic's first\n"
+                   "8 candidates: one field at a time (tile, cluster shape, custom option, swizzle, split-K),\n"
+                   "every value cuBLASLt accepts timed with the other fields at the best so far (5 reps), the\n"
+                   "fastest kept if >= 1 %% faster; two passes. Prints each candidate's result and the best.\n"
+                   "--inplace: cublas-bf16 adds its product to Y in place (C = Y, as the model's residual\n"
+                   "products run; cuBLASLt plans those separately).\n");
             return 0;
         } else if (!strcmp(a, "--shapes") && val) {
             if (parse_shapes(val, &cfg) <= 0) {
@@ -656,6 +798,10 @@ static int bench_gemm(int argc, char **argv) {
                 return 2;
             }
             i++;
+        } else if (!strcmp(a, "--inplace")) {
+            cfg.inplace = 1;
+        } else if (!strcmp(a, "--lt-search")) {
+            cfg.lt_search = 1;
         } else if (!strcmp(a, "--algos") && val) {
             cfg.algos = atoi(val);
             if (cfg.algos < 1 || cfg.algos > 32) {
@@ -683,7 +829,8 @@ static int bench_gemm(int argc, char **argv) {
     nib_gemm_ws ws;
     memset(&ws, 0, sizeof ws);
     int max_rows = cfg.nshapes * cfg.nm * V_COUNT * (cfg.sweep ? 256 : 1) * (cfg.algos > 0 ? cfg.algos : 1) +
-                   cfg.nshapes * cfg.nm * 2 * cfg.lt_configs, nrows = 0;
+                   cfg.nshapes * cfg.nm * 2 * cfg.lt_configs + cfg.nshapes * cfg.nm * (cfg.lt_search ? 2400 : 0),
+        nrows = 0;
     bench_row *rows = nib_calloc((size_t)max_rows, sizeof *rows);
     int64_t max_m = 1, max_n = 1;
     for (int i = 0; i < cfg.nm; i++) max_m = cfg.m[i] > max_m ? cfg.m[i] : max_m;

@@ -234,6 +234,15 @@ nib_status nib_blas_algos(nib_blas *b, int fp8, int64_t m, int64_t n, int64_t k,
  * {1, 2, 3, 4} with the compute-type and in-place reductions where offered; at most max. */
 nib_status nib_blas_configs(nib_blas *b, int fp8, int64_t m, int64_t n, int64_t k, const float *sx, const float *sw,
                             nib_blas_algo_desc *out, int max, int *count);
+/* Lab (nib bench gemm --lt-search): NIB_OK when cuBLASLt accepts configuration *d (a
+ * reconfiguration of heuristic candidate d->base, as nib_blas_configs makes them) for the plain
+ * product (filling its workspace and waves), NIB_ERR_UNSUPPORTED when it refuses it. */
+nib_status nib_blas_config_check(nib_blas *b, int fp8, int64_t m, int64_t n, int64_t k, const float *sx,
+                                 const float *sw, nib_blas_algo_desc *d);
+/* Lab (--lt-search): the tile ids heuristic candidate `base`'s algorithm lists (every id when it
+ * lists none, as the Hopper FP8 algorithm), at most max into tiles, their number in *count. */
+nib_status nib_blas_config_tiles(nib_blas *b, int fp8, int64_t m, int64_t n, int64_t k, const float *sx,
+                                 const float *sw, int base, int *tiles, int max, int *count);
 /* Lab: products planned from now on run configuration d (NULL: cuBLASLt's heuristic again); a
  * configuration cuBLASLt refuses for a product (or whose base candidate it does not offer) is
  * NIB_ERR_UNSUPPORTED at that product. */
@@ -305,8 +314,10 @@ nib_status nib_cuda_fp8_plan(int64_t m, int64_t n, int64_t k, int geglu, nib_fp8
  * SM count (the tile choice fills the GPU). nib_blas_tune_on: 0 when NIB_BLAS_TUNE=0 (then
  * cuBLASLt's heuristic runs as it picks, and the engine rule as before the tuning). */
 typedef struct nib_blas_tune {
-    int tile, custom, cluster;
-    int splitk, reduction; /* 0: the candidate's own */
+    int tile, custom, cluster; /* tile 0 / custom -1: the candidate's own */
+    int splitk, reduction;     /* 0: the candidate's own */
+    int swizzle;               /* 0: the candidate's own, 1: CTA swizzling on */
+    int base;                  /* which heuristic candidate is reconfigured (0: the first) */
 } nib_blas_tune;
 int nib_blas_tune_for(int fp8, int64_t m, int64_t n, int64_t k, int sms, nib_blas_tune *out);
 int nib_blas_tune_on(void);

@@ -387,46 +387,105 @@ int nib_blas_tune_on(void) {
     return !(e && !strcmp(e, "0"));
 }
 
+/* one rule: the fields of nib_blas_tune (tile 0 / custom -1: the candidate's own) */
+static int tune_set(nib_blas_tune *o, int base, int tile, int custom, int cluster, int swizzle, int splitk, int red) {
+    o->base = base;
+    o->tile = tile;
+    o->custom = custom;
+    o->cluster = cluster;
+    o->swizzle = swizzle;
+    o->splitk = splitk;
+    o->reduction = red;
+    return 1;
+}
+
+/* NIB_BLAS_TUNE_PREFIX=1: the bf16 Gemma-prefix reconfigurations that were measured and not kept
+ * (tune_bf16), for A/B runs */
+static int nib_blas_tune_lab_prefix(void) {
+    const char *e = getenv("NIB_BLAS_TUNE_PREFIX");
+    return e && !strcmp(e, "1");
+}
+
+/* cluster shape ids (cublasLtClusterShape_t) and the compute-type reduction */
+enum { CL_1x1 = 2, CL_2x1 = 3, CL_4x1 = 4, CL_1x2 = 5, CL_1x4 = 8, RED_CT = 2 };
+
+/* bf16: cuBLASLt's Hopper bf16 algorithm reconfigured where `nib bench gemm --variants cublas-bf16
+ * --lt-search` (a coordinate search from each of the heuristic's first 8 candidates, twentieth
+ * session; bench/results/gemm-bf16-ltsearch-h100.json) timed a configuration well ahead of the
+ * heuristic. Most of it is the cluster shape: the heuristic asks for "auto", and 1 x 1 clusters
+ * on the same tile are faster. us, heuristic -> this configuration:
+ * - (not kept, see below) the Gemma prefix o (2048 -> 2048) at 257-1024 rows, and its down projection (16384 -> 2048) at
+ *   513-1024, the heuristic's tile and option with 1 x 1 clusters: o 7.55 -> 6.78 (276 rows),
+ *   10.37 -> 8.60 (532), 13.69 -> 10.99 (788); down 69.1 -> 54.5 (532), 90.4 -> 72.1 (788);
+ * - the down at 257-320 rows (the heuristic splits K in two on 256 x 144 tiles): 64 x 144, option
+ *   7, 1 x 2 clusters, K split 2: 42.5 -> 38.9;
+ * - the Gemma q|k|v (2048 -> 2560) at 513-576 rows: candidate 1 on 64 x 184 tiles, option 9,
+ *   4 x 1 clusters: 10.85 -> 10.21;
+ * - SigLIP (256 rows per image): o (1152 -> 1152) 4.88 -> 4.37 (256 rows: 64 x 64, option 2, 1 x 1),
+ *   5.55 -> 5.11 (512: candidate 5, 80 x 64, option 2, 1 x 4), 7.14 -> 5.83 (768: candidate 7,
+ *   128 x 64, option 0, swizzled, 1 x 1); q|k|v (1152 -> 3456) at 512 rows 8.56 -> 8.31 (112 x 128,
+ *   option 4, 1 x 1); fc1 (1152 -> 4304) 7.59 -> 7.08 (256 rows: candidate 3, 80 x 128, option 4,
+ *   1 x 1), 10.28 -> 9.74 (512: 144 x 128, option 4, 1 x 1; the search's 9.71 on candidate 7, which
+ *   cuBLASLt does not offer with the bias epilogue);
+ * - at the action expert's row counts (the bf16 preset's per-op step; nineteenth session,
+ *   `--lt-configs 800 --m 10`, bench/results/gemm-bf16-ltconfigs-h100-6d7b837.json): down
+ *   4096 -> 1024 8.55 -> 7.69 us with a K split of 4 (fp32 workspace reduction), o 2048 -> 1024
+ *   5.79 -> 5.54 us with 1 x 2 clusters, 64 x 8 tiles; and (this session) q|k|v 1024 -> 2560
+ *   4.92 -> 4.75 us, 64 x 8, option 9, 1 x 1.
+ * The vision rules sit on the row counts of 1-3 cameras, the prefix ones on ranges whose tile
+ * count matches the measured rows. */
+static int tune_bf16(int64_t m, int64_t n, int64_t k, nib_blas_tune *out) {
+    if (m <= 16) {
+        if (k == 4096 && n == 1024) return tune_set(out, 0, 10, 1, CL_1x1, 0, 4, RED_CT);
+        if (k == 2048 && n == 1024) return tune_set(out, 0, 10, 1, CL_1x2, 0, 0, 0);
+        if (k == 1024 && n == 2560) return tune_set(out, 0, 10, 9, CL_1x1, 0, 0, 0);
+        return 0;
+    }
+    /* the Gemma prefix's products (o and down in place over the residual, q|k|v) at 257-1024 rows
+     * are NOT reconfigured: every one measured faster in the lab, in place as well (`--inplace`:
+     * 532 rows, o 10.23 -> 8.47, down 66.3 -> 52.4 us), yet with them the bf16 model's prefix was
+     * slower, 3.99 -> 4.24 ms (2 cameras, `scripts/ab.sh`, twentieth session); not explained */
+    if (nib_blas_tune_lab_prefix()) {
+        if (n == 2048 && k == 2048 && m >= 257 && m <= 1024) return tune_set(out, 0, 0, -1, CL_1x1, 0, 0, 0);
+        if (n == 2048 && k == 16384 && m >= 513 && m <= 1024) return tune_set(out, 0, 0, -1, CL_1x1, 0, 0, 0);
+        if (n == 2048 && k == 16384 && m >= 257 && m <= 320) return tune_set(out, 0, 324, 7, CL_1x2, 0, 2, RED_CT);
+        if (n == 2560 && k == 2048 && m >= 513 && m <= 576) return tune_set(out, 1, 329, 9, CL_4x1, 0, 0, 0);
+    }
+    if (k == 1152 && n == 1152) {
+        if (m == 256) return tune_set(out, 0, 15, 2, CL_1x1, 0, 0, 0);
+        if (m == 512) return tune_set(out, 5, 134, 2, CL_1x4, 0, 0, 0);
+        if (m == 768) return tune_set(out, 7, 18, 0, CL_1x1, 1, 0, 0);
+    }
+    if (k == 1152 && n == 3456 && m == 512) return tune_set(out, 0, 165, 4, CL_1x1, 0, 0, 0);
+    if (k == 1152 && n == 4304) {
+        if (m == 256) return tune_set(out, 3, 135, 4, CL_1x1, 0, 0, 0);
+        if (m == 512) return tune_set(out, 0, 184, 4, CL_1x1, 0, 0, 0);
+    }
+    return 0;
+}
+
 /* cuBLASLt's FP8 algorithm (tile ids of cublasLtMatmulTile_t, in cuBLASLt's terms: output
  * channels x tokens) reconfigured where `nib bench gemm --variants cublaslt-fp8 --lt-configs 4000
  * --shapes 2048:32768,16384:2048 --m 276,532,788` (bench/results/gemm-fp8-ltconfigs-h100-7026e7e.json,
- * nineteenth session) timed a configuration well ahead of the heuristic's (which takes 128 x 128
- * tiles, cluster shape auto):
+ * nineteenth session) and `--lt-search` (twentieth session, bench/results/gemm-fp8-ltsearch-h100.json)
+ * timed a configuration well ahead of the heuristic's (which takes 128 x 128 tiles, cluster shape
+ * auto):
  * - the Gemma down projection, 16384 -> 2048: the tile that fills the GPU in the fewest waves of
  *   the least work (ceil(CTAs / SMs) x tile area, the larger tile on a tie) among 64 x 96,
  *   128 x 96 and 128 x 128, custom option 1, 1 x 1 clusters (2 x 1 for 128 x 128): 276 rows
- *   40.6 -> 21.6 us (64 x 96), 532 rows 40.4 -> 33.8 us (128 x 96), 788 rows 45.3 -> 45.0 us
- *   (128 x 128);
+ *   40.6 -> 21.6 us (64 x 96), 532 rows 40.4 -> 33.8 us (128 x 96); at 769-832 rows (three
+ *   cameras) 128 x 120 tiles, option 1, 4 x 1 clusters: 52.9 us (the rule above, 128 x 128) -> 42.0;
  * - the Gemma gate|up, 2048 -> 32768: 257-320 rows on 128 x 160 tiles, custom option 7, 1 x 2
- *   clusters (276 rows: 49.0 -> 40.2 us); 513-640 rows on 128 x 128 tiles, custom option 1,
- *   4 x 1 clusters (532 rows: 80.4 -> 65.2 us, ahead of nib's kernel, 69 us) for the plain
- *   product only: with the GeGLU, nib's kernel fuses it and the model's prefix measured faster
- *   that way (nib_fp8_use_nib_geglu). */
+ *   clusters (276 rows: 49.0 -> 40.2 us); 513-640 rows on 128 x 112 tiles, option 9, 4 x 1
+ *   clusters (532 rows: 80.4 (heuristic) -> 64.2 (128 x 128, option 1, the nineteenth session's) ->
+ *   60.3 us) for the plain product only: with the GeGLU, nib's kernel fuses it and the model's
+ *   prefix measured faster that way (nib_fp8_use_nib_geglu); 769-816 rows (three cameras, the same
+ *   6 token tiles as 788) on 128 x 136 tiles, option 1, swizzled, 4 x 1 clusters: 90.7 -> 79.4 us. */
 int nib_blas_tune_for(int fp8, int64_t m, int64_t n, int64_t k, int sms, nib_blas_tune *out) {
     memset(out, 0, sizeof *out);
     if (sms < 1) return 0;
-    if (!fp8) {
-        /* bf16 at the action expert's row counts (the bf16 preset's per-op step): `nib bench gemm
-         * --variants cublas-bf16 --lt-configs 800 --m 10` (bench/results/gemm-bf16-ltconfigs-h100-6d7b837.json):
-         * down 4096 -> 1024 8.55 -> 7.69 us with a K split of 4 (fp32 workspace reduction), o
-         * 2048 -> 1024 5.79 -> 5.54 us with 1 x 2 clusters; 64 x 8 tiles */
-        if (m > 16) return 0;
-        if (k == 4096 && n == 1024) {
-            out->tile = 10;
-            out->custom = 1;
-            out->cluster = 2;
-            out->splitk = 4;
-            out->reduction = 2; /* CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE */
-            return 1;
-        }
-        if (k == 2048 && n == 1024) {
-            out->tile = 10;
-            out->custom = 1;
-            out->cluster = 5;
-            return 1;
-        }
-        return 0;
-    }
+    if (!fp8) return tune_bf16(m, n, k, out);
+    if (k == 16384 && n == 2048 && m >= 769 && m <= 832) return tune_set(out, 0, 404, 1, CL_4x1, 0, 0, 0);
     if (k == 16384 && n == 2048 && m >= 129 && m <= 1024) {
         static const int tiles[3][3] = {{64, 96, 26}, {128, 96, 33}, {128, 128, 20}}; /* channels, tokens, id */
         int64_t best_cost = 0;
@@ -439,21 +498,13 @@ int nib_blas_tune_for(int fp8, int64_t m, int64_t n, int64_t k, int sms, nib_bla
             }
         }
         out->custom = 1;
-        out->cluster = out->tile == 20 ? 3 : 2; /* CUBLASLT_CLUSTER_SHAPE_2x1x1 : 1x1x1 */
+        out->cluster = out->tile == 20 ? CL_2x1 : CL_1x1;
         return 1;
     }
-    if (k == 2048 && n == 32768 && m >= 513 && m <= 640) { /* the plain product (not the model's: see geglu) */
-        out->tile = 20; /* 128 x 128 */
-        out->custom = 1;
-        out->cluster = 4; /* 4 x 1 */
-        return 1;
-    }
-    if (k == 2048 && n == 32768 && m >= 257 && m <= 320) {
-        out->tile = 29; /* 128 x 160 */
-        out->custom = 7;
-        out->cluster = 5; /* 1 x 2 */
-        return 1;
-    }
+    if (k == 2048 && n == 32768 && m >= 513 && m <= 640) /* the plain product (not the model's: see geglu) */
+        return tune_set(out, 0, 403, 9, CL_4x1, 0, 0, 0);
+    if (k == 2048 && n == 32768 && m >= 257 && m <= 320) return tune_set(out, 0, 29, 7, CL_1x2, 0, 0, 0);
+    if (k == 2048 && n == 32768 && m >= 769 && m <= 816) return tune_set(out, 0, 405, 1, CL_4x1, 1, 0, 0);
     return 0;
 }
 

@@ -73,6 +73,17 @@ nib_status nib_blas_configs(nib_blas *b, int fp8, int64_t m, int64_t n, int64_t 
     *count = 0;
     return NO_CUDA("nib_blas_configs");
 }
+nib_status nib_blas_config_check(nib_blas *b, int fp8, int64_t m, int64_t n, int64_t k, const float *sx,
+                                 const float *sw, nib_blas_algo_desc *d) {
+    (void)b, (void)fp8, (void)m, (void)n, (void)k, (void)sx, (void)sw, (void)d;
+    return NO_CUDA("nib_blas_config_check");
+}
+nib_status nib_blas_config_tiles(nib_blas *b, int fp8, int64_t m, int64_t n, int64_t k, const float *sx,
+                                 const float *sw, int base, int *tiles, int max, int *count) {
+    (void)b, (void)fp8, (void)m, (void)n, (void)k, (void)sx, (void)sw, (void)base, (void)tiles, (void)max;
+    *count = 0;
+    return NO_CUDA("nib_blas_config_tiles");
+}
 void nib_blas_set_fp8_engine(nib_blas *b, int engine) { (void)b, (void)engine; }
 nib_status nib_cuda_fp8_plan(int64_t m, int64_t n, int64_t k, int geglu, nib_fp8_tile *out) {
     (void)m, (void)n, (void)k, (void)geglu, (void)out;

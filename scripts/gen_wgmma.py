@@ -40,7 +40,7 @@ def one(n):
     r = n // 2
     return wrapper("WgmmaE4M3", n, "uint64_t da, uint64_t db", f"%{r}", ['"l"(da)'], f"m64n{n}k32.f32.e4m3.e4m3", "1, 1")
 
-NS_BF16_SS = [64]   # S = Q K^T: A (Q) and B (K) K-major in shared memory
+NS_BF16_SS = [32, 64]  # S = Q K^T: A (Q) and B (K) K-major in shared memory (32: wk2's 32-key tiles)
 NS_BF16_RS = [256]  # O += P V: A (P) in registers, B (V) MN-major (keys x dims, dims contiguous)
 NS_BF16_RSK = [64, 128, 192, 256]  # low-bit GEMM: A (decoded weights) in registers, B (X tokens) K-major
 

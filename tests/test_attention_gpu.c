@@ -371,6 +371,22 @@ NIB_TEST(attn_gpu_prefix_gemma_large) {
     setenv("NIB_ATTN_SPLITS", "2", 1);
     run_prefix(t, &rng, &cs[3]);
     unsetenv("NIB_ATTN_SPLITS");
+    /* wk2: 64 rows per CTA, each CTA's 32-key tiles split between two warpgroups (the first takes
+     * the odd one) and merged in shared memory. Unsplit: 71 keys = 2 + 1 tiles (the last partial;
+     * logit_scale), 17 keys = 1 tile (the second warpgroup idle), GQA head_dim 128 (2 + 2). Split:
+     * 532 of 968 keys 2 ways (5 + 4 and 4 + 4 tiles), 100 keys 4 ways of one tile each (every second
+     * warpgroup idle), 40 of 200 keys 5 ways of which 2 are active */
+    setenv("NIB_ATTN_VARIANT", "wk2", 1);
+    run_prefix(t, &rng, &(pcase){2, 2, 80, 71, 8, 1, 256, 0.0625f});
+    run_prefix(t, &rng, &(pcase){1, 1, 17, 17, 8, 1, 256, 0});
+    run_prefix(t, &rng, &t2[2]);
+    setenv("NIB_ATTN_SPLITS", "2", 1);
+    run_prefix(t, &rng, &cs[3]);
+    setenv("NIB_ATTN_SPLITS", "4", 1);
+    run_prefix(t, &rng, &(pcase){1, 1, 100, 100, 8, 1, 256, 0});
+    setenv("NIB_ATTN_SPLITS", "5", 1);
+    run_prefix(t, &rng, &(pcase){1, 1, 200, 40, 8, 1, 256, 0});
+    unsetenv("NIB_ATTN_SPLITS");
     unsetenv("NIB_ATTN_VARIANT");
 }
 
@@ -625,10 +641,10 @@ static void cache_all_dtypes(nib_test_ctx *t, nib_rng *rng, const ccase *c) {
         kx[i] = (float)nib_rng_normal(rng);
         vx[i] = (float)nib_rng_normal(rng);
     }
-    /* NIB_ATTN_VARIANT=wg (the wgmma kernel) takes a bf16 cache only: the low-bit ones are refused
-     * with NIB_ERR_UNSUPPORTED naming the dtype, checked once here, then skipped */
+    /* NIB_ATTN_VARIANT=wg / wk2 (the wgmma kernel) takes a bf16 cache only: the low-bit ones are
+     * refused with NIB_ERR_UNSUPPORTED naming the dtype, checked once here, then skipped */
     const char *fv = getenv("NIB_ATTN_VARIANT");
-    const int n_dt = fv && !strcmp(fv, "wg") ? 1 : NIB_KV_COUNT;
+    const int n_dt = fv && (!strcmp(fv, "wg") || !strcmp(fv, "wk2")) ? 1 : NIB_KV_COUNT;
     if (n_dt == 1) {
         nib_attn_cache_args a;
         memset(&a, 0, sizeof a);
@@ -692,7 +708,7 @@ NIB_TEST(attn_gpu_cache_edges) {
      * every shape it takes (NIB_ATTN_VARIANT / NIB_ATTN_CLUSTER are read at every plan): the
      * opt-in cluster variant on a long cache (10 tiles per split), with clusters of 8 too, on
      * GQA, on the suffix and on a nothing-visible cache */
-    const char *forced[] = {"r4", "r8", "dec", "cl", "cl8", "cl", "rk", "wg"};
+    const char *forced[] = {"r4", "r8", "dec", "cl", "cl8", "cl", "rk", "wg", "wk2"};
     const ccase fc[][2] = {{{700, 650, 6, 6, 8, 1}, {600, 560, 50, 10, 8, 1}},
                            {{700, 650, 6, 6, 8, 1}, {600, 560, 50, 10, 8, 1}},
                            {{700, 650, 6, 6, 8, 1}, {552, 552, 10, 10, 8, 1}},
@@ -704,7 +720,10 @@ NIB_TEST(attn_gpu_cache_edges) {
                            {{300, 257, 2, 2, 8, 2}, {600, 560, 2, 1, 4, 1}},
                            /* the wgmma kernel (bf16 caches only: the low-bit ones are refused and
                             * skipped by cache_all_dtypes' wg rule below) on the suffix and GQA */
-                           {{600, 560, 50, 10, 8, 1}, {300, 257, 3, 3, 8, 2}}};
+                           {{600, 560, 50, 10, 8, 1}, {300, 257, 3, 3, 8, 2}},
+                           /* wk2 (the keys of a CTA split between two warpgroups; bf16 only, as wg):
+                            * GQA, and nothing visible (both halves empty: o = 0) */
+                           {{300, 257, 3, 3, 8, 2}, {64, 0, 2, 2, 8, 1}}};
     for (size_t v = 0; v < NIB_ARRAY_LEN(forced); v++) {
         setenv("NIB_ATTN_VARIANT", v == 4 ? "cl" : forced[v], 1);
         if (v == 4) setenv("NIB_ATTN_CLUSTER", "8", 1);

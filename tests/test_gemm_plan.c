@@ -372,18 +372,36 @@ NIB_TEST(gemm_fp8_plan_and_checks) {
         nib_blas_tune bt;
         CHECK(nib_blas_tune_for(1, 276, 2048, 16384, 132, &bt) == 1 && bt.tile == 26 && bt.custom == 1 && bt.cluster == 2);
         CHECK(nib_blas_tune_for(1, 532, 2048, 16384, 132, &bt) == 1 && bt.tile == 33 && bt.cluster == 2);
-        CHECK(nib_blas_tune_for(1, 788, 2048, 16384, 132, &bt) == 1 && bt.tile == 20 && bt.cluster == 3);
+        CHECK(nib_blas_tune_for(1, 788, 2048, 16384, 132, &bt) == 1 && bt.tile == 404 && bt.cluster == 4); /* 3 cameras */
+        CHECK(nib_blas_tune_for(1, 900, 2048, 16384, 132, &bt) == 1 && bt.tile == 20 && bt.cluster == 3);
         CHECK(nib_blas_tune_for(1, 276, 32768, 2048, 132, &bt) == 1 && bt.tile == 29 && bt.custom == 7 && bt.cluster == 5);
-        CHECK(nib_blas_tune_for(1, 532, 32768, 2048, 132, &bt) == 1 && bt.tile == 20 && bt.cluster == 4);
+        CHECK(nib_blas_tune_for(1, 532, 32768, 2048, 132, &bt) == 1 && bt.tile == 403 && bt.custom == 9 && bt.cluster == 4);
         CHECK(nib_fp8_use_nib(532, 32768, 2048) == 0);       /* the plain product: cuBLASLt, reconfigured */
         CHECK(nib_fp8_use_nib_geglu(532, 32768, 2048) == 1); /* with the GeGLU: nib's fused kernel */
-        CHECK(nib_blas_tune_for(1, 788, 32768, 2048, 132, &bt) == 0);
+        CHECK(nib_blas_tune_for(1, 788, 32768, 2048, 132, &bt) == 1 && bt.tile == 405 && bt.swizzle == 1 && bt.base == 0);
+        CHECK(nib_blas_tune_for(1, 817, 32768, 2048, 132, &bt) == 0); /* another token-tile count */
+        CHECK(nib_fp8_use_nib_geglu(788, 32768, 2048) == 0);
         CHECK(nib_blas_tune_for(1, 100, 2048, 16384, 132, &bt) == 0);  /* outside the measured rows */
-        CHECK(nib_blas_tune_for(0, 532, 2048, 16384, 132, &bt) == 0);  /* bf16: the heuristic */
+        /* bf16: the heuristic's own tile and option with 1 x 1 clusters (tile 0, custom -1) */
+        CHECK(nib_blas_tune_for(0, 532, 2048, 16384, 132, &bt) == 0); /* the prefix: measured, not kept */
+        CHECK(nib_blas_tune_for(0, 532, 2560, 2048, 132, &bt) == 0);
+        setenv("NIB_BLAS_TUNE_PREFIX", "1", 1);                       /* ... unless asked for (A/B) */
+        CHECK(nib_blas_tune_for(0, 532, 2048, 16384, 132, &bt) == 1 && bt.tile == 0 && bt.custom == -1 && bt.cluster == 2);
+        CHECK(nib_blas_tune_for(0, 276, 2048, 2048, 132, &bt) == 1 && bt.tile == 0 && bt.cluster == 2);
+        CHECK(nib_blas_tune_for(0, 276, 2048, 16384, 132, &bt) == 1 && bt.tile == 324 && bt.splitk == 2);
+        CHECK(nib_blas_tune_for(0, 400, 2048, 16384, 132, &bt) == 0);   /* between the measured ranges */
+        CHECK(nib_blas_tune_for(0, 532, 2560, 2048, 132, &bt) == 1 && bt.base == 1 && bt.tile == 329);
+        unsetenv("NIB_BLAS_TUNE_PREFIX");
+        CHECK(nib_blas_tune_for(0, 512, 1152, 1152, 132, &bt) == 1 && bt.base == 5 && bt.cluster == 8);
+        CHECK(nib_blas_tune_for(0, 768, 1152, 1152, 132, &bt) == 1 && bt.swizzle == 1 && bt.custom == 0);
+        CHECK(nib_blas_tune_for(0, 500, 1152, 1152, 132, &bt) == 0);    /* not a camera multiple */
+        CHECK(nib_blas_tune_for(0, 512, 4304, 1152, 132, &bt) == 1 && bt.base == 0 && bt.tile == 184);
+        CHECK(nib_blas_tune_for(0, 512, 1152, 4304, 132, &bt) == 0);    /* fc2: nothing faster found */
         CHECK(nib_blas_tune_for(0, 10, 1024, 4096, 132, &bt) == 1 && bt.splitk == 4 && bt.reduction == 2);
         CHECK(nib_blas_tune_for(0, 16, 1024, 2048, 132, &bt) == 1 && bt.splitk == 0 && bt.cluster == 5);
         CHECK(nib_blas_tune_for(0, 17, 1024, 4096, 132, &bt) == 0);     /* bf16 past 16 rows: the heuristic */
-        CHECK(nib_blas_tune_for(0, 10, 2560, 1024, 132, &bt) == 0);
+        CHECK(nib_blas_tune_for(0, 10, 2560, 1024, 132, &bt) == 1 && bt.tile == 10 && bt.custom == 9);
+        CHECK(nib_blas_tune_for(0, 10, 8192, 1024, 132, &bt) == 0);
         CHECK(nib_blas_tune_for(1, 532, 2048, 8192, 132, &bt) == 0);
         /* fewer SMs: 532 rows in 128 x 96 tiles are 96 CTAs, two waves on 64 SMs; 128 x 128 (80
          * CTAs) is also two waves of more work, 64 x 96 (192 CTAs) three of less: 3 x 6144 < 2 x 12288 */

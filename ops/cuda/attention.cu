@@ -42,6 +42,9 @@
  *        where r8 was for a bf16 K/V (the Gemma prefix, the suffix past 128 rows), and where dec
  *        was for a bf16 cache read by 17..128 rows (the suffix at H = 3..16, per-op path)
  *   wg   the same with two warpgroups (128 rows, 256 threads): lab (NIB_ATTN_VARIANT=wg)
+ *   wk2  wgmma, 64 rows, TK 32, 256 threads: two warpgroups split each CTA's keys in halves (own
+ *        K/V rings) and merge in shared memory; the default for a bf16 K/V without a cache (the
+ *        Gemma prefix; NIB_ATTN_WK2=0 keeps wg1 there)
  * Tested by tests/test_attention_gpu.c (`build/nib_tests attn_gpu`), timed by `nib bench attn`.
  */
 #include <cuda_bf16.h>
@@ -96,15 +99,18 @@ static KInfo g_kinfo[] = {
     /* two token groups per row group (8 warps, the groups merged in shared memory): SigLIP's
      * default (d80t2); at head_dim 256 a lab variant (NIB_ATTN_VARIANT=t2) */
     KI(F_BF16, 256, 4, 2, 2, 2, "r4t2"), KI(F_BF16, 80, 4, 2, 2, 2, "d80t2"),
-    /* the wgmma kernel (attn_wg.cuh): bf16, head_dim <= 256, 128 rows; the default where r8 was */
-    {k_attn_wg<2>, F_BF16, 256, 8, 1, WgCfg<2>::TK, WgCfg<2>::NT, WgCfg<2>::SMEM, "wg", WgCfg<2>::ROWS, 0, 0, 0, 0},
-    {k_attn_wg<1>, F_BF16, 256, 4, 1, WgCfg<1>::TK, WgCfg<1>::NT, WgCfg<1>::SMEM, "wg1", WgCfg<1>::ROWS, 0, 0, 0, 0},
+    /* the wgmma kernel (attn_wg.cuh): bf16, head_dim <= 256: wg (128 rows), wg1 (64 rows; the default
+     * where r8 was), wk2 (64 rows, the keys split between two warpgroups; lab) */
+    {k_attn_wg<2, 1>, F_BF16, 256, 8, 1, WgCfg<2>::TK, WgCfg<2>::NT, WgCfg<2>::SMEM, "wg", WgCfg<2>::ROWS, 0, 0, 0, 0},
+    {k_attn_wg<1, 1>, F_BF16, 256, 4, 1, WgCfg<1>::TK, WgCfg<1>::NT, WgCfg<1>::SMEM, "wg1", WgCfg<1>::ROWS, 0, 0, 0, 0},
+    {k_attn_wg<1, 2>, F_BF16, 256, 4, 2, WgCfg<1, 2>::TK, WgCfg<1, 2>::NT, WgCfg<1, 2>::SMEM, "wk2", WgCfg<1, 2>::ROWS,
+     0, 0, 0, 0},
 };
 #define K_D80 (3 * V_PER_FMT)
 #define K_CL (K_D80 + 1)     /* + fmt */
 #define K_RK (K_CL + 3)      /* + fmt: the decode kernel (attn_dec.cuh) */
 #define K_T2 (K_RK + 3)      /* r4t2 (head_dim 256), then d80t2: bf16 only */
-#define K_WG (K_T2 + 2)      /* the wgmma kernel: bf16, head_dim 256 */
+#define K_WG (K_T2 + 2)      /* the wgmma kernel: wg, wg1, wk2; bf16, head_dim 256 */
 
 static int g_sms;
 
@@ -123,13 +129,14 @@ static int g_sms;
  * (the % of peak converted to us): Gemma prefix S = 532 ~21 us unsplit against r8's 27.5 (3 splits)
  * and wg's (two warpgroups, 128 rows) 23.0 (3 splits; 30 unsplit); S = 968 ~33 unsplit against
  * 50.3 and 38.6; the suffix P = 532 H = 50 ~10 us (10 splits) against 15.8 and 13.4.
- * NIB_ATTN_VARIANT=wg1 / wg force them on any bf16 head_dim-256 shape, =r8 forces the mma.sync
+ * NIB_ATTN_VARIANT=wg1 / wg / wk2 force them on any bf16 head_dim-256 shape, =r8 forces the mma.sync
  * kernel, NIB_ATTN_WG=0 keeps r8 as the default (the A/B switch). */
 static int pick_variant(int fmt, int dp, int64_t rows, int cache) {
     const char *e = getenv("NIB_ATTN_VARIANT");
     int forced = !e || !*e ? -1 : !strcmp(e, "dec") ? V_DEC : !strcmp(e, "r4") ? V_R4 : !strcmp(e, "r8") ? V_R8 : -1;
     if (e && !strcmp(e, "t2")) return fmt == F_BF16 ? (dp == 80 ? K_T2 + 1 : K_T2) : -2;
-    if (e && (!strcmp(e, "wg") || !strcmp(e, "wg1"))) return fmt == F_BF16 && dp == 256 ? K_WG + (e[2] == '1') : -3;
+    const int wgv = !e ? -1 : !strcmp(e, "wg") ? 0 : !strcmp(e, "wg1") ? 1 : !strcmp(e, "wk2") ? 2 : -1;
+    if (wgv >= 0) return fmt == F_BF16 && dp == 256 ? K_WG + wgv : -3;
     /* head_dim 80 (SigLIP): d80t2; H100, 256 tokens x 16 heads, bf16: 8.90 us for 2 images
      * against 10.36 with d80 (r4), 12.28 against 12.93 for 3 (`nib bench attn --variants t2`) */
     if (dp == 80) return forced == V_R4 ? K_D80 : K_T2 + 1;
@@ -137,6 +144,13 @@ static int pick_variant(int fmt, int dp, int64_t rows, int cache) {
     int v = forced >= 0 ? forced : rows <= 16 || (cache && rows <= 128) ? V_DEC : rows <= 64 ? V_R4 : V_R8;
     const char *wge = getenv("NIB_ATTN_WG"); /* NIB_ATTN_WG=0: the default keeps r8 / dec (A/B switch) */
     const int wg_ok = forced < 0 && fmt == F_BF16 && dp == 256 && !(wge && !strcmp(wge, "0"));
+    /* the Gemma prefix (no cache): wk2, the keys of each 64-row block split between two warpgroups.
+     * H100, `nib bench attn --sections prefix,cache --kv bf16 --variants wg1,wk2` (twentieth session):
+     * S = 532 / 788 / 968 20.7 / 28.0 / 32.9 us against wg1's 21.4-22.0 / 29.2-29.3 / 34.2; on a cache
+     * (the suffix) wk2 was slower (P = 532 H = 50 12.3 against 11.1 us), so wg1 stays there.
+     * NIB_ATTN_WK2=0 keeps wg1 for the prefix too (the A/B switch). */
+    const char *wk2e = getenv("NIB_ATTN_WK2");
+    if (wg_ok && v == V_R8 && !cache && !(wk2e && !strcmp(wk2e, "0"))) return K_WG + 2;
     if (wg_ok && v == V_R8) return K_WG + 1;
     /* a bf16 cache read by 17..128 query rows (the Pi0.5 suffix at H = 3..16 on the per-op path):
      * wg1 too. H100, `nib bench attn --sections cache --kv bf16 --variants auto,wg1`, cold L2,

@@ -1,14 +1,15 @@
-/* attn_wg.cuh — the warpgroup-MMA attention kernel ("wg"): bf16 Q/K/V, head_dim <= 256 (padded to
- * 256), 128 query rows per CTA, 64-key tiles. Included by ops/cuda/attention.cu (which plans and
- * launches it like the other variants: same parameters, same split workspace, same merge).
+/* attn_wg.cuh — the warpgroup-MMA attention kernel ("wg", "wg1", "wk2"): bf16 Q/K/V, head_dim <= 256
+ * (padded to 256), 128 (wg) or 64 query rows per CTA, 64-key tiles (wk2: 32). Included by
+ * ops/cuda/attention.cu (which plans and launches it like the other variants: same parameters,
+ * same split workspace, same merge).
  *
  * Why: the mma.sync kernels (r8 / r4) read the whole K and V tile from shared memory once per
  * 16-row warp (8 x 64 KB per 64-key tile at head_dim 256), so a tile costs what those reads cost
  * (~4 us per tile on H100: docs/design.md "The Gemma prefix attention is bound by shared-memory
  * reads"). wgmma reads its shared-memory B operand once per 64-row warpgroup.
  *
- * CTA: two warpgroups (256 threads), warpgroup w owns query rows 64 w .. 64 w + 63; all 256
- * threads copy (cp.async, 16-byte chunks) Q once and the K / V tiles into a 2-stage ring, in the
+ * CTA (wg): two warpgroups (256 threads), warpgroup w owns query rows 64 w .. 64 w + 63 (wg1: one);
+ * all threads copy (cp.async, 16-byte chunks) Q once and the K / V tiles into a 2-stage ring, in the
  * 128-byte-swizzled layout wgmma reads: an operand of R rows x 256 bf16 is four 64-column atoms of
  * R x 128 bytes, row r's chunk c at chunk c ^ (r & 7) (ops/cuda/wgmma.cuh). Per tile and
  * warpgroup:
@@ -23,6 +24,12 @@
  * issued with S of tile it, a third V stage), so one warpgroup's softmax would overlap the other's
  * products: 24.0 against 23.3 us (Gemma prefix S = 532), 41.7 against 39.3 (S = 968).
  * Where a tile's ~3 us go (against ~1.1 us of tensor work per CTA) is not yet profiled.
+ * The same template, KSPLIT = 2 ("wk2", lab, unmeasured): 64 query rows per CTA as wg1, but two
+ * warpgroups (256 threads) that split the CTA's key range in halves of 32-key tiles (the first half
+ * takes the odd tile), each with its own 2-stage K / V ring and its own named barrier (ids 1, 2), so
+ * a scheduler holds two warps. S = Q K^T is 16 x m64n32k16 (16 registers), O += P V 2 x m64n256k16.
+ * At the end the second half puts (m, l, unnormalized O) in shared memory (O in its own ring) and
+ * the first combines them (M = max, a = 2^(m - M), L = sum l a, O = sum O a) and writes as above.
  */
 #ifndef NIB_ATTN_WG_CUH
 #define NIB_ATTN_WG_CUH
@@ -32,13 +39,21 @@
 
 namespace nib {
 
-template <int WGS> struct WgCfg { /* WGS warpgroups of 64 query rows per CTA */
-    static constexpr int NT = 128 * WGS, ROWS = 64 * WGS, TK = 64, DP = 256, RSTEP = NT / 32;
+/* WGS warpgroups of 64 query rows per CTA (wg, wg1); KSPLIT = 2 (wk2, with WGS = 1): two warpgroups
+ * share the CTA's 64 rows and split its key range, each with its own ring, merged at the end */
+template <int WGS, int KSPLIT = 1> struct WgCfg {
+    static_assert(KSPLIT == 1 || (KSPLIT == 2 && WGS == 1), "wk2: one row group, two key halves");
+    static constexpr int NT = 128 * WGS * KSPLIT, ROWS = 64 * WGS, TK = 64 / KSPLIT, DP = 256;
+    static constexpr int QSTEP = NT / 32;                  /* Q rows per copy round (all threads) */
+    static constexpr int RSTEP = NT / KSPLIT / 32;         /* tile rows per copy round (a ring's threads) */
     static constexpr int KST = 2, VST = 2;                 /* K and V ring stages */
     static constexpr int ATOM = 128;                       /* bytes per row of one 64-column atom */
     static constexpr int Q_WG_BYTES = 64 * DP * 2;         /* one warpgroup's 64 rows: 32 KB */
-    static constexpr int KV_BYTES = TK * DP * 2;           /* one K (or V) tile: 32 KB */
-    static constexpr int SMEM = 1024 /* alignment slack */ + WGS * Q_WG_BYTES + (KST + VST) * KV_BYTES;
+    static constexpr int KV_BYTES = TK * DP * 2;           /* one K (or V) tile: 32 KB (wk2: 16 KB) */
+    static constexpr int RING_BYTES = (KST + VST) * KV_BYTES; /* one key half's K / V ring */
+    static constexpr int ML_BYTES = KSPLIT > 1 ? 2 * 64 * 4 : 0; /* wk2 merge: m, l of the second half */
+    static constexpr int SMEM = 1024 /* alignment slack */ + WGS * Q_WG_BYTES + KSPLIT * RING_BYTES + ML_BYTES;
+    static_assert(KSPLIT == 1 || RING_BYTES == 64 * DP * 4, "wk2 merge: a ring holds 64 rows x 256 fp32");
 };
 
 /* byte offset of 16-byte chunk c (0..31: 8 dims each) of row r in an operand of `rows` rows */
@@ -46,21 +61,25 @@ __device__ __forceinline__ uint32_t wg_chunk_off(int r, int c, int rows) {
     return (uint32_t)((c >> 3) * rows * 128 + r * 128 + ((((c & 7) ^ (r & 7))) << 4));
 }
 
-template <int WGS>
-__global__ void __launch_bounds__(WgCfg<WGS>::NT, 1) k_attn_wg(AttnParams p) {
+template <int WGS, int KSPLIT>
+__global__ void __launch_bounds__(WgCfg<WGS, KSPLIT>::NT, 1) k_attn_wg(AttnParams p) {
     nib::pdl_enter(); /* runtime/launch.cuh: first, before any access or return */
-    using C = WgCfg<WGS>;
-    constexpr int TK = C::TK;
+    using C = WgCfg<WGS, KSPLIT>;
+    constexpr int TK = C::TK, NSJ = TK / 8; /* keys per tile, S n-tiles (8 keys) per tile */
     extern __shared__ __align__(16) unsigned char smem_raw[];
     /* the swizzle is applied to address bits 4..9: operands start on 1024-byte boundaries */
     unsigned char *const smem = (unsigned char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
-    const uint32_t sq = smem_u32(smem), sk = sq + WGS * C::Q_WG_BYTES, sv = sk + C::KST * C::KV_BYTES;
-
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
+    /* wg, wg1: warpgroup wg owns rows 64 wg ..; wk2: both own the CTA's 64 rows, wg is the key half */
+    const int rg = KSPLIT > 1 ? 0 : wg, kh = KSPLIT > 1 ? wg : 0;
+    const uint32_t sq = smem_u32(smem), sk = sq + WGS * C::Q_WG_BYTES + kh * C::RING_BYTES;
+    const uint32_t sv = sk + C::KST * C::KV_BYTES;
+
     const int z = blockIdx.z, seq = z / p.n_kv, hkv = z % p.n_kv;
     const int split = blockIdx.y, row0 = blockIdx.x * C::ROWS;
 
-    /* CTA-uniform early exits, before any async copy (as k_attn) */
+    /* CTA-uniform early exits, before any async copy and any barrier (as k_attn); a split past the
+     * active ones writes nothing (k_attn_merge reads only the active ones) */
     if (seq >= read_len(p.nseq_valid, p.n_seq)) return;
     const int T = read_len(p.t_valid, p.t_max);
     const int rows_valid = read_len(p.nq_valid, p.nq_max) * p.group;
@@ -68,15 +87,26 @@ __global__ void __launch_bounds__(WgCfg<WGS>::NT, 1) k_attn_wg(AttnParams p) {
     int t0, t1;
     if (split >= nib_attn_split_range(T, p.n_splits, TK, split, &t0, &t1)) return;
     const int n_tiles = (t1 - t0 + TK - 1) / TK;
+    /* this warpgroup's tiles [tb, tb + nt) of the split and the end of its keys (wk2: the first half
+     * takes the odd tile; a half may have none) */
+    int tb = 0, nt = n_tiles, kend = t1;
+    if constexpr (KSPLIT > 1) {
+        const int nh = (n_tiles + 1) / 2;
+        tb = kh ? nh : 0;
+        nt = kh ? n_tiles - nh : nh;
+        kend = kh ? t1 : min(t0 + nh * TK, t1);
+    }
+    const int kbeg = t0 + tb * TK;
 
-    const int c = tid & 31, r8 = tid >> 5; /* this thread's chunk column; its first row (< RSTEP) */
-    const int cmax = (p.d + 7) / 8;        /* chunks past head_dim are zero-filled */
+    const int c = tid & 31;        /* this thread's chunk column */
+    const int cmax = (p.d + 7) / 8; /* chunks past head_dim are zero-filled */
     const bool cok = c < cmax;
 
-    /* Q rows -> smem (zero rows past the valid rows): warpgroup w's rows in its own operand */
+    /* Q rows -> smem (zero rows past the valid rows), all threads: warpgroup w's rows (wg) in its own
+     * operand */
     {
         const __nv_bfloat16 *qb = p.q + seq * p.q_seq + (long long)hkv * p.group * p.d + c * 8;
-        for (int r = r8; r < C::ROWS; r += C::RSTEP) {
+        for (int r = warp; r < C::ROWS; r += C::QSTEP) {
             const int row = row0 + r;
             const bool ok = cok && row < rows_valid;
             const int tq = row / p.group, hq = row - tq * p.group;
@@ -84,17 +114,19 @@ __global__ void __launch_bounds__(WgCfg<WGS>::NT, 1) k_attn_wg(AttnParams p) {
             cp_async16(sq + (r >> 6) * C::Q_WG_BYTES + wg_chunk_off(r & 63, c, 64), src, ok ? 16 : 0);
         }
     }
+    const int r8 = KSPLIT > 1 ? warp % C::RSTEP : warp; /* this thread's first tile row (< RSTEP) */
     const uint8_t *const kbase = p.k + seq * p.k_seq + hkv * p.kv_head + c * 16;
     const uint8_t *const vbase = p.v + seq * p.v_seq + hkv * p.kv_head + c * 16;
-    /* one K/V tile (keys t0 + it * TK ...) -> stage; keys >= t1 are zero-filled */
+    /* one K/V tile (keys kbeg + it * TK ...) -> stage, by the threads of the ring; keys >= kend are
+     * zero-filled */
     auto load_tile = [&](int it) {
-        const int tt0 = t0 + it * TK;
+        const int tt0 = kbeg + it * TK;
         const uint32_t dk = sk + (it % C::KST) * C::KV_BYTES, dv = sv + (it % C::VST) * C::KV_BYTES;
         const uint8_t *ks = kbase + (long long)(tt0 + r8) * p.k_tok;
         const uint8_t *vs = vbase + (long long)(tt0 + r8) * p.v_tok;
 #pragma unroll 4
         for (int j = r8; j < TK; j += C::RSTEP) {
-            const bool ok = cok && tt0 + j < t1;
+            const bool ok = cok && tt0 + j < kend;
             const uint32_t off = wg_chunk_off(j, c, TK);
             cp_async16(dk + off, ok ? (const void *)ks : (const void *)p.k, ok ? 16 : 0);
             cp_async16(dv + off, ok ? (const void *)vs : (const void *)p.v, ok ? 16 : 0);
@@ -102,66 +134,79 @@ __global__ void __launch_bounds__(WgCfg<WGS>::NT, 1) k_attn_wg(AttnParams p) {
             vs += C::RSTEP * p.v_tok;
         }
     };
-    if (n_tiles > 0) load_tile(0);
+    if (nt > 0) load_tile(0);
     cp_async_commit(); /* group 0: Q and tile 0 */
+    if constexpr (KSPLIT > 1) { /* both halves read all of Q: the CTA barrier; then one per half */
+        cp_async_wait_all();
+        fence_proxy_async_smem();
+        __syncthreads();
+    }
 
     /* per-thread state: rows g (i = 0) and g + 8 (i = 1) of the warp's 16 */
     float o[128];
 #pragma unroll
     for (int i = 0; i < 128; i++) o[i] = 0.f;
     float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.f, 0.f};
-    const bool wg_active = row0 + wg * 64 < rows_valid; /* uniform per warpgroup */
+    /* uniform per warpgroup; wk2: every row block that gets here has valid rows in both halves */
+    const bool wg_active = KSPLIT > 1 || row0 + wg * 64 < rows_valid;
     const int t2 = 2 * (lane & 3), g = lane >> 2;
-    const uint32_t q_wg = sq + wg * C::Q_WG_BYTES;
-    uint32_t a[4][4]; /* bf16 P of the last tile: the A fragments of O += P V */
+    const uint32_t q_wg = sq + rg * C::Q_WG_BYTES;
+    uint32_t a[TK / 16][4]; /* bf16 P of the last tile: the A fragments of O += P V */
     auto pv = [&](int it) {
         const uint32_t vt = sv + (it % C::VST) * C::KV_BYTES;
+        /* V MN-major: 64-dim atoms TK * ATOM bytes apart (leading offset), 8-key groups 1 KB (stride) */
 #pragma unroll
-        for (int kk = 0; kk < 4; kk++)
+        for (int kk = 0; kk < TK / 16; kk++)
             WgmmaBf16RS<256>::mma(o, a[kk], wgmma_desc_sw128_mn(vt + kk * 16 * C::ATOM, TK * C::ATOM, 8 * C::ATOM));
     };
 
 #pragma unroll 1
-    for (int it = 0; it < n_tiles; it++) {
-        cp_async_wait_all();      /* this thread's copies of tile it (and Q) landed */
-        fence_proxy_async_smem(); /* ... and are visible to wgmma's async proxy */
-        __syncthreads();          /* every thread's; and both warpgroups are done with tile it - 1 */
-        if (it + 1 < n_tiles) load_tile(it + 1);
+    for (int it = 0; it < nt; it++) {
+        if (KSPLIT == 1 || it > 0) { /* wk2: the prologue's barrier covers tile 0 */
+            cp_async_wait_all();      /* this thread's copies of tile it (and Q) landed */
+            fence_proxy_async_smem(); /* ... and are visible to wgmma's async proxy */
+            /* every thread's (of the ring); and its warpgroups are done with tile it - 1. wk2: the
+             * halves run different tile counts, so each syncs its own 128 threads (ids 1, 2) */
+            if (KSPLIT == 1) __syncthreads();
+            else if (kh == 0) asm volatile("bar.sync 1, 128;" ::: "memory");
+            else asm volatile("bar.sync 2, 128;" ::: "memory");
+        }
+        if (it + 1 < nt) load_tile(it + 1);
         cp_async_commit();
         if (!wg_active) continue;
         const uint32_t kt = sk + (it % C::KST) * C::KV_BYTES;
 
-        /* S = Q K^T: 64 rows x 64 keys, 16 k-steps of 16 dims (4 per 128-byte atom) */
-        float s[32];
+        /* S = Q K^T: 64 rows x TK keys, 16 k-steps of 16 dims (4 per 128-byte atom) */
+        float s[TK / 2];
 #pragma unroll
-        for (int i = 0; i < 32; i++) s[i] = 0.f;
+        for (int i = 0; i < TK / 2; i++) s[i] = 0.f;
         wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < 16; ks++) {
             const uint32_t at = (ks >> 2) * (64 * C::ATOM) + (ks & 3) * 32;
             const uint32_t bt = (ks >> 2) * (TK * C::ATOM) + (ks & 3) * 32;
-            WgmmaBf16SS<64>::mma(s, wgmma_desc_sw128(q_wg + at), wgmma_desc_sw128(kt + bt));
+            WgmmaBf16SS<TK>::mma(s, wgmma_desc_sw128(q_wg + at), wgmma_desc_sw128(kt + bt));
         }
         wgmma_commit();
         wgmma_wait<0>();
         wgmma_fence_operand(s); /* S is read below: not before the wait */
 
-        /* scale to log2 units, mask keys past the split end, online softmax (as k_attn) */
-        const int key_t0 = t0 + it * TK;
+        /* scale to log2 units, mask keys past this warpgroup's end, online softmax (as k_attn) */
+        const int key_t0 = kbeg + it * TK;
         float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-        for (int j = 0; j < 8; j++)
+        for (int j = 0; j < NSJ; j++)
 #pragma unroll
             for (int q = 0; q < 4; q++) {
                 const int kl = j * 8 + t2 + (q & 1);
-                const float x = key_t0 + kl < t1 ? s[4 * j + q] * p.lscale : -INFINITY;
+                const float x = key_t0 + kl < kend ? s[4 * j + q] * p.lscale : -INFINITY;
                 s[4 * j + q] = x;
                 mx[q >> 1] = fmaxf(mx[q >> 1], x);
             }
         float alpha[2], mu[2];
         softmax_fold(mx, mrow, lrow, alpha, mu);
 #pragma unroll
-        for (int i = 0; i < 32; i++) {
+        for (int i = 0; i < TK / 2; i++) {
             const float pr = exp2f(s[i] - mu[(i >> 1) & 1]);
             lrow[(i >> 1) & 1] += pr;
             s[i] = pr;
@@ -175,7 +220,7 @@ __global__ void __launch_bounds__(WgCfg<WGS>::NT, 1) k_attn_wg(AttnParams p) {
         }
         /* O += bf16(P) V: k-step kk = keys 16 kk .. 16 kk + 15 = S n-tiles 2 kk, 2 kk + 1 */
 #pragma unroll
-        for (int kk = 0; kk < 4; kk++) {
+        for (int kk = 0; kk < TK / 16; kk++) {
             a[kk][0] = pack_bf16(s[8 * kk], s[8 * kk + 1]);
             a[kk][1] = pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
             a[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
@@ -196,10 +241,53 @@ __global__ void __launch_bounds__(WgCfg<WGS>::NT, 1) k_attn_wg(AttnParams p) {
         lrow[i] += __shfl_xor_sync(0xffffffffu, lrow[i], 1);
         lrow[i] += __shfl_xor_sync(0xffffffffu, lrow[i], 2);
     }
+    if constexpr (KSPLIT > 1) {
+        /* wk2: the second half's (m, l, unnormalized O) -> smem, the first half combines them with its
+         * own: M = max(m0, m1), a_h = 2^(m_h - M) (0 where M = -inf), L = l0 a0 + l1 a1,
+         * O = O0 a0 + O1 a1. O1 in the second half's ring (64 KB), thread-major: float4 j of thread
+         * (warp in the warpgroup, lane) at [j][thread], read back by the first half's thread of the
+         * same position, which owns the same rows and dims (conflict-free, 512 bytes per warp). */
+        float *const o1 = (float *)(smem + WGS * C::Q_WG_BYTES + C::RING_BYTES);
+        float *const ml1 = (float *)(smem + WGS * C::Q_WG_BYTES + KSPLIT * C::RING_BYTES); /* [64] m, [64] l */
+        const int wt = tid & 127; /* thread within the warpgroup */
+        if (kh == 1) {
+            asm volatile("bar.sync 2, 128;" ::: "memory"); /* (its loop's id) its wgmma reads of its ring are done */
+#pragma unroll
+            for (int j = 0; j < 32; j++)
+                *(float4 *)(o1 + (j * 128 + wt) * 4) = make_float4(o[4 * j], o[4 * j + 1], o[4 * j + 2], o[4 * j + 3]);
+            if (t2 == 0)
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    const int rl = (warp & 3) * 16 + g + 8 * i;
+                    ml1[rl] = mrow[i];
+                    ml1[64 + rl] = lrow[i];
+                }
+        }
+        __syncthreads();
+        if (kh == 1) return; /* the first half writes the result */
+        float a0[2], a1[2];
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const int rl = (warp & 3) * 16 + g + 8 * i;
+            const float m1 = ml1[rl], l1 = ml1[64 + rl], mm = fmaxf(mrow[i], m1);
+            a0[i] = mm == -INFINITY ? 0.f : exp2f(mrow[i] - mm);
+            a1[i] = mm == -INFINITY ? 0.f : exp2f(m1 - mm);
+            lrow[i] = lrow[i] * a0[i] + l1 * a1[i];
+            mrow[i] = mm;
+        }
+#pragma unroll
+        for (int j = 0; j < 32; j++) {
+            const float4 v = *(const float4 *)(o1 + (j * 128 + wt) * 4);
+            o[4 * j] = o[4 * j] * a0[0] + v.x * a1[0];
+            o[4 * j + 1] = o[4 * j + 1] * a0[0] + v.y * a1[0];
+            o[4 * j + 2] = o[4 * j + 2] * a0[1] + v.z * a1[1];
+            o[4 * j + 3] = o[4 * j + 3] * a0[1] + v.w * a1[1];
+        }
+    }
     const size_t part0 = ((size_t)z * p.n_splits + split) * p.rows_max; /* workspace row 0 of this split */
 #pragma unroll
     for (int i = 0; i < 2; i++) {
-        const int row = row0 + wg * 64 + (warp & 3) * 16 + g + 8 * i;
+        const int row = row0 + rg * 64 + (warp & 3) * 16 + g + 8 * i;
         if (row >= rows_valid) continue;
         const float inv = lrow[i] > 0.f ? 1.f / lrow[i] : 0.f;
         if (p.n_splits == 1) {

@@ -360,17 +360,38 @@ static nib_status plan_get(nib_blas *b, int kind, int64_t m, int64_t n, int64_t 
     p->algo = res[ai].algo;
     nib_blas_tune t;
     if (ai == 0 && b->tune && nib_blas_tune_for(kind, m, n, k, b->sms, &t)) {
+        /* the rule's candidate (a later one than the first: asked for now) */
+        int tb = t.base;
+        cublasLtMatmulHeuristicResult_t tres[NIB_BLAS_MAX_ALGOS];
+        const cublasLtMatmulHeuristicResult_t *tr = &res[0];
+        if (tb > 0) {
+            int tf = 0;
+            cublasStatus_t ts = CUBLAS_STATUS_SUCCESS;
+            if (tb >= NIB_BLAS_MAX_ALGOS || plan_heuristic(b, p, ldc, tb + 1, tres, &tf, &ts) ||
+                ts != CUBLAS_STATUS_SUCCESS || tf <= tb) {
+                nib_clear_error();
+                tb = -1; /* not offered: the warning below, the first candidate runs */
+            } else
+                tr = &tres[tb];
+        }
         nib_blas_algo_desc d;
-        desc_of(&res[0], &d);
-        d.tile = t.tile;
-        d.custom = t.custom;
+        desc_of(tr, &d);
+        d.base = tb;
+        if (t.tile) d.tile = t.tile;
+        if (t.custom >= 0) d.custom = t.custom;
         d.cluster = t.cluster;
+        if (t.swizzle) d.swizzle = t.swizzle;
         if (t.splitk) {
             d.splitk = t.splitk;
             d.reduction = t.reduction;
         }
         cublasLtMatmulAlgo_t tuned;
-        if (!config_algo(b, p, ldc, &d, &res[0].algo, &tuned, NULL, NULL)) {
+        if (tb < 0) {
+            NIB_LOGW("cuBLASLt offers no heuristic candidate %d for the %s product M=%lld N=%lld K=%lld, which nib's "
+                     "measured configuration starts from; running its first choice", t.base, kind ? "fp8" : "bf16",
+                     (long long)m, (long long)n, (long long)k);
+            p->algo = res[0].algo;
+        } else if (!config_algo(b, p, ldc, &d, &tr->algo, &tuned, NULL, NULL)) {
             p->algo = tuned;
             b->tuned_plans++;
         } else { /* another cuBLASLt than the one measured: its own pick, said once per plan */
@@ -519,6 +540,83 @@ nib_status nib_blas_configs(nib_blas *b, int fp8, int64_t m, int64_t n, int64_t 
                                 out[(*count)++] = d;
                             }
         if (dbg) fprintf(stderr, "lt: candidate %d: %d of %d configurations accepted\n", bi, ok, tried);
+    }
+    plan_release(&p);
+    return st;
+}
+
+/* Lab (--lt-search): is configuration *d (derived from heuristic candidate d->base) accepted for
+ * the plain product? Fills d's workspace and wave count when it is. */
+nib_status nib_blas_config_check(nib_blas *b, int fp8, int64_t m, int64_t n, int64_t k, const float *sx,
+                                 const float *sw, nib_blas_algo_desc *d) {
+    if (!b || !d) return NIB_ERR(NIB_ERR_INVALID_ARG, "blas config check: NULL handle/config");
+    if (m < 1 || n < 1 || k < 1) return NIB_ERR(NIB_ERR_SHAPE, "blas config check: M=%lld N=%lld K=%lld", (long long)m,
+                                              (long long)n, (long long)k);
+    if (fp8 && (!sx || !sw)) return NIB_ERR(NIB_ERR_INVALID_ARG, "blas config check: fp8 needs its scale pointers");
+    if (d->base < 0 || d->base >= NIB_BLAS_MAX_ALGOS)
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "blas config check: base candidate %d", d->base);
+    blas_plan p;
+    memset(&p, 0, sizeof p);
+    nib_status st = plan_descs(&p, fp8, m, n, k, fp8, fp8, sx, sw, NULL, 0, n, fp8 ? b->fast_accum : 0);
+    p.kind = fp8;
+    p.m = m;
+    p.n = n;
+    p.k = k;
+    cublasLtMatmulHeuristicResult_t res[NIB_BLAS_MAX_ALGOS];
+    int found = 0;
+    cublasStatus_t hs = CUBLAS_STATUS_SUCCESS;
+    if (!st) st = plan_heuristic(b, &p, 0, d->base + 1, res, &found, &hs);
+    if (!st && hs != CUBLAS_STATUS_SUCCESS) st = blas_status(hs, "cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__);
+    if (!st && found <= d->base)
+        st = NIB_ERR(NIB_ERR_UNSUPPORTED, "blas config check: the heuristic offers %d candidates, not %d", found,
+                     d->base + 1);
+    cublasLtMatmulAlgo_t algo;
+    if (!st) st = config_algo(b, &p, 0, d, &res[d->base].algo, &algo, &d->workspace, &d->waves);
+    plan_release(&p);
+    return st;
+}
+
+/* Lab (--lt-search): the tile ids heuristic candidate `base`'s algorithm lists for the plain
+ * product (every id below CUBLASLT_MATMUL_TILE_END when it lists none or only "undefined", as the
+ * Hopper FP8 algorithm does: cublasLtMatmulAlgoCheck then decides), at most max */
+nib_status nib_blas_config_tiles(nib_blas *b, int fp8, int64_t m, int64_t n, int64_t k, const float *sx,
+                                 const float *sw, int base, int *tiles, int max, int *count) {
+    *count = 0;
+    if (!b || !tiles || max < 1) return NIB_ERR(NIB_ERR_INVALID_ARG, "blas config tiles: NULL handle/output or max < 1");
+    if (m < 1 || n < 1 || k < 1) return NIB_ERR(NIB_ERR_SHAPE, "blas config tiles: M=%lld N=%lld K=%lld", (long long)m,
+                                              (long long)n, (long long)k);
+    if (fp8 && (!sx || !sw)) return NIB_ERR(NIB_ERR_INVALID_ARG, "blas config tiles: fp8 needs its scale pointers");
+    if (base < 0 || base >= NIB_BLAS_MAX_ALGOS) return NIB_ERR(NIB_ERR_INVALID_ARG, "blas config tiles: base %d", base);
+    blas_plan p;
+    memset(&p, 0, sizeof p);
+    nib_status st = plan_descs(&p, fp8, m, n, k, fp8, fp8, sx, sw, NULL, 0, n, fp8 ? b->fast_accum : 0);
+    cublasLtMatmulHeuristicResult_t res[NIB_BLAS_MAX_ALGOS];
+    int found = 0;
+    cublasStatus_t hs = CUBLAS_STATUS_SUCCESS;
+    if (!st) st = plan_heuristic(b, &p, 0, base + 1, res, &found, &hs);
+    if (!st && hs != CUBLAS_STATUS_SUCCESS) st = blas_status(hs, "cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__);
+    if (!st && found <= base)
+        st = NIB_ERR(NIB_ERR_UNSUPPORTED, "blas config tiles: the heuristic offers %d candidates, not %d", found, base + 1);
+    if (!st) {
+        nib_blas_algo_desc hd;
+        desc_of(&res[base], &hd);
+        cudaDataType_t ab;
+        algo_types(fp8, &ab);
+        cublasLtMatmulAlgo_t a;
+        if (cublasLtMatmulAlgoInit(b->lt, CUBLAS_COMPUTE_32F, CUDA_R_32F, ab, ab, CUDA_R_16BF, CUDA_R_16BF, hd.id, &a) !=
+            CUBLAS_STATUS_SUCCESS)
+            st = NIB_ERR(NIB_ERR_UNSUPPORTED, "blas config tiles: cublasLtMatmulAlgoInit refuses algorithm %d", hd.id);
+        else {
+            uint32_t *ids = (uint32_t *)calloc(CUBLASLT_MATMUL_TILE_END, sizeof *ids);
+            if (!ids) st = NIB_ERR(NIB_ERR_OUT_OF_MEMORY, "blas config tiles: host allocation");
+            else {
+                int nt = cap_ids(&a, CUBLASLT_ALGO_CAP_TILE_IDS, ids, CUBLASLT_MATMUL_TILE_END);
+                if (nt <= 1 && (nt == 0 || ids[0] == CUBLASLT_MATMUL_TILE_UNDEFINED))
+                    for (nt = 0; nt + 1 < CUBLASLT_MATMUL_TILE_END; nt++) ids[nt] = (uint32_t)(nt + 1);
+                for (int i = 0; i < nt && *count < max; i++) tiles[(*count)++] = (int)ids[i];
+                free(ids);
+            }
+        }
     }
     plan_release(&p);
     return st;
