@@ -100,7 +100,7 @@ static KInfo g_kinfo[] = {
      * default (d80t2); at head_dim 256 a lab variant (NIB_ATTN_VARIANT=t2) */
     KI(F_BF16, 256, 4, 2, 2, 2, "r4t2"), KI(F_BF16, 80, 4, 2, 2, 2, "d80t2"),
     /* the wgmma kernel (attn_wg.cuh): bf16, head_dim <= 256: wg (128 rows), wg1 (64 rows; the default
-     * where r8 was), wk2 (64 rows, the keys split between two warpgroups; lab) */
+     * where r8 was on a cache), wk2 (64 rows, the keys split between two warpgroups; the prefix's default) */
     {k_attn_wg<2, 1>, F_BF16, 256, 8, 1, WgCfg<2>::TK, WgCfg<2>::NT, WgCfg<2>::SMEM, "wg", WgCfg<2>::ROWS, 0, 0, 0, 0},
     {k_attn_wg<1, 1>, F_BF16, 256, 4, 1, WgCfg<1>::TK, WgCfg<1>::NT, WgCfg<1>::SMEM, "wg1", WgCfg<1>::ROWS, 0, 0, 0, 0},
     {k_attn_wg<1, 2>, F_BF16, 256, 4, 2, WgCfg<1, 2>::TK, WgCfg<1, 2>::NT, WgCfg<1, 2>::SMEM, "wk2", WgCfg<1, 2>::ROWS,

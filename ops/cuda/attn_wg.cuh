@@ -24,12 +24,18 @@
  * issued with S of tile it, a third V stage), so one warpgroup's softmax would overlap the other's
  * products: 24.0 against 23.3 us (Gemma prefix S = 532), 41.7 against 39.3 (S = 968).
  * Where a tile's ~3 us go (against ~1.1 us of tensor work per CTA) is not yet profiled.
- * The same template, KSPLIT = 2 ("wk2", lab, unmeasured): 64 query rows per CTA as wg1, but two
+ * The same template, KSPLIT = 2 ("wk2", the Gemma prefix's default since the twentieth session):
+ * 64 query rows per CTA as wg1, but two
  * warpgroups (256 threads) that split the CTA's key range in halves of 32-key tiles (the first half
  * takes the odd tile), each with its own 2-stage K / V ring and its own named barrier (ids 1, 2), so
  * a scheduler holds two warps. S = Q K^T is 16 x m64n32k16 (16 registers), O += P V 2 x m64n256k16.
  * At the end the second half puts (m, l, unnormalized O) in shared memory (O in its own ring) and
  * the first combines them (M = max, a = 2^(m - M), L = sum l a, O = sum O a) and writes as above.
+ * Measured (H100, `nib bench attn --variants wg1,wk2`): Gemma prefix S = 532 / 788 / 968 20.7 / 28.0 /
+ * 32.9 us against wg1's 21.4-22.0 / 29.2 / 34.2 (4-6 %; two warps per scheduler did not halve the
+ * tile time); on the suffix cache path slower (P = 532 H = 50 12.3 against 11.1 us), so wg1 stays
+ * there. 255 registers, no spills (the merge's 32 shared loads of the second half's O are issued
+ * together): a change here must be checked for spills.
  */
 #ifndef NIB_ATTN_WG_CUH
 #define NIB_ATTN_WG_CUH
