@@ -330,11 +330,12 @@ NIB_TEST(gemm_fp8_plan_and_checks) {
     /* the engine rule (the lab's winners, see nib_fp8_use_nib), and NIB_FP8_GEMM forcing either */
     unsetenv("NIB_FP8_GEMM");
     CHECK(nib_fp8_use_nib(512, 1152, 1152) == 1);
-    CHECK(nib_fp8_use_nib(532, 2048, 2048) == 1);
+    CHECK(nib_fp8_use_nib(788, 2048, 2048) == 1);
     CHECK(nib_fp8_use_nib(532, 32768, 2048) == 0); /* cuBLASLt reconfigured (nib_blas_tune_for) */
     CHECK(nib_fp8_use_nib(512, 4304, 1152) == 1);
     CHECK(nib_fp8_use_nib(256, 1152, 4304) == 1);
-    CHECK(nib_fp8_use_nib(512, 1152, 4304) == 1);    /* SigLIP's fc2 past 320 rows: its own tile */
+    CHECK(nib_fp8_use_nib(512, 1152, 4304) == 0);    /* SigLIP's fc2 at 512 rows: cuBLASLt, reconfigured */
+    CHECK(nib_fp8_use_nib(540, 1152, 4304) == 1);    /* ... elsewhere past 320 rows: its own tile */
     CHECK(nib_fp8_use_nib(768, 1152, 4304) == 1);
     CHECK(nib_fp8_use_nib(512, 2048, 4304) == 0);    /* K > 2048 past 320 rows, N > 1152 */
     CHECK(nib_fp8_use_nib(788, 1152, 4304) == 0);    /* two waves of the tile: cuBLASLt */
@@ -403,6 +404,11 @@ NIB_TEST(gemm_fp8_plan_and_checks) {
         CHECK(nib_blas_tune_for(0, 10, 2560, 1024, 132, &bt) == 1 && bt.tile == 10 && bt.custom == 9);
         CHECK(nib_blas_tune_for(0, 10, 8192, 1024, 132, &bt) == 0);
         CHECK(nib_blas_tune_for(1, 532, 2048, 8192, 132, &bt) == 0);
+        CHECK(nib_blas_tune_for(1, 512, 1152, 4304, 132, &bt) == 1 && bt.tile == 164 && bt.cluster == 8);
+        CHECK(nib_fp8_use_nib(512, 1152, 4304) == 0); /* SigLIP's fc2 at 2 cameras: cuBLASLt, reconfigured */
+        CHECK(nib_fp8_use_nib(256, 1152, 4304) == 1); /* ... not measured at 1 camera: nib's kernel */
+        CHECK(nib_fp8_use_nib(532, 2560, 2048) == 0 && nib_fp8_use_nib(532, 2048, 2048) == 0);
+        CHECK(nib_fp8_use_nib(788, 2560, 2048) == 1);
         /* fewer SMs: 532 rows in 128 x 96 tiles are 96 CTAs, two waves on 64 SMs; 128 x 128 (80
          * CTAs) is also two waves of more work, 64 x 96 (192 CTAs) three of less: 3 x 6144 < 2 x 12288 */
         CHECK(nib_blas_tune_for(1, 532, 2048, 16384, 64, &bt) == 1 && bt.tile == 26);
