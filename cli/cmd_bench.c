@@ -265,6 +265,19 @@ static nib_status bench_algos(const bench_cfg *cfg, gemm_ctx *g, uint64_t canon_
     return st;
 }
 
+/* --lt-configs / --lt-search: the default row (already timed) labelled with what it ran: nib's
+ * reconfiguration where ops/gemm_plan.c has one, else cuBLASLt's heuristic */
+static void lt_default_row(const bench_cfg *cfg, const gemm_ctx *g, bench_row *row) {
+    row->sweep = 2;
+    nib_blas_tune tn;
+    if (nib_blas_tune_on() && nib_blas_tune_for(g->v != V_BF16, g->m, g->n, g->k, cfg->sms, &tn))
+        snprintf(row->plan, sizeof row->plan, "nib's reconfiguration: b%d tile%d cu%d cl%d sw%d sk%d", tn.base, tn.tile,
+                 tn.custom, tn.cluster, tn.swizzle, tn.splitk);
+    else
+        snprintf(row->plan, sizeof row->plan, "heuristic");
+    print_row(row);
+}
+
 /* --lt-configs: every configuration cuBLASLt accepts for this product (up to cfg->lt_configs),
  * timed like the heuristic's candidates; the best ten are listed at the end */
 static nib_status bench_lt_configs(const bench_cfg *cfg, gemm_ctx *g, uint64_t canon_bytes, double copy_gbps,
@@ -274,14 +287,7 @@ static nib_status bench_lt_configs(const bench_cfg *cfg, gemm_ctx *g, uint64_t c
     int nd = 0;
     const int fp8 = g->v != V_BF16;
     nib_status st = nib_blas_configs(g->blas, fp8, g->m, g->n, g->k, g->sx, g->sw, ds, cfg->lt_configs, &nd);
-    row->sweep = 2;
-    nib_blas_tune tn;
-    if (nib_blas_tune_on() && nib_blas_tune_for(fp8, g->m, g->n, g->k, cfg->sms, &tn))
-        snprintf(row->plan, sizeof row->plan, "nib's reconfiguration: tile%d cu%d cl%d sk%d", tn.tile, tn.custom,
-                 tn.cluster, tn.splitk);
-    else
-        snprintf(row->plan, sizeof row->plan, "heuristic");
-    print_row(row);
+    lt_default_row(cfg, g, row);
     printf("%6lld %6lld %5lld  %-13s %d configurations accepted by cuBLASLt\n", (long long)g->k, (long long)g->n,
            (long long)g->m, k_vname[g->v], nd);
     const int first = *nrows;
@@ -352,19 +358,11 @@ static nib_status lt_try(gemm_ctx *g, const nib_blas_algo_desc *d, uint64_t cano
 
 static nib_status bench_lt_search(const bench_cfg *cfg, gemm_ctx *g, uint64_t canon_bytes, double copy_gbps,
                                   double bf16_us, bench_row *row, bench_row *rows, int *nrows, int max_rows) {
-    (void)cfg;
     nib_blas_algo_desc hs[8];
     int nh = 0;
     const int fp8 = g->v != V_BF16;
     NIB_RETURN_IF_ERR(nib_blas_algos(g->blas, fp8, g->m, g->n, g->k, g->sx, g->sw, hs, 8, &nh));
-    row->sweep = 2;
-    nib_blas_tune tn;
-    if (nib_blas_tune_on() && nib_blas_tune_for(fp8, g->m, g->n, g->k, cfg->sms, &tn))
-        snprintf(row->plan, sizeof row->plan, "nib's reconfiguration: tile%d cu%d cl%d sk%d", tn.tile, tn.custom,
-                 tn.cluster, tn.splitk);
-    else
-        snprintf(row->plan, sizeof row->plan, "heuristic");
-    print_row(row);
+    lt_default_row(cfg, g, row);
     /* cluster shapes: auto, 1x1, 2x1, 1x2, 2x2, 4x1, 1x4, 4x2, 2x4 (CUBLASLT_CLUSTER_SHAPE_* ids) */
     static const int clusters[] = {0, 2, 3, 5, 6, 4, 8, 7, 9};
     enum { F_TILE, F_CLUSTER, F_CUSTOM, F_SWIZZLE, F_SPLIT, F_COUNT };

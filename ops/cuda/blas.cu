@@ -545,31 +545,38 @@ nib_status nib_blas_configs(nib_blas *b, int fp8, int64_t m, int64_t n, int64_t 
     return st;
 }
 
+/* Lab (--lt-search): the plain product's descriptors in *p and the heuristic's first base + 1
+ * candidates in res (the caller releases p); `what` names the caller in the errors */
+static nib_status lab_candidates(nib_blas *b, const char *what, int fp8, int64_t m, int64_t n, int64_t k, const float *sx,
+                                 const float *sw, int base, blas_plan *p, cublasLtMatmulHeuristicResult_t *res) {
+    memset(p, 0, sizeof *p);
+    if (!b) return NIB_ERR(NIB_ERR_INVALID_ARG, "%s: NULL handle", what);
+    if (m < 1 || n < 1 || k < 1)
+        return NIB_ERR(NIB_ERR_SHAPE, "%s: M=%lld N=%lld K=%lld", what, (long long)m, (long long)n, (long long)k);
+    if (fp8 && (!sx || !sw)) return NIB_ERR(NIB_ERR_INVALID_ARG, "%s: fp8 needs its scale pointers", what);
+    if (base < 0 || base >= NIB_BLAS_MAX_ALGOS) return NIB_ERR(NIB_ERR_INVALID_ARG, "%s: base candidate %d", what, base);
+    nib_status st = plan_descs(p, fp8, m, n, k, fp8, fp8, sx, sw, NULL, 0, n, fp8 ? b->fast_accum : 0);
+    p->kind = fp8;
+    p->m = m;
+    p->n = n;
+    p->k = k;
+    int found = 0;
+    cublasStatus_t hs = CUBLAS_STATUS_SUCCESS;
+    if (!st) st = plan_heuristic(b, p, 0, base + 1, res, &found, &hs);
+    if (!st && hs != CUBLAS_STATUS_SUCCESS) st = blas_status(hs, "cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__);
+    if (!st && found <= base)
+        st = NIB_ERR(NIB_ERR_UNSUPPORTED, "%s: the heuristic offers %d candidates, not %d", what, found, base + 1);
+    return st;
+}
+
 /* Lab (--lt-search): is configuration *d (derived from heuristic candidate d->base) accepted for
  * the plain product? Fills d's workspace and wave count when it is. */
 nib_status nib_blas_config_check(nib_blas *b, int fp8, int64_t m, int64_t n, int64_t k, const float *sx,
                                  const float *sw, nib_blas_algo_desc *d) {
-    if (!b || !d) return NIB_ERR(NIB_ERR_INVALID_ARG, "blas config check: NULL handle/config");
-    if (m < 1 || n < 1 || k < 1) return NIB_ERR(NIB_ERR_SHAPE, "blas config check: M=%lld N=%lld K=%lld", (long long)m,
-                                              (long long)n, (long long)k);
-    if (fp8 && (!sx || !sw)) return NIB_ERR(NIB_ERR_INVALID_ARG, "blas config check: fp8 needs its scale pointers");
-    if (d->base < 0 || d->base >= NIB_BLAS_MAX_ALGOS)
-        return NIB_ERR(NIB_ERR_INVALID_ARG, "blas config check: base candidate %d", d->base);
+    if (!d) return NIB_ERR(NIB_ERR_INVALID_ARG, "blas config check: NULL config");
     blas_plan p;
-    memset(&p, 0, sizeof p);
-    nib_status st = plan_descs(&p, fp8, m, n, k, fp8, fp8, sx, sw, NULL, 0, n, fp8 ? b->fast_accum : 0);
-    p.kind = fp8;
-    p.m = m;
-    p.n = n;
-    p.k = k;
     cublasLtMatmulHeuristicResult_t res[NIB_BLAS_MAX_ALGOS];
-    int found = 0;
-    cublasStatus_t hs = CUBLAS_STATUS_SUCCESS;
-    if (!st) st = plan_heuristic(b, &p, 0, d->base + 1, res, &found, &hs);
-    if (!st && hs != CUBLAS_STATUS_SUCCESS) st = blas_status(hs, "cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__);
-    if (!st && found <= d->base)
-        st = NIB_ERR(NIB_ERR_UNSUPPORTED, "blas config check: the heuristic offers %d candidates, not %d", found,
-                     d->base + 1);
+    nib_status st = lab_candidates(b, "blas config check", fp8, m, n, k, sx, sw, d->base, &p, res);
     cublasLtMatmulAlgo_t algo;
     if (!st) st = config_algo(b, &p, 0, d, &res[d->base].algo, &algo, &d->workspace, &d->waves);
     plan_release(&p);
@@ -582,21 +589,10 @@ nib_status nib_blas_config_check(nib_blas *b, int fp8, int64_t m, int64_t n, int
 nib_status nib_blas_config_tiles(nib_blas *b, int fp8, int64_t m, int64_t n, int64_t k, const float *sx,
                                  const float *sw, int base, int *tiles, int max, int *count) {
     *count = 0;
-    if (!b || !tiles || max < 1) return NIB_ERR(NIB_ERR_INVALID_ARG, "blas config tiles: NULL handle/output or max < 1");
-    if (m < 1 || n < 1 || k < 1) return NIB_ERR(NIB_ERR_SHAPE, "blas config tiles: M=%lld N=%lld K=%lld", (long long)m,
-                                              (long long)n, (long long)k);
-    if (fp8 && (!sx || !sw)) return NIB_ERR(NIB_ERR_INVALID_ARG, "blas config tiles: fp8 needs its scale pointers");
-    if (base < 0 || base >= NIB_BLAS_MAX_ALGOS) return NIB_ERR(NIB_ERR_INVALID_ARG, "blas config tiles: base %d", base);
+    if (!tiles || max < 1) return NIB_ERR(NIB_ERR_INVALID_ARG, "blas config tiles: NULL output or max < 1");
     blas_plan p;
-    memset(&p, 0, sizeof p);
-    nib_status st = plan_descs(&p, fp8, m, n, k, fp8, fp8, sx, sw, NULL, 0, n, fp8 ? b->fast_accum : 0);
     cublasLtMatmulHeuristicResult_t res[NIB_BLAS_MAX_ALGOS];
-    int found = 0;
-    cublasStatus_t hs = CUBLAS_STATUS_SUCCESS;
-    if (!st) st = plan_heuristic(b, &p, 0, base + 1, res, &found, &hs);
-    if (!st && hs != CUBLAS_STATUS_SUCCESS) st = blas_status(hs, "cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__);
-    if (!st && found <= base)
-        st = NIB_ERR(NIB_ERR_UNSUPPORTED, "blas config tiles: the heuristic offers %d candidates, not %d", found, base + 1);
+    nib_status st = lab_candidates(b, "blas config tiles", fp8, m, n, k, sx, sw, base, &p, res);
     if (!st) {
         nib_blas_algo_desc hd;
         desc_of(&res[base], &hd);
