@@ -271,11 +271,10 @@ __global__ void __launch_bounds__(WgCfg<WGS, KSPLIT>::NT, 1) k_attn_wg(AttnParam
         } else {
             /* Redundant for the hardware (the __syncthreads below orders the hand-off), but kept for
              * compute-sanitizer: its racecheck (2025.3.1) counts barriers of every id per thread and
-             * orders a write before a read across a CTA barrier only if the reader has passed more
-             * barriers than the writer had; the second half passes one more named barrier than the
-             * first when the tile count is even, and a minimal kernel with this hand-off (named
-             * barriers per half, then __syncthreads) was reported as a race with equal counts and
-             * clean with this barrier (docs/reliability.md). */
+             * reports this hand-off as a race when the reader has passed fewer barriers than the
+             * writer had (a minimal kernel: named barriers per half, then __syncthreads; see
+             * docs/reliability.md). Without it the second half passes one more named barrier than
+             * the first when the tile count is even. */
             asm volatile("bar.sync 1, 128;" ::: "memory");
         }
         __syncthreads();
