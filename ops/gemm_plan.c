@@ -407,7 +407,7 @@ static int nib_blas_tune_lab_prefix(void) {
 }
 
 /* cluster shape ids (cublasLtClusterShape_t) and the compute-type reduction */
-enum { CL_1x1 = 2, CL_2x1 = 3, CL_4x1 = 4, CL_1x2 = 5, CL_1x4 = 8, RED_CT = 2 };
+enum { CL_1x1 = 2, CL_2x1 = 3, CL_4x1 = 4, CL_1x2 = 5, CL_4x2 = 7, CL_1x4 = 8, RED_CT = 2 };
 
 /* bf16: cuBLASLt's Hopper bf16 algorithm reconfigured where `nib bench gemm --variants cublas-bf16
  * --lt-search` (a coordinate search from each of the heuristic's first 8 candidates, twentieth
@@ -489,9 +489,32 @@ int nib_blas_tune_for(int fp8, int64_t m, int64_t n, int64_t k, int sms, nib_bla
      * gemm --variants cublaslt-fp8,fp8-nib --lt-search` (twentieth session): SigLIP's fc2 (4304 ->
      * 1152) at 512 rows on 112 x 64 tiles, option 0, 1 x 4 clusters, 9.60 us against nib's 11.85;
      * the Gemma q|k|v (2048 -> 2560) at 513-576 rows on 64 x 96, option 1, 4 x 1, 7.44 against 9.35;
-     * the Gemma o (2048 -> 2048) there on 88 x 128, option 4, 4 x 1, 7.21 against 8.56 */
-    if (k == 4304 && n == 1152 && m == 512) return tune_set(out, 0, 164, 0, CL_1x4, 0, 0, 0);
-    if (k == 2048 && n == 2560 && m >= 513 && m <= 576) return tune_set(out, 0, 26, 1, CL_4x1, 0, 0, 0);
+     * the Gemma o (2048 -> 2048) there on 88 x 128, option 4, 4 x 1, 7.21 against 8.56.
+     * At one and three cameras (twenty-first session, the same command at --m 256,768 for SigLIP and
+     * 276,788 for the Gemma products; us, nib's kernel (or cuBLASLt's heuristic) -> this):
+     * - SigLIP fc2 (4304 -> 1152): 256 rows 64 x 88, option 1, 4 x 1: 10.88 -> 8.47; 768 rows 96 x 128,
+     *   option 4, 4 x 1: 12.92 -> 11.42;
+     * - SigLIP q|k|v (1152 -> 3456) at 768 rows: 96 x 128, option 2, 1 x 2: 9.05 -> 7.91 (at 256
+     *   rows nib's 5.15 against 5.16: stays);
+     * - SigLIP fc1 (1152 -> 4304): 256 rows 80 x 128, option 4, 1 x 1: 7.13 -> 5.70; 768 rows (on
+     *   cuBLASLt already) 112 x 128, option 2, 1 x 2: 9.70 -> 8.76;
+     * - the Gemma q|k|v at 257-320 rows: the 513-576 configuration, 6.82 -> 5.75; at 769-832 rows
+     *   64 x 136, option 3, 4 x 2: 10.23 -> 8.93;
+     * - not the Gemma o (276 rows: nib's 5.95 against 6.21; 788: 8.87 against 8.55) nor SigLIP's o
+     *   (nib's kernel 3.24 / 4.65 against 4.24 / 4.81). */
+    if (k == 4304 && n == 1152) {
+        if (m == 256) return tune_set(out, 0, 319, 1, CL_4x1, 0, 0, 0);
+        if (m == 512) return tune_set(out, 0, 164, 0, CL_1x4, 0, 0, 0);
+        if (m == 768) return tune_set(out, 0, 28, 4, CL_4x1, 0, 0, 0);
+    }
+    if (k == 1152 && n == 3456 && m == 768) return tune_set(out, 0, 28, 2, CL_1x2, 0, 0, 0);
+    if (k == 1152 && n == 4304) {
+        if (m == 256) return tune_set(out, 0, 135, 4, CL_1x1, 0, 0, 0);
+        if (m == 768) return tune_set(out, 0, 165, 2, CL_1x2, 0, 0, 0);
+    }
+    if (k == 2048 && n == 2560 && ((m >= 257 && m <= 320) || (m >= 513 && m <= 576)))
+        return tune_set(out, 0, 26, 1, CL_4x1, 0, 0, 0);
+    if (k == 2048 && n == 2560 && m >= 769 && m <= 832) return tune_set(out, 0, 323, 3, CL_4x2, 0, 0, 0);
     if (k == 2048 && n == 2048 && m >= 513 && m <= 576) return tune_set(out, 0, 144, 4, CL_4x1, 0, 0, 0);
     if (k == 16384 && n == 2048 && m >= 769 && m <= 832) return tune_set(out, 0, 404, 1, CL_4x1, 0, 0, 0);
     if (k == 16384 && n == 2048 && m >= 129 && m <= 1024) {

@@ -729,11 +729,13 @@ NIB_TEST(blas_gpu_bf16_and_fp8_w8a8) {
 }
 
 /* cuBLASLt's FP8 algorithm reconfigured by nib_blas_tune_for (other tiles, custom option and
- * cluster shape than its heuristic picks) at the Gemma down projection and gate|up shapes and
- * the row counts of 1, 2 and 3 cameras: against fp64 sums of the same codes on a sample of rows
- * (all columns), with the fast-accumulation bound of blas_gpu_bf16_and_fp8_w8a8; the down
- * projection also in place over a residual (C = Y, as the model runs it: the product is rounded
- * to bf16, then C added and rounded again). Guard columns past N stay untouched. */
+ * cluster shape than its heuristic picks) at the Gemma down projection, gate|up, q|k|v and o and
+ * SigLIP's q|k|v, fc1 and fc2, at the row counts of 1, 2 and 3 cameras: against fp64 sums of the
+ * same codes on a sample of rows (all columns), with the fast-accumulation bound of
+ * blas_gpu_bf16_and_fp8_w8a8; with the model's epilogues: SigLIP's bias, and the residual in place
+ * (C = Y: the product is rounded to bf16, then C added and rounded again) for the down projection,
+ * o and fc2. cuBLASLt checks a configuration against the epilogue, so each case also checks that
+ * the reconfigured algorithm ran. Guard columns past N stay untouched. */
 NIB_TEST(blas_gpu_fp8_tuned_configs) {
     NIB_REQUIRE_GPU();
     nib_rng rng;
@@ -742,12 +744,14 @@ NIB_TEST(blas_gpu_fp8_tuned_configs) {
         printf("  NIB_BLAS_TUNE=0: the reconfigurations are off, nothing to test here\n");
         return;
     }
+    /* the model's epilogues: SigLIP's products carry a bias (fc2 also the residual, in place) */
     struct {
         int64_t m, n, k;
-        int inplace;
-    } cs[] = {{276, 2048, 16384, 0}, {532, 2048, 16384, 1}, {788, 2048, 16384, 1}, {300, 32768, 2048, 0},
-              {532, 32768, 2048, 0}, {788, 32768, 2048, 0}, {512, 1152, 4304, 1},  {532, 2560, 2048, 0},
-              {540, 2048, 2048, 1}};
+        int inplace, bias;
+    } cs[] = {{276, 2048, 16384, 0, 0}, {532, 2048, 16384, 1, 0}, {788, 2048, 16384, 1, 0}, {300, 32768, 2048, 0, 0},
+              {532, 32768, 2048, 0, 0}, {788, 32768, 2048, 0, 0}, {512, 1152, 4304, 1, 1},  {532, 2560, 2048, 0, 0},
+              {540, 2048, 2048, 1, 0},  {256, 1152, 4304, 1, 1},  {768, 1152, 4304, 1, 1},  {768, 3456, 1152, 0, 1},
+              {256, 4304, 1152, 0, 1},  {768, 4304, 1152, 0, 1},  {276, 2560, 2048, 0, 0}, {788, 2560, 2048, 0, 0}};
     const int ncs = (int)(sizeof cs / sizeof cs[0]);
     nib_blas *b = NULL;
     CHECK_OK(nib_blas_create(&b));
@@ -760,15 +764,19 @@ NIB_TEST(blas_gpu_fp8_tuned_configs) {
         uint8_t *hxq = nib_malloc((size_t)m * k), *hwq = nib_malloc((size_t)n * k);
         float *hsx = nib_malloc((size_t)m * 4), *hsw = nib_malloc((size_t)n * 4);
         uint16_t *hy = nib_malloc((size_t)m * ldy * 2), *hc = nib_malloc((size_t)m * ldy * 2);
-        REQUIRE(hxq && hwq && hsx && hsw && hy && hc);
+        uint16_t *hb = nib_malloc((size_t)n * 2);
+        REQUIRE(hxq && hwq && hsx && hsw && hy && hc && hb);
+        for (int64_t j = 0; j < n; j++) hb[j] = nib_f32_to_bf16((float)(0.5 * nib_rng_normal(&rng)));
         for (int64_t i = 0; i < m * k; i++) hxq[i] = nib_f32_to_e4m3((float)(64.0 * nib_rng_normal(&rng)));
         for (int64_t i = 0; i < n * k; i++) hwq[i] = nib_f32_to_e4m3((float)(64.0 * nib_rng_normal(&rng)));
         for (int64_t i = 0; i < m; i++) hsx[i] = (float)(0.01 * (1.0 + nib_rng_uniform(&rng)));
         for (int64_t i = 0; i < n; i++) hsw[i] = (float)(0.0005 * (1.0 + nib_rng_uniform(&rng)));
         for (int64_t i = 0; i < m * ldy; i++)
             hc[i] = (i % ldy) < n && cs[ci].inplace ? nib_f32_to_bf16((float)nib_rng_normal(&rng)) : (uint16_t)POISON;
-        void *dxq, *dwq, *dy;
+        void *dxq, *dwq, *dy, *db;
         float *dsx, *dsw;
+        CHECK_OK(nib_dev_malloc(&db, (size_t)n * 2, "bias"));
+        CHECK_OK(nib_dev_upload(db, hb, (size_t)n * 2));
         CHECK_OK(nib_dev_malloc(&dxq, (size_t)m * k, "xq"));
         CHECK_OK(nib_dev_malloc(&dwq, (size_t)n * k, "wq"));
         CHECK_OK(nib_dev_malloc(&dy, (size_t)m * ldy * 2, "y"));
@@ -781,7 +789,8 @@ NIB_TEST(blas_gpu_fp8_tuned_configs) {
         CHECK_OK(nib_dev_upload(dy, hc, (size_t)m * ldy * 2)); /* the residual (in place) or the guard */
         const int before = nib_blas_tuned_plans(b);
         nib_blas_set_fp8_engine(b, NIB_FP8_ENGINE_CUBLASLT);
-        nib_blas_gemm_args a = {1, dxq, dsx, 1, dwq, dsw, 1, m, n, k, NULL, cs[ci].inplace ? dy : NULL, ldy, dy, ldy};
+        nib_blas_gemm_args a = {1, dxq, dsx, 1, dwq, dsw, 1, m, n, k, cs[ci].bias ? db : NULL,
+                                cs[ci].inplace ? dy : NULL, ldy, dy, ldy};
         CHECK_OK(nib_blas_gemm_fused(b, &a, NULL));
         nib_blas_set_fp8_engine(b, NIB_FP8_ENGINE_AUTO);
         CHECK_MSG(nib_blas_tuned_plans(b) == before + 1, "M=%lld N=%lld K=%lld did not run the reconfigured algorithm",
@@ -806,8 +815,9 @@ NIB_TEST(blas_gpu_fp8_tuned_configs) {
                     if (q % 16 == 15 || q == k - 1) run += fabs(s);
                 }
                 const double c = cs[ci].inplace ? nib_bf16_to_f32(hc[i * ldy + j]) : 0.0;
-                const double y = nib_bf16_to_f32(got), want = s + c;
-                const double bound = 0x1p-8 * (fabs(s) + fabs(want)) * 1.01 + 0x1p-12 * (run + ab);
+                const double bb = cs[ci].bias ? nib_bf16_to_f32(hb[j]) : 0.0;
+                const double y = nib_bf16_to_f32(got), want = s + bb + c;
+                const double bound = 0x1p-8 * (fabs(s) + fabs(bb) + fabs(want)) * 1.01 + 0x1p-12 * (run + ab);
                 if (fabs(y - want) / bound > worst) worst = fabs(y - want) / bound;
                 if (!(fabs(y - want) <= bound) && over++ < 5)
                     nib_test_fail(t, __FILE__, __LINE__, "M=%lld N=%lld K=%lld [%lld,%lld]: %g vs %g (bound %g)",
@@ -815,9 +825,10 @@ NIB_TEST(blas_gpu_fp8_tuned_configs) {
             }
         }
         CHECK_MSG(guard == 0, "%d guard values past N overwritten", guard);
-        printf("  M=%lld N=%lld K=%lld tile %d custom %d cluster %d%s: worst error / bound %.3f\n", (long long)m,
-               (long long)n, (long long)k, tune.tile, tune.custom, tune.cluster, cs[ci].inplace ? " (in place)" : "",
-               worst);
+        printf("  M=%lld N=%lld K=%lld tile %d custom %d cluster %d%s%s: worst error / bound %.3f\n", (long long)m,
+               (long long)n, (long long)k, tune.tile, tune.custom, tune.cluster, cs[ci].bias ? " (bias)" : "",
+               cs[ci].inplace ? " (in place)" : "", worst);
+        nib_dev_free(db, (size_t)n * 2);
         nib_dev_free(dxq, (size_t)m * k);
         nib_dev_free(dwq, (size_t)n * k);
         nib_dev_free(dy, (size_t)m * ldy * 2);
@@ -829,6 +840,7 @@ NIB_TEST(blas_gpu_fp8_tuned_configs) {
         nib_free(hsw);
         nib_free(hy);
         nib_free(hc);
+        nib_free(hb);
     }
     nib_blas_free(b);
 }

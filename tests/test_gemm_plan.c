@@ -406,9 +406,21 @@ NIB_TEST(gemm_fp8_plan_and_checks) {
         CHECK(nib_blas_tune_for(1, 532, 2048, 8192, 132, &bt) == 0);
         CHECK(nib_blas_tune_for(1, 512, 1152, 4304, 132, &bt) == 1 && bt.tile == 164 && bt.cluster == 8);
         CHECK(nib_fp8_use_nib(512, 1152, 4304) == 0); /* SigLIP's fc2 at 2 cameras: cuBLASLt, reconfigured */
-        CHECK(nib_fp8_use_nib(256, 1152, 4304) == 1); /* ... not measured at 1 camera: nib's kernel */
+        CHECK(nib_fp8_use_nib(256, 1152, 4304) == 0 && nib_fp8_use_nib(768, 1152, 4304) == 0); /* ... 1 and 3 */
+        CHECK(nib_blas_tune_for(1, 256, 1152, 4304, 132, &bt) == 1 && bt.tile == 319 && bt.custom == 1 && bt.cluster == 4);
+        CHECK(nib_blas_tune_for(1, 768, 1152, 4304, 132, &bt) == 1 && bt.tile == 28 && bt.custom == 4);
+        CHECK(nib_fp8_use_nib(300, 1152, 4304) == 1); /* not a camera multiple: nib's kernel */
+        CHECK(nib_fp8_use_nib(256, 3456, 1152) == 1 && nib_fp8_use_nib(768, 3456, 1152) == 0); /* SigLIP q|k|v */
+        CHECK(nib_blas_tune_for(1, 768, 3456, 1152, 132, &bt) == 1 && bt.tile == 28 && bt.cluster == 5);
+        CHECK(nib_fp8_use_nib(256, 4304, 1152) == 0 && nib_fp8_use_nib(512, 4304, 1152) == 1); /* SigLIP fc1 */
+        CHECK(nib_blas_tune_for(1, 768, 4304, 1152, 132, &bt) == 1 && bt.tile == 165 && bt.custom == 2);
+        CHECK(nib_fp8_use_nib(256, 1152, 1152) == 1 && nib_fp8_use_nib(768, 1152, 1152) == 1); /* SigLIP o */
         CHECK(nib_fp8_use_nib(532, 2560, 2048) == 0 && nib_fp8_use_nib(532, 2048, 2048) == 0);
-        CHECK(nib_fp8_use_nib(788, 2560, 2048) == 1);
+        CHECK(nib_fp8_use_nib(276, 2560, 2048) == 0 && nib_fp8_use_nib(788, 2560, 2048) == 0); /* Gemma q|k|v */
+        CHECK(nib_blas_tune_for(1, 276, 2560, 2048, 132, &bt) == 1 && bt.tile == 26 && bt.cluster == 4);
+        CHECK(nib_blas_tune_for(1, 788, 2560, 2048, 132, &bt) == 1 && bt.tile == 323 && bt.custom == 3 && bt.cluster == 7);
+        CHECK(nib_fp8_use_nib(200, 2560, 2048) == 1 && nib_fp8_use_nib(900, 2560, 2048) == 1); /* outside the rows */
+        CHECK(nib_fp8_use_nib(276, 2048, 2048) == 1 && nib_fp8_use_nib(788, 2048, 2048) == 1); /* Gemma o: nib */
         /* fewer SMs: 532 rows in 128 x 96 tiles are 96 CTAs, two waves on 64 SMs; 128 x 128 (80
          * CTAs) is also two waves of more work, 64 x 96 (192 CTAs) three of less: 3 x 6144 < 2 x 12288 */
         CHECK(nib_blas_tune_for(1, 532, 2048, 16384, 64, &bt) == 1 && bt.tile == 26);
