@@ -869,8 +869,8 @@ NIB_TEST(blas_gpu_bf16_tuned_configs) {
               {512, 1152, 1152, 1, 1},   {768, 1152, 1152, 1, 1},  {512, 3456, 1152, 0, 1},  {256, 4304, 1152, 0, 1},
               {512, 4304, 1152, 0, 1}};
     const int ncs = (int)(sizeof cs / sizeof cs[0]);
-    /* the prefix rules are off by default (measured slower in the model); their configurations
-     * are checked here all the same (NIB_BLAS_TUNE_PREFIX=1 for the A/B runs) */
+    /* the prefix's down rules are off by default (measured slower in the model); their
+     * configurations are checked here all the same (NIB_BLAS_TUNE_PREFIX=1 for the A/B runs) */
     setenv("NIB_BLAS_TUNE_PREFIX", "1", 1);
     nib_blas *b = NULL;
     CHECK_OK(nib_blas_create(&b));

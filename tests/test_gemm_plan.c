@@ -333,10 +333,11 @@ NIB_TEST(gemm_fp8_plan_and_checks) {
     CHECK(nib_fp8_use_nib(788, 2048, 2048) == 1);
     CHECK(nib_fp8_use_nib(532, 32768, 2048) == 0); /* cuBLASLt reconfigured (nib_blas_tune_for) */
     CHECK(nib_fp8_use_nib(512, 4304, 1152) == 1);
-    CHECK(nib_fp8_use_nib(256, 1152, 4304) == 1);
-    CHECK(nib_fp8_use_nib(512, 1152, 4304) == 0);    /* SigLIP's fc2 at 512 rows: cuBLASLt, reconfigured */
+    CHECK(nib_fp8_use_nib(300, 1152, 4304) == 1);
+    CHECK(nib_fp8_use_nib(512, 1152, 4304) == 0);    /* SigLIP's fc2 at 256 / 512 / 768 rows: cuBLASLt, reconfigured */
+    CHECK(nib_fp8_use_nib(256, 1152, 4304) == 0 && nib_fp8_use_nib(768, 1152, 4304) == 0);
     CHECK(nib_fp8_use_nib(540, 1152, 4304) == 1);    /* ... elsewhere past 320 rows: its own tile */
-    CHECK(nib_fp8_use_nib(768, 1152, 4304) == 1);
+    CHECK(nib_fp8_use_nib(760, 1152, 4304) == 1);
     CHECK(nib_fp8_use_nib(512, 2048, 4304) == 0);    /* K > 2048 past 320 rows, N > 1152 */
     CHECK(nib_fp8_use_nib(788, 1152, 4304) == 0);    /* two waves of the tile: cuBLASLt */
     {
@@ -384,8 +385,10 @@ NIB_TEST(gemm_fp8_plan_and_checks) {
         CHECK(nib_fp8_use_nib_geglu(788, 32768, 2048) == 0);
         CHECK(nib_blas_tune_for(1, 100, 2048, 16384, 132, &bt) == 0);  /* outside the measured rows */
         /* bf16: the heuristic's own tile and option with 1 x 1 clusters (tile 0, custom -1) */
-        CHECK(nib_blas_tune_for(0, 532, 2048, 16384, 132, &bt) == 0); /* the prefix: measured, not kept */
-        CHECK(nib_blas_tune_for(0, 532, 2560, 2048, 132, &bt) == 0);
+        CHECK(nib_blas_tune_for(0, 532, 2048, 16384, 132, &bt) == 0); /* the prefix's down: measured, not kept */
+        CHECK(nib_blas_tune_for(0, 276, 2048, 16384, 132, &bt) == 0);
+        CHECK(nib_blas_tune_for(0, 532, 2560, 2048, 132, &bt) == 1 && bt.base == 1 && bt.tile == 329); /* q|k|v, o: on */
+        CHECK(nib_blas_tune_for(0, 532, 2048, 2048, 132, &bt) == 1 && bt.tile == 0 && bt.cluster == 2);
         setenv("NIB_BLAS_TUNE_PREFIX", "1", 1);                       /* ... unless asked for (A/B) */
         CHECK(nib_blas_tune_for(0, 532, 2048, 16384, 132, &bt) == 1 && bt.tile == 0 && bt.custom == -1 && bt.cluster == 2);
         CHECK(nib_blas_tune_for(0, 276, 2048, 2048, 132, &bt) == 1 && bt.tile == 0 && bt.cluster == 2);
