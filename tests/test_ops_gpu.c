@@ -24,7 +24,9 @@
  * comes from a cancellation (a shift, a bias, a c - b s). V vectors and the plain K/V write
  * involve no statistic or transcendental: they must match exactly.
  */
+#include <float.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "formats/formats.h"
@@ -1158,4 +1160,118 @@ NIB_TEST(ops_gpu_rejects) {
     CHECK_ST(nib_cuda_qkv(&q, NULL), NIB_ERR_SHAPE);
     CHECK_OK(nib_dev_sync());
     dfree(&d);
+}
+
+/* ---- the FP8 hand-off's quotient (ops/cuda/fp8_rows.cuh) ------------------------------------ */
+
+#ifdef NIB_HAVE_CUDA
+nib_status nib_test_fp8_quot_probe(const float *x, int rows, int k, int mode, uint8_t *codes, float *scales,
+                                   uint8_t *fast); /* tests/fp8_quot_check.cu */
+#endif
+
+/* Every W8A8 activation kernel (norm, act, the per-token quantizer) computes its codes'
+ * quotients v / s with one reciprocal per row and Markstein's correction instead of an IEEE
+ * division per value; the claim is that the codes are bit for bit those of the division (the
+ * definition, formats/ nib_fp8_quantize). Rows of 4096 fp32 values with amax from 2^-149 to
+ * FLT_MAX (so the scale spans the fast path's [2^-60, 2^100] and both sides of it), values
+ * spread over 40 binades below amax (bf16-rounded in half the rows), a quarter of each row within an
+ * ulp of a midpoint between two e4m3 values (where the quotient's last bit decides the code), signed
+ * zeros, subnormals, an all-zero row, a row with +Inf and one with NaN. Checked: fast path == division (codes and
+ * scales), division == the host's x / s encoded by formats/ (finite rows), the fast path taken
+ * exactly where the scale is in range, and the uncorrected quotient (mode 2) caught. */
+NIB_TEST(ops_gpu_fp8_quotient) {
+#ifndef NIB_HAVE_CUDA
+    SKIP("CPU-only build: the quotient is the CUDA kernels'");
+#else
+    NIB_REQUIRE_GPU();
+    nib_rng r;
+    nib_test_rng(t, &r);
+    enum { K = 4096, R = 340 };
+    float *x = malloc(sizeof(float) * R * K), *sc[3];
+    uint8_t *codes[3], *fast[3];
+    for (int m = 0; m < 3; m++) {
+        sc[m] = malloc(sizeof(float) * R);
+        codes[m] = malloc((size_t)R * K);
+        fast[m] = malloc(R);
+    }
+    REQUIRE(x && sc[2] && codes[2] && fast[2]);
+    for (int i = 0; i < R; i++) {
+        float *row = x + (size_t)i * K;
+        /* amax exponent: rows 0..299 sweep -149 .. 127, then the edges of the fast path */
+        const int e = i < 300 ? -149 + (i * 276) / 299 : i < 320 ? -62 + (i - 300) % 5 : 98 + (i - 320) % 14;
+        const float amax = ldexpf(1.0f + (float)nib_rng_below(&r, 1u << 23) * 0x1p-23f, e);
+        for (int j = 0; j < K; j++) {
+            const int drop = j < 64 ? 100 + (int)nib_rng_below(&r, 200) : (int)nib_rng_below(&r, 41);
+            float v = ldexpf(1.0f + (float)nib_rng_below(&r, 1u << 23) * 0x1p-23f, e - drop);
+            if (i & 1) v = nib_bf16_to_f32(nib_f32_to_bf16(v)); /* bf16 inputs (the quantizer's) */
+            if (!(fabsf(v) <= amax)) v = amax;
+            if (nib_rng_below(&r, 2)) v = -v;
+            row[j] = v;
+        }
+        row[7] = 0.0f, row[8] = -0.0f, row[9] = amax, row[10] = -amax;
+        /* a quarter of the row: v / s within an ulp of a midpoint between two e4m3 codes, where the
+         * last bit of the fp32 quotient decides the code (random values almost never are) */
+        const float s = amax / 448.0f;
+        for (int j = K - K / 4; j < K; j++) {
+            const uint8_t c = (uint8_t)nib_rng_below(&r, 126);
+            const float mid = 0.5f * (nib_e4m3_to_f32(c) + nib_e4m3_to_f32((uint8_t)(c + 1)));
+            float v = mid * s;
+            v = nextafterf(v, (float)nib_rng_below(&r, 3) - 1.0f) ; /* one ulp down, up or none (toward -1 / 0 / 1) */
+            if (!(fabsf(v) <= amax)) v = amax;
+            row[j] = nib_rng_below(&r, 2) ? -v : v;
+        }
+    }
+    memset(x, 0, sizeof(float) * K); /* row 0: all zero (scale 1) */
+    x[(size_t)1 * K + 5] = INFINITY;  /* row 1: an Inf (scale Inf: the division path) */
+    x[(size_t)2 * K + 5] = NAN;       /* row 2: a NaN (amax ignores it) */
+    x[(size_t)3 * K + 6] = FLT_MAX;   /* row 3: the largest finite amax */
+    float *dx = NULL;
+    uint8_t *dq = NULL, *df = NULL;
+    float *ds = NULL;
+    REQUIRE(nib_dev_malloc((void **)&dx, sizeof(float) * R * K, "probe x") == NIB_OK);
+    REQUIRE(nib_dev_malloc((void **)&dq, (size_t)R * K, "probe codes") == NIB_OK);
+    REQUIRE(nib_dev_malloc((void **)&ds, sizeof(float) * R, "probe scales") == NIB_OK);
+    REQUIRE(nib_dev_malloc((void **)&df, R, "probe flags") == NIB_OK);
+    CHECK_OK(nib_dev_upload(dx, x, sizeof(float) * R * K));
+    for (int m = 0; m < 3; m++) {
+        CHECK_OK(nib_dev_memset(dq, 0xA5, (size_t)R * K));
+        CHECK_OK(nib_test_fp8_quot_probe(dx, R, K, m, dq, ds, df));
+        CHECK_OK(nib_dev_download(codes[m], dq, (size_t)R * K));
+        CHECK_OK(nib_dev_download(sc[m], ds, sizeof(float) * R));
+        CHECK_OK(nib_dev_download(fast[m], df, R));
+    }
+    long bad = 0, bad_host = 0, caught = 0, n_fast = 0, bad_flag = 0;
+    for (int i = 0; i < R; i++) {
+        const float s = sc[0][i];
+        const int want_fast = s >= 0x1p-60f && s <= 0x1p100f;
+        n_fast += fast[0][i];
+        if (fast[0][i] != want_fast && bad_flag++ < 3)
+            nib_test_fail(t, __FILE__, __LINE__, "row %d scale %a: fast path %d", i, s, fast[0][i]);
+        if (f2u(sc[0][i]) != f2u(sc[1][i]) && bad++ < 5)
+            nib_test_fail(t, __FILE__, __LINE__, "row %d: scale %a vs %a", i, sc[0][i], sc[1][i]);
+        for (int j = 0; j < K; j++) {
+            const size_t o = (size_t)i * K + j;
+            if (codes[0][o] != codes[1][o] && bad++ < 5)
+                nib_test_fail(t, __FILE__, __LINE__, "row %d col %d: x %a / s %a: code 0x%02x, division 0x%02x", i, j,
+                              x[o], s, codes[0][o], codes[1][o]);
+            caught += codes[2][o] != codes[1][o];
+            if (i >= 3 && codes[1][o] != nib_f32_to_e4m3(x[o] / s) && bad_host++ < 5)
+                nib_test_fail(t, __FILE__, __LINE__, "row %d col %d: division code 0x%02x, host 0x%02x", i, j,
+                              codes[1][o], nib_f32_to_e4m3(x[o] / s));
+        }
+    }
+    CHECK_MSG(bad == 0, "%ld codes / scales of the fast path differ from the division's", bad);
+    CHECK_MSG(bad_host == 0, "%ld division codes differ from the host's", bad_host);
+    CHECK_MSG(bad_flag == 0, "%ld rows took the wrong path", bad_flag);
+    CHECK_MSG(n_fast > R / 3, "only %ld of %d rows took the fast path", n_fast, R);
+    CHECK_MSG(caught > 0, "the uncorrected quotient was not caught: the comparison cannot fail");
+    printf("  note: %ld of %d rows on the fast path; the uncorrected quotient differs in %ld codes\n", n_fast, R,
+           caught);
+    nib_dev_free(dx, sizeof(float) * R * K);
+    nib_dev_free(dq, (size_t)R * K);
+    nib_dev_free(ds, sizeof(float) * R);
+    nib_dev_free(df, R);
+    free(x);
+    for (int m = 0; m < 3; m++) free(sc[m]), free(codes[m]), free(fast[m]);
+#endif
 }

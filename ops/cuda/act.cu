@@ -138,12 +138,12 @@ __global__ void __launch_bounds__(ACTQ_TMAX, 2) k_act_q(const ActParams p) {
         for (int r = 0; r < (1 << p.cl_shift); r++) amax = fmaxf(amax, nib::ld_cluster_f32(nib::cluster_map(a, (uint32_t)r)));
         nib::cluster_arrive_relaxed(); /* done reading the peers */
     }
-    const float sc = nib::fp8_row_scale_of(amax);
+    const float sc = nib::fp8_row_scale_of(amax), rc = nib::fp8_quot_rcp(sc);
     if (rank == 0 && threadIdx.x == 0) p.ys[row] = sc;
 #pragma unroll
     for (int i = 0; i < V; i++) {
         const int c = c0 + i * T;
-        if (c < p.nch) *(uint2 *)(p.yq + row * p.ldq + 8 * c) = nib::fp8_codes8(o[i], sc);
+        if (c < p.nch) *(uint2 *)(p.yq + row * p.ldq + 8 * c) = nib::fp8_codes8(o[i], sc, rc);
     }
     /* no CTA leaves while a peer may still read its s_part */
     if (p.cl_shift) nib::cluster_wait();

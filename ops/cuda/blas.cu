@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "base/base.h"
+#include "ops/cuda/fp8_rows.cuh"
 #include "ops/gemm.h"
 #include "runtime/cuda_check.h"
 #include "runtime/launch.cuh"
@@ -672,13 +673,8 @@ nib_status nib_blas_gemm_fp8(nib_blas *b, const void *xq, const float *sx, int s
 /* Per-token FP8 activation quantization, exactly formats/ nib_fp8_quantize on each row:
  * scale = amax/448 (1 for an all-zero row, at least FLT_MIN), code = satfinite e4m3(x / scale).
  * One CTA per row. Vector path (K % 8 == 0, 16-byte aligned rows): each thread keeps up to VMAX
- * 16-byte chunks in registers, so the row is read once. */
-__device__ __forceinline__ float fp8_row_scale(float amax) {
-    if (amax == 0.f) return 1.f;
-    float s = amax / 448.f;
-    return s < FLT_MIN ? FLT_MIN : s;
-}
-
+ * 16-byte chunks in registers, so the row is read once. The scale and the codes' quotients are
+ * ops/cuda/fp8_rows.cuh's (one reciprocal per row, no division per code). */
 __device__ __forceinline__ float block_max_256(float v, float *red) {
     for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
@@ -701,7 +697,8 @@ __global__ void __launch_bounds__(256) k_quant_fp8_rows_vec(const __nv_bfloat16 
     uint2 *qrow = (uint2 *)(xq + blockIdx.x * k);
     const int nc = (int)(k / 8);
     uint4 v[VMAX];
-    float amax = 0.f;
+    /* the max |x| on bf16 pairs (exact; a NaN loses to a number, as with fmaxf) */
+    __nv_bfloat162 am2 = __floats2bfloat162_rn(0.f, 0.f);
 #pragma unroll
     for (int j = 0; j < VMAX; j++) {
         int c = threadIdx.x + j * 256;
@@ -709,27 +706,24 @@ __global__ void __launch_bounds__(256) k_quant_fp8_rows_vec(const __nv_bfloat16 
             v[j] = row[c];
             const __nv_bfloat162 *h = (const __nv_bfloat162 *)&v[j];
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float2 f = __bfloat1622float2(h[e]);
-                amax = fmaxf(amax, fmaxf(fabsf(f.x), fabsf(f.y)));
-            }
+            for (int e = 0; e < 4; e++) am2 = __hmax2(am2, __habs2(h[e]));
         }
     }
-    const float sc = fp8_row_scale(block_max_256(amax, red));
+    const float amax = fmaxf(__low2float(am2), __high2float(am2));
+    const float sc = nib::fp8_row_scale_of(block_max_256(amax, red)), rc = nib::fp8_quot_rcp(sc);
     if (threadIdx.x == 0) scales[blockIdx.x] = sc;
 #pragma unroll
     for (int j = 0; j < VMAX; j++) {
         int c = threadIdx.x + j * 256;
         if (c < nc) {
             const __nv_bfloat162 *h = (const __nv_bfloat162 *)&v[j];
-            uint32_t w[2] = {0, 0};
+            float f[8];
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                float2 f = __bfloat1622float2(h[e]);
-                __nv_fp8x2_e4m3 q(make_float2(__fdiv_rn(f.x, sc), __fdiv_rn(f.y, sc))); /* satfinite, RNE */
-                w[e >> 1] |= (uint32_t)(*(const uint16_t *)&q) << (16 * (e & 1));
+                const float2 t = __bfloat1622float2(h[e]);
+                f[2 * e] = t.x, f[2 * e + 1] = t.y;
             }
-            qrow[c] = make_uint2(w[0], w[1]);
+            qrow[c] = nib::fp8_codes8(f, sc, rc); /* satfinite, RNE */
         }
     }
 }
@@ -744,10 +738,12 @@ __global__ void k_quant_fp8_rows(const __nv_bfloat16 *x, int64_t k, __nv_fp8_e4m
     if (per_token) {
         float amax = 0.f;
         for (int64_t i = threadIdx.x; i < k; i += blockDim.x) amax = fmaxf(amax, fabsf(__bfloat162float(row[i])));
-        const float sc = fp8_row_scale(block_max_256(amax, red));
+        const float sc = nib::fp8_row_scale_of(block_max_256(amax, red)), rc = nib::fp8_quot_rcp(sc);
         if (threadIdx.x == 0) scales[blockIdx.x] = sc;
-        for (int64_t i = threadIdx.x; i < k; i += blockDim.x)
-            qrow[i] = __nv_fp8_e4m3(__fdiv_rn(__bfloat162float(row[i]), sc)); /* satfinite conversion */
+        for (int64_t i = threadIdx.x; i < k; i += blockDim.x) {
+            const float v = __bfloat162float(row[i]);
+            qrow[i] = __nv_fp8_e4m3(rc != 0.f ? nib::fp8_quot(v, sc, rc) : __fdiv_rn(v, sc)); /* satfinite conversion */
+        }
     } else {
         for (int64_t i = threadIdx.x; i < k; i += blockDim.x)
             qrow[i] = __nv_fp8_e4m3(__bfloat162float(row[i]) * tensor_scale_inv);

@@ -158,12 +158,13 @@ __global__ void __launch_bounds__(256) k_norm(const NormParams p) {
     if (!p.yq) return;
     amax = nib::cta_max(amax, s_max, nw);
     const float sc = nib::fp8_row_scale_of(amax); /* fp8_rows.cuh: formats/ nib_fp8_quantize per row */
+    const float rc = nib::fp8_quot_rcp(sc);
     if (threadIdx.x == 0) p.ys[row] = sc;
 #pragma unroll
     for (int i = 0; i < V; i++) {
         const int c = threadIdx.x + i * blockDim.x;
         if (c >= p.nch) continue;
-        *(uint2 *)(p.yq + row * p.ldq + 8 * c) = nib::fp8_codes8(v[i], sc);
+        *(uint2 *)(p.yq + row * p.ldq + 8 * c) = nib::fp8_codes8(v[i], sc, rc);
     }
 }
 
