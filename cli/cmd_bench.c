@@ -193,7 +193,7 @@ static void plan_str(const nib_gemm_plan *pl, char *buf, size_t n) {
         return;
     }
     snprintf(buf, n, "mt%d r%d wk%d ks%d occ%d ctas%d%s", pl->mt, pl->r, pl->wk, pl->ksplit, pl->occ, pl->ctas,
-             pl->reg ? " regw" : "");
+             pl->reg == 2 ? " bulkw" : pl->reg ? " regw" : "");
 }
 
 /* One timed row of variant g->v at g->m (g->plan: the plan, or NULL for the planner's). */

@@ -137,6 +137,9 @@ nib_status nib_cuda_gemm(const nib_qweight *w, const void *x, int64_t m, int64_t
 #define NIB_GEMM_STAGES(mt) ((mt) >= 8 ? 3 : 4)                   /* weight pipeline stages */
 #define NIB_GEMM_CPS(mt) ((mt) <= 2 ? 2 : 1)                      /* chunks per pipeline step */
 #define NIB_GEMM_PIECES(fmt) ((fmt) == NIB_WFMT_FP8 ? 4 : 3)      /* 16-byte pieces per lane and chunk */
+/* bytes of one chunk (16 rows x 128 K) in a warp's bulk ring: element parts + scales */
+#define NIB_GEMM_BULK_CHUNK(fmt) \
+    ((fmt) == NIB_WFMT_FP8 ? 2048 : (fmt) == NIB_WFMT_NVFP4 ? 1024 + 128 : 1024 + 64)
 #define NIB_GEMM_X_BUDGET (48 * 1024) /* shared memory for X windows per CTA (x2 at one CTA per SM) */
 #define NIB_GEMM_MAX_SMEM (200 * 1024) /* dynamic shared memory a plan may use */
 
@@ -164,7 +167,9 @@ typedef struct nib_gemm_plan {
     int wk;        /* warps along K per CTA (8 warps) */
     int ksplit;    /* CTAs along K */
     int occ;       /* resident CTAs per SM the kernel's registers are budgeted for (1, 2) */
-    int reg;       /* 1: weights loaded straight into registers (MT <= 4), no shared-memory ring */
+    int reg;       /* 1: weights loaded straight into registers (MT <= 4), no shared-memory ring;
+                    * 2: weights moved by cp.async.bulk into per-warp rings (MT <= 4);
+                    * the planner picks it for INT4 and MXFP4 at M <= 8: ops/gemm_plan.c, bulk_ring) */
     int row_blocks, m_chunks, ctas;
     int xw, nxb, lds, ring_bytes; /* X window (pipeline steps), X buffers, X row stride, ring bytes */
     size_t smem;                  /* dynamic shared memory per CTA */

@@ -38,7 +38,7 @@ static int plan_eval(const nib_gemm_shape *w, int64_t m, uint64_t ws_elems, int 
     memset(pl, 0, sizeof *pl);
     pl->mt = mt;
     if (occ_regs != 2 && !(occ_regs == 1 && pl->mt == 8)) return 0; /* instantiated: OCC 2, MT 8 also OCC 1 */
-    if (reg && pl->mt == 8) return 0;                                  /* register weights: MT <= 4 */
+    if (reg && pl->mt == 8) return 0;                                  /* register / bulk weights: MT <= 4 */
     pl->r = 1;
     pl->occ = occ_regs;
     pl->reg = reg;
@@ -66,8 +66,10 @@ static int plan_eval(const nib_gemm_shape *w, int64_t m, uint64_t ws_elems, int 
     /* ring bytes: a CTA with fewer steps than stages only ever touches stages 0 .. steps-1
      * (stage j holds step j), so it needs only those (at M = 10 and K = 1024 one step per warp:
      * 24 KB instead of 96 KB, two CTAs per SM instead of one) */
-    const int ring = reg ? 0 /* register weights need no ring */
-                         : NIB_GEMM_WARPS * 32 * (steps < stages ? steps : stages) * NIB_GEMM_PIECES(w->fmt) * cps * 16;
+    const int used = steps < stages ? steps : stages;
+    const int ring = reg == 1 ? 0 /* register weights need no ring */
+                     : reg == 2 ? NIB_GEMM_WARPS * used * cps * NIB_GEMM_BULK_CHUNK(w->fmt) /* per-warp bulk rings */
+                                : NIB_GEMM_WARPS * 32 * used * NIB_GEMM_PIECES(w->fmt) * cps * 16;
     const size_t xs = (size_t)nxb * xrows_alloc * lds * 2;
     const size_t red = (size_t)(wk - 1) * wn * pl->mt * 4 * 32 * 4;
     const size_t smem = ring + xs > red ? ring + xs : red;
@@ -130,6 +132,25 @@ static int mt_allowed(int64_t m, int mt) {
  * cost model picks among them (its ties keep the fewer K splits: wk2 ks8 there). */
 static int long_k_gemv(const nib_gemm_shape *w, int64_t m) { return m <= 8 && w->kp / NIB_GEMM_KCH >= 64; }
 
+/* Bulk-ring rule. For INT4 and MXFP4 at M <= 8 (MT = 1) the weights move by cp.async.bulk into
+ * per-warp shared-memory rings (reg = 2: S - 1 pipeline steps in flight per warp, no registers)
+ * instead of straight into registers (reg = 1: one step). H100, `nib bench gemm --variants
+ * int4-g128,mxfp4 --sweep` at M = 1 (bench/results/gemm-sweep-h100-v6-bulk.json), the same plan
+ * both ways: 2048 -> 32768 INT4 16.90 against 18.25 us, MXFP4 16.75 against 17.37; 1024 -> 8192
+ * 4.80 against 5.68 / 5.63; 4096 -> 1024 4.60 / 4.62 against 5.02 / 4.95; 16384 -> 2048 (K split 16,
+ * one warp along K) 11.15 / 11.01 against the register plan's 11.84 / 11.32. Where a warp has
+ * one step (1024 -> 2560: 3.40 against 3.34 us) there is nothing to pipeline, so the rule needs
+ * two. NVFP4 and FP8 stay on register weights: their bulk plans were slower on every shape of
+ * that sweep (2048 -> 32768 NVFP4 17.92 against 16.68 us); the bulk path moves ~2.1 TB/s whatever
+ * the format, where NVFP4's register path reaches ~2.26. The model prices a bulk plan as the
+ * register plan it replaces; among equal costs it keeps the fewer warps along K (one warp per
+ * row group streams its own run of chunks: 16384 -> 2048 wk1 ks16 11.15 us, wk2 ks8 12.03). */
+static int bulk_ring(nib_wfmt fmt, int mt, int64_t nchunks, int wk, int ks) {
+    if ((fmt != NIB_WFMT_INT4 && fmt != NIB_WFMT_MXFP4) || mt != 1) return 0;
+    const int64_t cpc = (nchunks + ks - 1) / ks, per_step = (int64_t)wk * NIB_GEMM_CPS(1);
+    return (cpc + per_step - 1) / per_step >= 2;
+}
+
 /* The cheapest plan by the model (lk: only the long-K GEMV rule's plans); pl->wk = 0 when none fits. */
 static void plan_search_in(const nib_gemm_shape *w, int64_t m, uint64_t ws_elems, int sms, int lk, nib_gemm_plan *pl) {
     double best = 1e30;
@@ -147,13 +168,20 @@ static void plan_search_in(const nib_gemm_shape *w, int64_t m, uint64_t ws_elems
                         if (ks == prev) continue;
                         prev = ks;
                         double cost;
-                        /* equal cost: the fewer K splits (fewer partial slots to write and add) */
-                        if (!plan_eval(w, m, ws_elems, sms, mt, wk, occ, ks, reg, &cand, &cost)) continue;
+                        /* equal cost: the fewer K splits (fewer partial slots to write and add);
+                         * bulk plans: the fewer warps along K */
+                        int rk = reg && bulk_ring(w->fmt, mt, nchunks, wk, ks) ? 2 : reg;
+                        if (rk == 2 && !plan_eval(w, m, ws_elems, sms, mt, wk, occ, ks, rk, &cand, &cost))
+                            rk = 1; /* the rings do not fit: register weights */
+                        if (!plan_eval(w, m, ws_elems, sms, mt, wk, occ, ks, rk, &cand, &cost)) continue;
                         /* K and M splits are there to fill the GPU: none past 4 waves of CTAs (the
                          * range the model was fitted on; the lab's sweep times no more) */
                         if ((ks > 1 || mt != NIB_GEMM_MT(m)) && cand.ctas > 4 * occ * sms) continue;
                         if (lk && (ks < 2 || wk > 2 || occ != 2 || cand.ctas <= sms || cand.ctas > 2 * sms)) continue;
-                        if (cost < best - 1e-9 || (cost < best + 1e-9 && ks < pl->ksplit)) {
+                        const int tie = cost < best + 1e-9;
+                        if (cost < best - 1e-9 ||
+                            (tie && (rk == 2 && pl->reg == 2 ? wk < pl->wk || (wk == pl->wk && ks < pl->ksplit)
+                                                             : ks < pl->ksplit))) {
                             best = cost;
                             *pl = cand;
                         }
@@ -214,7 +242,7 @@ int nib_gemm_plans_for(const nib_gemm_shape *w, int64_t m, uint64_t ws_elems, in
     const int nchunks = (int)(w->kp / NIB_GEMM_KCH);
     /* the planner's MT first, then smaller MT splitting M into several chunks */
     for (int mt = NIB_GEMM_MT(m); mt >= 1 && mt_allowed(m, mt); mt /= 2) {
-        for (int reg = 0; reg <= 1; reg++)
+        for (int reg = 0; reg <= 2; reg++)
             for (int occ = 2; occ >= 1; occ--)
                 for (int wk = 1; wk <= NIB_GEMM_WARPS; wk *= 2)
                     for (int ks = 1; ks <= nchunks && n < max; ks++) {

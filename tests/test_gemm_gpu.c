@@ -362,16 +362,17 @@ NIB_TEST(gemm_gpu_split_k_deterministic) {
 }
 
 /* Every launch plan the planner could pick (warps along K, K splits, both register budgets of
- * MT = 8, register-loaded weights, M split into chunks of 8 MT tokens) gives a correct,
+ * MT = 8, register-loaded and bulk-copied weights, M split into chunks of 8 MT tokens) gives a correct,
  * deterministic result: the planner's cost model may choose any of them. */
 NIB_TEST(gemm_gpu_every_plan) {
     NIB_REQUIRE_GPU();
     nib_rng rng;
     nib_gemm_ws ws;
     gemm_test_begin(t, &rng, &ws, 128, 1024);
-    const nib_wfmt fs[] = {NIB_WFMT_NVFP4, NIB_WFMT_INT4};
+    /* MXFP4 and FP8 (their own scale reads in the bulk ring): the bulk plans only */
+    const nib_wfmt fs[] = {NIB_WFMT_NVFP4, NIB_WFMT_INT4, NIB_WFMT_MXFP4, NIB_WFMT_FP8};
     const int64_t ms[] = {1, 17, 50, 63, 100};
-    int total = 0, occ1 = 0, occ2_mt8 = 0, regw = 0, msplit = 0;
+    int total = 0, occ1 = 0, occ2_mt8 = 0, regw = 0, bulkw = 0, msplit = 0;
     for (size_t i = 0; i < NIB_ARRAY_LEN(fs); i++) {
         rand_w rw;
         REQUIRE(make_rand_w(&rng, fs[i], 400, 1152, 1, 0, 1, 0, &rw));
@@ -385,6 +386,7 @@ NIB_TEST(gemm_gpu_every_plan) {
                       (long long)ms[mi], np);
             CHECK_MSG(np >= 2, "M=%lld: only %d plans", (long long)ms[mi], np);
             for (int p = 0; p < np; p++) {
+                if (i >= 2 && pls[p].reg != 2) continue;
                 /* alternate the epilogues over the plans: GeGLU, and gate + residual (plain) */
                 case_opts o = {p % 2 == 0, p % 2 == 1, p % 2 == 1, 0, &pls[p]};
                 double worst = run_case(t, &rng, &rw.w, ms[mi], &o, &ws, 1);
@@ -395,17 +397,19 @@ NIB_TEST(gemm_gpu_every_plan) {
                 msplit += pls[p].mt < NIB_GEMM_MT(ms[mi]);
                 occ1 += pls[p].occ == 1;
                 occ2_mt8 += pls[p].occ == 2 && pls[p].mt == 8;
-                regw += pls[p].reg;
+                regw += pls[p].reg == 1;
+                bulkw += pls[p].reg == 2;
             }
         }
         nib_dev_arena_free(&a);
         rand_w_free(&rw);
     }
-    printf("  %d plans checked (%d with one CTA per SM, %d MT=8 with two, %d with register-loaded weights, %d with M "
-           "split into chunks of 8 MT tokens)\n", total, occ1, occ2_mt8, regw, msplit);
+    printf("  %d plans checked (%d with one CTA per SM, %d MT=8 with two, %d with register-loaded weights, %d with "
+           "bulk-copied weights, %d with M split into chunks of 8 MT tokens)\n", total, occ1, occ2_mt8, regw, bulkw, msplit);
     CHECK_MSG(msplit > 0, "the M-split plans must be exercised");
     CHECK_MSG(occ1 > 0 && occ2_mt8 > 0, "both register budgets of MT=8 must be exercised");
     CHECK_MSG(regw > 0, "the register-loaded weight variant must be exercised");
+    CHECK_MSG(bulkw > 0, "the bulk-copied weight variant must be exercised");
     nib_cuda_gemm_ws_free(&ws);
 }
 

@@ -9,7 +9,7 @@
  * (1.0148x geometric mean since the long-K GEMV rule, 1.1503x worst), rounded up in the third
  * digit: they are a ratchet, not a derived error bound. A second sweep, recorded after the split-K
  * arrival became one acq_rel add (bench/results/gemm-sweep-h100-v5-acqrel.json, M <= 128), is
- * held the same way.
+ * held the same way, and a third (v6, with the bulk-ring plans) holds the INT4 / MXFP4 rule.
  */
 #include <math.h>
 #include <stdint.h>
@@ -28,6 +28,10 @@
 #define V5_WORST 1.153
 /* the lab's split-K workspace for that run (nib bench gemm: max M 532 -> 9 M chunks, widest
  * shape 32768 rows): 9 x 32768 x 64 x 2 floats */
+#define V6_INT4_GEO 1.011 /* the planner's values on v6 (1.0105x, 1.107x; MXFP4 1.0151x, 1.109x), rounded up */
+#define V6_INT4_WORST 1.108
+#define V6_MX_GEO 1.016
+#define V6_MX_WORST 1.110
 #define SWEEP_WS_ELEMS (9ull * 32768 * 64 * 2)
 #define SWEEP_SMS 132
 
@@ -86,14 +90,14 @@ static void regret_check(nib_test_ctx *t, const regret_sum *r, const char *what,
 static void plan_text(const nib_gemm_plan *pl, char *buf, size_t n) {
     /* the lab's plan column (cli/cmd_bench.c plan_str) */
     snprintf(buf, n, "mt%d r%d wk%d ks%d occ%d ctas%d%s", pl->mt, pl->r, pl->wk, pl->ksplit, pl->occ, pl->ctas,
-             pl->reg ? " regw" : "");
+             pl->reg == 2 ? " bulkw" : pl->reg ? " regw" : "");
 }
 
 /* The planner's picks against one recorded sweep: every (K, N, M) case of its NVFP4 rows, the
  * best measured mma.sync plan (rows whose plan starts with "mt": newer sweeps also time the wgmma
  * kernel, which the engine picks by its own rule) against the time of the plan the planner picks. */
-static void plan_regret_on(nib_test_ctx *t, const char *file, int64_t m_max, int want_cases, double geo_max,
-                           double worst_max) {
+static void plan_regret_fmt(nib_test_ctx *t, const char *file, const char *variant, nib_wfmt fmt, int64_t m_max,
+                            uint64_t ws_elems, int want_cases, double geo_max, double worst_max) {
     nib_json_doc *doc = read_recorded(t, file);
     if (!doc) return;
     const nib_json_value *rows = nib_json_get(nib_json_root(doc), "rows");
@@ -103,16 +107,16 @@ static void plan_regret_on(nib_test_ctx *t, const char *file, int64_t m_max, int
     for (size_t i = 0; i < nrows; i++) {
         const nib_json_value *r = nib_json_elem(rows, i);
         const char *v = nib_json_string(nib_json_get(r, "variant"), NULL);
-        if (!v || strcmp(v, "nvfp4") || !nib_json_bool(nib_json_get(r, "planner"))) continue;
+        if (!v || strcmp(v, variant) || !nib_json_bool(nib_json_get(r, "planner"))) continue;
         int64_t k = 0, n = 0, m = 0;
         CHECK_OK(nib_json_int64(nib_json_get(r, "k"), &k));
         CHECK_OK(nib_json_int64(nib_json_get(r, "n"), &n));
         CHECK_OK(nib_json_int64(nib_json_get(r, "m"), &m));
         if (m > m_max) continue;
         double best = INFINITY, picked = NAN;
-        nib_gemm_shape sh = {NIB_WFMT_NVFP4, (n + 15) / 16 * 16, (k + NIB_GEMM_KCH - 1) / NIB_GEMM_KCH * NIB_GEMM_KCH};
+        nib_gemm_shape sh = {fmt, (n + 15) / 16 * 16, (k + NIB_GEMM_KCH - 1) / NIB_GEMM_KCH * NIB_GEMM_KCH};
         nib_gemm_plan pl;
-        CHECK_OK(nib_gemm_plan_for(&sh, m, SWEEP_WS_ELEMS, SWEEP_SMS, &pl));
+        CHECK_OK(nib_gemm_plan_for(&sh, m, ws_elems, SWEEP_SMS, &pl));
         char want[96];
         plan_text(&pl, want, sizeof want);
         for (size_t j = 0; j < nrows; j++) {
@@ -120,7 +124,7 @@ static void plan_regret_on(nib_test_ctx *t, const char *file, int64_t m_max, int
             const char *qv = nib_json_string(nib_json_get(q, "variant"), NULL);
             const char *qp = nib_json_string(nib_json_get(q, "plan"), NULL);
             int64_t qk = 0, qn = 0, qm = 0;
-            if (!qv || strcmp(qv, "nvfp4") || !qp || strncmp(qp, "mt", 2) ||
+            if (!qv || strcmp(qv, variant) || !qp || strncmp(qp, "mt", 2) ||
                 nib_json_int64(nib_json_get(q, "k"), &qk) || nib_json_int64(nib_json_get(q, "n"), &qn) ||
                 nib_json_int64(nib_json_get(q, "m"), &qm) || qk != k || qn != n || qm != m)
                 continue;
@@ -137,8 +141,12 @@ static void plan_regret_on(nib_test_ctx *t, const char *file, int64_t m_max, int
     }
     nib_json_free(doc);
     char what[160];
-    snprintf(what, sizeof what, "%s: the planner's plans are", file);
+    snprintf(what, sizeof what, "%s (%s): the planner's plans are", file, variant);
     regret_check(t, &rs, what, want_cases, geo_max, worst_max);
+}
+static void plan_regret_on(nib_test_ctx *t, const char *file, int64_t m_max, int want_cases, double geo_max,
+                           double worst_max) {
+    plan_regret_fmt(t, file, "nvfp4", NIB_WFMT_NVFP4, m_max, SWEEP_WS_ELEMS, want_cases, geo_max, worst_max);
 }
 
 NIB_TEST(gemm_plan_matches_recorded_sweep) {
@@ -147,6 +155,17 @@ NIB_TEST(gemm_plan_matches_recorded_sweep) {
      * wgmma kernel runs, and the sweep did not time every mma.sync plan the planner may pick) */
     plan_regret_on(t, SWEEP_FILE, 532, 54, 1.015, 1.151);
     plan_regret_on(t, SWEEP_FILE_V5, 128, 45, V5_GEO, V5_WORST);
+}
+
+/* The bulk-ring rule (ops/gemm_plan.c, bulk_ring): INT4 and MXFP4 at M <= 8, against v6 (five lab
+ * shapes x M = 1, 4, 16, every mma.sync plan timed, the bulk plans included; the lab's workspace
+ * for M <= 16 was 1 x 32768 x 64 x 2 floats). Bounds: the planner's values on that file, rounded up
+ * in the third digit (a ratchet); the register-only planner that recorded the file was 1.077x /
+ * 1.057x (geometric mean) there, worst 1.219x / 1.191x (INT4 / MXFP4). */
+#define SWEEP_FILE_V6 "bench/results/gemm-sweep-h100-v6-bulk.json"
+NIB_TEST(gemm_plan_bulk_matches_recorded_sweep) {
+    plan_regret_fmt(t, SWEEP_FILE_V6, "int4-g128", NIB_WFMT_INT4, 8, 32768ull * 64 * 2, 10, V6_INT4_GEO, V6_INT4_WORST);
+    plan_regret_fmt(t, SWEEP_FILE_V6, "mxfp4", NIB_WFMT_MXFP4, 8, 32768ull * 64 * 2, 10, V6_MX_GEO, V6_MX_WORST);
 }
 
 /* INT4 on the wgmma kernel: the token tile the planner picks (nib_gemm_wg_tile), against the
@@ -247,8 +266,14 @@ NIB_TEST(gemm_plan_invariants) {
                         CHECK_MSG(!bad, "fmt %d K=%lld N=%lld M=%lld ws=%llu: inconsistent plan wk%d ks%d occ%d ctas%d smem%zu",
                                   (int)fmts[f], (long long)sh.kp, (long long)sh.np, (long long)m,
                                   (unsigned long long)wss[wi], p->wk, p->ksplit, p->occ, p->ctas, p->smem);
-                        CHECK_MSG(!p->reg || (p->mt <= 4 && p->ring_bytes == 0), "register-weight plan with mt%d ring %d",
+                        CHECK_MSG(p->reg != 1 || (p->mt <= 4 && p->ring_bytes == 0), "register-weight plan with mt%d ring %d",
                                   p->mt, p->ring_bytes);
+                        /* bulk rings: one per warp, whole stages of cps chunks */
+                        CHECK_MSG(p->reg != 2 || (p->mt <= 4 && p->ring_bytes > 0 &&
+                                                  p->ring_bytes % (NIB_GEMM_WARPS * cps * NIB_GEMM_BULK_CHUNK(fmts[f])) == 0 &&
+                                                  p->ring_bytes <= NIB_GEMM_WARPS * NIB_GEMM_STAGES(p->mt) * cps *
+                                                                       NIB_GEMM_BULK_CHUNK(fmts[f])),
+                                  "bulk-weight plan with mt%d ring %d", p->mt, p->ring_bytes);
                         for (int j = 0; j < i; j++)
                             CHECK_MSG(!(all[j].wk == p->wk && all[j].ksplit == p->ksplit && all[j].occ == p->occ &&
                                         all[j].reg == p->reg && all[j].mt == p->mt),

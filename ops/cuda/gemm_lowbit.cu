@@ -25,6 +25,7 @@
 
 #include "ops/cuda/gemm_lowbit.cuh"
 #include "ops/cuda/tmap.h"
+#include "ops/cuda/wgmma.cuh" /* mbarriers (the bulk ring) */
 #include "ops/gemm.h"
 #include "runtime/cuda_check.h"
 #include "runtime/device.h"
@@ -224,11 +225,50 @@ __device__ __forceinline__ void epi_pair(const GemmParams &p, int rg, int g, int
     }
 }
 
-/* The issue side of the weight/X pipeline of one thread (see the kernel). REG: the weights
- * go straight to registers (the kernel loads them); only the X windows go through cp.async. */
+/* ---- the per-warp bulk ring (REG = 2) ---------------------------------------------------
+ * A warp's CPS chunks of one pipeline step are contiguous in both planes (CPS x PARTS x 512
+ * element bytes, CPS x SB scale bytes), so lane 0 moves a whole step with two cp.async.bulk
+ * copies (the TMA engine; no per-lane copy instructions) into the warp's stage, completing on
+ * the stage's mbarrier. The stages hold S - 1 steps in flight per warp without registers, where
+ * REG = 1 holds one step in registers. Stage layout: the CPS chunks' element parts as in global
+ * memory, then their scales (16 bytes per lane group g for NVFP4, 8 for MXFP4 / INT4). */
+template <int FMT> struct BulkChunk { enum { E = FmtT<FMT>::PARTS * 512, B = E + FmtT<FMT>::SB }; };
+static_assert(BulkChunk<NIB_WFMT_NVFP4>::B == NIB_GEMM_BULK_CHUNK(NIB_WFMT_NVFP4) &&
+                  BulkChunk<NIB_WFMT_MXFP4>::B == NIB_GEMM_BULK_CHUNK(NIB_WFMT_MXFP4) &&
+                  BulkChunk<NIB_WFMT_INT4>::B == NIB_GEMM_BULK_CHUNK(NIB_WFMT_INT4) &&
+                  BulkChunk<NIB_WFMT_FP8>::B == NIB_GEMM_BULK_CHUNK(NIB_WFMT_FP8),
+              "bulk ring chunk bytes differ between the kernel and its planner");
+
+__device__ __forceinline__ void bulk_g2s(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar, uint64_t pol) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
+                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar), "l"(pol)
+                 : "memory");
+}
+
+template <int FMT, int CPS>
+__device__ __forceinline__ void read_chunk_bulk(Chunk<FMT> &ch, const unsigned char *stage_ptr, int cc, int lane, int g) {
+    constexpr int PARTS = FmtT<FMT>::PARTS, E = BulkChunk<FMT>::E, SB = FmtT<FMT>::SB;
+#pragma unroll
+    for (int q = 0; q < PARTS; q++) ch.e[q] = *(const uint4 *)(stage_ptr + cc * E + q * 512 + lane * 16);
+    const unsigned char *sp = stage_ptr + CPS * E + cc * SB;
+    if (FMT == NIB_WFMT_NVFP4) {
+        ch.s = *(const uint4 *)(sp + g * 16);
+    } else if (FMT != NIB_WFMT_FP8) {
+        const uint2 v = *(const uint2 *)(sp + g * 8);
+        ch.s.x = v.x;
+        ch.s.y = v.y;
+    }
+}
+
+/* The issue side of the weight/X pipeline of one thread (see the kernel). REG = 1: the weights
+ * go straight to registers (the kernel loads them); REG = 2: lane 0 of each warp moves them into
+ * the warp's bulk ring; either way only the X windows go through cp.async. */
 template <int FMT, int MT, int REG> struct IssueState {
     enum { S = Stages<MT>::S, PARTS = FmtT<FMT>::PARTS, CPS = Cps<MT>::N };
     const uint8_t *wp, *sp;
+    const uint8_t *bwp, *bsp; /* REG = 2: the warp's element / scale pointers (no lane offset) */
+    uint32_t bring, bbar;     /* REG = 2: the warp's ring and its stage-0 mbarrier (shared addresses) */
+    uint64_t bpol;
     size_t wstep, sstep;
     int j, stage, in, xb, c, kcol, nsteps, c_end, xrows, m0, xs_stride;
     bool rg_ok;
@@ -242,6 +282,8 @@ template <int FMT, int MT, int REG> struct IssueState {
         wp = p.w + tile0 * (PARTS * 512) + lane * 16;
         sp = FMT == NIB_WFMT_FP8 ? p.w
              : FMT == NIB_WFMT_NVFP4 ? p.s + tile0 * 128 + g * 16 : p.s + tile0 * 64 + (g & ~1) * 8;
+        bwp = p.w + tile0 * (PARTS * 512);
+        bsp = FMT == NIB_WFMT_FP8 ? p.w : p.s + tile0 * sb;
         wstep = (size_t)p.wk * CPS * PARTS * 512;
         sstep = (size_t)p.wk * CPS * sb;
         j = stage = in = xb = 0;
@@ -260,6 +302,21 @@ template <int FMT, int MT, int REG> struct IssueState {
     __device__ __forceinline__ void step(const GemmParams &p, uint32_t ring) {
         if (j < nsteps) {
             if (!REG) issue_chunks<FMT, CPS>(ring, stage, wp, sp, rg_ok, c, c_end);
+            if (REG == 2) {
+                /* stage `stage` was read in the previous iteration by every lane (its values fed
+                 * that iteration's MMAs): after the warp meets here it may be overwritten */
+                __syncwarp();
+                const int nv = min((int)CPS, c_end - c);
+                if ((threadIdx.x & 31) == 0 && rg_ok && nv > 0) {
+                    constexpr int E = BulkChunk<FMT>::E, SB = FmtT<FMT>::SB;
+                    const uint32_t bar = bbar + stage * 8, dst = bring + stage * (CPS * BulkChunk<FMT>::B);
+                    mbar_arrive_expect_tx(bar, (uint32_t)(nv * (E + SB)));
+                    bulk_g2s(dst, bwp, (uint32_t)(nv * E), bar, bpol);
+                    if (SB) bulk_g2s(dst + CPS * E, bsp, (uint32_t)(nv * SB), bar, bpol);
+                }
+                bwp += wstep;
+                bsp += sstep;
+            }
             if (in == 0) {
                 issue_x_window(p, xwalk, xs0 + xb * xs_stride, xrows, m0, kcol);
                 xb = xb + 1 == p.nxb ? 0 : xb + 1;
@@ -381,13 +438,27 @@ __global__ void __launch_bounds__(WARPS * 32, OCC) k_gemm_lowbit(GemmParams p) {
      * starts at step j); all counters incremental: no divisions in the loop */
     IssueState<FMT, MT, REG> is;
     is.init(p, rg0, c_begin, wkk, lane, g, nsteps, c_end, rg_ok[0], xs0, xs_stride, xrows, m0);
+    /* REG = 2: this warp's ring (p.ring_bytes / WARPS bytes) and its S mbarriers, one per stage */
+    __shared__ __align__(8) uint64_t s_bar[REG == 2 ? WARPS * S : 1];
+    const unsigned char *bring_ptr = smem + (size_t)warp * (p.ring_bytes / WARPS);
+    if (REG == 2) {
+        is.bring = ring + (uint32_t)warp * (uint32_t)(p.ring_bytes / WARPS);
+        is.bbar = smem_u32(&s_bar[warp * S]);
+        is.bpol = evict_first_policy();
+        if (lane == 0) {
+#pragma unroll
+            for (int st = 0; st < S; st++) mbar_init(is.bbar + st * 8, 1);
+            mbar_init_fence();
+        }
+        __syncwarp();
+    }
     /* REG: this lane's weight stream (the pointers IssueState starts from), step 0 in flight
      * before the X prologue */
     const uint8_t *rwp = is.wp, *rsp = is.sp;
     int rc = is.c;
     Chunk<FMT> nxt[CPS];
     uint64_t pol = 0;
-    if (REG) {
+    if (REG == 1) {
         pol = evict_first_policy();
         if (nsteps > 0) load_chunks_reg<FMT, CPS>(nxt, rwp, rsp, rg_ok[0], rc, c_end, g, pol);
     }
@@ -395,11 +466,18 @@ __global__ void __launch_bounds__(WARPS * 32, OCC) k_gemm_lowbit(GemmParams p) {
     for (int j = 0; j < S - 1; j++) is.step(p, ring);
 
     int use_stage = 0, use_in = 0, use_xb = 0, use_c = c_begin + wkk * CPS;
+    uint32_t use_phase = 0; /* REG = 2: parity of the stage's current phase */
     for (int i = 0; i < nsteps; i++) {
         cp_async_wait<S - 2>();
         if (use_in == 0) __syncthreads(); /* X window complete in every thread */
         Chunk<FMT> ch[CPS][R];
-        if (REG) {
+        if (REG == 2) {
+            /* the positions that copied something (IssueState::step: rg_ok and a chunk left) */
+            if (rg_ok[0] && use_c < c_end) mbar_wait(is.bbar + use_stage * 8, use_phase);
+            const unsigned char *stp = bring_ptr + use_stage * (CPS * BulkChunk<FMT>::B);
+#pragma unroll
+            for (int cc = 0; cc < CPS; cc++) read_chunk_bulk<FMT, CPS>(ch[cc][0], stp, cc, lane, g);
+        } else if (REG == 1) {
 #pragma unroll
             for (int cc = 0; cc < CPS; cc++) ch[cc][0] = nxt[cc];
             rwp += is.wstep;
@@ -413,7 +491,7 @@ __global__ void __launch_bounds__(WARPS * 32, OCC) k_gemm_lowbit(GemmParams p) {
         is.step(p, ring);
 #pragma unroll
         for (int cc = 0; cc < CPS; cc++) {
-            if (use_c + cc < c_end) {
+            if (use_c + cc < c_end && (REG != 2 || rg_ok[0])) { /* (REG = 2: no copy, no data) */
                 const uint32_t off =
                     (uint32_t)(use_xb * xs_stride + ((use_in * p.wk + wkk) * CPS + cc) * KCH) * 2;
                 uint32_t bw[MT];
@@ -422,7 +500,10 @@ __global__ void __launch_bounds__(WARPS * 32, OCC) k_gemm_lowbit(GemmParams p) {
                 compute_chunk<FMT, MT, R>(acc, acc2, ch[cc], p.scale_add, bw);
             }
         }
-        use_stage = use_stage + 1 == S ? 0 : use_stage + 1;
+        if (++use_stage == S) {
+            use_stage = 0;
+            use_phase ^= 1u;
+        }
         use_c += p.wk * CPS;
         if (++use_in == p.xw) {
             use_in = 0;
@@ -1085,9 +1166,18 @@ static nib_status launch_wg(const nib_qweight *w, const GemmParams &p, const voi
 template <int FMT>
 static nib_status launch_mt(int mt, int occ, int reg, const GemmParams &p, dim3 g, size_t smem, cudaStream_t s) {
     switch (mt) {
-    case 1: return reg ? launch_t<FMT, 1, 1, 2, 1>(p, g, smem, s) : launch_t<FMT, 1, 1, 2, 0>(p, g, smem, s);
-    case 2: return reg ? launch_t<FMT, 2, 1, 2, 1>(p, g, smem, s) : launch_t<FMT, 2, 1, 2, 0>(p, g, smem, s);
-    case 4: return reg ? launch_t<FMT, 4, 1, 2, 1>(p, g, smem, s) : launch_t<FMT, 4, 1, 2, 0>(p, g, smem, s);
+    case 1:
+        return reg == 2 ? launch_t<FMT, 1, 1, 2, 2>(p, g, smem, s)
+               : reg    ? launch_t<FMT, 1, 1, 2, 1>(p, g, smem, s)
+                        : launch_t<FMT, 1, 1, 2, 0>(p, g, smem, s);
+    case 2:
+        return reg == 2 ? launch_t<FMT, 2, 1, 2, 2>(p, g, smem, s)
+               : reg    ? launch_t<FMT, 2, 1, 2, 1>(p, g, smem, s)
+                        : launch_t<FMT, 2, 1, 2, 0>(p, g, smem, s);
+    case 4:
+        return reg == 2 ? launch_t<FMT, 4, 1, 2, 2>(p, g, smem, s)
+               : reg    ? launch_t<FMT, 4, 1, 2, 1>(p, g, smem, s)
+                        : launch_t<FMT, 4, 1, 2, 0>(p, g, smem, s);
     default:
         return occ == 1 ? launch_t<FMT, 8, 1, 1, 0>(p, g, smem, s) : launch_t<FMT, 8, 1, 2, 0>(p, g, smem, s);
     }
