@@ -145,8 +145,8 @@ static int long_k_gemv(const nib_gemm_shape *w, int64_t m) { return m <= 8 && w-
  * the format, where NVFP4's register path reaches ~2.26. The model prices a bulk plan as the
  * register plan it replaces; among equal costs it keeps the fewer warps along K (one warp per
  * row group streams its own run of chunks: 16384 -> 2048 wk1 ks16 11.15 us, wk2 ks8 12.03). */
-static int bulk_ring(nib_wfmt fmt, int mt, int64_t nchunks, int wk, int ks) {
-    if ((fmt != NIB_WFMT_INT4 && fmt != NIB_WFMT_MXFP4) || mt != 1) return 0;
+static int bulk_ring(nib_wfmt fmt, int64_t m, int mt, int64_t nchunks, int wk, int ks) {
+    if ((fmt != NIB_WFMT_INT4 && fmt != NIB_WFMT_MXFP4) || m > 8 || mt != 1) return 0;
     const int64_t cpc = (nchunks + ks - 1) / ks, per_step = (int64_t)wk * NIB_GEMM_CPS(1);
     return (cpc + per_step - 1) / per_step >= 2;
 }
@@ -170,7 +170,7 @@ static void plan_search_in(const nib_gemm_shape *w, int64_t m, uint64_t ws_elems
                         double cost;
                         /* equal cost: the fewer K splits (fewer partial slots to write and add);
                          * bulk plans: the fewer warps along K */
-                        int rk = reg && bulk_ring(w->fmt, mt, nchunks, wk, ks) ? 2 : reg;
+                        int rk = reg && bulk_ring(w->fmt, m, mt, nchunks, wk, ks) ? 2 : reg;
                         if (rk == 2 && !plan_eval(w, m, ws_elems, sms, mt, wk, occ, ks, rk, &cand, &cost))
                             rk = 1; /* the rings do not fit: register weights */
                         if (!plan_eval(w, m, ws_elems, sms, mt, wk, occ, ks, rk, &cand, &cost)) continue;
