@@ -298,6 +298,17 @@ template <int FMT, int MT, int REG> struct IssueState {
         m0 = m0_;
         xwalk.init_x(p, p.xw * p.wk * p.cps * (KCH / 8));
     }
+    /* REG = 2: lane 0 moves the chunks of one position (stage st, first chunk cc) into the ring */
+    __device__ __forceinline__ void bulk(int st, int cc, const uint8_t *w, const uint8_t *sc) const {
+        const int nv = min((int)CPS, c_end - cc);
+        if ((threadIdx.x & 31) == 0 && rg_ok && nv > 0) {
+            constexpr int E = BulkChunk<FMT>::E, SB = FmtT<FMT>::SB;
+            const uint32_t bar = bbar + st * 8, dst = bring + st * (CPS * BulkChunk<FMT>::B);
+            mbar_arrive_expect_tx(bar, (uint32_t)(nv * (E + SB)));
+            bulk_g2s(dst, w, (uint32_t)(nv * E), bar, bpol);
+            if (SB) bulk_g2s(dst + CPS * E, sc, (uint32_t)(nv * SB), bar, bpol);
+        }
+    }
     /* issue pipeline position j (weights of step j; the X window starting at step j) */
     __device__ __forceinline__ void step(const GemmParams &p, uint32_t ring) {
         if (j < nsteps) {
@@ -306,14 +317,7 @@ template <int FMT, int MT, int REG> struct IssueState {
                 /* stage `stage` was read in the previous iteration by every lane (its values fed
                  * that iteration's MMAs): after the warp meets here it may be overwritten */
                 __syncwarp();
-                const int nv = min((int)CPS, c_end - c);
-                if ((threadIdx.x & 31) == 0 && rg_ok && nv > 0) {
-                    constexpr int E = BulkChunk<FMT>::E, SB = FmtT<FMT>::SB;
-                    const uint32_t bar = bbar + stage * 8, dst = bring + stage * (CPS * BulkChunk<FMT>::B);
-                    mbar_arrive_expect_tx(bar, (uint32_t)(nv * (E + SB)));
-                    bulk_g2s(dst, bwp, (uint32_t)(nv * E), bar, bpol);
-                    if (SB) bulk_g2s(dst + CPS * E, bsp, (uint32_t)(nv * SB), bar, bpol);
-                }
+                if (j >= S - 1) bulk(stage, c, bwp, bsp); /* 0 .. S - 2: the kernel, before the PDL wait */
                 bwp += wstep;
                 bsp += sstep;
             }
@@ -403,7 +407,8 @@ __global__ void __launch_bounds__(WARPS * 32, OCC) k_gemm_lowbit(GemmParams p) {
             }
         }
     }
-    nib::pdl_enter();
+    /* (the PDL wait comes after the setup below, which reads nothing the previous kernel writes:
+     * the bulk rings' first steps and REG = 1's first weights overlap that kernel's tail) */
     const uint32_t ring = smem_u32(smem);
     __nv_bfloat16 *const xs0 = (__nv_bfloat16 *)(smem + p.ring_bytes);
     const int xs_stride = (min(MT * 8, p.m) + 1) * p.lds; /* real rows + the zero row */
@@ -451,6 +456,10 @@ __global__ void __launch_bounds__(WARPS * 32, OCC) k_gemm_lowbit(GemmParams p) {
             mbar_init_fence();
         }
         __syncwarp();
+        /* the first S - 1 positions' weights (IssueState::step issues the rest) */
+#pragma unroll
+        for (int jj = 0; jj < S - 1; jj++)
+            if (jj < nsteps) is.bulk(jj, is.c + jj * p.wk * is.CPS, is.bwp + jj * is.wstep, is.bsp + jj * is.sstep);
     }
     /* REG: this lane's weight stream (the pointers IssueState starts from), step 0 in flight
      * before the X prologue */
@@ -462,6 +471,7 @@ __global__ void __launch_bounds__(WARPS * 32, OCC) k_gemm_lowbit(GemmParams p) {
         pol = evict_first_policy();
         if (nsteps > 0) load_chunks_reg<FMT, CPS>(nxt, rwp, rsp, rg_ok[0], rc, c_end, g, pol);
     }
+    nib::pdl_enter(); /* X comes from the previous kernel */
 #pragma unroll
     for (int j = 0; j < S - 1; j++) is.step(p, ring);
 
