@@ -168,7 +168,7 @@ typedef struct nib_gemm_plan {
     int ksplit;    /* CTAs along K */
     int occ;       /* resident CTAs per SM the kernel's registers are budgeted for (1, 2) */
     int reg;       /* 1: weights loaded straight into registers (MT <= 4), no shared-memory ring;
-                    * 2: weights moved by cp.async.bulk into per-warp rings (MT <= 4);
+                    * 2: weights moved by cp.async.bulk into per-warp rings (MT = 1);
                     * the planner picks it for INT4 and MXFP4 at M <= 8: ops/gemm_plan.c, bulk_ring) */
     int row_blocks, m_chunks, ctas;
     int xw, nxb, lds, ring_bytes; /* X window (pipeline steps), X buffers, X row stride, ring bytes */

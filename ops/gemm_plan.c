@@ -38,7 +38,8 @@ static int plan_eval(const nib_gemm_shape *w, int64_t m, uint64_t ws_elems, int 
     memset(pl, 0, sizeof *pl);
     pl->mt = mt;
     if (occ_regs != 2 && !(occ_regs == 1 && pl->mt == 8)) return 0; /* instantiated: OCC 2, MT 8 also OCC 1 */
-    if (reg && pl->mt == 8) return 0;                                  /* register / bulk weights: MT <= 4 */
+    if (reg && pl->mt == 8) return 0;                                  /* register weights: MT <= 4 */
+    if (reg == 2 && pl->mt != 1) return 0; /* bulk rings: MT = 1 only (MT = 2 / 4 lost in the v6 sweep) */
     pl->r = 1;
     pl->occ = occ_regs;
     pl->reg = reg;

@@ -269,7 +269,7 @@ NIB_TEST(gemm_plan_invariants) {
                         CHECK_MSG(p->reg != 1 || (p->mt <= 4 && p->ring_bytes == 0), "register-weight plan with mt%d ring %d",
                                   p->mt, p->ring_bytes);
                         /* bulk rings: one per warp, whole stages of cps chunks */
-                        CHECK_MSG(p->reg != 2 || (p->mt <= 4 && p->ring_bytes > 0 &&
+                        CHECK_MSG(p->reg != 2 || (p->mt == 1 && p->ring_bytes > 0 &&
                                                   p->ring_bytes % (NIB_GEMM_WARPS * cps * NIB_GEMM_BULK_CHUNK(fmts[f])) == 0 &&
                                                   p->ring_bytes <= NIB_GEMM_WARPS * NIB_GEMM_STAGES(p->mt) * cps *
                                                                        NIB_GEMM_BULK_CHUNK(fmts[f])),

@@ -1180,14 +1180,8 @@ static nib_status launch_mt(int mt, int occ, int reg, const GemmParams &p, dim3 
         return reg == 2 ? launch_t<FMT, 1, 1, 2, 2>(p, g, smem, s)
                : reg    ? launch_t<FMT, 1, 1, 2, 1>(p, g, smem, s)
                         : launch_t<FMT, 1, 1, 2, 0>(p, g, smem, s);
-    case 2:
-        return reg == 2 ? launch_t<FMT, 2, 1, 2, 2>(p, g, smem, s)
-               : reg    ? launch_t<FMT, 2, 1, 2, 1>(p, g, smem, s)
-                        : launch_t<FMT, 2, 1, 2, 0>(p, g, smem, s);
-    case 4:
-        return reg == 2 ? launch_t<FMT, 4, 1, 2, 2>(p, g, smem, s)
-               : reg    ? launch_t<FMT, 4, 1, 2, 1>(p, g, smem, s)
-                        : launch_t<FMT, 4, 1, 2, 0>(p, g, smem, s);
+    case 2: return reg ? launch_t<FMT, 2, 1, 2, 1>(p, g, smem, s) : launch_t<FMT, 2, 1, 2, 0>(p, g, smem, s);
+    case 4: return reg ? launch_t<FMT, 4, 1, 2, 1>(p, g, smem, s) : launch_t<FMT, 4, 1, 2, 0>(p, g, smem, s);
     default:
         return occ == 1 ? launch_t<FMT, 8, 1, 1, 0>(p, g, smem, s) : launch_t<FMT, 8, 1, 2, 0>(p, g, smem, s);
     }
@@ -1224,6 +1218,8 @@ nib_status nib_cuda_gemm_planned(const nib_qweight *w, const void *x, int64_t m,
             plan->m_chunks != (int)((m + 8 * mt - 1) / (8 * mt)))
             return NIB_ERR(NIB_ERR_INVALID_ARG, "gemm: the given plan was made for another M (mt %d, %d M chunks, M = %lld)",
                            plan->mt, plan->m_chunks, (long long)m);
+        if (plan->reg < 0 || plan->reg > 2 || (plan->reg == 2 && mt != 1) || (plan->reg == 1 && mt == 8))
+            return NIB_ERR(NIB_ERR_INVALID_ARG, "gemm: the given plan's weight path %d has no kernel at mt %d", plan->reg, mt);
         if (plan->ksplit > 1 && (!ws || (uint64_t)plan->ksplit * plan->m_chunks * w->np * (8 * mt) > ws->acc_elems))
             return NIB_ERR(NIB_ERR_SHAPE, "gemm: the given plan's %d K splits do not fit the workspace", plan->ksplit);
         pl = *plan;
