@@ -20,24 +20,10 @@
  *   nvcc -O3 -gencode arch=compute_90a,code=sm_90a -std=c++17 -I. -Iinclude \
  *        -o /tmp/cluster_layer bench/probes/cluster_layer.cu && /tmp/cluster_layer
  */
-#include <cuda_runtime.h>
-
-#include <algorithm>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <vector>
 
 #include "ops/cuda/gemm_lowbit.cuh"
-
-#define CHECK(x)                                                                                      \
-    do {                                                                                              \
-        cudaError_t e_ = (x);                                                                         \
-        if (e_ != cudaSuccess) {                                                                      \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));       \
-            exit(1);                                                                                  \
-        }                                                                                             \
-    } while (0)
+#include "probe.cuh"
 
 using namespace nib;
 
@@ -125,8 +111,7 @@ __global__ void __launch_bounds__((NWC + 1) * 32, 1) k_layer(const uint8_t *w, i
 }
 
 template <int NWC, int CPS, int COMPUTE>
-static void run(uint8_t *buf, size_t region, int G, int cluster, int stages, int layers, float *sink, cudaEvent_t e0,
-                cudaEvent_t e1, const char *dev) {
+static void run(uint8_t *buf, size_t region, int G, int cluster, int stages, int layers, float *sink, const char *dev) {
     auto kern = k_layer<NWC, CPS, COMPUTE>;
     const int smem = XBYTES + stages * CPS * CHB;
     CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -137,29 +122,12 @@ static void run(uint8_t *buf, size_t region, int G, int cluster, int stages, int
         fprintf(stderr, "region too small\n");
         exit(1);
     }
-    std::vector<float> t;
-    for (int r = 0; r < 8; r++) {
-        cudaLaunchConfig_t cfg = {};
-        cudaLaunchAttribute at[1];
-        cfg.gridDim = dim3(G);
-        cfg.blockDim = dim3((NWC + 1) * 32);
-        cfg.dynamicSmemBytes = smem;
-        at[0].id = cudaLaunchAttributeClusterDimension;
-        at[0].val.clusterDim.x = cluster;
-        at[0].val.clusterDim.y = 1;
-        at[0].val.clusterDim.z = 1;
-        cfg.attrs = at;
-        cfg.numAttrs = 1;
-        CHECK(cudaEventRecord(e0));
+    cudaLaunchAttribute at[1];
+    const cudaLaunchConfig_t cfg = probe_cfg(G, (NWC + 1) * 32, smem, cluster, at);
+    const double ms = probe_median_ms(8, [&](int r) {
         CHECK(cudaLaunchKernelEx(&cfg, kern, (const uint8_t *)(buf + region * (r & 1)), copies, stages, sink));
-        CHECK(cudaEventRecord(e1));
-        CHECK(cudaEventSynchronize(e1));
-        float ms;
-        CHECK(cudaEventElapsedTime(&ms, e0, e1));
-        if (r) t.push_back(ms);
-    }
-    std::sort(t.begin(), t.end());
-    const double us = t[t.size() / 2] * 1e3;
+    });
+    const double us = ms * 1e3;
     const double bytes = (double)copies * CPS * CHB * G;
     printf("{\"device\": \"%s\", \"compute\": %d, \"warps\": %d, \"cps\": %d, \"stages\": %d, \"ring_kb\": %d, \"ctas\": %d, "
            "\"cluster\": %d, \"layers\": %d, \"us\": %.1f, \"us_per_layer\": %.2f, \"gbps\": %.0f, "
@@ -180,19 +148,16 @@ int main() {
     CHECK(cudaMemset(buf, 0x22, region * 2));
     float *sink;
     CHECK(cudaMalloc(&sink, 4096 * 4));
-    cudaEvent_t e0, e1;
-    CHECK(cudaEventCreate(&e0));
-    CHECK(cudaEventCreate(&e1));
     const char *d = prop.name;
     /* ring: 16 stages x 8 chunks = 144 KB (+ 64 KB of activations) */
     for (int G : {16, 32, 66, 132}) {
         const int cl = G == 16 ? 16 : 1;
-        run<8, 8, 0>(buf, region, G, cl, 16, layers, sink, e0, e1, d);
-        run<8, 8, 1>(buf, region, G, cl, 16, layers, sink, e0, e1, d);
-        run<16, 8, 1>(buf, region, G, cl, 16, layers, sink, e0, e1, d);
+        run<8, 8, 0>(buf, region, G, cl, 16, layers, sink, d);
+        run<8, 8, 1>(buf, region, G, cl, 16, layers, sink, d);
+        run<16, 8, 1>(buf, region, G, cl, 16, layers, sink, d);
     }
-    run<8, 8, 1>(buf, region, 16, 1, 16, layers, sink, e0, e1, d); /* 16 spread over GPCs */
-    run<16, 8, 1>(buf, region, 16, 1, 16, layers, sink, e0, e1, d);
-    run<16, 4, 1>(buf, region, 16, 16, 32, layers, sink, e0, e1, d);
+    run<8, 8, 1>(buf, region, 16, 1, 16, layers, sink, d); /* 16 spread over GPCs */
+    run<16, 8, 1>(buf, region, 16, 1, 16, layers, sink, d);
+    run<16, 4, 1>(buf, region, 16, 16, 32, layers, sink, d);
     return 0;
 }

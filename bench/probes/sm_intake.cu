@@ -20,22 +20,9 @@
  *   /tmp/sm_intake BYTES_PER_CTA copies     the rate of small copies: 1 or 8 issuing warps per CTA
  * Prints one JSON object per configuration. Results: bench/results/sm-intake-h100.json.
  */
-#include <cuda_runtime.h>
-
-#include <algorithm>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <vector>
 
-#define CHECK(x)                                                                                         \
-    do {                                                                                              \
-        cudaError_t e_ = (x);                                                                         \
-        if (e_ != cudaSuccess) {                                                                      \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));       \
-            exit(1);                                                                                  \
-        }                                                                                             \
-    } while (0)
+#include "probe.cuh"
 
 static __device__ __forceinline__ uint32_t sptr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
@@ -134,9 +121,6 @@ int main(int argc, char **argv) {
     CHECK(cudaMemset(buf, 1, region * regions));
     unsigned *sink;
     CHECK(cudaMalloc(&sink, 4096 * 4));
-    cudaEvent_t e0, e1;
-    CHECK(cudaEventCreate(&e0));
-    CHECK(cudaEventCreate(&e1));
     const int smem_max = 200 * 1024;
     CHECK(cudaFuncSetAttribute(k_bulk, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_max));
     CHECK(cudaFuncSetAttribute(k_bulk, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
@@ -174,36 +158,19 @@ int main(int argc, char **argv) {
             if (G > sms) continue;
             int cl = c.cluster ? std::min(G, 16) : 1;
             if (c.cluster && G > 16) continue;
-            std::vector<float> t;
-            for (int r = 0; r < regions + 1; r++) {
+            cudaLaunchAttribute at[1];
+            /* one CTA per SM: the dynamic shared memory forces it */
+            const cudaLaunchConfig_t cfg = probe_cfg(G, 32 * c.warps, smem_max, cl, at);
+            const double ms = probe_median_ms(regions + 1, [&](int r) {
                 const uint8_t *src = buf + region * (size_t)(r % regions);
-                cudaLaunchConfig_t cfg = {};
-                cudaLaunchAttribute at[1];
-                cfg.gridDim = dim3(G);
-                cfg.blockDim = dim3(32 * c.warps);
-                cfg.dynamicSmemBytes = smem_max; /* one CTA per SM */
-                cfg.stream = 0;
-                at[0].id = cudaLaunchAttributeClusterDimension;
-                at[0].val.clusterDim.x = cl;
-                at[0].val.clusterDim.y = 1;
-                at[0].val.clusterDim.z = 1;
-                cfg.attrs = at;
-                cfg.numAttrs = 1;
-                CHECK(cudaEventRecord(e0));
                 if (c.mech[0] == 'b')
                     CHECK(cudaLaunchKernelEx(&cfg, k_bulk, src, per_cta, c.chunk, c.stages, sink));
                 else if (c.mech[2] == '8')
                     CHECK(cudaLaunchKernelEx(&cfg, k_ld<8>, src, per_cta, sink));
                 else
                     CHECK(cudaLaunchKernelEx(&cfg, k_ld<16>, src, per_cta, sink));
-                CHECK(cudaEventRecord(e1));
-                CHECK(cudaEventSynchronize(e1));
-                float ms;
-                CHECK(cudaEventElapsedTime(&ms, e0, e1));
-                if (r) t.push_back(ms);
-            }
-            std::sort(t.begin(), t.end());
-            const double us = t[t.size() / 2] * 1e3;
+            });
+            const double us = ms * 1e3;
             const double gbs = (double)per_cta * G / (us * 1e3);
             printf("{\"mech\": \"%s\", \"warps\": %d, \"chunk\": %d, \"stages\": %d, \"in_flight_kb\": %d, \"cluster\": %d, \"ctas\": %d, "
                    "\"us\": %.2f, \"gbps\": %.1f, \"gbps_per_sm\": %.1f}\n",
@@ -216,30 +183,12 @@ int main(int argc, char **argv) {
     CHECK(cudaFuncSetAttribute(k_cbar, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     for (int cl : {2, 4, 8, 16}) {
         for (int threads : {128, 256}) {
-            std::vector<float> t;
             const int iters = 2000;
-            for (int r = 0; r < 6; r++) {
-                cudaLaunchConfig_t cfg = {};
-                cudaLaunchAttribute at[1];
-                cfg.gridDim = dim3(cl);
-                cfg.blockDim = dim3(threads);
-                at[0].id = cudaLaunchAttributeClusterDimension;
-                at[0].val.clusterDim.x = cl;
-                at[0].val.clusterDim.y = 1;
-                at[0].val.clusterDim.z = 1;
-                cfg.attrs = at;
-                cfg.numAttrs = 1;
-                CHECK(cudaEventRecord(e0));
-                CHECK(cudaLaunchKernelEx(&cfg, k_cbar, iters, sink));
-                CHECK(cudaEventRecord(e1));
-                CHECK(cudaEventSynchronize(e1));
-                float ms;
-                CHECK(cudaEventElapsedTime(&ms, e0, e1));
-                if (r) t.push_back(ms);
-            }
-            std::sort(t.begin(), t.end());
+            cudaLaunchAttribute at[1];
+            const cudaLaunchConfig_t cfg = probe_cfg(cl, threads, 0, cl, at);
+            const double ms = probe_median_ms(6, [&](int) { CHECK(cudaLaunchKernelEx(&cfg, k_cbar, iters, sink)); });
             printf("{\"mech\": \"cluster_barrier\", \"cluster\": %d, \"threads\": %d, \"ns_per_barrier\": %.1f}\n", cl,
-                   threads, t[t.size() / 2] * 1e6 / (2.0 * iters));
+                   threads, ms * 1e6 / (2.0 * iters));
         }
     }
     return 0;
