@@ -3,7 +3,7 @@
  * Sections (each row: median µs per call of a CUDA-graph replay of many calls, KV bytes read,
  * GB/s and % of the device copy bandwidth measured in the same run, FLOPs and TFLOP/s, the
  * bandwidth floor, and the launch plan):
- *   prefix  Gemma prefix self-attention (8 x 1 heads, D 256) at S = 532, 788, 968 and SigLIP (16 x 72,
+ *   prefix  Gemma prefix self-attention (8 x 1 heads, D 256) at S = 276, 532, 788, 968 and SigLIP (16 x 72,
  *           256 tokens) with 1..3 images. Compute-bound: TFLOP/s against the 790 TFLOP/s bf16
  *           peak. One QKV buffer (in the model it is hot in L2, just written by the QKV GEMM).
  *   cache   the Pi0.5 suffix: H = 10, 50 queries x 8 heads over P + H slots, P = 532, 768, 1024,
@@ -326,7 +326,7 @@ int nib_bench_attn(int argc, char **argv) {
             printf("usage: nib bench attn [--sections prefix,cache,decode]\n"
                    "                      [--variants auto,dec,r4,r8,cl,rk,t2,wg,wg1,wk2]\n"
                    "                      [--reps N] [--t T1,T2,..] [--kv bf16,fp8,nvfp4] [--json FILE]\n"
-                   "The attention kernel lab: prefix self-attention (Gemma S = 532, 788, 968; SigLIP 1..3 images),\n"
+                   "The attention kernel lab: prefix self-attention (Gemma S = 276, 532, 788, 968; SigLIP 1..3 images),\n"
                    "the Pi0.5 suffix over the KV cache (P = 532, 768, 1024 x H = 10, 50 x bf16/fp8/nvfp4, cold\n"
                    "and hot L2) and decoding (T = 1024 .. 32768 x each dtype, cold). Each row: median us per\n"
                    "call (CUDA-graph replay), KV bytes read, GB/s, %% of the copy bandwidth measured in this\n"
@@ -337,7 +337,7 @@ int nib_bench_attn(int argc, char **argv) {
                    "--variants repeats the cache and decode sections with the kernel variant forced (auto: the\n"
                    "planner's); t2 (two token groups per CTA, bf16 only) repeats the prefix section instead;\n"
                    "r8 and wg / wg1 / wk2 (the wgmma kernel: bf16 caches only, no decode rows; wk2 splits each\n"
-                   "CTA's keys between two warpgroups) also repeat the Gemma prefix (S = 532, 788, 968).\n");
+                   "CTA's keys between two warpgroups) also repeat the Gemma prefix (S = 276, 532, 788, 968).\n");
             return 0;
         } else if (!strcmp(a, "--json") && val) {
             json = val;
@@ -424,7 +424,9 @@ int nib_bench_attn(int argc, char **argv) {
             if (!first) first = s_;                                                                \
         }                                                                                          \
     } while (0)
-    /* the prefix section runs once with the planner's choice, then again for t2 (bf16 only) */
+    /* the prefix section runs once with the planner's choice, then again for t2 (bf16 only); the
+     * Gemma prefix at Pi0.5's 1 / 2 / 3 cameras + 20 text tokens, and openpi's padded 968 */
+    static const int gemma_s[4] = {276, 532, 788, 968};
     char vbuf[96];
     snprintf(vbuf, sizeof vbuf, "auto-prefix,%s", variants);
     for (char *save = NULL, *v = strtok_r(vbuf, ",", &save); v; v = strtok_r(NULL, ",", &save)) {
@@ -432,9 +434,7 @@ int nib_bench_attn(int argc, char **argv) {
         if (prefix_run) {
             if (!strcmp(v, "t2")) setenv("NIB_ATTN_VARIANT", v, 1);
             if (do_prefix) {
-                RUN(bench_prefix(b, "gemma", 1, 532, 8, 1, 256));
-                RUN(bench_prefix(b, "gemma", 1, 788, 8, 1, 256));
-                RUN(bench_prefix(b, "gemma", 1, 968, 8, 1, 256));
+                for (int i = 0; i < 4; i++) RUN(bench_prefix(b, "gemma", 1, gemma_s[i], 8, 1, 256));
                 for (int n = 1; n <= 3; n++) RUN(bench_prefix(b, "siglip", n, 256, 16, 16, 72));
             }
             continue;
@@ -450,9 +450,7 @@ int nib_bench_attn(int argc, char **argv) {
         /* r8 and wg (the mma.sync and the wgmma kernel for many rows) also repeat the Gemma prefix */
         const int wg = !strncmp(v, "wg", 2) || !strcmp(v, "wk2"); /* wg, wg1, wk2: bf16 caches only */
         if (do_prefix && (!strcmp(v, "r8") || wg)) {
-            RUN(bench_prefix(b, "gemma", 1, 532, 8, 1, 256));
-            RUN(bench_prefix(b, "gemma", 1, 788, 8, 1, 256));
-            RUN(bench_prefix(b, "gemma", 1, 968, 8, 1, 256));
+            for (int i = 0; i < 4; i++) RUN(bench_prefix(b, "gemma", 1, gemma_s[i], 8, 1, 256));
         }
         if (wg && !kv_on[NIB_KV_BF16]) continue; /* wg reads a bf16 cache only */
         const int cl = !strcmp(v, "cl"); /* the cluster variant takes <= 128 rows: H = 10 only */

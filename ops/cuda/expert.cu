@@ -17,11 +17,12 @@
  *            each task signals its row block's counter when its partials are out
  *   3 merge  no grid barrier before it: the CTAs of a row block's splits wait for that row
  *            block's counter, then each combines its share of the block (max, exp2 weights) -> o bf16
- *   4 O      the pair's halves of o staged; tiles; rank 0: x = bf16(gate * acc + x) in place
+ *   4 O      the pair's halves of o staged (one cp.async.bulk per row, stage_bulk); tiles; rank 0:
+ *            x = bf16(gate * acc + x) in place
  *            (each element has one writer and no other reader in this phase), and per row group
  *            the rows' sums of squares of the 16 new values (the next adaRMS's statistics)
  *   5 gate|up  adaRMS of x as in QKV; tiles; GeGLU of the interleaved gate/up rows -> h bf16
- *   6 down   the halves of h staged; tiles; gated residual into x
+ *   6 down   the halves of h staged (as o); tiles; gated residual into x
  * Why pairs: at H = 10 every CTA that multiplies needs the whole activation row block, and
  * staging it was the largest share of a GEMM phase (80 KB of h per CTA for down); split over K,
  * each CTA stages half, and O / down (64 row groups) run on 128 CTAs instead of 64.
@@ -46,6 +47,7 @@
 #include <string.h>
 
 #include "ops/cuda/gemm_lowbit.cuh"
+#include "ops/cuda/wgmma.cuh" /* mbarriers */
 #include "ops/cuda/bf16x8.cuh"
 #include "ops/cuda/cluster.cuh"
 #include "ops/expert.h"
@@ -118,6 +120,8 @@ struct Params {
                                                * row factors */
     int pf_first; /* CTAs >= pf_first have no O-phase tiles: they prefetch the next layer then (else
                    * every CTA does, in the barrier after QKV: pf_first == gridDim.x) */
+    int mbar_off; /* shared-memory offset of the staging mbarrier (o / h rows by cp.async.bulk) */
+    int bulk;     /* 1: o and h staged by cp.async.bulk (one copy per row); 0: 16-byte cp.async */
 };
 
 /* ---- small helpers ---------------------------------------------------------------------- */
@@ -252,6 +256,34 @@ __device__ void stage_issue(const Params &p, const __nv_bfloat16 *src, int ld, i
 __device__ void stage_copy(const Params &p, const __nv_bfloat16 *src, int ld, int K, int k0, int k1, __nv_bfloat16 *xs) {
     stage_issue(p, src, ld, K, k0, k1, xs);
     cp_async_wait_all();
+    __syncthreads();
+}
+/* The same rows (K columns exactly: [k0, k1) within K) by cp.async.bulk: row r by lane r of warp 0
+ * (one copy each, so the copies issue in parallel), completing on the CTA's staging mbarrier, whose
+ * phase `ph` this call waits for (then flips); the zero row H by the other threads meanwhile. The
+ * rows were written in this kernel by other CTAs (generic stores, acquired at the grid barrier) and
+ * the destination last by this CTA's generic stores: the issuing lanes' proxy fence orders both
+ * before the async-proxy copy. */
+__device__ __forceinline__ void bulk_row_g2s(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+}
+__device__ void stage_bulk(const Params &p, const __nv_bfloat16 *src, int ld, int k0, int k1, __nv_bfloat16 *xs,
+                           uint32_t bar, unsigned &ph) {
+    const uint32_t bytes = (uint32_t)(k1 - k0) * 2u;
+    if (threadIdx.x < 32) {
+        if (threadIdx.x == 0) mbar_arrive_expect_tx(bar, bytes * (uint32_t)p.H);
+        __syncwarp();
+        if ((int)threadIdx.x < p.H) {
+            asm volatile("fence.proxy.async;" ::: "memory");
+            bulk_row_g2s(smem_u32(xs + (size_t)threadIdx.x * p.lds + k0), src + (size_t)threadIdx.x * ld + k0, bytes, bar);
+        }
+    }
+    for (int i = (int)threadIdx.x; i < (k1 - k0) / 8; i += NT)
+        *(uint4 *)(xs + (size_t)p.H * p.lds + k0 + 8 * i) = make_uint4(0u, 0u, 0u, 0u);
+    mbar_wait(bar, ph);
+    ph ^= 1u;
     __syncthreads();
 }
 
@@ -888,6 +920,12 @@ __global__ void __launch_bounds__(NT, 1) k_expert(const Params p) {
     float *mods_s = (float *)(smem + p.mods_off);   /* the next adaRMS's (scale, shift) */
     unsigned long long *segs = (unsigned long long *)(smem + p.seg_off);
     float *rinv = (float *)(smem + p.rinv_off); /* [row] 1 / rms of the adaRMS being staged */
+    const uint32_t sbar = smem_u32(smem + p.mbar_off);
+    unsigned sbar_ph = 0;
+    if (threadIdx.x == 0) {
+        mbar_init(sbar, 1);
+        mbar_init_fence();
+    }
     const bool tr0 = p.seg && threadIdx.x == 0;
     long long tlast = 0;
     unsigned long long gt_start = 0;
@@ -944,6 +982,7 @@ __global__ void __launch_bounds__(NT, 1) k_expert(const Params p) {
                     if (li == L_QKV || li == L_GU) /* layer 0's x comes from outside: no statistics */
                         stage_norm(p, mods_s, xs, rinv, li == L_GU ? p.nst : layer ? p.nst + nsl : nullptr, k0, k1,
                                    tr0 ? segs + ph * NSEG : nullptr, tlast);
+                    else if (p.bulk) stage_bulk(p, li == L_O ? p.o : p.h, li == L_O ? p.nh * HD : p.F, k0, k1, xs, sbar, sbar_ph);
                     else if (li == L_O) stage_copy(p, p.o, p.nh * HD, p.nh * HD, k0, k1, xs);
                     else stage_copy(p, p.h, p.F, p.F, k0, k1, xs);
                     seg_add(tr0 ? segs + ph * NSEG : nullptr, 0, tlast);
@@ -1050,7 +1089,8 @@ size_t tab_off(const nib_expert_args *a) { return attn_off(a) + (ATTN_SMEM + 127
 size_t mods_off(const nib_expert_args *a) { return tab_off(a) + (sizeof(LayerDev) * (size_t)a->n_layers + 127) / 128 * 128; }
 size_t seg_off(const nib_expert_args *a) { return (mods_off(a) + (size_t)a->width * 2 * sizeof(float) + 15) / 16 * 16; }
 size_t rinv_off(const nib_expert_args *a) { return (seg_off(a) + sizeof(unsigned long long) * 6 * NSEG + 15) / 16 * 16; }
-size_t smem_bytes(const nib_expert_args *a) { return rinv_off(a) + NIB_EXPERT_MAX_ROWS * sizeof(float); }
+size_t mbar_off(const nib_expert_args *a) { return (rinv_off(a) + NIB_EXPERT_MAX_ROWS * sizeof(float) + 7) / 8 * 8; }
+size_t smem_bytes(const nib_expert_args *a) { return mbar_off(a) + 8; }
 
 int g_sms = 0, g_smem_max = 0;
 int g_grid = 0;            /* CTAs of the launch (pairs that can be co-resident x 2), for g_grid_smem */
@@ -1227,6 +1267,14 @@ extern "C" nib_status nib_cuda_expert_run(const nib_expert_args *a, void *ws, ui
         p.pf_first = o_ctas < G ? o_ctas : G;
     }
     p.rinv_off = (int)rinv_off(a);
+    p.mbar_off = (int)mbar_off(a);
+    {
+        /* o and h staged by cp.async.bulk, which needs 16-byte aligned rows: the column ranges are
+         * 128-column chunks and the widths (heads x 256, mlp) multiples of 128, so only the base
+         * pointers are checked. NIB_EXPERT_BULK=0 keeps the 16-byte cp.async copies (the A/B switch). */
+        const char *be = getenv("NIB_EXPERT_BULK");
+        p.bulk = !(be && !strcmp(be, "0")) && ((uintptr_t)a->o | (uintptr_t)a->h) % 16 == 0 && a->mlp % 8 == 0;
+    }
     p.trace = tr && *tr && strcmp(tr, "0") && G <= TRACE_MAX_CTAS ? (unsigned long long *)(base + w.trace) : nullptr;
     p.seg = p.trace ? (unsigned long long *)(base + w.seg) : nullptr;
     const size_t sm = smem_bytes(a);
