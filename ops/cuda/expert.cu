@@ -275,7 +275,7 @@ __device__ void stage_bulk(const Params &p, const __nv_bfloat16 *src, int ld, in
     if (threadIdx.x < 32) {
         if (threadIdx.x == 0) mbar_arrive_expect_tx(bar, bytes * (uint32_t)p.H);
         __syncwarp();
-        if ((int)threadIdx.x < p.H) {
+        if ((int)threadIdx.x < p.H && bytes) { /* (a pair's second half is empty when a linear has one chunk) */
             asm volatile("fence.proxy.async;" ::: "memory");
             bulk_row_g2s(smem_u32(xs + (size_t)threadIdx.x * p.lds + k0), src + (size_t)threadIdx.x * ld + k0, bytes, bar);
         }
