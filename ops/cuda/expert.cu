@@ -1269,11 +1269,12 @@ extern "C" nib_status nib_cuda_expert_run(const nib_expert_args *a, void *ws, ui
     p.rinv_off = (int)rinv_off(a);
     p.mbar_off = (int)mbar_off(a);
     {
-        /* o and h staged by cp.async.bulk, which needs 16-byte aligned rows: the column ranges are
-         * 128-column chunks and the widths (heads x 256, mlp) multiples of 128, so only the base
-         * pointers are checked. NIB_EXPERT_BULK=0 keeps the 16-byte cp.async copies (the A/B switch). */
+        /* o and h staged by cp.async.bulk: a copy moves a CTA's whole 128-column chunks of a row, so
+         * the row width must be a multiple of 128 (heads x 256 always is; an mlp that is not would
+         * put chunk columns past the row, which stage_copy zero-fills instead) and the rows 16-byte
+         * aligned. NIB_EXPERT_BULK=0 keeps the 16-byte cp.async copies (the A/B switch). */
         const char *be = getenv("NIB_EXPERT_BULK");
-        p.bulk = !(be && !strcmp(be, "0")) && ((uintptr_t)a->o | (uintptr_t)a->h) % 16 == 0 && a->mlp % 8 == 0;
+        p.bulk = !(be && !strcmp(be, "0")) && ((uintptr_t)a->o | (uintptr_t)a->h) % 16 == 0 && a->mlp % 128 == 0;
     }
     p.trace = tr && *tr && strcmp(tr, "0") && G <= TRACE_MAX_CTAS ? (unsigned long long *)(base + w.trace) : nullptr;
     p.seg = p.trace ? (unsigned long long *)(base + w.seg) : nullptr;
