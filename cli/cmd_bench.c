@@ -189,7 +189,7 @@ static void print_row(const bench_row *r) {
 
 static void plan_str(const nib_gemm_plan *pl, char *buf, size_t n) {
     if (pl->wgt) {
-        snprintf(buf, n, "wgmma 128x%d ks%d cm%d ctas%d", pl->wgt, pl->ksplit, pl->wgc, pl->ctas);
+        snprintf(buf, n, "wgmma 128x%d ks%d cm%d ctas%d%s", pl->wgt, pl->ksplit, pl->wgc, pl->ctas, pl->wkcl ? " kcl" : "");
         return;
     }
     snprintf(buf, n, "mt%d r%d wk%d ks%d occ%d ctas%d%s", pl->mt, pl->r, pl->wk, pl->ksplit, pl->occ, pl->ctas,

@@ -176,6 +176,10 @@ typedef struct nib_gemm_plan {
     int wgt; /* > 0: the wgmma kernel for large M (ops/cuda/gemm_lowbit_wg.cuh) with tiles of 128 weight rows x wgt
               * tokens (of the fields above only ksplit, row_blocks, m_chunks, ctas and smem apply); 0: mma.sync */
     int wgc; /* the wgmma kernel: CTAs of adjacent row tiles per cluster sharing each X tile by multicast (1, 2) */
+    int wkcl; /* the wgmma kernel with 2..8 K splits and wgc = 1: 1 = the splits of a tile are one cluster and add
+               * their sums through distributed shared memory; 0 = through the split-K workspace (the last
+               * CTA of the tile adds them). Same sums in the same order either way. The planner sets it
+               * where every cluster of the launch is resident at once; NIB_GEMM_WG_KCL=0: never */
 } nib_gemm_plan;
 /* The planner itself, for a padded weight shape (np rows, multiple of 16; kp columns, multiple
  * of 128) on a device with `sms` SMs and a split-K workspace of ws_elems floats: host code,

@@ -137,6 +137,8 @@ static int make_rand_w(nib_rng *rng, nib_wfmt f, int64_t n, int64_t k, int asym,
 typedef struct case_opts {
     int geglu, use_gate, use_residual, inplace;
     const nib_gemm_plan *plan; /* NULL: the planner's choice */
+    const nib_gemm_plan *plan2; /* non-NULL (and not in place): run again with this plan, which must give the
+                                 * same bits */
 } case_opts;
 
 /* Runs one GEMM on the GPU and checks it. Returns the worst error/bound ratio (<= 1 passes). */
@@ -190,6 +192,16 @@ static double run_case(nib_test_ctx *t, nib_rng *rng, const nib_wsrc *w, int64_t
         CHECK_OK(nib_cuda_gemm_planned(&qw, dx, m, k, y0, ldy, &epi, ws, o->plan, NULL));
         CHECK_OK(nib_dev_download(hy2, dy, (size_t)rows * ldy * 2));
         CHECK_MSG(!memcmp(hy, hy2, (size_t)rows * ldy * 2), "second call differs bitwise");
+    }
+    if (o->plan2 && !o->inplace) {
+        for (int64_t i = 0; i < rows * ldy; i++) hy2[i] = POISON;
+        CHECK_OK(nib_dev_upload(dy, hy2, (size_t)rows * ldy * 2));
+        CHECK_OK(nib_cuda_gemm_planned(&qw, dx, m, k, y0, ldy, &epi, ws, o->plan2, NULL));
+        CHECK_OK(nib_dev_download(hy2, dy, (size_t)rows * ldy * 2));
+        int64_t diff = 0;
+        for (int64_t i = 0; i < rows * ldy; i++) diff += hy[i] != hy2[i];
+        CHECK_MSG(diff == 0, "the second plan's output differs bitwise in %lld of %lld values (guards included)",
+                  (long long)diff, (long long)(rows * ldy));
     }
     /* reference: pre-epilogue sums of every row (so GeGLU bounds can use gate and up) */
     CHECK_OK(nib_ref_gemm(w, hx, m, k, NULL, ref, absr));
@@ -282,7 +294,7 @@ static void sweep(nib_test_ctx *t, int64_t n, int64_t k, const int64_t *ms, int 
         rand_w rw;
         REQUIRE(make_rand_w(&rng, fc->f, n, kk, fc->asym, fc->act_order, fc->per_channel, with_bias, &rw));
         for (int mi = 0; mi < nm; mi++) {
-            case_opts o = {0, 0, 0, 0, NULL};
+            case_opts o = {0, 0, 0, 0, NULL, NULL};
             double worst = run_case(t, &rng, &rw.w, ms[mi], &o, &ws, mi == 0);
             printf("  %-12s N=%-5lld K=%-5lld M=%-4lld worst err/bound %.3f\n", fc->name, (long long)n,
                    (long long)kk, (long long)ms[mi], worst);
@@ -352,7 +364,7 @@ NIB_TEST(gemm_gpu_split_k_deterministic) {
         nib_dev_arena_free(&a);
         const int64_t ms[] = {3, 64, 200};
         for (int mi = 0; mi < 3; mi++) {
-            case_opts o = {0, 0, 0, 0, NULL};
+            case_opts o = {0, 0, 0, 0, NULL, NULL};
             double worst = run_case(t, &rng, &rw.w, ms[mi], &o, &ws, 1);
             printf("  %-6s N=64 K=16384 M=%-4lld worst err/bound %.3f\n", nib_wfmt_name(fs[i]), (long long)ms[mi], worst);
         }
@@ -388,7 +400,7 @@ NIB_TEST(gemm_gpu_every_plan) {
             for (int p = 0; p < np; p++) {
                 if (i >= 2 && pls[p].reg != 2) continue;
                 /* alternate the epilogues over the plans: GeGLU, and gate + residual (plain) */
-                case_opts o = {p % 2 == 0, p % 2 == 1, p % 2 == 1, 0, &pls[p]};
+                case_opts o = {p % 2 == 0, p % 2 == 1, p % 2 == 1, 0, &pls[p], NULL};
                 double worst = run_case(t, &rng, &rw.w, ms[mi], &o, &ws, 1);
                 CHECK_MSG(worst <= 1.0, "%s M=%lld plan mt%d (%d M chunks) wk%d ks%d occ%d reg%d: err/bound %.3f",
                           nib_wfmt_name(fs[i]), (long long)ms[mi], pls[p].mt, pls[p].m_chunks, pls[p].wk, pls[p].ksplit,
@@ -410,6 +422,68 @@ NIB_TEST(gemm_gpu_every_plan) {
     CHECK_MSG(occ1 > 0 && occ2_mt8 > 0, "both register budgets of MT=8 must be exercised");
     CHECK_MSG(regw > 0, "the register-loaded weight variant must be exercised");
     CHECK_MSG(bulkw > 0, "the bulk-copied weight variant must be exercised");
+    nib_cuda_gemm_ws_free(&ws);
+}
+
+/* The wgmma kernel's K split reduced inside its cluster (plan wkcl: 2..8 splits as one cluster along
+ * z, partial sums added through distributed shared memory) against the split-K workspace path
+ * (wkcl = 0): the same sums in the same order, so the outputs must match bitwise (guards included),
+ * and both within the reference's bound. Every split count 2..8 (K = 1152: 9 chunks), the 64- and
+ * 128-token tiles, M = 50 (the Pi0.5 expert at H = 50), one partial tile, several tiles with a
+ * partial last one; N = 200 (a partial row tile) and GeGLU over 2 x 136 rows; the epilogues
+ * rotate (bias, gate + residual). */
+NIB_TEST(gemm_gpu_wgmma_ksplit_cluster) {
+    NIB_REQUIRE_GPU();
+    nib_rng rng;
+    nib_gemm_ws ws;
+    gemm_test_begin(t, &rng, &ws, 512, 4096);
+    static const int bts[] = {64, 128};
+    static const int64_t ms[] = {50, 17, 193};
+    int runs = 0, kcl_runs = 0;
+    double worst_all = 0.0;
+    for (size_t fi = 0; fi < NIB_ARRAY_LEN(k_fmts); fi++) {
+        const fmt_case *fc = &k_fmts[fi];
+        for (int geglu = 0; geglu <= 1; geglu++) {
+            rand_w rw;
+            REQUIRE(make_rand_w(&rng, fc->f, geglu ? 2 * 136 : 200, 1152, fc->asym, 0, fc->per_channel, !geglu, &rw));
+            nib_dev_arena a;
+            nib_qweight q;
+            load_probe(t, &rw.w, geglu, &a, &q);
+            for (int ks = 2; ks <= 8; ks++) {
+                const int bt = bts[(ks + geglu) % 2];
+                const int64_t m = ms[(ks + fi) % 3];
+                nib_gemm_plan pl, pw;
+                CHECK_OK(nib_cuda_gemm_wg_plan(&q, m, bt, ks, 1, &pl));
+                pw = pl;
+                pw.wkcl = 0;
+                pl.wkcl = 1; /* (NIB_GEMM_WG_KCL=0 in the environment would have cleared it) */
+                const int rot = (ks + (int)fi) % 2; /* bias only, or gate + residual */
+                case_opts o = {geglu, rot, rot, 0, &pl, &pw};
+                const double worst = run_case(t, &rng, &rw.w, m, &o, &ws, 1);
+                CHECK_MSG(worst <= 1.0, "%s geglu %d tile %d, %d K splits in a cluster, M=%lld: err/bound %.3f", fc->name,
+                          geglu, bt, ks, (long long)m, worst);
+                if (worst > worst_all) worst_all = worst;
+                runs++;
+                kcl_runs += pl.wkcl;
+            }
+            { /* a cluster reduction is refused with X multicast or more than 8 splits */
+                nib_gemm_plan bad;
+                CHECK_OK(nib_cuda_gemm_wg_plan(&q, 50, 64, 2, 2, &bad));
+                CHECK_MSG(!bad.wkcl, "the planner paired X multicast with a cluster K split");
+                CHECK_OK(nib_cuda_gemm_wg_plan(&q, 50, 64, 9, 1, &bad));
+                CHECK_MSG(!bad.wkcl, "the planner made a cluster of 9 K splits");
+                bad.wkcl = 1;
+                void *fake = (void *)(uintptr_t)4096;
+                CHECK_MSG(nib_cuda_gemm_planned(&q, fake, 50, 1152, fake, q.n_out, NULL, &ws, &bad, NULL) ==
+                              NIB_ERR_INVALID_ARG,
+                          "a cluster of 9 K splits accepted");
+            }
+            nib_dev_arena_free(&a);
+            rand_w_free(&rw);
+        }
+    }
+    printf("  %d cluster K-split cases against the workspace path, worst err/bound %.3f\n", runs, worst_all);
+    CHECK_MSG(runs == 6 * 2 * 7 && kcl_runs == runs, "ran %d cases (%d with the cluster reduction)", runs, kcl_runs);
     nib_cuda_gemm_ws_free(&ws);
 }
 
@@ -466,7 +540,7 @@ NIB_TEST(gemm_gpu_wgmma_tiles) {
                         }
                         CHECK_OK(nib_cuda_gemm_wg_plan(&q, ms[mi], bts[bi], ksplit, cm, &pl));
                         const int rot = (int)(mi + bi) % 3; /* plain (bias), gate + residual, in place */
-                        case_opts o = {geglu, rot == 1, rot >= 1, rot == 2 && !geglu, &pl};
+                        case_opts o = {geglu, rot == 1, rot >= 1, rot == 2 && !geglu, &pl, NULL};
                         const double worst = run_case(t, &rng, &rw.w, ms[mi], &o, &ws, rot != 2);
                         CHECK_MSG(worst <= 1.0,
                                   "%s K=%lld geglu %d tile %d, %d K splits, cluster %d, M=%lld: err/bound %.3f", fc->name, (long long)kk, geglu, bts[bi], ksplit, cm, (long long)ms[mi], worst);
@@ -508,13 +582,13 @@ NIB_TEST(gemm_gpu_epilogues) {
         rand_w rw;
         /* bias + residual (separate buffer), bias + gate + in-place residual */
         REQUIRE(make_rand_w(&rng, fs[i], 200, 1152, 0, 0, 0, 1, &rw));
-        case_opts o1 = {0, 0, 1, 0, NULL}, o2 = {0, 1, 1, 1, NULL};
+        case_opts o1 = {0, 0, 1, 0, NULL, NULL}, o2 = {0, 1, 1, 1, NULL, NULL};
         run_case(t, &rng, &rw.w, 17, &o1, &ws, 1);
         run_case(t, &rng, &rw.w, 5, &o2, &ws, 0);
         rand_w_free(&rw);
         /* GeGLU over a fused gate|up weight: without and with split-K */
         REQUIRE(make_rand_w(&rng, fs[i], 2 * 136, 1152, 1, 0, 0, 1, &rw));
-        case_opts og = {1, 0, 0, 0, NULL}, ogr = {1, 1, 1, 0, NULL};
+        case_opts og = {1, 0, 0, 0, NULL, NULL}, ogr = {1, 1, 1, 0, NULL, NULL};
         run_case(t, &rng, &rw.w, 1, &og, &ws, 1);
         run_case(t, &rng, &rw.w, 17, &ogr, &ws, 1);
         rand_w_free(&rw);
@@ -532,7 +606,7 @@ NIB_TEST(gemm_gpu_int4_act_order) {
     gemm_test_begin(t, &rng, &ws, 1024, 4096);
     rand_w rw;
     REQUIRE(make_rand_w(&rng, NIB_WFMT_INT4, 72, 512, 1, 1, 0, 0, &rw));
-    case_opts o = {0, 0, 0, 0, NULL};
+    case_opts o = {0, 0, 0, 0, NULL, NULL};
     run_case(t, &rng, &rw.w, 1, &o, &ws, 1);
     run_case(t, &rng, &rw.w, 17, &o, &ws, 0);
     rand_w_free(&rw);

@@ -1,8 +1,8 @@
 /* cluster.cuh — thread-block cluster primitives shared by nib's kernels (sm_90): the CTA's rank,
  * the cluster barrier (full, or split into arrive / wait), and distributed shared memory (the
  * address of a shared variable in another CTA of the cluster, remote loads and stores).
- * Used by act.cu (the 2-CTA GeGLU/GELU rows), expert.cu (the CTA pairs) and gemm_fp8.cu (K split,
- * W multicast). */
+ * Used by act.cu (the 2-CTA GeGLU/GELU rows), expert.cu (the CTA pairs), gemm_fp8.cu (K split,
+ * W multicast) and gemm_lowbit_wg.cuh (K split). */
 #ifndef NIB_CLUSTER_CUH
 #define NIB_CLUSTER_CUH
 
@@ -31,6 +31,14 @@ __device__ __forceinline__ uint32_t cluster_map(uint32_t saddr, uint32_t rank) {
 __device__ __forceinline__ float ld_cluster_f32(uint32_t caddr) {
     float v;
     asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(caddr) : "memory");
+    return v;
+}
+__device__ __forceinline__ float4 ld_cluster_f32x4(uint32_t caddr) { /* caddr 16-byte aligned */
+    float4 v;
+    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                 : "r"(caddr)
+                 : "memory");
     return v;
 }
 __device__ __forceinline__ void st_cluster_f32(uint32_t caddr, float v) {

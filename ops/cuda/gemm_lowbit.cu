@@ -21,6 +21,7 @@
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ops/cuda/gemm_lowbit.cuh"
@@ -57,6 +58,7 @@ struct GemmParams {
     int wk, chunks_per_cta, ksplit, row_blocks;
     int xw, nxb, lds, ring_bytes; /* X window steps, X buffers, X row stride (elements), ring size */
     int cps;                      /* chunks per pipeline step (= Cps<MT>) */
+    int kcl;                      /* wgmma kernel: the K splits reduce in their cluster (plan wkcl) */
     uint32_t scale_add;
     /* launch constants the host computes once, so the kernel's prologue divides nothing */
     int wn_shift;                 /* log2(warps along N) = log2(WARPS / wk) */
@@ -1064,6 +1066,61 @@ static size_t wg_smem(int bt) {
     }
 }
 
+/* How many clusters of ks CTAs along z of the wgmma kernel (cm = 1) can be resident at once on this
+ * device (cached per format, tile and ks). A K split reduced in its cluster pays only when every
+ * cluster of the launch is resident in one wave: measured (bench/results/gemm-wg-kcl-h100.json),
+ * 16 clusters of 8 on 128 CTAs ran ~1.8x slower than the workspace path. */
+template <int FMT, int BT> static nib_status wg_cluster_capacity_t(int ks, int *n) {
+    static int attr_set;
+    if (!attr_set) {
+        NIB_CUDA_CHECK(cudaFuncSetAttribute(k_gemm_lowbit_wg<FMT, BT, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            (int)WgTile<BT>::smem()));
+        attr_set = 1;
+    }
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = 1;
+    at[0].val.clusterDim.y = 1;
+    at[0].val.clusterDim.z = (unsigned)ks;
+    cfg.gridDim = dim3(1, 1, (unsigned)ks);
+    cfg.blockDim = dim3(WgPW<FMT, BT>::THREADS);
+    cfg.dynamicSmemBytes = WgTile<BT>::smem();
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    NIB_CUDA_CHECK(cudaOccupancyMaxActiveClusters(n, k_gemm_lowbit_wg<FMT, BT, 1>, &cfg));
+    return NIB_OK;
+}
+template <int FMT> static nib_status wg_cluster_capacity_f(int bt, int ks, int *n) {
+    switch (bt) {
+    case 64: return wg_cluster_capacity_t<FMT, 64>(ks, n);
+    case 128: return wg_cluster_capacity_t<FMT, 128>(ks, n);
+    case 192: return wg_cluster_capacity_t<FMT, 192>(ks, n);
+    default:
+        if constexpr (FMT != NIB_WFMT_INT4) return wg_cluster_capacity_t<FMT, 256>(ks, n);
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "gemm: no INT4 wgmma kernel with %d-token tiles", bt);
+    }
+}
+static nib_status wg_cluster_capacity(nib_wfmt fmt, int bt, int ks, int *n) {
+    static int cache[4][4][9]; /* format, tile / 64 - 1, ks: capacity + 1 (0: not asked yet) */
+    const int fi = fmt == NIB_WFMT_NVFP4 ? 0 : fmt == NIB_WFMT_MXFP4 ? 1 : fmt == NIB_WFMT_INT4 ? 2 : 3, bi = bt / 64 - 1;
+    if (bt % 64 || bi < 0 || bi > 3 || ks < 2 || ks > 8)
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "gemm: no wgmma cluster of %d K splits with %d-token tiles", ks, bt);
+    int *c = &cache[fi][bi][ks];
+    if (!*c) {
+        int v = 0;
+        switch (fmt) {
+        case NIB_WFMT_NVFP4: NIB_RETURN_IF_ERR(wg_cluster_capacity_f<NIB_WFMT_NVFP4>(bt, ks, &v)); break;
+        case NIB_WFMT_MXFP4: NIB_RETURN_IF_ERR(wg_cluster_capacity_f<NIB_WFMT_MXFP4>(bt, ks, &v)); break;
+        case NIB_WFMT_INT4: NIB_RETURN_IF_ERR(wg_cluster_capacity_f<NIB_WFMT_INT4>(bt, ks, &v)); break;
+        default: NIB_RETURN_IF_ERR(wg_cluster_capacity_f<NIB_WFMT_FP8>(bt, ks, &v)); break;
+        }
+        *c = v + 1;
+    }
+    *n = *c - 1;
+    return NIB_OK;
+}
+
 nib_status nib_cuda_gemm_wg_plan(const nib_qweight *w, int64_t m, int bt, int ks, int cm, nib_gemm_plan *pl) {
     nib_gemm_shape sh;
     NIB_RETURN_IF_ERR(weight_shape(w, m, &sh));
@@ -1078,6 +1135,16 @@ nib_status nib_cuda_gemm_wg_plan(const nib_qweight *w, int64_t m, int bt, int ks
     pl->m_chunks = (int)((m + bt - 1) / bt);
     pl->row_blocks = (int)((w->np + NIB_GEMM_WG_ROWS - 1) / NIB_GEMM_WG_ROWS + cm - 1) / cm * cm;
     pl->wgc = cm;
+    {
+        /* the K splits reduced in their cluster where every cluster is resident at once (see
+         * wg_cluster_capacity); NIB_GEMM_WG_KCL=0 keeps the workspace path everywhere */
+        const char *e = getenv("NIB_GEMM_WG_KCL");
+        if (ks > 1 && ks <= 8 && cm == 1 && !(e && !strcmp(e, "0"))) {
+            int cap = 0;
+            NIB_RETURN_IF_ERR(wg_cluster_capacity(w->fmt, bt, ks, &cap));
+            pl->wkcl = (int64_t)pl->m_chunks * pl->row_blocks <= cap;
+        }
+    }
     pl->ctas = pl->m_chunks * pl->row_blocks * ks;
     pl->ksplit = ks;
     pl->smem = wg_smem(bt);
@@ -1120,9 +1187,9 @@ static nib_status launch_wg_t(const GemmParams &p, const CUtensorMap &tmx, dim3 
                                             (int)WgTile<BT>::smem()));
         attr_set = 1;
     }
-    if (CM > 1)
+    if (CM > 1 || p.kcl) /* X multicast along the row tiles, or a K split in one cluster along z */
         NIB_CUDA_CHECK(nib::launch_cluster(k_gemm_lowbit_wg<FMT, BT, CM>, grid, dim3(WgPW<FMT, BT>::THREADS), WgTile<BT>::smem(),
-                                           stream, dim3(1, CM, 1), tmx, p));
+                                           stream, CM > 1 ? dim3(1, CM, 1) : dim3(1, 1, (unsigned)p.ksplit), tmx, p));
     else
         NIB_CUDA_CHECK(nib::launch(k_gemm_lowbit_wg<FMT, BT, CM>, grid, dim3(WgPW<FMT, BT>::THREADS), WgTile<BT>::smem(), stream, tmx, p));
     NIB_LAUNCH_CHECK("k_gemm_lowbit_wg");
@@ -1154,12 +1221,15 @@ static nib_status launch_wg(const nib_qweight *w, const GemmParams &p, const voi
     NIB_RETURN_IF_ERR(wg_weight_check(w, bt));
     CUtensorMap tmx;
     if (cm != 1 && cm != 2) return NIB_ERR(NIB_ERR_INVALID_ARG, "gemm: wgmma clusters of %d CTAs (1 or 2)", cm);
+    if (p.kcl && (cm != 1 || p.ksplit < 2 || p.ksplit > 8))
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "gemm: a K split reduced in its cluster needs 2..8 splits without X multicast "
+                       "(got %d splits, clusters of %d)", p.ksplit, cm);
     NIB_RETURN_IF_ERR(nib_tmap_rows_sw128(&tmx, x, 2, p.m, w->k, ldx, bt / cm, "low-bit gemm X"));
     /* cm = 2: the row tiles rounded up to whole clusters (a CTA past N loads and multicasts its
      * share of X, and stores nothing) */
     const int64_t rtiles = (w->np + NIB_GEMM_WG_ROWS - 1) / NIB_GEMM_WG_ROWS;
     const dim3 grid((unsigned)((p.m + bt - 1) / bt), (unsigned)((rtiles + cm - 1) / cm * cm), (unsigned)p.ksplit);
-    if (p.ksplit > 1) {
+    if (p.ksplit > 1 && !p.kcl) {
         const uint64_t ctas = (uint64_t)grid.x * grid.y;
         if (!ws || (uint64_t)p.ksplit * ctas * bt * NIB_GEMM_WG_ROWS > ws->acc_elems || ctas > ws->n_counters)
             return NIB_ERR(NIB_ERR_SHAPE, "gemm: %d K splits of %llu wgmma tiles (%d tokens) do not fit the workspace",
@@ -1263,6 +1333,7 @@ nib_status nib_cuda_gemm_planned(const nib_qweight *w, const void *x, int64_t m,
     p.ring_bytes = pl.ring_bytes;
     p.cps = NIB_GEMM_CPS(pl.mt);
     p.scale_add = w->scale_add;
+    p.kcl = pl.wgt ? pl.wkcl : 0;
     if (p.res && p.ldr < p.n_out) return NIB_ERR(NIB_ERR_SHAPE, "gemm: residual ldr %lld < N_out %d", (long long)p.ldr, p.n_out);
     if (pl.wgt) return launch_wg(w, p, x, ldx, pl.wgt, pl.wgc ? pl.wgc : 1, ws, (cudaStream_t)stream);
     {

@@ -75,6 +75,115 @@ template <int FMT> __device__ __forceinline__ void wg_prefetch_chunk(const GemmP
  * accumulator writes (lanes: rows g, tokens 2 t) hit 32 distinct banks */
 constexpr int WG_TP = NIB_GEMM_WG_ROWS + 4;
 
+/* the epilogue's last part for 8 columns n .. n + 7 of token row mm (v: after colscale, bias and
+ * GeGLU): gate, residual (16-byte loads where aligned), one rounding, a 16-byte store (or per
+ * element at the right edge / unaligned) */
+__device__ __forceinline__ void wg_store8(const GemmParams &p, float (&v)[8], int mm, int n) {
+    const bool full = n + 8 <= p.n_out;
+    if (p.gate)
+#pragma unroll
+        for (int q = 0; q < 8; q++)
+            if (full || n + q < p.n_out) v[q] *= p.gate[n + q];
+    if (p.res) {
+        const bool rv = (uintptr_t)p.res % 16 == 0 && p.ldr % 8 == 0;
+        const __nv_bfloat16 *r = p.res + (long long)mm * p.ldr + n;
+        if (full && rv) {
+            const uint4 u = *(const uint4 *)r;
+            const uint32_t w4[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                const __nv_bfloat162 r2 = *(const __nv_bfloat162 *)&w4[q];
+                v[2 * q] += __low2float(r2), v[2 * q + 1] += __high2float(r2);
+            }
+        } else {
+#pragma unroll
+            for (int q = 0; q < 8; q++)
+                if (n + q < p.n_out) v[q] += __bfloat162float(r[q]);
+        }
+    }
+    __nv_bfloat16 *y = p.y + (long long)mm * p.ldy + n;
+    if (full && (uintptr_t)p.y % 16 == 0 && p.ldy % 8 == 0) {
+        uint32_t o[4];
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const __nv_bfloat162 y2 = __floats2bfloat162_rn(v[2 * q], v[2 * q + 1]);
+            o[q] = *(const uint32_t *)&y2;
+        }
+        *(uint4 *)y = make_uint4(o[0], o[1], o[2], o[3]);
+    } else {
+#pragma unroll
+        for (int q = 0; q < 8; q++)
+            if (n + q < p.n_out) y[q] = __float2bfloat16(v[q]);
+    }
+}
+
+/* K split over a cluster of p.ksplit CTAs along z (p.kcl; CTA rank = split): each CTA writes its raw
+ * sums, [token][weight row] as the plain epilogue's tile, into its idle ring; after a cluster
+ * barrier the CTAs share the tile's (valid token, 8-column chunk) items round robin, each summing
+ * the ksplit tiles in split order through distributed shared memory (the same fp32 additions in the
+ * same order as the workspace path's last CTA: bitwise the same result), then colscale, bias,
+ * GeGLU and wg_store8; a second cluster barrier keeps every tile alive until all are read. No
+ * workspace round trip, no counter, and no one CTA reading every partial. */
+template <int BT>
+__device__ __forceinline__ void wg_kcl_epilogue(const GemmParams &p, const float (&acc)[BT / 2], int m0, int warp,
+                                                int g, int t, int tid, float *tile) {
+    asm volatile("bar.sync 1, 256;" ::: "memory"); /* every warpgroup's wgmma reads of the ring are done */
+#pragma unroll
+    for (int j = 0; j < BT / 8; j++)
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            float *row = tile + (8 * j + 2 * t + i) * WG_TP;
+            row[warp * 16 + g] = acc[4 * j + i];
+            row[warp * 16 + g + 8] = acc[4 * j + 2 + i];
+        }
+    cluster_sync(); /* the tiles, local and remote, are complete (release / acquire) */
+    const int ks = p.ksplit, z = (int)blockIdx.z, lw = p.geglu ? 3 : 4;
+    const int vt = p.m - m0 < BT ? p.m - m0 : BT; /* valid tokens of the tile */
+    const int n0 = blockIdx.y * (NIB_GEMM_WG_ROWS >> (p.geglu ? 1 : 0)), r0 = blockIdx.y * NIB_GEMM_WG_ROWS;
+    const uint32_t t0 = smem_u32(tile);
+    for (int c = z * 256 + tid; c < (vt << lw); c += ks * 256) {
+        const int tok = c >> lw, ch = c & ((1 << lw) - 1), mm = m0 + tok, n = n0 + 8 * ch;
+        if (n >= p.n_out) continue;
+        /* plain: weight rows 8 ch .. 8 ch + 7 of the tile; GeGLU: gate rows 16 ch .. + 7, up rows + 8 */
+        const int col = p.geglu ? 16 * ch : 8 * ch;
+        const uint32_t off = (uint32_t)(tok * WG_TP + col) * 4u;
+        float4 a0 = ld_cluster_f32x4(cluster_map(t0 + off, 0)), a1 = ld_cluster_f32x4(cluster_map(t0 + off + 16, 0));
+        for (int r = 1; r < ks; r++) {
+            const float4 b0 = ld_cluster_f32x4(cluster_map(t0 + off, (uint32_t)r));
+            const float4 b1 = ld_cluster_f32x4(cluster_map(t0 + off + 16, (uint32_t)r));
+            a0.x += b0.x, a0.y += b0.y, a0.z += b0.z, a0.w += b0.w;
+            a1.x += b1.x, a1.y += b1.y, a1.z += b1.z, a1.w += b1.w;
+        }
+        float v[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+        const int pr = r0 + col; /* the weight row of v[0] */
+        if (p.geglu) {
+            float4 u0 = ld_cluster_f32x4(cluster_map(t0 + off + 32, 0)), u1 = ld_cluster_f32x4(cluster_map(t0 + off + 48, 0));
+            for (int r = 1; r < ks; r++) {
+                const float4 b0 = ld_cluster_f32x4(cluster_map(t0 + off + 32, (uint32_t)r));
+                const float4 b1 = ld_cluster_f32x4(cluster_map(t0 + off + 48, (uint32_t)r));
+                u0.x += b0.x, u0.y += b0.y, u0.z += b0.z, u0.w += b0.w;
+                u1.x += b1.x, u1.y += b1.y, u1.z += b1.z, u1.w += b1.w;
+            }
+            const float u[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
+#pragma unroll
+            for (int q = 0; q < 8; q++) {
+                float v0 = v[q] * p.colscale[pr + q], v8 = u[q] * p.colscale[pr + 8 + q];
+                if (p.bias) v0 += p.bias[pr + q], v8 += p.bias[pr + 8 + q];
+                v[q] = gelu_tanh(v0) * v8;
+            }
+        } else {
+#pragma unroll
+            for (int q = 0; q < 8; q++)
+                if (n + q < p.n_out) {
+                    v[q] *= p.colscale[pr + q];
+                    if (p.bias) v[q] += p.bias[pr + q];
+                }
+        }
+        wg_store8(p, v, mm, n);
+    }
+    cluster_sync(); /* no CTA exits while another may still read its tile */
+}
+
 template <int FMT, int BT, int CM>
 __global__ void __launch_bounds__(WgPW<FMT, BT>::THREADS, 1) k_gemm_lowbit_wg(const __grid_constant__ CUtensorMap tmx, const GemmParams p) {
     constexpr int ST = WgTile<BT>::ST, STAGE = WgTile<BT>::STAGE, PARTS = FmtT<FMT>::PARTS, SB = FmtT<FMT>::SB;
@@ -133,6 +242,10 @@ __global__ void __launch_bounds__(WgPW<FMT, BT>::THREADS, 1) k_gemm_lowbit_wg(co
             __syncwarp();
         }
         if (CM > 1) cluster_sync(); /* the one after every CTA's K loop (consumers below) */
+        else if (p.kcl) { /* the K split's two cluster barriers (consumers below) */
+            cluster_sync();
+            cluster_sync();
+        }
         return;
     }
     /* consumers: warp w decodes row group rg = blockIdx.y * 8 + w (warpgroup w / 4, its rows
@@ -230,6 +343,10 @@ __global__ void __launch_bounds__(WgPW<FMT, BT>::THREADS, 1) k_gemm_lowbit_wg(co
     /* CM = 2: no CTA goes on (or exits) while its partner may still arrive on its barriers or
      * multicast into its ring */
     if (CM > 1) cluster_sync();
+    if (CM == 1 && p.kcl) { /* K split over the cluster: reduced through distributed shared memory */
+        wg_kcl_epilogue<BT>(p, acc, m0, warp, g, t, tid, (float *)(smem_raw + (sbase - smem_u32(smem_raw))));
+        return;
+    }
     if (p.ksplit > 1) {
         /* K split: the partial sums go to this split's slot (element i of consumer thread tid at
          * [split][cta][i][tid]); the last CTA of the tile adds the slots in split order, its own
@@ -280,49 +397,13 @@ __global__ void __launch_bounds__(WgPW<FMT, BT>::THREADS, 1) k_gemm_lowbit_wg(co
     asm volatile("bar.sync 1, 256;" ::: "memory");
     const int lw = p.geglu ? 3 : 4; /* log2 of the 8-column chunks per token */
     const int n0 = blockIdx.y * (NIB_GEMM_WG_ROWS >> (p.geglu ? 1 : 0));
-    const bool yv = (uintptr_t)p.y % 16 == 0 && p.ldy % 8 == 0;
-    const bool rv = !p.res || ((uintptr_t)p.res % 16 == 0 && p.ldr % 8 == 0);
     for (int c = tid; c < (BT << lw); c += 256) {
         const int tok = c >> lw, ch = c & ((1 << lw) - 1), mm = m0 + tok, n = n0 + 8 * ch;
         if (mm >= p.m || n >= p.n_out) continue;
         const float *src = tile + tok * WG_TP + 8 * ch;
         const float4 lo = *(const float4 *)src, hi = *(const float4 *)(src + 4);
         float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-        const bool full = n + 8 <= p.n_out;
-        if (p.gate)
-#pragma unroll
-            for (int q = 0; q < 8; q++)
-                if (full || n + q < p.n_out) v[q] *= p.gate[n + q];
-        if (p.res) {
-            const __nv_bfloat16 *r = p.res + (long long)mm * p.ldr + n;
-            if (full && rv) {
-                const uint4 u = *(const uint4 *)r;
-                const uint32_t w4[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-                for (int q = 0; q < 4; q++) {
-                    const __nv_bfloat162 r2 = *(const __nv_bfloat162 *)&w4[q];
-                    v[2 * q] += __low2float(r2), v[2 * q + 1] += __high2float(r2);
-                }
-            } else {
-#pragma unroll
-                for (int q = 0; q < 8; q++)
-                    if (n + q < p.n_out) v[q] += __bfloat162float(r[q]);
-            }
-        }
-        __nv_bfloat16 *y = p.y + (long long)mm * p.ldy + n;
-        if (full && yv) {
-            uint32_t o[4];
-#pragma unroll
-            for (int q = 0; q < 4; q++) {
-                const __nv_bfloat162 y2 = __floats2bfloat162_rn(v[2 * q], v[2 * q + 1]);
-                o[q] = *(const uint32_t *)&y2;
-            }
-            *(uint4 *)y = make_uint4(o[0], o[1], o[2], o[3]);
-        } else {
-#pragma unroll
-            for (int q = 0; q < 8; q++)
-                if (n + q < p.n_out) y[q] = __float2bfloat16(v[q]);
-        }
+        wg_store8(p, v, mm, n);
     }
 }
 
