@@ -596,12 +596,22 @@ __global__ void __launch_bounds__(WARPS * 32, OCC) k_gemm_lowbit(GemmParams p) {
     const int pb = blockIdx.x * rows_cta;
     const int rows = min(rows_cta, p.np - pb);
     const int toks = min(MT * 8, p.m - m0);
-    /* sum of the ksplit slots for (row pr, token j), in slot order */
+    /* sum of the ksplit slots for (row pr, token j), in slot order; up to 8 slots' loads are issued
+     * before their additions (one add at a time after each load made the last CTA wait ksplit
+     * dependent L2 round trips) */
     const size_t slot_stride = (size_t)gridDim.z * p.np * MC;
     const float *wsb = p.ws + (size_t)blockIdx.z * p.np * MC;
     auto partial = [&](int pr, int j) {
+        const float *src = wsb + (size_t)pr * MC + j;
         float v = 0.f;
-        for (int q = 0; q < p.ksplit; q++) v += __ldcg(wsb + q * slot_stride + (size_t)pr * MC + j);
+        for (int q = 0; q < p.ksplit; q += 8) {
+            float s8[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++) s8[u] = q + u < p.ksplit ? __ldcg(src + (size_t)(q + u) * slot_stride) : 0.f;
+#pragma unroll
+            for (int u = 0; u < 8; u++)
+                if (q + u < p.ksplit) v += s8[u];
+        }
         return v;
     };
     /* (output q, token j) of idx = threadIdx.x + i * 256, advanced with one carry (two divisions
