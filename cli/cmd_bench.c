@@ -720,7 +720,7 @@ static int bench_gemm(int argc, char **argv) {
                    "fp8-w8a8 (per-token quantize + the FP8 product the engine rule picks: cuBLASLt or nib's),\n"
                    "fp8-nib (nib's wgmma FP8 product, GEMM only), nvfp4, mxfp4, int4-g128, fp8-wo (nib's\n"
                    "weight-only kernels: mma.sync at small M; wgmma for NVFP4, MXFP4, INT4 and FP8 from M = 128,\n"
-                   "and past M = 32 on weights of 4M+ elements, act-order INT4 excepted; the plan column names\n"
+                   "and past M = 32 on weights of 2M+ elements, act-order INT4 excepted; the plan column names\n"
                    "it; NIB_GEMM_WG=0|1 turns it off / on at every M, NIB_GEMM_WG_BT=64|128|192|256 (INT4: up\n"
                    "to 192) and NIB_GEMM_WG_CM=2 force its tile and X multicast). Default shapes are the Pi0.5 /\n"
                    "Gemma shapes of issue 3 and M = 1,4,10,16,50,128,532,1024. Each row: median µs per call\n"

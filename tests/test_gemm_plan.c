@@ -505,8 +505,9 @@ NIB_TEST(gemm_wg_tile_rule) {
     for (size_t i = 0; i < NIB_ARRAY_LEN(yes); i++) {
         WG_IS(nib_gemm_wg_tile(yes[i], 0, NIB_GEMM_WG_MID_M, 32768, 2048, WS, 132, &ks, &cm), 0);
         CHECK(nib_gemm_wg_tile(yes[i], 0, NIB_GEMM_WG_MID_M + 1, 32768, 2048, WS, 132, &ks, &cm) > 0);
-        WG_IS(nib_gemm_wg_tile(yes[i], 0, NIB_GEMM_WG_MIN_M - 1, 1024, 2048, WS, 132, &ks, &cm), 0); /* 2M elements */
-        CHECK(nib_gemm_wg_tile(yes[i], 0, NIB_GEMM_WG_MIN_M - 1, 1024, 4096, WS, 132, &ks, &cm) > 0);
+        WG_IS(nib_gemm_wg_tile(yes[i], 0, NIB_GEMM_WG_MIN_M - 1, 1024, 1024, WS, 132, &ks, &cm), 0); /* 1M elements */
+        CHECK(nib_gemm_wg_tile(yes[i], 0, NIB_GEMM_WG_MIN_M - 1, 1024, 2048, WS, 132, &ks, &cm) > 0); /* 2M */
+        CHECK(nib_gemm_wg_tile(yes[i], 0, NIB_GEMM_WG_MID_M + 1, 2560, 1024, WS, 132, &ks, &cm) > 0); /* Pi0.5 q|k|v */
         const int bt = nib_gemm_wg_tile(yes[i], 0, NIB_GEMM_WG_MIN_M, 32768, 2048, WS, 132, &ks, &cm);
         CHECK_MSG(bt == 64 || bt == 128 || bt == 192 || bt == 256, "tile %d", bt);
         WG_IS(nib_gemm_wg_tile(yes[i], 1, 532, 32768, 2048, WS, 132, &ks, &cm), 0); /* act-order */
