@@ -22,8 +22,10 @@
  * descriptors (one base plus constants) are kept incrementally.
  * Grid: M tiles fastest (the CTAs resident at once share their weight rows: W streams from DRAM
  * about once), then 128-row tiles (CM = 2: in clusters of two sharing X by multicast, a lab
- * variant: slower), then K splits (partial sums through the split-K workspace, added by the
- * last CTA of the tile in split order: deterministic).
+ * variant: slower), then K splits: where every cluster of the launch is resident at once, the
+ * splits of a tile form one cluster along z and add their sums through distributed shared memory
+ * (wg_kcl_epilogue, plan wkcl); else the partial sums go through the split-K workspace and the
+ * last CTA of the tile adds them. Either way in split order: deterministic, and the same bits.
  * Formats: NVFP4, MXFP4, FP8 (every scale of theirs is applied in the decoder or the epilogue);
  * INT4-g128 with 64- to 192-token tiles: its group of 128 K is one chunk, multiplied into a
  * second accumulator set (the chunk's first wgmma with scale-d = 0), which after the chunk's last
