@@ -111,13 +111,24 @@ __global__ void __launch_bounds__(WgCfg<WGS, KSPLIT>::NT, 1) k_attn_wg(AttnParam
     /* Q rows -> smem (zero rows past the valid rows), all threads: warpgroup w's rows (wg) in its own
      * operand */
     {
+        /* row = (token tq, head hq of the group): one division for the first row, then stepped (a
+         * division per row was ~a quarter of the prologue's instructions: Nsight Compute, the suffix
+         * at H = 50, docs/design.md "Twenty-seventh session") */
         const __nv_bfloat16 *qb = p.q + seq * p.q_seq + (long long)hkv * p.group * p.d + c * 8;
+        int row = row0 + warp;
+        int hq = row % p.group;
+        long long qo = (long long)(row / p.group) * p.q_tok + (long long)hq * p.d; /* elements from qb */
+        const long long wrap = p.q_tok - (long long)p.group * p.d; /* head past the group -> next token */
         for (int r = warp; r < C::ROWS; r += C::QSTEP) {
-            const int row = row0 + r;
             const bool ok = cok && row < rows_valid;
-            const int tq = row / p.group, hq = row - tq * p.group;
-            const __nv_bfloat16 *src = ok ? qb + (long long)tq * p.q_tok + (long long)hq * p.d : p.q;
-            cp_async16(sq + (r >> 6) * C::Q_WG_BYTES + wg_chunk_off(r & 63, c, 64), src, ok ? 16 : 0);
+            cp_async16(sq + (r >> 6) * C::Q_WG_BYTES + wg_chunk_off(r & 63, c, 64), ok ? qb + qo : p.q, ok ? 16 : 0);
+            row += C::QSTEP;
+            hq += C::QSTEP;
+            qo += (long long)C::QSTEP * p.d;
+            while (hq >= p.group) {
+                hq -= p.group;
+                qo += wrap;
+            }
         }
     }
     const int r8 = KSPLIT > 1 ? warp % C::RSTEP : warp; /* this thread's first tile row (< RSTEP) */
