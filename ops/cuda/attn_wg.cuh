@@ -23,7 +23,11 @@
  * Measured and removed: warpgroup 1 running half a tile behind warpgroup 0 (its P V of tile it - 1
  * issued with S of tile it, a third V stage), so one warpgroup's softmax would overlap the other's
  * products: 24.0 against 23.3 us (Gemma prefix S = 532), 41.7 against 39.3 (S = 968).
- * Where a tile's ~3 us go (against ~1.1 us of tensor work per CTA) is not yet profiled.
+ * Where a tile's ~3 us go (against ~1.1 us of tensor work per CTA): issuing instructions. One warp per
+ * scheduler issues at ~3.8 cycles per instruction, ~1660 per warp per 64-key tile (copy address math ~370,
+ * S with its descriptors ~460, softmax / rescale / P V ~830) and ~1280 in the prologue (Nsight Compute on
+ * the H = 50 suffix, docs/design.md "Twenty-seventh session"): fewer instructions (TMA copies, descriptors
+ * once per tile) is the lever, not the tensor work.
  * The same template, KSPLIT = 2 ("wk2", the Gemma prefix's default since the twentieth session):
  * 64 query rows per CTA as wg1, but two
  * warpgroups (256 threads) that split the CTA's key range in halves of 32-key tiles (the first half
