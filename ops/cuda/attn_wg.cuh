@@ -115,9 +115,10 @@ __global__ void __launch_bounds__(WgCfg<WGS, KSPLIT>::NT, 1) k_attn_wg(AttnParam
     /* Q rows -> smem (zero rows past the valid rows), all threads: warpgroup w's rows (wg) in its own
      * operand */
     {
-        /* row = (token tq, head hq of the group): one division for the first row, then stepped (a
-         * division per row was ~a quarter of the prologue's instructions: Nsight Compute, the suffix
-         * at H = 50, docs/design.md "Twenty-seventh session") */
+        /* row = (token tq, head hq of the group): one division for the first row, then stepped. The
+         * prologue was 36 % of the kernel's instructions (Nsight Compute, the suffix at H = 50), a
+         * division and a 64-bit product per row among them; stepped, the suffix lab gained 0.6-1.0 us
+         * (docs/design.md "Twenty-seventh session") */
         const __nv_bfloat16 *qb = p.q + seq * p.q_seq + (long long)hkv * p.group * p.d + c * 8;
         int row = row0 + warp;
         int hq = row % p.group;
