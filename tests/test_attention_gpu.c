@@ -387,6 +387,18 @@ NIB_TEST(attn_gpu_prefix_gemma_large) {
     setenv("NIB_ATTN_SPLITS", "5", 1);
     run_prefix(t, &rng, &(pcase){1, 1, 200, 40, 8, 1, 256, 0});
     unsetenv("NIB_ATTN_SPLITS");
+    /* the wgmma kernel copies with TMA where the layout allows (wgt / wg1t / wk2t, the cases above);
+     * its cp.async forms (NIB_ATTN_TMA=0) stay correct: wk2 with two sequences and a partial last tile,
+     * wg1 on GQA head_dim 128, wg split 3 ways */
+    setenv("NIB_ATTN_TMA", "0", 1);
+    run_prefix(t, &rng, &(pcase){2, 2, 80, 71, 8, 1, 256, 0.0625f});
+    setenv("NIB_ATTN_VARIANT", "wg1", 1);
+    run_prefix(t, &rng, &t2[2]);
+    setenv("NIB_ATTN_VARIANT", "wg", 1);
+    setenv("NIB_ATTN_SPLITS", "3", 1);
+    run_prefix(t, &rng, &cs[3]);
+    unsetenv("NIB_ATTN_SPLITS");
+    unsetenv("NIB_ATTN_TMA");
     unsetenv("NIB_ATTN_VARIANT");
 }
 
@@ -731,6 +743,12 @@ NIB_TEST(attn_gpu_cache_edges) {
         unsetenv("NIB_ATTN_CLUSTER");
     }
     unsetenv("NIB_ATTN_VARIANT");
+    /* the wgmma kernel's cp.async form (NIB_ATTN_TMA=0; the default copies with TMA): the suffix
+     * (wg1, 10 of 50 tokens valid, poisoned slots past t_valid) and GQA (wg1, 2 KV heads) */
+    setenv("NIB_ATTN_TMA", "0", 1);
+    cache_all_dtypes(t, &rng, &(ccase){600, 560, 50, 10, 8, 1});
+    cache_all_dtypes(t, &rng, &(ccase){300, 257, 17, 17, 8, 2});
+    unsetenv("NIB_ATTN_TMA");
     /* a variant that cannot take the shape says so: cl with 400 rows, a cluster size of 12 */
     {
         nib_kv_layer kv;

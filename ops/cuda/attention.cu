@@ -59,6 +59,7 @@
 #include "ops/cuda/attention.cuh"
 #include "ops/cuda/attn_dec.cuh"
 #include "ops/cuda/attn_wg.cuh"
+#include "ops/cuda/tmap.h"
 #include "runtime/cuda_check.h"
 #include "runtime/device.h"
 #include "runtime/launch.cuh"
@@ -105,12 +106,33 @@ static KInfo g_kinfo[] = {
     {k_attn_wg<1, 1>, F_BF16, 256, 4, 1, WgCfg<1>::TK, WgCfg<1>::NT, WgCfg<1>::SMEM, "wg1", WgCfg<1>::ROWS, 0, 0, 0, 0},
     {k_attn_wg<1, 2>, F_BF16, 256, 4, 2, WgCfg<1, 2>::TK, WgCfg<1, 2>::NT, WgCfg<1, 2>::SMEM, "wk2", WgCfg<1, 2>::ROWS,
      0, 0, 0, 0},
+    /* the same three with TMA copies (one thread per ring issues Q and the K / V tiles): the default
+     * where the layout allows (tma_variant); NIB_ATTN_TMA=0 keeps the cp.async forms above */
+    {k_attn_wg<2, 1, 1>, F_BF16, 256, 8, 1, WgCfg<2, 1, 1>::TK, WgCfg<2, 1, 1>::NT, WgCfg<2, 1, 1>::SMEM, "wgt",
+     WgCfg<2, 1, 1>::ROWS, 0, 0, 0, 0},
+    {k_attn_wg<1, 1, 1>, F_BF16, 256, 4, 1, WgCfg<1, 1, 1>::TK, WgCfg<1, 1, 1>::NT, WgCfg<1, 1, 1>::SMEM, "wg1t",
+     WgCfg<1, 1, 1>::ROWS, 0, 0, 0, 0},
+    {k_attn_wg<1, 2, 1>, F_BF16, 256, 4, 2, WgCfg<1, 2, 1>::TK, WgCfg<1, 2, 1>::NT, WgCfg<1, 2, 1>::SMEM, "wk2t",
+     WgCfg<1, 2, 1>::ROWS, 0, 0, 0, 0},
 };
 #define K_D80 (3 * V_PER_FMT)
 #define K_CL (K_D80 + 1)     /* + fmt */
 #define K_RK (K_CL + 3)      /* + fmt: the decode kernel (attn_dec.cuh) */
 #define K_T2 (K_RK + 3)      /* r4t2 (head_dim 256), then d80t2: bf16 only */
 #define K_WG (K_T2 + 2)      /* the wgmma kernel: wg, wg1, wk2; bf16, head_dim 256 */
+#define K_WGT (K_WG + 3)     /* the same with TMA copies */
+
+/* The TMA form of a wgmma plan where the layout allows it: a 64-row operand must be whole tokens of
+ * one KV group (64 % group == 0), the key range non-empty (a map has no empty dimension) and each
+ * tensor's strides non-decreasing (tma_ok, from the caller; head_dim is a multiple of 8 on both paths,
+ * so the strides are multiples of 16 bytes); NIB_ATTN_TMA=0 keeps the cp.async forms (the A/B switch). */
+static int tma_variant(int ki, int group, int64_t t_max, int tma_ok) {
+    const char *e = getenv("NIB_ATTN_TMA");
+    if (ki < K_WG || ki >= K_WGT || !tma_ok || t_max < 1 || group < 1 || group > 64 || 64 % group ||
+        (e && !strcmp(e, "0")))
+        return ki;
+    return ki + 3;
+}
 
 static int g_sms;
 
@@ -254,7 +276,8 @@ static nib_status plan_cluster(int fmt, int64_t rows_max, int64_t z, Plan *pl, i
     return NIB_OK;
 }
 
-static nib_status make_plan(int fmt, int dp, int64_t rows_max, int64_t t_max, int64_t z, int d, int cache, Plan *pl) {
+static nib_status make_plan(int fmt, int dp, int64_t rows_max, int64_t t_max, int64_t z, int d, int cache, int group,
+                            int tma_ok, Plan *pl) {
     memset(pl, 0, sizeof *pl);
     if (cache && dp == 256) {
         int used = 0;
@@ -272,6 +295,7 @@ static nib_status make_plan(int fmt, int dp, int64_t rows_max, int64_t t_max, in
     if (pl->ki < 0)
         return NIB_ERR(NIB_ERR_UNSUPPORTED, "attention: NIB_ATTN_VARIANT=rk (the decode kernel) takes <= 8 query rows per "
                        "KV head; got %lld", (long long)rows_max);
+    pl->ki = tma_variant(pl->ki, group, t_max, tma_ok);
     KInfo *k = &g_kinfo[pl->ki];
     NIB_RETURN_IF_ERR(kinfo_ready(k));
     const int64_t rows_cta = k->rows;
@@ -356,6 +380,19 @@ static nib_status launch(AttnParams p, const Plan &pl, void *ws, cudaStream_t st
         p.ws_m = (float *)(w + o_bytes);
         p.ws_l = (float *)(w + o_bytes + ml_bytes);
     }
+    if (pl.ki >= K_WGT) { /* the TMA forms: Q [seq][token][head][d], K / V [seq][token][kv head][d] */
+        const int64_t d = p.d, nh = (int64_t)p.n_kv * p.group;
+        const int64_t qs = p.n_seq > 1 ? p.q_seq * 2 : p.q_tok * 2 * p.nq_max;
+        const int64_t qd[4] = {d, nh, p.nq_max, p.n_seq}, qst[3] = {d * 2, p.q_tok * 2, qs};
+        const int qb[4] = {64, p.group, 64 / p.group, 1};
+        NIB_RETURN_IF_ERR(nib_tmap_bf16_sw128(&p.tmq, p.q, 4, qd, qst, qb, "attention q"));
+        const int64_t kvd[4] = {d, p.n_kv, p.t_max, p.n_seq};
+        const int kvb[4] = {64, 1, k.tk, 1};
+        const int64_t kst[3] = {p.kv_head, p.k_tok, p.n_seq > 1 ? p.k_seq : p.k_tok * p.t_max};
+        const int64_t vst[3] = {p.kv_head, p.v_tok, p.n_seq > 1 ? p.v_seq : p.v_tok * p.t_max};
+        NIB_RETURN_IF_ERR(nib_tmap_bf16_sw128(&p.tmk, p.k, 4, kvd, kst, kvb, "attention k"));
+        NIB_RETURN_IF_ERR(nib_tmap_bf16_sw128(&p.tmv, p.v, 4, kvd, vst, kvb, "attention v"));
+    }
     dim3 grid((unsigned)pl.row_blocks, (unsigned)pl.n_splits, (unsigned)pl.z);
     if (k.cl) { /* the splits of a row block form one cluster and merge in it: no merge kernel */
         NIB_CUDA_CHECK(nib::launch_cluster(k.kern, grid, dim3((unsigned)k.threads), (size_t)k.smem, stream,
@@ -421,12 +458,19 @@ static nib_status prefix_check(const nib_attn_prefix_args *a, int *dp) {
     return NIB_OK;
 }
 
+/* the prefix's tensors as TMA sees them: [seq][token][head][d], strides non-decreasing */
+static int prefix_tma_ok(const nib_attn_prefix_args *a) {
+    if (a->n_seq == 1) return 1;
+    return a->q_seq >= a->q_tok * a->s_max && a->k_seq >= a->k_tok * a->s_max && a->v_seq >= a->v_tok * a->s_max;
+}
+
 nib_status nib_cuda_attn_prefix_plan(const nib_attn_prefix_args *a, nib_attn_plan *out) {
     int dp = 0;
     NIB_RETURN_IF_ERR(prefix_check(a, &dp));
     Plan pl;
     NIB_RETURN_IF_ERR(make_plan(F_BF16, dp, (int64_t)a->s_max * (a->n_heads / a->n_kv_heads), a->s_max,
-                                (int64_t)a->n_seq * a->n_kv_heads, a->head_dim, 0, &pl));
+                                (int64_t)a->n_seq * a->n_kv_heads, a->head_dim, 0, a->n_heads / a->n_kv_heads,
+                                prefix_tma_ok(a), &pl));
     if (out) fill_plan_out(pl, out);
     return NIB_OK;
 }
@@ -447,7 +491,7 @@ nib_status nib_cuda_attn_prefix(const nib_attn_prefix_args *a, void *ws, void *s
     const int group = a->n_heads / a->n_kv_heads;
     Plan pl;
     NIB_RETURN_IF_ERR(make_plan(F_BF16, dp, (int64_t)a->s_max * group, a->s_max, (int64_t)a->n_seq * a->n_kv_heads,
-                                a->head_dim, 0, &pl));
+                                a->head_dim, 0, group, prefix_tma_ok(a), &pl));
     AttnParams p;
     memset(&p, 0, sizeof p);
     p.q = (const __nv_bfloat16 *)a->q;
@@ -501,7 +545,7 @@ nib_status nib_cuda_attn_cache_plan(const nib_attn_cache_args *a, nib_attn_plan 
     NIB_RETURN_IF_ERR(cache_check(a));
     Plan pl;
     NIB_RETURN_IF_ERR(make_plan((int)a->kv.dtype, 256, (int64_t)a->nq * (a->n_heads / a->kv.n_kv_heads), a->kv.t_max,
-                                a->kv.n_kv_heads, 256, 1, &pl));
+                                a->kv.n_kv_heads, 256, 1, a->n_heads / a->kv.n_kv_heads, 1, &pl));
     if (out) fill_plan_out(pl, out);
     return NIB_OK;
 }
@@ -527,7 +571,8 @@ nib_status nib_cuda_attn_cache(const nib_attn_cache_args *a, void *ws, void *str
                        "(nib_kv_layer_map aligns planes to 256)");
     const int group = a->n_heads / kv->n_kv_heads;
     Plan pl;
-    NIB_RETURN_IF_ERR(make_plan((int)kv->dtype, 256, (int64_t)a->nq * group, kv->t_max, kv->n_kv_heads, 256, 1, &pl));
+    NIB_RETURN_IF_ERR(make_plan((int)kv->dtype, 256, (int64_t)a->nq * group, kv->t_max, kv->n_kv_heads, 256, 1, group, 1,
+                                &pl));
     const long long rowb = kv->dtype == NIB_KV_BF16 ? 512 : kv->dtype == NIB_KV_FP8 ? 256 : 128;
     AttnParams p;
     memset(&p, 0, sizeof p);

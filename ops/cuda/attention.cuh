@@ -4,6 +4,7 @@
 #ifndef NIB_ATTENTION_CUH
 #define NIB_ATTENTION_CUH
 
+#include <cuda.h>
 #include <cuda_bf16.h>
 #include <math.h>
 #include <stdint.h>
@@ -20,6 +21,9 @@ enum { F_BF16 = NIB_KV_BF16, F_FP8 = NIB_KV_FP8, F_NVFP4 = NIB_KV_NVFP4 };
 #define MAX_SPLITS 512
 
 struct AttnParams {
+    /* the wgmma kernel's TMA forms (attn_wg.cuh, TMA = 1): Q as [seq][token][head][d] (4-D: d, head,
+     * token, seq), K and V as [seq][token][kv head][d] (4-D: d, kv head, token, seq), 128-byte swizzle */
+    CUtensorMap tmq, tmk, tmv;
     const __nv_bfloat16 *q;
     __nv_bfloat16 *o;
     long long q_tok, o_tok, q_seq, o_seq;     /* elements */

@@ -40,6 +40,17 @@
  * tile time); on the suffix cache path slower (P = 532 H = 50 12.3 against 11.1 us), so wg1 stays
  * there. 255 registers, no spills (the merge's 32 shared loads of the second half's O are issued
  * together): a change here must be checked for spills.
+ * TMA forms (TMA = 1: "wgt", "wg1t", "wk2t", the default where 64 % group == 0; NIB_ATTN_TMA=0 keeps
+ * cp.async): one thread per ring issues Q (4 boxes of 64 dims per 64-row operand, from a 4-D map
+ * d x head x token x seq) and each K / V tile (4 + 4 boxes from d x kv head x token x seq maps) on
+ * mbarriers, in the same 128-byte-swizzled layout, so the consumer warps issue no copy address math
+ * (~1280 + ~370 per tile of their ~3600 instructions per warp in the cp.async form, all issued at
+ * ~3.8 cycles each: docs/design.md "Twenty-seventh session"). Rows past the valid ones are read as
+ * they are (keys are masked in S; Q rows past the valid ones are never stored); V's rows past the
+ * split's end are zeroed in shared memory before P V (0 x NaN is not 0). Measured against the cp.async
+ * forms (bench/results/attn-tma-ab-h100.json): every suffix row of the lab 1.0-1.4 us faster (P = 532
+ * H = 50 10.26 -> 9.04 us), the long Gemma prefixes unchanged (S = 968 32.5 -> 32.8), fast 3 cameras
+ * H = 50 14.46 -> 14.21 ms.
  */
 #ifndef NIB_ATTN_WG_CUH
 #define NIB_ATTN_WG_CUH
@@ -51,7 +62,7 @@ namespace nib {
 
 /* WGS warpgroups of 64 query rows per CTA (wg, wg1); KSPLIT = 2 (wk2, with WGS = 1): two warpgroups
  * share the CTA's 64 rows and split its key range, each with its own ring, merged at the end */
-template <int WGS, int KSPLIT = 1> struct WgCfg {
+template <int WGS, int KSPLIT = 1, int TMA = 0> struct WgCfg {
     static_assert(KSPLIT == 1 || (KSPLIT == 2 && WGS == 1), "wk2: one row group, two key halves");
     static constexpr int NT = 128 * WGS * KSPLIT, ROWS = 64 * WGS, TK = 64 / KSPLIT, DP = 256;
     static constexpr int QSTEP = NT / 32;                  /* Q rows per copy round (all threads) */
@@ -62,7 +73,10 @@ template <int WGS, int KSPLIT = 1> struct WgCfg {
     static constexpr int KV_BYTES = TK * DP * 2;           /* one K (or V) tile: 32 KB (wk2: 16 KB) */
     static constexpr int RING_BYTES = (KST + VST) * KV_BYTES; /* one key half's K / V ring */
     static constexpr int ML_BYTES = KSPLIT > 1 ? 2 * 64 * 4 : 0; /* wk2 merge: m, l of the second half */
-    static constexpr int SMEM = 1024 /* alignment slack */ + WGS * Q_WG_BYTES + KSPLIT * RING_BYTES + ML_BYTES;
+    /* TMA: mbarriers, Q's and each ring's K / V stages' (8 bytes each) */
+    static constexpr int BAR_OFF = WGS * Q_WG_BYTES + KSPLIT * RING_BYTES + ML_BYTES;
+    static constexpr int BAR_BYTES = TMA ? 8 * (1 + KSPLIT * KST) : 0;
+    static constexpr int SMEM = 1024 /* alignment slack */ + BAR_OFF + BAR_BYTES;
     static_assert(KSPLIT == 1 || RING_BYTES == 64 * DP * 4, "wk2 merge: a ring holds 64 rows x 256 fp32");
 };
 
@@ -71,10 +85,10 @@ __device__ __forceinline__ uint32_t wg_chunk_off(int r, int c, int rows) {
     return (uint32_t)((c >> 3) * rows * 128 + r * 128 + ((((c & 7) ^ (r & 7))) << 4));
 }
 
-template <int WGS, int KSPLIT>
-__global__ void __launch_bounds__(WgCfg<WGS, KSPLIT>::NT, 1) k_attn_wg(AttnParams p) {
+template <int WGS, int KSPLIT, int TMA = 0>
+__global__ void __launch_bounds__(WgCfg<WGS, KSPLIT, TMA>::NT, 1) k_attn_wg(const __grid_constant__ AttnParams p) {
     nib::pdl_enter(); /* runtime/launch.cuh: first, before any access or return */
-    using C = WgCfg<WGS, KSPLIT>;
+    using C = WgCfg<WGS, KSPLIT, TMA>;
     constexpr int TK = C::TK, NSJ = TK / 8; /* keys per tile, S n-tiles (8 keys) per tile */
     extern __shared__ __align__(16) unsigned char smem_raw[];
     /* the swizzle is applied to address bits 4..9: operands start on 1024-byte boundaries */
@@ -113,8 +127,8 @@ __global__ void __launch_bounds__(WgCfg<WGS, KSPLIT>::NT, 1) k_attn_wg(AttnParam
     const bool cok = c < cmax;
 
     /* Q rows -> smem (zero rows past the valid rows), all threads: warpgroup w's rows (wg) in its own
-     * operand */
-    {
+     * operand (TMA: one thread, below) */
+    if constexpr (!TMA) {
         /* row = (token tq, head hq of the group): one division for the first row, then stepped. The
          * prologue was 36 % of the kernel's instructions (Nsight Compute, the suffix at H = 50), a
          * division and a 64-bit product per row among them; stepped, the suffix lab gained 0.6-1.0 us
@@ -156,11 +170,66 @@ __global__ void __launch_bounds__(WgCfg<WGS, KSPLIT>::NT, 1) k_attn_wg(AttnParam
             vs += C::RSTEP * p.v_tok;
         }
     };
-    if (nt > 0) load_tile(0);
-    cp_async_commit(); /* group 0: Q and tile 0 */
+    /* TMA: barriers (Q's, then ring h's stage s at 1 + h KST + s), filled by one thread per ring (ring
+     * h's leader: thread 128 h); Q as 4 boxes of 64 dims per warpgroup operand, a tile as 4 + 4 boxes
+     * of (64 dims x TK keys). Keys past a split's end are read (masked in S); V rows past kend are
+     * zeroed in shared memory before P V, since 0 x (a NaN or Inf in those slots) would not be 0. */
+    const uint32_t bars = sq + C::BAR_OFF;
+    const bool leader = TMA && (tid & 127) == 0 && (KSPLIT > 1 || tid == 0);
+    auto full_bar = [&](int it) { return bars + 8 * (1 + kh * C::KST + it % C::KST); };
+    auto tma_tile = [&](int it) {
+        const int tt0 = kbeg + it * TK;
+        const uint32_t bar = full_bar(it);
+        const uint32_t dk = sk + (it % C::KST) * C::KV_BYTES, dv = sv + (it % C::VST) * C::KV_BYTES;
+        mbar_arrive_expect_tx(bar, 2 * C::KV_BYTES);
+#pragma unroll
+        for (int at = 0; at < 4; at++) {
+            tma_load_4d(dk + at * TK * C::ATOM, &p.tmk, 64 * at, hkv, tt0, seq, bar);
+            tma_load_4d(dv + at * TK * C::ATOM, &p.tmv, 64 * at, hkv, tt0, seq, bar);
+        }
+    };
+    /* TMA: wait for tile it (and, first, Q), then zero V's rows past kend in a partial tile */
+    auto tma_ready = [&](int it) {
+        if (it == 0) mbar_wait(bars, 0);
+        mbar_wait(full_bar(it), (unsigned)(it / C::KST) & 1u);
+        const int tt0 = kbeg + it * TK, jz = max(kend - tt0, 0);
+        if (jz < TK) {
+            unsigned char *const vop = smem + (sv - sq) + (it % C::VST) * C::KV_BYTES;
+            for (int u = (KSPLIT > 1 ? tid & 127 : tid) + jz * 32; u < TK * 32; u += C::NT / KSPLIT)
+                *(uint4 *)(vop + wg_chunk_off(u >> 5, u & 31, TK)) = make_uint4(0u, 0u, 0u, 0u);
+            fence_proxy_async_smem(); /* the zeros are visible to wgmma (after the ring's barrier) */
+        }
+    };
+    if constexpr (TMA) {
+        if (tid == 0) {
+            mbar_init(bars, 1);
+            for (int i = 1; i < 1 + KSPLIT * C::KST; i++) mbar_init(bars + 8 * i, 1);
+            mbar_init_fence();
+        }
+        __syncthreads(); /* the barriers are initialized before anyone waits on or fills them */
+        if (tid == 0) {
+            const int tok0 = row0 / p.group, tpo = 64 / p.group; /* tokens per 64-row operand */
+            mbar_arrive_expect_tx(bars, WGS * C::Q_WG_BYTES);
+#pragma unroll
+            for (int w = 0; w < WGS; w++)
+#pragma unroll
+                for (int at = 0; at < 4; at++)
+                    tma_load_4d(sq + w * C::Q_WG_BYTES + at * 64 * C::ATOM, &p.tmq, 64 * at, hkv * p.group, tok0 + w * tpo,
+                                seq, bars);
+        }
+        if (leader && nt > 0) tma_tile(0);
+    } else {
+        if (nt > 0) load_tile(0);
+        cp_async_commit(); /* group 0: Q and tile 0 */
+    }
     if constexpr (KSPLIT > 1) { /* both halves read all of Q: the CTA barrier; then one per half */
-        cp_async_wait_all();
-        fence_proxy_async_smem();
+        if constexpr (TMA) {
+            if (nt > 0) tma_ready(0);
+            else mbar_wait(bars, 0);
+        } else {
+            cp_async_wait_all();
+            fence_proxy_async_smem();
+        }
         __syncthreads();
     }
 
@@ -185,16 +254,24 @@ __global__ void __launch_bounds__(WgCfg<WGS, KSPLIT>::NT, 1) k_attn_wg(AttnParam
 #pragma unroll 1
     for (int it = 0; it < nt; it++) {
         if (KSPLIT == 1 || it > 0) { /* wk2: the prologue's barrier covers tile 0 */
-            cp_async_wait_all();      /* this thread's copies of tile it (and Q) landed */
-            fence_proxy_async_smem(); /* ... and are visible to wgmma's async proxy */
+            if constexpr (TMA) {
+                tma_ready(it);
+            } else {
+                cp_async_wait_all();      /* this thread's copies of tile it (and Q) landed */
+                fence_proxy_async_smem(); /* ... and are visible to wgmma's async proxy */
+            }
             /* every thread's (of the ring); and its warpgroups are done with tile it - 1. wk2: the
              * halves run different tile counts, so each syncs its own 128 threads (ids 1, 2) */
             if (KSPLIT == 1) __syncthreads();
             else if (kh == 0) asm volatile("bar.sync 1, 128;" ::: "memory");
             else asm volatile("bar.sync 2, 128;" ::: "memory");
         }
-        if (it + 1 < nt) load_tile(it + 1);
-        cp_async_commit();
+        if constexpr (TMA) {
+            if (leader && it + 1 < nt) tma_tile(it + 1); /* into the stage tile it - 1 left (the barrier above) */
+        } else {
+            if (it + 1 < nt) load_tile(it + 1);
+            cp_async_commit();
+        }
         if (!wg_active) continue;
         const uint32_t kt = sk + (it % C::KST) * C::KV_BYTES;
 
@@ -255,6 +332,8 @@ __global__ void __launch_bounds__(WgCfg<WGS, KSPLIT>::NT, 1) k_attn_wg(AttnParam
         wgmma_fence_operand(o); /* O is rescaled (next tile) or stored: not before the wait */
     }
     cp_async_wait_all(); /* nothing may land in smem after this point */
+    if constexpr (TMA && KSPLIT == 1)
+        if (nt == 0) mbar_wait(bars, 0); /* no tile (nothing visible): Q's copy must land before the CTA ends */
     if (!wg_active) return;
 
     /* full row sums (the 4 lanes of a quad hold different keys) */

@@ -41,3 +41,33 @@ nib_status nib_tmap_rows_sw128(CUtensorMap *m, const void *base, int elem_bytes,
                        what, (long long)rows, (long long)cols, box_rows, (int)r);
     return NIB_OK;
 }
+
+nib_status nib_tmap_bf16_sw128(CUtensorMap *m, const void *base, int rank, const int64_t *dims, const int64_t *strides,
+                               const int *box, const char *what) {
+    NIB_RETURN_IF_ERR(encoder_ready());
+    if (rank < 2 || rank > 5 || ((uintptr_t)base % 16) || box[0] != 64)
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "tensor map for %s: rank %d, base %p, inner box %d (rank 2..5, a 16-byte "
+                       "aligned base, 64 inner elements)", what, rank, base, box[0]);
+    cuuint64_t gd[5], gs[4];
+    cuuint32_t bx[5], es[5];
+    for (int i = 0; i < rank; i++) {
+        if (dims[i] < 1 || box[i] < 1 || box[i] > 256)
+            return NIB_ERR(NIB_ERR_INVALID_ARG, "tensor map for %s: dimension %d of %lld elements, box %d", what, i,
+                           (long long)dims[i], box[i]);
+        gd[i] = (cuuint64_t)dims[i];
+        bx[i] = (cuuint32_t)box[i];
+        es[i] = 1;
+        if (i > 0) {
+            if (strides[i - 1] % 16 || (i > 1 && strides[i - 1] < strides[i - 2]))
+                return NIB_ERR(NIB_ERR_INVALID_ARG, "tensor map for %s: stride %d of %lld bytes (multiples of 16, "
+                               "non-decreasing)", what, i, (long long)strides[i - 1]);
+            gs[i - 1] = (cuuint64_t)strides[i - 1];
+        }
+    }
+    const CUresult r = g_encode(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, (cuuint32_t)rank, const_cast<void *>(base), gd, gs, bx,
+                                es, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS)
+        return NIB_ERR(NIB_ERR_CUDA, "tensor map for %s (rank %d) failed: cuTensorMapEncodeTiled %d", what, rank, (int)r);
+    return NIB_OK;
+}

@@ -18,4 +18,11 @@
 nib_status nib_tmap_rows_sw128(CUtensorMap *m, const void *base, int elem_bytes, int64_t rows, int64_t cols, int64_t ld,
                                int box_rows, const char *what);
 
+/* An N-D (rank 2..5) bf16 tensor read in 128-byte-swizzled boxes whose innermost extent is 64
+ * elements (one swizzle row): dims[0] elements innermost (contiguous), strides[i] the bytes between
+ * consecutive indices of dimension i + 1 (multiples of 16, non-decreasing), box[0] = 64, box[i] <=
+ * 256; zeros for every element outside the tensor. */
+nib_status nib_tmap_bf16_sw128(CUtensorMap *m, const void *base, int rank, const int64_t *dims, const int64_t *strides,
+                               const int *box, const char *what);
+
 #endif
