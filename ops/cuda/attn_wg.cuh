@@ -50,7 +50,12 @@
  * split's end are zeroed in shared memory before P V (0 x NaN is not 0). Measured against the cp.async
  * forms (bench/results/attn-tma-ab-h100.json): every suffix row of the lab 1.0-1.4 us faster (P = 532
  * H = 50 10.26 -> 9.04 us), the long Gemma prefixes unchanged (S = 968 32.5 -> 32.8), fast 3 cameras
- * H = 50 14.46 -> 14.21 ms.
+ * H = 50 14.46 -> 14.21 ms. Then (bench/results/attn-wg-cuts-ab-h100.json): the wgmma descriptors built
+ * once per operand and offset per k-step (wgmma_desc_at), the O rescale skipped where it is the
+ * identity (the first tile; no new row maximum in the warp), and tiles 0 and 1 issued together: 14 %
+ * fewer instructions (ncu, wg1t), the Gemma prefix S = 968 32.6 -> 31.1 us, S = 788 27.8 -> 26.5; the
+ * suffix unchanged (~9 us at H = 50, of which the merge kernel is ~3: the splits' partials combined
+ * in a cluster through distributed shared memory instead measured ~3 us slower, not kept).
  */
 #ifndef NIB_ATTN_WG_CUH
 #define NIB_ATTN_WG_CUH
@@ -217,7 +222,10 @@ __global__ void __launch_bounds__(WgCfg<WGS, KSPLIT, TMA>::NT, 1) k_attn_wg(cons
                     tma_load_4d(sq + w * C::Q_WG_BYTES + at * 64 * C::ATOM, &p.tmq, 64 * at, hkv * p.group, tok0 + w * tpo,
                                 seq, bars);
         }
-        if (leader && nt > 0) tma_tile(0);
+        if (leader) { /* both stages are free: tiles 0 and 1 at once (a split of the suffix has ~2 tiles) */
+            if (nt > 0) tma_tile(0);
+            if (nt > 1) tma_tile(1);
+        }
     } else {
         if (nt > 0) load_tile(0);
         cp_async_commit(); /* group 0: Q and tile 0 */
@@ -241,14 +249,14 @@ __global__ void __launch_bounds__(WgCfg<WGS, KSPLIT, TMA>::NT, 1) k_attn_wg(cons
     /* uniform per warpgroup; wk2: every row block that gets here has valid rows in both halves */
     const bool wg_active = KSPLIT > 1 || row0 + wg * 64 < rows_valid;
     const int t2 = 2 * (lane & 3), g = lane >> 2;
-    const uint32_t q_wg = sq + rg * C::Q_WG_BYTES;
+    const uint64_t dq = wgmma_desc_sw128(sq + rg * C::Q_WG_BYTES); /* Q's operand, offset per k-step */
     uint32_t a[TK / 16][4]; /* bf16 P of the last tile: the A fragments of O += P V */
     auto pv = [&](int it) {
-        const uint32_t vt = sv + (it % C::VST) * C::KV_BYTES;
-        /* V MN-major: 64-dim atoms TK * ATOM bytes apart (leading offset), 8-key groups 1 KB (stride) */
+        /* V MN-major: 64-dim atoms TK * ATOM bytes apart (leading offset), 8-key groups 1 KB (stride);
+         * one descriptor per tile, offset per k-step */
+        const uint64_t dv = wgmma_desc_sw128_mn(sv + (it % C::VST) * C::KV_BYTES, TK * C::ATOM, 8 * C::ATOM);
 #pragma unroll
-        for (int kk = 0; kk < TK / 16; kk++)
-            WgmmaBf16RS<256>::mma(o, a[kk], wgmma_desc_sw128_mn(vt + kk * 16 * C::ATOM, TK * C::ATOM, 8 * C::ATOM));
+        for (int kk = 0; kk < TK / 16; kk++) WgmmaBf16RS<256>::mma(o, a[kk], wgmma_desc_at(dv, kk * 16 * C::ATOM));
     };
 
 #pragma unroll 1
@@ -267,13 +275,14 @@ __global__ void __launch_bounds__(WgCfg<WGS, KSPLIT, TMA>::NT, 1) k_attn_wg(cons
             else asm volatile("bar.sync 2, 128;" ::: "memory");
         }
         if constexpr (TMA) {
-            if (leader && it + 1 < nt) tma_tile(it + 1); /* into the stage tile it - 1 left (the barrier above) */
+            /* tile it + 1 into the stage tile it - 1 left (the barrier above); 1 came with 0 */
+            if (leader && it >= 1 && it + 1 < nt) tma_tile(it + 1);
         } else {
             if (it + 1 < nt) load_tile(it + 1);
             cp_async_commit();
         }
         if (!wg_active) continue;
-        const uint32_t kt = sk + (it % C::KST) * C::KV_BYTES;
+        const uint64_t dk = wgmma_desc_sw128(sk + (it % C::KST) * C::KV_BYTES); /* this tile's K operand */
 
         /* S = Q K^T: 64 rows x TK keys, 16 k-steps of 16 dims (4 per 128-byte atom) */
         float s[TK / 2];
@@ -284,7 +293,7 @@ __global__ void __launch_bounds__(WgCfg<WGS, KSPLIT, TMA>::NT, 1) k_attn_wg(cons
         for (int ks = 0; ks < 16; ks++) {
             const uint32_t at = (ks >> 2) * (64 * C::ATOM) + (ks & 3) * 32;
             const uint32_t bt = (ks >> 2) * (TK * C::ATOM) + (ks & 3) * 32;
-            WgmmaBf16SS<TK>::mma(s, wgmma_desc_sw128(q_wg + at), wgmma_desc_sw128(kt + bt));
+            WgmmaBf16SS<TK>::mma(s, wgmma_desc_at(dq, at), wgmma_desc_at(dk, bt));
         }
         wgmma_commit();
         wgmma_wait<0>();
@@ -310,12 +319,16 @@ __global__ void __launch_bounds__(WgCfg<WGS, KSPLIT, TMA>::NT, 1) k_attn_wg(cons
             lrow[(i >> 1) & 1] += pr;
             s[i] = pr;
         }
+        /* O *= alpha (128 products), skipped where it is the identity: on the first tile (O is 0) and
+         * where no row of the warp got a new maximum (alpha = 1); the same bits either way */
+        if (it > 0 && __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
-        for (int j = 0; j < 32; j++) {
-            o[4 * j] *= alpha[0];
-            o[4 * j + 1] *= alpha[0];
-            o[4 * j + 2] *= alpha[1];
-            o[4 * j + 3] *= alpha[1];
+            for (int j = 0; j < 32; j++) {
+                o[4 * j] *= alpha[0];
+                o[4 * j + 1] *= alpha[0];
+                o[4 * j + 2] *= alpha[1];
+                o[4 * j + 3] *= alpha[1];
+            }
         }
         /* O += bf16(P) V: k-step kk = keys 16 kk .. 16 kk + 15 = S n-tiles 2 kk, 2 kk + 1 */
 #pragma unroll

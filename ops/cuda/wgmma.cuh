@@ -36,6 +36,13 @@ __device__ __forceinline__ uint64_t wgmma_desc_sw128_mn(uint32_t saddr, uint32_t
     return (uint64_t)((saddr & 0x3FFFFu) >> 4) | ((uint64_t)((lbo >> 4) & 0x3FFFu) << 16) |
            ((uint64_t)((sbo >> 4) & 0x3FFFu) << 32) | ((uint64_t)1 << 62);
 }
+/* the descriptor of the operand byte_off bytes (a multiple of 16) past desc's start: the start
+ * address is bits 0..13 in 16-byte units and shared addresses stay below 256 KB, so the sum never
+ * carries out of the field; one 32-bit add instead of a descriptor built from scratch */
+__device__ __forceinline__ uint64_t wgmma_desc_at(uint64_t desc, uint32_t byte_off) {
+    return (desc & 0xFFFFFFFF00000000ull) | (uint32_t)((uint32_t)desc + (byte_off >> 4));
+}
+
 /* make the generic-proxy writes of this thread to shared memory (st.shared, cp.async) visible to
  * the async proxy that wgmma reads its shared-memory operands through */
 __device__ __forceinline__ void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
