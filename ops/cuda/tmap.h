@@ -1,4 +1,5 @@
-/* tmap.h — 2-D TMA tensor maps for nib's wgmma kernels (gemm_fp8.cu, gemm_lowbit.cu).
+/* tmap.h — TMA tensor maps for nib's wgmma kernels (2-D: gemm_fp8.cu, gemm_lowbit.cu; N-D bf16: the
+ * wgmma attention, attention.cu).
  *
  * The driver's cuTensorMapEncodeTiled is reached through the runtime
  * (cudaGetDriverEntryPointByVersion): nib links no libcuda. One encoder for every kernel, so the
