@@ -13,7 +13,8 @@
  *   decode  1 query x 8 heads over T = 1024 .. 32768 slots, each dtype, cold (rotating caches).
  * --variants auto,dec,r4,r8,cl,rk,wg,wg1,wk2 repeats the cache and decode sections with the kernel
  * variant forced (NIB_ATTN_VARIANT; "auto" = the planner's choice), to measure the alternatives in one
- * run; t2 (two token groups per CTA, bf16) repeats the prefix section instead; r8 and wg / wg1 / wk2
+ * run; t2 (two token groups per CTA, bf16) repeats the prefix section instead, t4 / t4h / r2t4 (four token
+ * groups, head_dim 80) its SigLIP rows; r8 and wg / wg1 / wk2
  * (the wgmma kernel: bf16 caches, no decode rows) repeat the Gemma prefix rows too.
  * KV bytes = what one call must read: element planes + block scales + per-(token, head) scales
  * of the T visible slots. FLOPs = 4 x rows x T x D (Q.K and P.V).
@@ -324,7 +325,7 @@ int nib_bench_attn(int argc, char **argv) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (nib_cli_is_help(a)) {
             printf("usage: nib bench attn [--sections prefix,cache,decode]\n"
-                   "                      [--variants auto,dec,r4,r8,cl,rk,t2,wg,wg1,wk2]\n"
+                   "                      [--variants auto,dec,r4,r8,cl,rk,t2,t4,t4h,r2t4,wg,wg1,wk2]\n"
                    "                      [--reps N] [--t T1,T2,..] [--kv bf16,fp8,nvfp4] [--json FILE]\n"
                    "The attention kernel lab: prefix self-attention (Gemma S = 276, 532, 788, 968; SigLIP 1..3 images),\n"
                    "the Pi0.5 suffix over the KV cache (P = 532, 768, 1024 x H = 10, 50 x bf16/fp8/nvfp4, cold\n"
@@ -335,7 +336,8 @@ int nib_bench_attn(int argc, char **argv) {
                    "--t sets the decode lengths (default 1024,4096,16384,32768; 1..1048576 each, at most 16);\n"
                    "--kv limits the cache and decode sections to the named cache dtypes.\n"
                    "--variants repeats the cache and decode sections with the kernel variant forced (auto: the\n"
-                   "planner's); t2 (two token groups per CTA, bf16 only) repeats the prefix section instead;\n"
+                   "planner's); t2 (two token groups per CTA, bf16 only) repeats the prefix section instead; t4, t4h\n"
+                   "and r2t4 (four token groups, head_dim 80, bf16) repeat its SigLIP rows;\n"
                    "r8 and wg / wg1 / wk2 (the wgmma kernel: bf16 caches only, no decode rows; wk2 splits each\n"
                    "CTA's keys between two warpgroups) also repeat the Gemma prefix (S = 276, 532, 788, 968).\n");
             return 0;
@@ -439,12 +441,18 @@ int nib_bench_attn(int argc, char **argv) {
             }
             continue;
         }
+        if (!strcmp(v, "t4") || !strcmp(v, "t4h") || !strcmp(v, "r2t4")) { /* head_dim 80 only: SigLIP */
+            setenv("NIB_ATTN_VARIANT", v, 1);
+            if (do_prefix)
+                for (int n = 1; n <= 3; n++) RUN(bench_prefix(b, "siglip", n, 256, 16, 16, 72));
+            continue;
+        }
         if (!strcmp(v, "auto")) unsetenv("NIB_ATTN_VARIANT");
         else if (!strcmp(v, "dec") || !strcmp(v, "r4") || !strcmp(v, "r8") || !strcmp(v, "cl") || !strcmp(v, "rk") ||
                  !strcmp(v, "wg") || !strcmp(v, "wg1") || !strcmp(v, "wk2"))
             setenv("NIB_ATTN_VARIANT", v, 1);
         else {
-            printf("  unknown variant '%s' skipped (auto, dec, r4, r8, cl, rk, t2, wg, wg1, wk2)\n", v);
+            printf("  unknown variant '%s' skipped (auto, dec, r4, r8, cl, rk, t2, t4, t4h, r2t4, wg, wg1, wk2)\n", v);
             continue;
         }
         /* r8 and wg (the mma.sync and the wgmma kernel for many rows) also repeat the Gemma prefix */

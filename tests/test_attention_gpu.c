@@ -211,10 +211,13 @@ static void run_prefix(nib_test_ctx *t, nib_rng *rng, const pcase *c) {
         goto done;
     }
     for (size_t i = 0; i < qkv_n; i++) {
-        int64_t col = (int64_t)(i % (size_t)row);
+        int64_t col = (int64_t)(i % (size_t)row), tok = (int64_t)(i / (size_t)row) % c->s_max;
+        int64_t sq = (int64_t)(i / (size_t)row) / c->s_max;
         double x = nib_rng_normal(rng);
         hq[i] = bfr((float)(col < hd && c->lsc == 0 ? x / sqrt((double)D) : x));
-        h16[i] = nib_f32_to_bf16(hq[i]);
+        /* q, k and v of the tokens past s_valid and of the sequences past n_seq_valid are NaN on the GPU:
+         * a kernel that reads them into a valid row (0 x NaN in P V) fails the comparison */
+        h16[i] = tok >= c->sv || sq >= c->nsv ? 0x7FC0u : nib_f32_to_bf16(hq[i]);
     }
     for (int64_t i = 0; i < o_n; i++) ho[i] = POISON;
     int32_t hint[2] = {c->sv, c->nsv};
@@ -402,6 +405,32 @@ NIB_TEST(attn_gpu_prefix_gemma_large) {
     unsetenv("NIB_ATTN_VARIANT");
 }
 
+/* The planner's head_dim-80 kernel for n_img SigLIP images (16 x 72, 256 tokens): plan.kernel contains `want`. */
+static void expect_siglip_plan(nib_test_ctx *t, int n_img, const char *want) {
+    const int64_t row = 48 * 72;
+    dbuf d = {0};
+    if (!dalloc(t, &d, (size_t)row * 256 * n_img * 2 + 4096, "siglip plan qkv")) return;
+    nib_attn_prefix_args a;
+    memset(&a, 0, sizeof a);
+    a.q = d.p;
+    a.k = (uint16_t *)d.p + 16 * 72;
+    a.v = (uint16_t *)d.p + 32 * 72;
+    a.o = d.p;
+    a.q_tok = a.k_tok = a.v_tok = row;
+    a.q_seq = a.k_seq = a.v_seq = row * 256;
+    a.o_tok = 16 * 72;
+    a.o_seq = 16 * 72 * 256;
+    a.n_seq = n_img;
+    a.s_max = 256;
+    a.n_heads = a.n_kv_heads = 16;
+    a.head_dim = 72;
+    nib_attn_plan pl;
+    memset(&pl, 0, sizeof pl);
+    CHECK_OK(nib_cuda_attn_prefix_plan(&a, &pl));
+    CHECK_MSG(strstr(pl.kernel, want) != NULL, "siglip x%d: plan %s, expected %s", n_img, pl.kernel, want);
+    dfree(&d);
+}
+
 /* SigLIP: MHA 16 x 72, 256 tokens per image, images batched through the sequence stride. */
 NIB_TEST(attn_gpu_siglip) {
     NIB_REQUIRE_GPU();
@@ -425,13 +454,25 @@ NIB_TEST(attn_gpu_siglip) {
     setenv("NIB_ATTN_SPLITS", "3", 1);
     for (size_t i = 0; i < NIB_ARRAY_LEN(split); i++) run_prefix(t, &rng, &split[i]);
     unsetenv("NIB_ATTN_SPLITS");
-    /* the one-token-group kernel d80 (NIB_ATTN_VARIANT=r4; the default is d80t2), unsplit and split */
-    setenv("NIB_ATTN_VARIANT", "r4", 1);
-    for (size_t i = 0; i < NIB_ARRAY_LEN(cs); i++) run_prefix(t, &rng, &cs[i]);
-    setenv("NIB_ATTN_SPLITS", "3", 1);
-    for (size_t i = 0; i < NIB_ARRAY_LEN(split); i++) run_prefix(t, &rng, &split[i]);
-    unsetenv("NIB_ATTN_SPLITS");
+    /* the one-token-group kernel d80 (NIB_ATTN_VARIANT=r4), the two-token-group d80t2 (the default past
+     * one wave of t4) and the four-token-group kernels (t4, the default where one wave fits; t4h; r2t4),
+     * unsplit and split */
+    static const char *const v80[] = {"r4", "t2", "t4", "t4h", "r2t4"};
+    for (size_t v = 0; v < NIB_ARRAY_LEN(v80); v++) {
+        setenv("NIB_ATTN_VARIANT", v80[v], 1);
+        for (size_t i = 0; i < NIB_ARRAY_LEN(cs); i++) run_prefix(t, &rng, &cs[i]);
+        setenv("NIB_ATTN_SPLITS", "3", 1);
+        for (size_t i = 0; i < NIB_ARRAY_LEN(split); i++) run_prefix(t, &rng, &split[i]);
+        unsetenv("NIB_ATTN_SPLITS");
+    }
     unsetenv("NIB_ATTN_VARIANT");
+    /* the rule: t4 where its CTAs (64 rows x 16 heads x images) fit one wave, d80t2 past it (on H100's 132
+     * SMs: 1 and 2 images t4, 3 images d80t2) */
+    nib_device_info di;
+    CHECK_OK(nib_device_require(&di));
+    expect_siglip_plan(t, 1, "d80t4 ");
+    if (di.sm_count >= 128) expect_siglip_plan(t, 2, "d80t4 ");
+    if (di.sm_count < 192) expect_siglip_plan(t, 3, "d80t2 ");
 }
 
 /* ======================================================================================

@@ -114,6 +114,9 @@ static KInfo g_kinfo[] = {
      WgCfg<1, 1, 1>::ROWS, 0, 0, 0, 0},
     {k_attn_wg<1, 2, 1>, F_BF16, 256, 4, 2, WgCfg<1, 2, 1>::TK, WgCfg<1, 2, 1>::NT, WgCfg<1, 2, 1>::SMEM, "wk2t",
      WgCfg<1, 2, 1>::ROWS, 0, 0, 0, 0},
+    /* head_dim 80 with four token groups (16 or 8 warps): t4 (64 rows, one 256-key tile), t4h (64 rows,
+     * 128-key tiles), r2t4 (32 rows, one 256-key tile) */
+    KI(F_BF16, 80, 4, 4, 4, 1, "d80t4"), KI(F_BF16, 80, 4, 4, 2, 2, "d80t4h"), KI(F_BF16, 80, 2, 4, 4, 1, "d80r2t4"),
 };
 #define K_D80 (3 * V_PER_FMT)
 #define K_CL (K_D80 + 1)     /* + fmt */
@@ -121,6 +124,7 @@ static KInfo g_kinfo[] = {
 #define K_T2 (K_RK + 3)      /* r4t2 (head_dim 256), then d80t2: bf16 only */
 #define K_WG (K_T2 + 2)      /* the wgmma kernel: wg, wg1, wk2; bf16, head_dim 256 */
 #define K_WGT (K_WG + 3)     /* the same with TMA copies */
+#define K_D80X (K_WGT + 3)   /* head_dim 80, four token groups: t4, t4h, r2t4 */
 
 /* The TMA form of a wgmma plan where the layout allows it: a 64-row operand must be whole tokens of
  * one KV group (64 % group == 0), the key range non-empty (a map has no empty dimension) and each
@@ -135,6 +139,11 @@ static int tma_variant(int ki, int group, int64_t t_max, int tma_ok) {
 }
 
 static int g_sms;
+
+static int getenv_set(const char *name) {
+    const char *e = getenv(name);
+    return e && *e;
+}
 
 /* Cache path with <= 8 query rows per KV head (decoding one token): the register-fragment
  * decode kernel k_attn_dec ("rk", attn_dec.cuh).
@@ -157,11 +166,25 @@ static int pick_variant(int fmt, int dp, int64_t rows, int cache) {
     const char *e = getenv("NIB_ATTN_VARIANT");
     int forced = !e || !*e ? -1 : !strcmp(e, "dec") ? V_DEC : !strcmp(e, "r4") ? V_R4 : !strcmp(e, "r8") ? V_R8 : -1;
     if (e && !strcmp(e, "t2")) return fmt == F_BF16 ? (dp == 80 ? K_T2 + 1 : K_T2) : -2;
+    const int x80 = !e ? -1 : !strcmp(e, "t4") ? 0 : !strcmp(e, "t4h") ? 1 : !strcmp(e, "r2t4") ? 2 : -1;
+    if (x80 >= 0) return fmt == F_BF16 && dp == 80 ? K_D80X + x80 : -4;
     const int wgv = !e ? -1 : !strcmp(e, "wg") ? 0 : !strcmp(e, "wg1") ? 1 : !strcmp(e, "wk2") ? 2 : -1;
     if (wgv >= 0) return fmt == F_BF16 && dp == 256 ? K_WG + wgv : -3;
     /* head_dim 80 (SigLIP): d80t2; H100, 256 tokens x 16 heads, bf16: 8.90 us for 2 images
      * against 10.36 with d80 (r4), 12.28 against 12.93 for 3 (`nib bench attn --variants t2`) */
-    if (dp == 80) return forced == V_R4 ? K_D80 : K_T2 + 1;
+    if (dp == 80) {
+        /* NIB_ATTN_D80=r4|t2|t4|t4h|r2t4: the head_dim-80 kernel alone (an A/B switch for the model, where
+         * NIB_ATTN_VARIANT would force the head_dim-256 calls too) */
+        const char *d8 = getenv("NIB_ATTN_D80");
+        if (d8 && *d8 && forced < 0) {
+            if (!strcmp(d8, "r4")) return K_D80;
+            if (!strcmp(d8, "t2")) return K_T2 + 1;
+            const int x = !strcmp(d8, "t4") ? 0 : !strcmp(d8, "t4h") ? 1 : !strcmp(d8, "r2t4") ? 2 : -1;
+            if (x < 0) return -5;
+            return K_D80X + x;
+        }
+        return forced == V_R4 ? K_D80 : K_T2 + 1;
+    }
     if ((e && !strcmp(e, "rk")) || (forced < 0 && cache && rows <= 8)) return rows <= 8 ? K_RK + fmt : -1;
     int v = forced >= 0 ? forced : rows <= 16 || (cache && rows <= 128) ? V_DEC : rows <= 64 ? V_R4 : V_R8;
     const char *wge = getenv("NIB_ATTN_WG"); /* NIB_ATTN_WG=0: the default keeps r8 / dec (A/B switch) */
@@ -292,10 +315,24 @@ static nib_status make_plan(int fmt, int dp, int64_t rows_max, int64_t t_max, in
         return NIB_ERR(NIB_ERR_UNSUPPORTED, "attention: NIB_ATTN_VARIANT=%s (the wgmma kernel) takes a bf16 K/V with "
                        "head_dim 88..256 (padded to 256); got a %s K/V, head_dim padded to %d", getenv("NIB_ATTN_VARIANT"),
                        nib_kv_dtype_name((nib_kv_dtype)fmt), dp);
+    if (pl->ki == -5)
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "attention: NIB_ATTN_D80=%s (r4, t2, t4, t4h or r2t4)", getenv("NIB_ATTN_D80"));
+    if (pl->ki == -4)
+        return NIB_ERR(NIB_ERR_UNSUPPORTED, "attention: NIB_ATTN_VARIANT=%s takes a bf16 K/V with head_dim <= 80; got a "
+                       "%s K/V, head_dim padded to %d", getenv("NIB_ATTN_VARIANT"), nib_kv_dtype_name((nib_kv_dtype)fmt), dp);
     if (pl->ki < 0)
         return NIB_ERR(NIB_ERR_UNSUPPORTED, "attention: NIB_ATTN_VARIANT=rk (the decode kernel) takes <= 8 query rows per "
                        "KV head; got %lld", (long long)rows_max);
     pl->ki = tma_variant(pl->ki, group, t_max, tma_ok);
+    if (pl->ki == K_T2 + 1 && !getenv_set("NIB_ATTN_VARIANT") && !getenv_set("NIB_ATTN_D80")) {
+        /* head_dim 80 (SigLIP), unforced: t4 (four token groups, one 256-key tile, 16 warps) where its CTAs
+         * fit one wave, else d80t2 (two CTAs per SM). H100, fast, `NIB_ATTN_D80=t2|t4 nib bench pi05`, two
+         * rounds: 2 cameras (128 CTAs) vision 1.657 / 1.665 -> 1.573 / 1.575 ms; 3 cameras (192 CTAs, two
+         * waves of t4) 2.032 -> 2.138 ms, so t2 stays there */
+        KInfo *k4 = &g_kinfo[K_D80X];
+        NIB_RETURN_IF_ERR(kinfo_ready(k4));
+        if ((rows_max + k4->rows - 1) / k4->rows * z <= (int64_t)g_sms * k4->occ) pl->ki = K_D80X;
+    }
     KInfo *k = &g_kinfo[pl->ki];
     NIB_RETURN_IF_ERR(kinfo_ready(k));
     const int64_t rows_cta = k->rows;

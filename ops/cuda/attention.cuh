@@ -59,8 +59,8 @@ template <int FMT, int DP, int WR, int WT, int KW, int ST, int CL = 0> struct Cf
     static constexpr int CL_BYTES = CL ? ROWS * (CL_LD + 2) * 4 + ROWS * (16 + 1) * 4 + 8 + ROWS * 8 : 0;
     static constexpr int SMEM0 = MAIN_BYTES > EPI_BYTES ? MAIN_BYTES : EPI_BYTES;
     static constexpr int SMEM = SMEM0 > CL_BYTES ? SMEM0 : CL_BYTES;
-    static constexpr int MINB = DP <= 80 ? (NW == 8 ? 2 : 3) : NW == 2 ? 2 : 1;
-    static_assert(DP % 16 == 0 && KW >= 1 && ST >= 2, "shape");
+    static constexpr int MINB = DP <= 80 ? (NW >= 16 ? 1 : NW == 8 ? 2 : 3) : NW == 2 ? 2 : 1;
+    static_assert(DP % 16 == 0 && KW >= 1 && ST >= 1, "shape");
     static_assert(FMT == F_BF16 || DP == 256, "low-bit caches need head_dim 256");
     static_assert(Q_BYTES % 16 == 0 && TILE_BYTES % 16 == 0 && RAW_STAGE % 16 == 0, "16-byte regions");
     static_assert(!CL || WT == 1, "cluster merge: one token group");
@@ -367,10 +367,18 @@ __global__ void __launch_bounds__(Cfg<FMT, DP, WR, WT, KW, ST, CL>::NT, Cfg<FMT,
     }
 #pragma unroll 1
     for (int it = 0; it < n_tiles; it++) {
-        cp_async_wait<ST - 2>(); /* groups 0..it complete */
-        __syncthreads();         /* ... for every thread; and everyone finished tile it-1 */
-        if (it + ST - 1 < n_tiles) load_tile(it + ST - 1, (it + ST - 1) % ST);
-        cp_async_commit();
+        if constexpr (ST == 1) { /* one stage (one tile covers the keys): load, wait, use */
+            if (it > 0) __syncthreads(); /* everyone finished tile it-1 */
+            load_tile(it, 0);
+            cp_async_commit();
+            cp_async_wait<0>();
+            __syncthreads();
+        } else {
+            cp_async_wait<(ST >= 2 ? ST - 2 : 0)>(); /* groups 0..it complete */
+            __syncthreads();                         /* ... for every thread; and everyone finished tile it-1 */
+            if (it + ST - 1 < n_tiles) load_tile(it + ST - 1, (it + ST - 1) % ST);
+            cp_async_commit();
+        }
         const __nv_bfloat16 *Kt, *Vt;
         const float *ksc = nullptr;
         if constexpr (FMT == F_BF16) {
