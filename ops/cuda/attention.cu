@@ -34,7 +34,12 @@
  *   dec  WR1 x WT2, TK 32, 64 threads, 2-3 CTAs/SM (rows <= 16: decode, small suffix)
  *   r4   WR4 x WT1, TK 64, 128 threads              (rows <= 64)
  *   r8   WR8 x WT1, TK 64, 256 threads, 1 CTA/SM    (prefix, suffix with H >= 9)
- *   d80t2 WR4 x WT2, TK 64, 256 threads, head_dim <= 80, bf16 (SigLIP)
+ *   d80t2 WR4 x WT2, TK 64, 256 threads, head_dim <= 80, bf16 (SigLIP where d80t4's CTAs need more
+ *        than one wave: 3 images on H100)
+ *   d80t4 WR4 x WT4, TK 256 (one stage), 512 threads, head_dim <= 80, bf16: each token group takes 64
+ *        keys of the one tile, the four merged in shared memory (SigLIP where one wave fits: 1-2 images);
+ *        d80t4h (TK 128, two stages) and d80r2t4 (WR2: 32 rows, 256 threads) are lab variants
+ *        (NIB_ATTN_VARIANT=t4h / r2t4; NIB_ATTN_D80 picks any head_dim-80 variant alone)
  *   d80  WR4 x WT1, TK 64, head_dim <= 80, bf16     (NIB_ATTN_VARIANT=r4)
  *   r4t2 WR4 x WT2, TK 64, 256 threads, head_dim 256, bf16 (lab: NIB_ATTN_VARIANT=t2; measured
  *        level with r8 on the Gemma prefix: 30.5 vs 30.0 us at S = 532)
