@@ -175,8 +175,9 @@ static int pick_variant(int fmt, int dp, int64_t rows, int cache) {
     if (x80 >= 0) return fmt == F_BF16 && dp == 80 ? K_D80X + x80 : -4;
     const int wgv = !e ? -1 : !strcmp(e, "wg") ? 0 : !strcmp(e, "wg1") ? 1 : !strcmp(e, "wk2") ? 2 : -1;
     if (wgv >= 0) return fmt == F_BF16 && dp == 256 ? K_WG + wgv : -3;
-    /* head_dim 80 (SigLIP): d80t2; H100, 256 tokens x 16 heads, bf16: 8.90 us for 2 images
-     * against 10.36 with d80 (r4), 12.28 against 12.93 for 3 (`nib bench attn --variants t2`) */
+    /* head_dim 80 (SigLIP): d80t2 (make_plan then takes d80t4 where its CTAs fit one wave); H100, 256 tokens x
+     * 16 heads, bf16: 8.90 us for 2 images against 10.36 with d80 (r4), 12.28 against 12.93 for 3 (`nib bench attn
+     * --variants t2`) */
     if (dp == 80) {
         /* NIB_ATTN_D80=r4|t2|t4|t4h|r2t4: the head_dim-80 kernel alone (an A/B switch for the model, where
          * NIB_ATTN_VARIANT would force the head_dim-256 calls too) */

@@ -374,8 +374,8 @@ __global__ void __launch_bounds__(Cfg<FMT, DP, WR, WT, KW, ST, CL>::NT, Cfg<FMT,
             cp_async_wait<0>();
             __syncthreads();
         } else {
-            cp_async_wait<(ST >= 2 ? ST - 2 : 0)>(); /* groups 0..it complete */
-            __syncthreads();                         /* ... for every thread; and everyone finished tile it-1 */
+            cp_async_wait<ST - 2>(); /* groups 0..it complete */
+            __syncthreads();         /* ... for every thread; and everyone finished tile it-1 */
             if (it + ST - 1 < n_tiles) load_tile(it + ST - 1, (it + ST - 1) % ST);
             cp_async_commit();
         }
