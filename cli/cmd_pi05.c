@@ -94,9 +94,10 @@ static const char *tmp_ckpt_path(const char *name) {
 static void print_timing(const char *label, const nib_pi05_timing *t) {
     double steps = 0;
     for (int s = 0; s < t->steps; s++) steps += t->step_ms[s];
-    printf("  %-6s vision %7.3f ms | prefix %7.3f ms | %d steps %7.3f ms (%.3f each) | total %7.3f ms = %6.1f Hz\n",
-           label, t->vision_ms, t->prefix_ms, t->steps, steps, t->steps ? steps / t->steps : 0, t->total_ms,
-           t->total_ms > 0 ? 1000.0 / t->total_ms : 0);
+    printf("  %-6s vision %7.3f ms | prefix %7.3f ms | %d steps %7.3f ms (%.3f each", label, t->vision_ms, t->prefix_ms,
+           t->steps, steps, nib_pi05_step_mean_ms(t));
+    if (t->first_step_beside) printf("; the first beside the prefix, %.3f ms after it", t->step_ms[0]);
+    printf(") | total %7.3f ms = %6.1f Hz\n", t->total_ms, t->total_ms > 0 ? 1000.0 / t->total_ms : 0);
 }
 
 int nib_cmd_demo(int argc, char **argv) {
@@ -459,8 +460,6 @@ int nib_bench_pi05(int argc, char **argv) {
                             }
                         }
                     nib_pi05_timing t = tms[reps / 2];
-                    double steps = 0;
-                    for (int s = 0; s < t.steps; s++) steps += t.step_ms[s];
                     nib_pi05_cost k;
                     nib_pi05_cost_of(m, cams, ntext, H, &k);
                     /* FP8 components run W8A8 on the FP8 tensor cores; the others compute in bf16 */
@@ -470,7 +469,7 @@ int nib_bench_pi05(int argc, char **argv) {
                     double fs = fmax(k.step_bytes / (bw * 1e6), k.step_flops / (pk_bf16 * 1e9));
                     double ft = fv + fp + c->steps * fs;
                     printf("%-5s %4d %3d %7.3fms %7.3fms %7.3fms %7.3fms %7.3fms | %6.3fms %6.3fms %6.3fms %7.3fms\n",
-                           label, cams, H, t.total_ms, t.vision_ms, t.prefix_ms, steps / t.steps, wall[reps / 2], fv, fp,
+                           label, cams, H, t.total_ms, t.vision_ms, t.prefix_ms, nib_pi05_step_mean_ms(&t), wall[reps / 2], fv, fp,
                            fs, ft);
                     if (jf)
                         fprintf(jf, "%s\n    {\"preset\": \"%s\", \"overrides\": \"%s\", \"precision\": \"%s\", \"cameras\": %d, \"horizon\": %d, \"text\": %d, \"total_ms\": %.4f, "
@@ -478,10 +477,11 @@ int nib_bench_pi05(int argc, char **argv) {
                                     "\"floor_vision_ms\": %.4f, \"floor_prefix_ms\": %.4f, \"floor_step_ms\": %.4f, \"floor_total_ms\": %.4f, "
                                     "\"expert_path\": ",
                                 first ? "" : ",", presets[p], over ? over : "", pstr, cams, H, ntext, t.total_ms, t.vision_ms, t.prefix_ms,
-                                steps / t.steps, wall[reps / 2], fv, fp, fs, ft);
+                                nib_pi05_step_mean_ms(&t), wall[reps / 2], fv, fp, fs, ft);
                     if (jf) {
                         nib_cli_json_string(jf, nib_pi05_expert_path(m));
-                        fprintf(jf, ", \"prefix_path\": ");
+                        fprintf(jf, ", \"first_step_beside_prefix\": %s, \"first_step_ms\": %.4f, \"prefix_path\": ",
+                                t.first_step_beside ? "true" : "false", t.steps ? t.step_ms[0] : 0.0);
                         nib_cli_json_string(jf, nib_pi05_prefix_path(m));
                         fprintf(jf, "}");
                     }

@@ -78,6 +78,18 @@ struct nib_pi05 {
     void *xws;
     uint64_t xws_bytes;
     char xpath[256];          /* which expert path runs, and why (nib_pi05_expert_path) */
+    int32_t xgrid;            /* CTAs of the kernel's launches (0: one per SM; NIB_EXPERT_CTAS, a lab knob) */
+    int32_t xgrid_max;        /* the CTAs of a whole-GPU launch */
+    /* the first flow step beside the prefix (overlap_setup): the persistent kernel on ogrid CTAs of a
+     * second stream, each layer's attention waiting for the prefix's cache write of that layer
+     * (kv_sig: one counter per layer, ops/expert.h) */
+    int overlap;
+    int32_t ogrid;
+    uint32_t *kv_sig;
+    uint32_t *kvto_h, *kvto_d; /* host-mapped flag: a wait of the kernel beside the prefix timed out */
+    int sig_dirty;            /* a failed call may have left counters set: zeroed before the next one */
+    int drop_sig;             /* test hook NIB_OVERLAP_DROP_SIGNALS=1: the prefix never signals (the timeout path) */
+    int warming;              /* get_graph's eager first call of a shape: never beside (see there) */
     int fused_qkv;            /* the prefix's RoPE + cache write as one kernel (prefix_setup) */
     char ppath[128];          /* nib_pi05_prefix_path */
 };
@@ -929,6 +941,17 @@ static nib_status expert_setup(nib_pi05 *m) {
     NIB_RETURN_IF_ERR(nib_cuda_expert_prepare(&a, m->xws, m->xws_bytes));
     m->fused = 1;
     m->xrows = expert_rows(m);
+    m->xgrid = 0;
+    NIB_RETURN_IF_ERR(nib_cuda_expert_grid(&a, &m->xgrid_max));
+    const char *g = getenv("NIB_EXPERT_CTAS"); /* lab: the kernel on fewer CTAs (even, <= one per SM) */
+    if (g && *g) {
+        char *end;
+        long v = strtol(g, &end, 10);
+        if (*end || v < 2 || v % 2 || v > m->xgrid_max)
+            return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_EXPERT_CTAS=%s: an even number of CTAs in 2..%d", g,
+                           (int)m->xgrid_max);
+        m->xgrid = (int32_t)v;
+    }
     snprintf(m->xpath, sizeof m->xpath, "persistent kernel for H <= %d, per-op above", (int)m->xrows);
     return NIB_OK;
 }
@@ -953,6 +976,67 @@ static void prefix_setup(nib_pi05 *m) {
 }
 
 const char *nib_pi05_prefix_path(const nib_pi05 *m) { return m ? m->ppath : ""; }
+
+/* The first flow step needs, at expert layer l, only prefix layer l's K/V (and x_t, not the prefix's
+ * output): so it can run while the prefix computes the later layers. Where the persistent kernel
+ * runs the steps and the prefix writes its cache with the fused RoPE + cache kernel (whose CTAs
+ * signal, ops/qkv.h done), the first step runs on a second stream on a few CTAs (they hold their
+ * SMs for the whole prefix: the prefix runs on the others), every layer's attention waiting for its
+ * layer's counter. NIB_OVERLAP=0 turns it off (A/B), NIB_OVERLAP_CTAS=N forces N CTAs at every
+ * prefix length (lab); otherwise beside_grid's measured rule decides per prefix length. */
+static nib_status overlap_setup(nib_pi05 *m) {
+    const nib_pi05_config *c = &m->c;
+    m->overlap = 0;
+    const char *e = getenv("NIB_OVERLAP"), *lb = getenv("CUDA_LAUNCH_BLOCKING"), *inj = getenv("CUDA_INJECTION64_PATH");
+    if (!m->fused || !m->fused_qkv || c->e_layers > c->layers || (e && !strcmp(e, "0"))) return NIB_OK;
+    /* The kernel waits for work of another stream: where kernels run one at a time (launches made
+     * blocking; compute-sanitizer and Nsight Compute, which inject themselves and serialize kernels)
+     * it would wait for a prefix that cannot start, until its timeout trap. NIB_OVERLAP=1 insists. */
+    const char *off = lb && !strcmp(lb, "1")                           ? "CUDA_LAUNCH_BLOCKING=1"
+                      : inj && *inj && !(e && !strcmp(e, "1"))         ? "a CUDA tool is injected (CUDA_INJECTION64_PATH)"
+                                                                       : NULL;
+    m->ogrid = 0;
+    const char *g = getenv("NIB_OVERLAP_CTAS");
+    if (g && *g) {
+        char *end;
+        long v = strtol(g, &end, 10);
+        if (*end || v < 2 || v % 2 || v > m->xgrid_max / 2)
+            return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_OVERLAP_CTAS=%s: an even number of CTAs in 2..%d (half the GPU)", g,
+                           (int)(m->xgrid_max / 2));
+        m->ogrid = (int32_t)v;
+    }
+    if (off) {
+        snprintf(m->xpath + strlen(m->xpath), sizeof m->xpath - strlen(m->xpath), "; the first step after the prefix (%s)",
+                 off);
+        return NIB_OK;
+    }
+    NIB_RETURN_IF_ERR(nib_be_alloc_act(&m->be, (uint64_t)c->e_layers * 128, (void **)&m->kv_sig, "overlap counters"));
+    NIB_RETURN_IF_ERR(nib_host_mapped_alloc((void **)&m->kvto_h, (void **)&m->kvto_d, 4, "overlap timeout flag"));
+    const char *drop = getenv("NIB_OVERLAP_DROP_SIGNALS");
+    m->drop_sig = drop && !strcmp(drop, "1");
+    m->overlap = 1;
+    if (m->ogrid)
+        snprintf(m->xpath + strlen(m->xpath), sizeof m->xpath - strlen(m->xpath),
+                 "; the first step beside the prefix on %d CTAs (NIB_OVERLAP_CTAS)", (int)m->ogrid);
+    else
+        snprintf(m->xpath + strlen(m->xpath), sizeof m->xpath - strlen(m->xpath),
+                 "; the first step beside the prefix at 256-640 prefix tokens (24 / 16 CTAs)");
+    return NIB_OK;
+}
+
+/* CTAs of the first step beside a prefix of S tokens, 0 for none: NIB_OVERLAP_CTAS, else the rule
+ * measured on an H100 (fast, H = 10; docs/design.md, "Thirtieth session"): the CTAs hold their SMs
+ * for the whole prefix, which costs it ~0.3-0.5 ms whatever their number from about 12 on (its
+ * kernels are sized for every SM), so the step pays only where the prefix is long enough to hide
+ * the step on few CTAs (2.28 ms on 16, 1.77 ms on 24 against 0.74 ms on all 132) and short enough
+ * not to lose more: 1 camera (276 tokens) 10.97 -> 10.77 ms on 24 CTAs, 2 cameras (532) 11.81 ->
+ * 11.67 ms on 16; 3 cameras (788) lost 0.4-0.8 ms at every count tried (12-32). */
+static int32_t beside_grid(const nib_pi05 *m, int32_t S) {
+    if (!m->overlap) return 0;
+    if (m->ogrid) return m->ogrid;
+    const int32_t g = S >= 256 && S < 400 ? 24 : S >= 400 && S <= 640 ? 16 : 0;
+    return 2 * g <= m->xgrid_max ? g : 0;
+}
 
 static nib_status alloc_act(nib_pi05 *m, void **p, int64_t elems, const char *what) {
     return nib_be_alloc_act(&m->be, (uint64_t)elems * m->be.act_size, p, what);
@@ -1101,7 +1185,7 @@ nib_status nib_pi05_load(const nib_st_file *f, const nib_pi05_config *cfg, const
         if (prec->backend == NIB_BE_CUDA) {
             NIB_TRY(attn_ws_bytes(m, &sz.attn_ws_bytes));
             NIB_TRY(expert_ws_bytes(m, &m->xws_bytes));
-            sz.act_bytes += m->xws_bytes + 256;
+            sz.act_bytes += m->xws_bytes + 256 + (uint64_t)c->e_layers * 128 + 256; /* + the counters of overlap_setup */
         }
         NIB_TRY(nib_be_init(&m->be, prec->backend, &sz));
     }
@@ -1160,6 +1244,7 @@ nib_status nib_pi05_load(const nib_st_file *f, const nib_pi05_config *cfg, const
     NIB_TRY(alloc_buffers(m));
     NIB_TRY(expert_setup(m));
     prefix_setup(m);
+    NIB_TRY(overlap_setup(m));
     NIB_TRY(nib_be_sync(&m->be));
     *out = m;
     return NIB_OK;
@@ -1184,6 +1269,7 @@ void nib_pi05_free(nib_pi05 *m) {
     nib_free(m->el);
     nib_free(m->kv);
     nib_free(m->xl);
+    nib_host_mapped_free(m->kvto_h);
     nib_free(m);
 }
 
@@ -1262,7 +1348,8 @@ static nib_status fwd_vision(nib_pi05 *m, const call_shape *cs) {
                        "vision output (projected)");
 }
 
-static nib_status fwd_prefix(nib_pi05 *m, const call_shape *cs) {
+/* sig: each layer's cache write signals m->kv_sig (the first step runs beside: overlap_setup) */
+static nib_status fwd_prefix(nib_pi05 *m, const call_shape *cs, int sig) {
     const nib_pi05_config *c = &m->c;
     nib_be *be = &m->be;
     const int64_t W = c->width, hd = c->head_dim, nh = c->heads, nkv = c->kv_heads, S = cs->S;
@@ -1286,7 +1373,8 @@ static nib_status fwd_prefix(nib_pi05 *m, const call_shape *cs) {
              * and k, v into the bf16 cache, from which the attention reads them (the same bf16
              * values the unfused path leaves in pqkv) */
             nib_qkv_args qa = {S, NULL, (int32_t)qh, (int32_t)nkv, (int32_t)hd, m->pqkv, ld, m->pos_prefix, m->inv_freq,
-                               1.0f, last ? NULL : pq, nh * hd, &m->kv[l], 0, NULL};
+                               1.0f, last ? NULL : pq, nh * hd, &m->kv[l], 0, NULL,
+                               sig && l < c->e_layers ? m->kv_sig + 32 * l : NULL};
             NIB_RETURN_IF_ERR(nib_be_qkv(be, &qa));
             at.q = pq, at.k = m->kv[l].k, at.v = m->kv[l].v;
             at.q_tok = nh * hd, at.k_tok = at.v_tok = nkv * hd;
@@ -1325,18 +1413,29 @@ static nib_status fwd_prefix(nib_pi05 *m, const call_shape *cs) {
     return NIB_OK;
 }
 
-static nib_status fwd_step(nib_pi05 *m, const call_shape *cs, int s) {
+/* x_t -> the expert's input rows (ex) */
+static nib_status step_in(nib_pi05 *m, const call_shape *cs) {
+    const int64_t A = m->c.action_dim;
+    NIB_RETURN_IF_ERR(nib_be_f32_to_act(&m->be, m->xt, cs->H, A, A, m->xt_act, A));
+    return nib_be_gemm(&m->be, &m->ain, m->xt_act, cs->H, A, m->ex, m->c.e_width, NULL);
+}
+
+/* body_done: step_in and the layers ran already (the first step beside the prefix): only the output part */
+static nib_status fwd_step(nib_pi05 *m, const call_shape *cs, int s, int body_done) {
     const nib_pi05_config *c = &m->c;
     nib_be *be = &m->be;
     const int64_t We = c->e_width, hd = c->head_dim, nh = c->e_heads, nkv = c->kv_heads, H = cs->H, A = c->action_dim;
     const int64_t ld = (nh + 2 * nkv) * hd, nmod = 2 * (int64_t)c->e_layers + 1;
     const float *mods = m->mods + (int64_t)s * nmod * 3 * We;
-    NIB_RETURN_IF_ERR(nib_be_f32_to_act(be, m->xt, H, A, A, m->xt_act, A));
-    NIB_RETURN_IF_ERR(nib_be_gemm(be, &m->ain, m->xt_act, H, A, m->ex, We, NULL));
-    const int fused = m->fused && H <= m->xrows && !m->checking;
-    if (fused) {
+    if (!body_done) NIB_RETURN_IF_ERR(step_in(m, cs));
+    const int fused = body_done || (m->fused && H <= m->xrows && !m->checking);
+    if (fused && !body_done) {
         nib_expert_args xa;
         expert_args(m, (int32_t)H, s, &xa);
+        /* the first step on the grid it has beside the prefix even when not beside (check-numerics
+         * mode): the same CTAs give the same sums, so the actions stay bitwise those of a graph call */
+        const int32_t bg = s == 0 ? beside_grid(m, cs->S) : 0;
+        xa.grid = bg ? bg : m->xgrid;
         NIB_RETURN_IF_ERR(nib_be_expert(be, &xa, m->xws, m->xws_bytes));
     }
     /* Gated residuals whose product runs on cuBLAS (bf16, W8A8: a separate epilogue kernel) are
@@ -1357,7 +1456,7 @@ static nib_status fwd_step(nib_pi05 *m, const call_shape *cs, int s) {
         NIB_RETURN_IF_ERR(nib_be_gemm(be, &L->qkv, m->ey, H, We, m->eqkv, ld, NULL));
         /* RoPE at positions P + j, q out, K/V into cache slots P .. P + H - 1 */
         nib_qkv_args qa = {H, NULL, (int32_t)nh, (int32_t)nkv, (int32_t)hd, m->eqkv, ld, m->pos_suffix, m->inv_freq,
-                           1.0f / sqrtf((float)hd), m->eq, nh * hd, &m->kv[l], 0, m->ints + 2};
+                           1.0f / sqrtf((float)hd), m->eq, nh * hd, &m->kv[l], 0, m->ints + 2, NULL};
         NIB_RETURN_IF_ERR(nib_be_qkv(be, &qa));
         nib_attn_cache_args ca;
         memset(&ca, 0, sizeof ca);
@@ -1396,14 +1495,53 @@ static nib_status fwd_step(nib_pi05 *m, const call_shape *cs, int s) {
     return check_stage(m, m->xt, H, A, A, 1, "x_t (fp32)", "step %d x_t", s);
 }
 
+/* whether a call of this shape runs its first step beside the prefix */
+static int first_step_beside(const nib_pi05 *m, const call_shape *cs) {
+    return beside_grid(m, cs->S) > 0 && m->fused && cs->H <= m->xrows && !m->checking && !m->warming && m->c.steps > 0;
+}
+
+/* The prefix, with the first step's layers beside it where overlap_setup enabled that (and the
+ * step runs on the persistent kernel at this H, and no stage checks are on). Returns whether the
+ * first step's layers ran (*beside). */
+static nib_status prefix_and_first_step(nib_pi05 *m, const call_shape *cs, int *beside) {
+    nib_be *be = &m->be;
+    *beside = first_step_beside(m, cs);
+    if (!*beside) {
+        NIB_RETURN_IF_ERR(fwd_prefix(m, cs, 0));
+        return rec_event(m, 2);
+    }
+    NIB_RETURN_IF_ERR(step_in(m, cs)); /* on the main stream: it uses the shared GEMM scratch */
+    nib_expert_args xa;
+    expert_args(m, cs->H, 0, &xa);
+    xa.grid = beside_grid(m, cs->S), xa.kv_sig = m->kv_sig, xa.kv_target = cs->S, xa.kv_timeout = m->kvto_d;
+    NIB_RETURN_IF_ERR(nib_be_fork(be));
+    nib_status st = nib_be_expert(be, &xa, m->xws, m->xws_bytes);
+    nib_be_fork_end(be);
+    if (st) {
+        (void)nib_be_join(be); /* nothing waits on the side stream: it holds only the failed launch */
+        return st;
+    }
+    st = fwd_prefix(m, cs, !m->drop_sig);
+    if (!st) st = rec_event(m, 2);
+    if (st) {
+        /* the kernel may be waiting for layers whose cache write was never enqueued: release it (its
+         * output is not used: the call fails), join, and zero the counters before the next call */
+        m->sig_dirty = 1;
+        (void)nib_be_memset(be, m->kv_sig, 0xFF, (uint64_t)m->c.e_layers * 128);
+        (void)nib_be_join(be);
+        return st;
+    }
+    return nib_be_join(be);
+}
+
 static nib_status forward(nib_pi05 *m, const call_shape *cs) {
     NIB_RETURN_IF_ERR(rec_event(m, 0));
     if (cs->V > 0) NIB_RETURN_IF_ERR(fwd_vision(m, cs));
     NIB_RETURN_IF_ERR(rec_event(m, 1));
-    NIB_RETURN_IF_ERR(fwd_prefix(m, cs));
-    NIB_RETURN_IF_ERR(rec_event(m, 2));
+    int beside = 0;
+    NIB_RETURN_IF_ERR(prefix_and_first_step(m, cs, &beside));
     for (int s = 0; s < m->c.steps; s++) {
-        NIB_RETURN_IF_ERR(fwd_step(m, cs, s));
+        NIB_RETURN_IF_ERR(fwd_step(m, cs, s, s == 0 && beside));
         NIB_RETURN_IF_ERR(rec_event(m, 3 + s));
     }
     return NIB_OK;
@@ -1487,8 +1625,15 @@ static nib_status get_graph(nib_pi05 *m, const call_shape *cs, nib_be_graph **ou
     }
     nib_be_graph_free(lru->g);
     memset(lru, 0, sizeof *lru);
-    /* first run of this shape eagerly (per-kernel first-launch costs stay out of the graph) */
-    NIB_RETURN_IF_ERR(forward(m, cs));
+    /* first run of this shape eagerly (per-kernel first-launch costs stay out of the graph), and
+     * never with the first step beside the prefix: a kernel's first launch may load its module
+     * lazily, which waits for the device to be idle, i.e. for the expert kernel, which would be
+     * waiting for the prefix kernel being loaded (CUDA's lazy loading). By the capture every kernel of
+     * the call has run once. The step runs on the same CTAs either way (fwd_step): same actions. */
+    m->warming = 1;
+    nib_status wst = forward(m, cs);
+    m->warming = 0;
+    NIB_RETURN_IF_ERR(wst);
     NIB_RETURN_IF_ERR(nib_be_sync(&m->be));
     NIB_RETURN_IF_ERR(nib_be_capture_begin(&m->be));
     nib_status st = forward(m, cs);
@@ -1511,6 +1656,10 @@ nib_status nib_pi05_run(nib_pi05 *m, const nib_pi05_inputs *in, float *actions, 
     memset(&cs, 0, sizeof cs);
     NIB_RETURN_IF_ERR(upload_inputs(m, in, &cs));
     if (timing) memset(timing, 0, sizeof *timing);
+    if (m->sig_dirty) { /* a failed call may have left overlap counters behind: zero them before this one */
+        NIB_RETURN_IF_ERR(nib_be_memset(&m->be, m->kv_sig, 0, (uint64_t)m->c.e_layers * 128));
+        m->sig_dirty = 0;
+    }
     if (m->be.kind == NIB_BE_REF || m->check_numerics) {
         /* the reference backend, and check-numerics mode on either backend: eager, stage by stage
          * (check mode scans each stage's output; the CUDA scan synchronizes, so no graph) */
@@ -1531,6 +1680,16 @@ nib_status nib_pi05_run(nib_pi05 *m, const nib_pi05_inputs *in, float *actions, 
         NIB_RETURN_IF_ERR(upload_inputs(m, in, &cs));
         NIB_RETURN_IF_ERR(nib_be_graph_launch(&m->be, g));
         NIB_RETURN_IF_ERR(nib_be_sync(&m->be));
+        if (m->kvto_h && *(volatile uint32_t *)m->kvto_h) { /* ops/expert.h kv_timeout */
+            const unsigned layer = *(volatile uint32_t *)m->kvto_h - 1u;
+            *(volatile uint32_t *)m->kvto_h = 0u;
+            m->sig_dirty = 1; /* counters may arrive after the kernel reset them */
+            return NIB_ERR(NIB_ERR_CUDA,
+                           "pi05: the first flow step, beside the prefix, waited more than %.0f s for prefix layer %u's "
+                           "K/V and gave up (are kernels being run one at a time, e.g. by a debugger or profiler? "
+                           "NIB_OVERLAP=0 runs the step after the prefix); the actions of this call are not valid",
+                           (double)NIB_EXPERT_KV_TIMEOUT_NS * 1e-9, layer);
+        }
         if (timing) {
             float ms;
             NIB_RETURN_IF_ERR(nib_be_event_ms(m->ev[0], m->ev[1], &ms));
@@ -1544,9 +1703,18 @@ nib_status nib_pi05_run(nib_pi05 *m, const nib_pi05_inputs *in, float *actions, 
             NIB_RETURN_IF_ERR(nib_be_event_ms(m->ev[0], m->ev[2 + m->c.steps], &ms));
             timing->total_ms = ms;
             timing->steps = m->c.steps;
+            timing->first_step_beside = first_step_beside(m, &cs);
         }
     }
     return nib_be_download(&m->be, actions, m->xt, (uint64_t)cs.H * m->c.action_dim * 4);
+}
+
+double nib_pi05_step_mean_ms(const nib_pi05_timing *t) {
+    const int s0 = t->first_step_beside ? 1 : 0;
+    if (t->steps <= s0) return 0.0;
+    double sum = 0;
+    for (int s = s0; s < t->steps; s++) sum += t->step_ms[s];
+    return sum / (t->steps - s0);
 }
 
 nib_status nib_pi05_prefix_kv(nib_pi05 *m, int layer, int which, float *out, int32_t max_tokens, int32_t *p) {

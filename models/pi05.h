@@ -94,12 +94,18 @@ typedef struct nib_pi05_inputs {
 typedef struct nib_pi05_timing {
     double vision_ms, prefix_ms, step_ms[64], total_ms;
     int steps;
+    int first_step_beside; /* the first step's layers ran beside the prefix (a second stream): prefix_ms
+                            * includes the time they cost it, step_ms[0] is only what followed the
+                            * prefix (the wait for the last layers, then the output projection) */
 } nib_pi05_timing;
 
 /* One policy call. actions: [H][action_dim] fp32. On CUDA the call is captured once per call
  * shape (cameras, text bucket, H) and replayed; timing (optional) is the per-stage breakdown
  * of this call measured with events inside the graph. */
 nib_status nib_pi05_run(nib_pi05 *m, const nib_pi05_inputs *in, float *actions, nib_pi05_timing *timing);
+/* The mean of the steps that ran on their own: all of them, or all but the first when it ran beside
+ * the prefix (first_step_beside). 0 without steps. */
+double nib_pi05_step_mean_ms(const nib_pi05_timing *t);
 
 /* Check-numerics mode (off by default; `nib run pi05 --check-numerics`). When on, each call runs
  * the stages eagerly (on CUDA: not the captured graph, and several times slower) and after each

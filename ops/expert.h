@@ -61,7 +61,28 @@ typedef struct nib_expert_args {
     const float *inv_freq;   /* device [head_dim / 2] */
     void *x;                 /* device bf16 [rows][width], in and out */
     void *qkv, *o, *h;       /* device bf16 scratch: [rows][(n_heads + 2) head_dim], [rows][n_heads head_dim], [rows][mlp] */
+    /* Running beside other work (optional; zero = the whole GPU, as before): */
+    int32_t grid;            /* > 0: this many CTAs (even; at most one per SM), launched without the
+                              * cooperative attribute and at the highest stream priority, so that
+                              * the launch can share the GPU with kernels of another stream; the
+                              * CTAs still meet at grid barriers, so every one must get an SM while
+                              * the others wait: the work beside it must not wait for this kernel */
+    uint32_t *kv_sig;        /* NULL, or device [n_layers * 32] counters (one 128-byte line per
+                              * layer): layer l's attention starts only once kv_sig[32 l] reaches
+                              * kv_target, i.e. once the kernel that writes that layer's prefix
+                              * cache rows (nib_qkv_args.done) has finished them. The kernel resets
+                              * every counter to 0 at its end. Pi0.5: the first flow step overlapped
+                              * with the prefix. */
+    int32_t kv_target;       /* >= 1 with kv_sig: the CTA count of each signalling launch */
+    uint32_t *kv_timeout;    /* required with kv_sig: host-mapped (nib_host_mapped_alloc), 0 before the
+                              * launch. A counter that has not arrived after NIB_EXPERT_KV_TIMEOUT_NS
+                              * (the work that should signal it failed, or kernels are being run one
+                              * at a time) is not waited for: the kernel writes layer + 1 here, stops
+                              * waiting and finishes with a wrong result, which the caller must
+                              * report as an error (never a hang, never a device fault). */
 } nib_expert_args;
+
+#define NIB_EXPERT_KV_TIMEOUT_NS 2000000000ull /* 2 s: a whole Pi0.5 call takes ~12 ms */
 
 /* NIB_OK when the persistent kernel can run `a` (with rows as the maximum); otherwise
  * NIB_ERR_UNSUPPORTED naming the condition that fails. Host-side only, no device work. */
@@ -69,9 +90,13 @@ nib_status nib_cuda_expert_supported(const nib_expert_args *a);
 /* Device workspace for `a` at its maxima (rows, the caches' t_max). Reads only n_layers, rows,
  * n_heads, width and layers[].kv.t_max (the weights may not be loaded yet). */
 nib_status nib_cuda_expert_ws_bytes(const nib_expert_args *a, uint64_t *bytes);
+/* The CTAs of a whole-GPU launch (one per SM, in resident pairs): the most `grid` may ask for. */
+nib_status nib_cuda_expert_grid(const nib_expert_args *a, int32_t *ctas);
 /* Write the layer table and reset the grid barrier in `ws` (synchronous; once after loading). */
 nib_status nib_cuda_expert_prepare(const nib_expert_args *a, void *ws, uint64_t ws_bytes);
-/* Enqueue one step (all layers) on `stream` (capturable). rows may be below the prepared maximum. */
+/* Enqueue one step (all layers) on `stream` (capturable). rows may be below the prepared maximum.
+ * grid / kv_sig / kv_target as above (checked here: an odd or too large grid, or kv_sig without a
+ * target, is NIB_ERR_INVALID_ARG). */
 nib_status nib_cuda_expert_run(const nib_expert_args *a, void *ws, uint64_t ws_bytes, void *stream);
 
 /* Lab view (NIB_EXPERT_TRACE=1 at run time makes the kernel stamp every barrier): per phase, the

@@ -68,6 +68,13 @@ typedef struct nib_qkv_args {
     const nib_kv_layer *cache; /* optional (host struct; planes in device memory for CUDA) */
     int32_t slot_offset;      /* token t goes to slot slot_offset + (*slot_base) + t */
     const int32_t *slot_base; /* optional int32 (device for CUDA, host for ref); NULL = 0 */
+    uint32_t *done;           /* optional, CUDA only (the reference ignores it): a device counter to
+                                 which every CTA of the launch (one per token of `tokens`, so
+                                 `tokens` in all, >= 1) adds 1 with release semantics after its
+                                 q / K / V writes. A kernel running BESIDE this one (another
+                                 stream) that sees `tokens` there (and then fences) reads the
+                                 cache rows. Pi0.5: the persistent expert's first step, overlapped
+                                 with the prefix (ops/expert.h kv_sig). Whoever waits resets it. */
 } nib_qkv_args;
 
 /* Plain K/V write (no RoPE): k and v rows of n_kv_heads * head_dim values (the cache's shape). */

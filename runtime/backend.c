@@ -103,9 +103,18 @@ nib_status nib_be_init(nib_be *be, nib_be_kind kind, const nib_be_sizes *sz) {
     be->act_size = 2;
     NIB_TRY(nib_device_require(NULL));
     {
-        cudaStream_t s;
+        cudaStream_t s, side;
+        cudaEvent_t ef, ej;
+        int least = 0, greatest = 0;
         NIB_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-        be->stream = s;
+        be->stream = be->main_stream = s;
+        NIB_CUDA_TRY(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+        NIB_CUDA_TRY(cudaStreamCreateWithPriority(&side, cudaStreamNonBlocking, greatest));
+        be->side_stream = side;
+        NIB_CUDA_TRY(cudaEventCreateWithFlags(&ef, cudaEventDisableTiming));
+        be->ev_fork = ef;
+        NIB_CUDA_TRY(cudaEventCreateWithFlags(&ej, cudaEventDisableTiming));
+        be->ev_join = ej;
     }
     NIB_TRY(nib_dev_arena_init(&be->wslab, sz->weight_bytes + 4096, "weight slab"));
     NIB_TRY(nib_dev_arena_init(&be->act, sz->act_bytes + 4096, "activation arena"));
@@ -149,7 +158,10 @@ void nib_be_free(nib_be *be) {
         nib_dev_free(be->xq8, be->xq8_bytes);
         nib_dev_free(be->xs8, 0);
         nib_dev_free(be->attn_ws, be->attn_ws_bytes);
-        if (be->stream) cudaStreamDestroy((cudaStream_t)be->stream); /* unchecked: teardown, no status */
+        if (be->ev_fork) cudaEventDestroy((cudaEvent_t)be->ev_fork);             /* unchecked: teardown, no status */
+        if (be->ev_join) cudaEventDestroy((cudaEvent_t)be->ev_join);             /* unchecked: teardown, no status */
+        if (be->side_stream) cudaStreamDestroy((cudaStream_t)be->side_stream);   /* unchecked: teardown, no status */
+        if (be->main_stream) cudaStreamDestroy((cudaStream_t)be->main_stream);   /* unchecked: teardown, no status */
 #endif
     }
     memset(be, 0, sizeof *be);
@@ -580,6 +592,25 @@ nib_status nib_be_event_ms(nib_be_event *a, nib_be_event *b, float *ms) {
     NIB_CUDA_CHECK(cudaEventElapsedTime(ms, a->e, b->e));
     return NIB_OK;
 }
+
+nib_status nib_be_fork(nib_be *be) {
+    if (be->kind != NIB_BE_CUDA) return NIB_OK;
+    if (be->stream != be->main_stream) return NIB_ERR(NIB_ERR_INVALID_ARG, "backend fork: already forked");
+    NIB_CUDA_CHECK(cudaEventRecord((cudaEvent_t)be->ev_fork, (cudaStream_t)be->main_stream));
+    NIB_CUDA_CHECK(cudaStreamWaitEvent((cudaStream_t)be->side_stream, (cudaEvent_t)be->ev_fork, 0));
+    be->stream = be->side_stream;
+    return NIB_OK;
+}
+void nib_be_fork_end(nib_be *be) {
+    if (be->kind == NIB_BE_CUDA) be->stream = be->main_stream;
+}
+nib_status nib_be_join(nib_be *be) {
+    if (be->kind != NIB_BE_CUDA) return NIB_OK;
+    if (be->stream != be->main_stream) return NIB_ERR(NIB_ERR_INVALID_ARG, "backend join: still on the side stream");
+    NIB_CUDA_CHECK(cudaEventRecord((cudaEvent_t)be->ev_join, (cudaStream_t)be->side_stream));
+    NIB_CUDA_CHECK(cudaStreamWaitEvent((cudaStream_t)be->main_stream, (cudaEvent_t)be->ev_join, 0));
+    return NIB_OK;
+}
 #else
 struct nib_be_graph {
     int unused;
@@ -615,5 +646,14 @@ nib_status nib_be_event_ms(nib_be_event *a, nib_be_event *b, float *ms) {
     (void)a, (void)b;
     *ms = 0;
     return NIB_ERR(NIB_ERR_UNSUPPORTED, "events need the CUDA backend");
+}
+nib_status nib_be_fork(nib_be *be) {
+    (void)be;
+    return NIB_OK;
+}
+void nib_be_fork_end(nib_be *be) { (void)be; }
+nib_status nib_be_join(nib_be *be) {
+    (void)be;
+    return NIB_OK;
 }
 #endif

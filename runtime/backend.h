@@ -51,7 +51,10 @@ typedef struct nib_be_linear {
 typedef struct nib_be {
     nib_be_kind kind;
     size_t act_size;          /* bytes per activation element: 4 (REF) or 2 (CUDA) */
-    void *stream;             /* CUDA stream (cudaStream_t) */
+    void *stream;             /* CUDA stream (cudaStream_t) the ops are enqueued on: the main one, or
+                               * the side one between nib_be_fork and nib_be_fork_end */
+    void *main_stream, *side_stream; /* CUDA: the two streams (side: the highest priority) */
+    void *ev_fork, *ev_join;  /* CUDA: ordering events of a fork (no timing) */
     int threads;              /* REF: worker threads for GEMMs */
     /* memory */
     nib_dev_arena wslab, act; /* CUDA: device arenas */
@@ -155,6 +158,18 @@ nib_status nib_be_event_create(nib_be_event **e);
 void nib_be_event_free(nib_be_event *e);
 nib_status nib_be_event_record(nib_be *be, nib_be_event *e); /* capturable */
 nib_status nib_be_event_ms(nib_be_event *a, nib_be_event *b, float *ms);
+
+/* ---- a second stream (CUDA; REF: no-ops, everything runs in order) ------------------------
+ * nib_be_fork: what is enqueued from now on goes to the side stream, after everything enqueued on
+ * the main stream so far; nib_be_fork_end: back to the main stream (call it on error paths too), whose
+ * later work runs BESIDE the side stream's; nib_be_join: the main stream's later work waits for
+ * the side stream's. Capturable (the fork / join become graph edges). One fork at a time; every
+ * fork must be joined before a capture ends or the backend is synchronized. The two streams share
+ * the backend's scratch (GEMM workspace, cuBLASLt, FP8 codes, attention workspace): only work that
+ * uses none of it may run on the side stream (Pi0.5: the persistent expert kernel). */
+nib_status nib_be_fork(nib_be *be);
+void nib_be_fork_end(nib_be *be);
+nib_status nib_be_join(nib_be *be);
 
 /* Reference fp32 GEMM (multithreaded): y[m][n] = sum_k x[m][k] w[n][k], fp32 accumulation in a
  * fixed order (deterministic). */

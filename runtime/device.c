@@ -42,6 +42,12 @@ nib_status nib_dev_malloc(void **p, size_t bytes, const char *what) {
     return NIB_ERR(NIB_ERR_NO_DEVICE, "%s: " NO_CUDA_MSG, what);
 }
 void nib_dev_free(void *p, size_t bytes) { (void)p, (void)bytes; }
+nib_status nib_host_mapped_alloc(void **host, void **dev, size_t bytes, const char *what) {
+    (void)bytes;
+    *host = *dev = NULL;
+    return NIB_ERR(NIB_ERR_NO_DEVICE, "%s: " NO_CUDA_MSG, what);
+}
+void nib_host_mapped_free(void *host) { (void)host; }
 nib_status nib_dev_upload(void *dst, const void *src, size_t bytes) {
     (void)dst, (void)src, (void)bytes;
     return NIB_ERR(NIB_ERR_NO_DEVICE, NO_CUDA_MSG);
@@ -247,6 +253,27 @@ void nib_dev_free(void *p, size_t bytes) {
     if (!p) return;
     cudaFree(p); /* unchecked: a free function has no status; a sticky error shows at the next call */
     g_allocated = g_allocated >= bytes ? g_allocated - bytes : 0;
+}
+
+nib_status nib_host_mapped_alloc(void **host, void **dev, size_t bytes, const char *what) {
+    *host = *dev = NULL;
+    cudaError_t e = cudaHostAlloc(host, bytes ? bytes : 1, cudaHostAllocMapped);
+    if (e != cudaSuccess) {
+        *host = NULL;
+        return nib_cuda_status((int)e, what, __FILE__, __LINE__);
+    }
+    memset(*host, 0, bytes);
+    e = cudaHostGetDevicePointer(dev, *host, 0);
+    if (e != cudaSuccess) {
+        cudaFreeHost(*host); /* unchecked: already failing with the mapping's error */
+        *host = *dev = NULL;
+        return nib_cuda_status((int)e, what, __FILE__, __LINE__);
+    }
+    return NIB_OK;
+}
+
+void nib_host_mapped_free(void *host) {
+    if (host) cudaFreeHost(host); /* unchecked: a free function has no status */
 }
 
 /* cudaMemcpy from pageable memory may return before the DMA has landed, and cudaMemset /

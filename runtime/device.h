@@ -65,6 +65,11 @@ nib_status nib_cuda_status(int err, const char *what, const char *file, int line
 nib_status nib_dev_malloc(void **p, size_t bytes, const char *what);
 /* Free a nib_dev_malloc allocation of `bytes` bytes (for the accounting). NULL is a no-op. */
 void nib_dev_free(void *p, size_t bytes);
+/* Pinned host memory the device can write (cudaHostAllocMapped), zeroed: *host for the host,
+ * *dev for kernels. For flags a kernel raises and the host reads after synchronizing, without a
+ * copy (and without a device fault: the context stays usable). */
+nib_status nib_host_mapped_alloc(void **host, void **dev, size_t bytes, const char *what);
+void nib_host_mapped_free(void *host); /* NULL is a no-op */
 /* Bytes currently allocated through nib_dev_malloc. */
 uint64_t nib_dev_allocated(void);
 

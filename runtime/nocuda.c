@@ -157,6 +157,11 @@ nib_status nib_cuda_expert_ws_bytes(const nib_expert_args *a, uint64_t *bytes) {
     *bytes = 0;
     return NO_CUDA("nib_cuda_expert_ws_bytes");
 }
+nib_status nib_cuda_expert_grid(const nib_expert_args *a, int32_t *ctas) {
+    (void)a;
+    *ctas = 0;
+    return NO_CUDA("nib_cuda_expert_grid");
+}
 nib_status nib_cuda_expert_prepare(const nib_expert_args *a, void *ws, uint64_t ws_bytes) {
     (void)a, (void)ws, (void)ws_bytes;
     return NO_CUDA("nib_cuda_expert_prepare");

@@ -122,6 +122,10 @@ struct Params {
                    * every CTA does, in the barrier after QKV: pf_first == gridDim.x) */
     int mbar_off; /* shared-memory offset of the staging mbarrier (o / h rows by cp.async.bulk) */
     int bulk;     /* 1: o and h staged by cp.async.bulk (one copy per row); 0: 16-byte cp.async */
+    unsigned *kv_sig;   /* NULL, or [n_layers * 32]: layer l's prefix cache rows are written once
+                         * kv_sig[32 l] reaches kv_target (nib_expert_args) */
+    unsigned kv_target;
+    volatile unsigned *kv_timeout; /* host-mapped: layer + 1 of the first wait that timed out */
 };
 
 /* ---- small helpers ---------------------------------------------------------------------- */
@@ -215,8 +219,33 @@ __device__ __forceinline__ void kernel_exit(const Params &p) {
     if (threadIdx.x == 0 && atomicAdd(p.bar + 32, 1u) == gridDim.x - 1) { /* everyone passed every barrier */
         atomicExch(p.bar, 0u);
         for (int rb = 0; rb < (p.H * p.nh + 15) / 16; rb++) atomicExch(p.rbc + 32 * rb, 0u);
+        /* every CTA waited for every layer's counter, so every signalling launch has added to it */
+        if (p.kv_sig)
+            for (int l = 0; l < p.n_layers; l++) atomicExch(p.kv_sig + 32 * l, 0u);
         atomicExch(p.bar + 32, 0u);
     }
+}
+/* Beside the prefix (p.kv_sig): wait until layer `layer`'s prefix cache rows are written (relaxed
+ * polls by thread 0, then one fence, as grid_barrier). A counter that has not arrived after
+ * NIB_EXPERT_KV_TIMEOUT_NS is not waited for any longer, and this CTA waits for no later layer
+ * (every CTA gives up after one timeout, all at about the same time): the layer + 1 goes to the
+ * host-mapped flag, the kernel finishes, the host fails the call (nib_expert_args.kv_timeout). No
+ * trap: the context stays usable. */
+__device__ __forceinline__ void wait_kv(const Params &p, int layer, bool &gave_up) {
+    if (threadIdx.x == 0) {
+        const unsigned *c = p.kv_sig + 32 * layer;
+        if (!gave_up && ld_relaxed(c) < p.kv_target) {
+            const unsigned long long t0 = gtimer();
+            while (ld_relaxed(c) < p.kv_target)
+                if (gtimer() - t0 > NIB_EXPERT_KV_TIMEOUT_NS) {
+                    *p.kv_timeout = (unsigned)layer + 1u; /* any CTA's layer: the host only needs one */
+                    gave_up = true;
+                    break;
+                }
+        }
+        fence_acq_rel();
+    }
+    __syncthreads();
 }
 
 /* ---- staging of the GEMM input rows (bf16, rows 0..H-1, zero row H, zero columns K..kp) ---- */
@@ -957,7 +986,9 @@ __global__ void __launch_bounds__(NT, 1) k_expert(const Params p) {
     gemm_pre<MT>(p, tab[0].l[L_QKV], nullptr, pre);
     /* layer 0's cache rows of this CTA's first attention task (later layers: issued before the
      * barrier that precedes the layer); in flight during phase 1 */
-    if (have_task) attn_issue_cache(tab[0], AttnSmem(abase), my_k0, P0);
+    const bool early_rows = have_task && !p.kv_sig; /* beside the prefix: the rows may not be written yet */
+    bool kv_gave_up = false;                        /* thread 0: a wait_kv timed out */
+    if (early_rows) attn_issue_cache(tab[0], AttnSmem(abase), my_k0, P0);
     cluster_wait(); /* the partner has started: its shared memory may be written */
     if (tr0) tlast = clock64();
     for (int layer = 0; layer < p.n_layers; layer++) {
@@ -967,7 +998,8 @@ __global__ void __launch_bounds__(NT, 1) k_expert(const Params p) {
          * barrier between attention and merge (merge_phase waits for its row block's splits only) */
         for (int ph = 0; ph < 6; ph++) {
             if (ph == 1) {
-                attn_phase(p, Ld, abase, have_task, T0, P0);
+                if (p.kv_sig) wait_kv(p, layer, kv_gave_up);
+                attn_phase(p, Ld, abase, early_rows, T0, P0);
                 seg_add(tr0 ? segs + ph * NSEG : nullptr, 1, tlast);
             } else if (ph == 2) {
                 merge_phase(p, T0, layer);
@@ -1005,7 +1037,7 @@ __global__ void __launch_bounds__(NT, 1) k_expert(const Params p) {
                 if (ph == 3) stage_mods(p, mf, mods_s);
                 if (ph == 5) { /* the next layer's attention (scale, shift) and first cache rows */
                     stage_mods(p, ma + 6 * p.We, mods_s);
-                    if (have_task) attn_issue_cache(tab[layer + 1], AttnSmem(abase), my_k0, P0);
+                    if (early_rows) attn_issue_cache(tab[layer + 1], AttnSmem(abase), my_k0, P0);
                 }
             }
             if (p.seg) { /* uniform */
@@ -1095,6 +1127,7 @@ size_t smem_bytes(const nib_expert_args *a) { return mbar_off(a) + 8; }
 int g_sms = 0, g_smem_max = 0;
 int g_grid = 0;            /* CTAs of the launch (pairs that can be co-resident x 2), for g_grid_smem */
 size_t g_grid_smem = 0;
+int g_trace_grid = 0;      /* CTAs of the last traced launch (the trace report's grid) */
 
 nib_status device_ready() {
     if (g_sms) return NIB_OK;
@@ -1178,6 +1211,13 @@ extern "C" nib_status nib_cuda_expert_supported(const nib_expert_args *a) {
     return NIB_OK;
 }
 
+extern "C" nib_status nib_cuda_expert_grid(const nib_expert_args *a, int32_t *ctas) {
+    NIB_RETURN_IF_ERR(nib_cuda_expert_supported(a));
+    NIB_RETURN_IF_ERR(ensure_grid(a));
+    *ctas = (int32_t)g_grid;
+    return NIB_OK;
+}
+
 extern "C" nib_status nib_cuda_expert_ws_bytes(const nib_expert_args *a, uint64_t *bytes) {
     if (!a || !a->layers || a->n_layers < 1 || a->rows < 1 || a->rows > NIB_EXPERT_MAX_ROWS || a->n_heads < 1 ||
         a->width < 1)
@@ -1228,6 +1268,12 @@ fail:
 
 extern "C" nib_status nib_cuda_expert_run(const nib_expert_args *a, void *ws, uint64_t ws_bytes, void *stream) {
     if (!a || !ws) return NIB_ERR(NIB_ERR_INVALID_ARG, "expert kernel: NULL args or workspace");
+    if (a->grid < 0 || a->grid % CL)
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "expert kernel: grid of %d CTAs (0, or a positive multiple of %d)", (int)a->grid,
+                       CL);
+    if (a->kv_sig && (a->kv_target < 1 || !a->kv_timeout))
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "expert kernel: kv_sig needs a target of >= 1 signals (got %d) and a "
+                       "kv_timeout flag", (int)a->kv_target);
     if (a->rows < 1 || a->rows > NIB_EXPERT_MAX_ROWS)
         return NIB_ERR(NIB_ERR_UNSUPPORTED, "expert kernel: %d rows (1..%d)", (int)a->rows, NIB_EXPERT_MAX_ROWS);
     NIB_RETURN_IF_ERR(device_ready());
@@ -1260,7 +1306,13 @@ extern "C" nib_status nib_cuda_expert_run(const nib_expert_args *a, void *ws, ui
     p.attn_off = (int)attn_off(a), p.tab_off = (int)tab_off(a), p.mods_off = (int)mods_off(a), p.seg_off = (int)seg_off(a);
     const char *tr = getenv("NIB_EXPERT_TRACE");
     NIB_RETURN_IF_ERR(ensure_grid(a));
-    const int G = g_grid;
+    if (a->grid > g_grid)
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "expert kernel: grid of %d CTAs, but only %d can be resident", (int)a->grid,
+                       g_grid);
+    const int G = a->grid ? (int)a->grid : g_grid;
+    p.kv_sig = a->kv_sig;
+    p.kv_target = (unsigned)a->kv_target;
+    p.kv_timeout = a->kv_timeout;
     {
         const long long o_groups = (long long)(a->layers[0].o->np / 16), pairs = G / CL;
         const int o_ctas = CL * (int)(o_groups < pairs ? o_groups : pairs);
@@ -1277,13 +1329,21 @@ extern "C" nib_status nib_cuda_expert_run(const nib_expert_args *a, void *ws, ui
         p.bulk = !(be && !strcmp(be, "0")) && ((uintptr_t)a->o | (uintptr_t)a->h) % 16 == 0 && a->mlp % 128 == 0;
     }
     p.trace = tr && *tr && strcmp(tr, "0") && G <= TRACE_MAX_CTAS ? (unsigned long long *)(base + w.trace) : nullptr;
+    if (p.trace) g_trace_grid = G;
     p.seg = p.trace ? (unsigned long long *)(base + w.seg) : nullptr;
     const size_t sm = smem_bytes(a);
     cudaLaunchAttribute attr[3];
-    attr[0].id = cudaLaunchAttributeCooperative;
-    attr[0].val.cooperative = 1;
-    attr[1].id = cudaLaunchAttributeClusterDimension;
-    attr[1].val.clusterDim.x = CL, attr[1].val.clusterDim.y = 1, attr[1].val.clusterDim.z = 1;
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = CL, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
+    if (a->grid) { /* beside other work: no co-residency check at launch, first pick of free SMs */
+        int least = 0, greatest = 0;
+        NIB_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+        attr[1].id = cudaLaunchAttributePriority;
+        attr[1].val.priority = greatest;
+    } else {
+        attr[1].id = cudaLaunchAttributeCooperative;
+        attr[1].val.cooperative = 1;
+    }
     auto kern = a->rows <= 8 ? k_expert<1> : k_expert<2>;
     NIB_CUDA_CHECK(nib::launch_with(kern, dim3((unsigned)G), dim3(NT), sm, (cudaStream_t)stream, attr, 2, p));
     return NIB_OK;
@@ -1295,9 +1355,9 @@ extern "C" nib_status nib_cuda_expert_run(const nib_expert_args *a, void *ws, ui
 extern "C" nib_status nib_cuda_expert_trace_report(const nib_expert_args *a, void *ws, uint64_t ws_bytes, FILE *out) {
     NIB_RETURN_IF_ERR(device_ready());
     const WsLayout w = ws_layout(a);
-    if (ws_bytes < w.total || !g_grid || g_grid > TRACE_MAX_CTAS)
-        return NIB_ERR(NIB_ERR_INVALID_ARG, "expert trace: no trace area");
-    const int nb = NBAR * a->n_layers - 1, G = g_grid;
+    if (ws_bytes < w.total || !g_trace_grid)
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "expert trace: no traced launch");
+    const int nb = NBAR * a->n_layers - 1, G = g_trace_grid;
     unsigned long long *t = (unsigned long long *)malloc(sizeof(unsigned long long) * 2 * (size_t)G * nb);
     if (!t) return NIB_ERR_OUT_OF_MEMORY;
     nib_status st = NIB_OK;

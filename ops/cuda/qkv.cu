@@ -51,6 +51,7 @@ struct QkvParams {
     float *ks, *vs;   /* FP8 scales / NVFP4 globals */
     int t_max, slot_offset;
     const int32_t *slot_base;
+    unsigned *done; /* nib_qkv_args.done: +1 per CTA (release) after its writes */
 };
 
 static __device__ __forceinline__ uint4 ld16(const uint16_t *p) { return *(const uint4 *)p; }
@@ -117,8 +118,8 @@ static __device__ __forceinline__ uint2 e4m3_word(const float (&x)[8], float sca
     return make_uint2(w[0], w[1]);
 }
 
-__global__ void __launch_bounds__(1024) k_qkv(const QkvParams p) {
-    nib::pdl_enter(); /* runtime/launch.cuh: first, before any access or return */
+/* one token's q / K / V (CTA-uniform returns only: k_qkv's signal follows) */
+static __device__ __forceinline__ void qkv_token(const QkvParams &p) {
     extern __shared__ float2 cs[]; /* [half] (cos, sin) when p.rope */
     const int t = blockIdx.x;
     if (p.n_valid && t >= *p.n_valid) return; /* uniform per CTA: before any barrier/shuffle */
@@ -228,6 +229,14 @@ __global__ void __launch_bounds__(1024) k_qkv(const QkvParams p) {
         if (j == 0) (role == 1 ? p.ks : p.vs)[vec] = g;
     }
 }
+__global__ void __launch_bounds__(1024) k_qkv(const QkvParams p) {
+    nib::pdl_enter(); /* runtime/launch.cuh: first, before any access or return */
+    qkv_token(p);
+    if (p.done) { /* the CTA's writes, ordered by the barrier, released with one add (as a grid barrier) */
+        __syncthreads();
+        if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(p.done) : "memory");
+    }
+}
 
 /* ---- read-back: one thread per element (a test helper) ----------------------------------- */
 struct KvReadParams {
@@ -318,6 +327,7 @@ nib_status nib_cuda_qkv(const nib_qkv_args *a, void *stream) {
     p.ldq = a->ld_q;
     p.slot_offset = a->slot_offset;
     p.slot_base = a->slot_base;
+    p.done = a->done;
     return launch_qkv(p, a->tokens, stream);
 }
 

@@ -63,6 +63,9 @@ nib_status nib_qkv_validate(const nib_qkv_args *a, const char *who) {
         return NIB_ERR(NIB_ERR_INVALID_ARG, "%s: positions and inv_freq [head_dim/2] are required", who);
     if (!isfinite(a->q_scale))
         return NIB_ERR(NIB_ERR_INVALID_ARG, "%s: q_scale %g is not finite", who, (double)a->q_scale);
+    if (a->done && a->tokens < 1) /* no CTA would add to it: whoever waits for it would wait forever */
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "%s: a done counter needs at least one token (tokens %lld)", who,
+                       (long long)a->tokens);
     if (a->cache) {
         NIB_RETURN_IF_ERR(check_cache(a->cache, a->n_kv_heads, a->head_dim, who));
         NIB_RETURN_IF_ERR(check_slots(a->cache, a->tokens, a->slot_offset, a->slot_base, who));
