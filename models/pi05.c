@@ -987,14 +987,20 @@ const char *nib_pi05_prefix_path(const nib_pi05 *m) { return m ? m->ppath : ""; 
 static nib_status overlap_setup(nib_pi05 *m) {
     const nib_pi05_config *c = &m->c;
     m->overlap = 0;
-    const char *e = getenv("NIB_OVERLAP"), *lb = getenv("CUDA_LAUNCH_BLOCKING"), *inj = getenv("CUDA_INJECTION64_PATH");
+    const char *e = getenv("NIB_OVERLAP"), *lb = getenv("CUDA_LAUNCH_BLOCKING");
     if (!m->fused || !m->fused_qkv || c->e_layers > c->layers || (e && !strcmp(e, "0"))) return NIB_OK;
-    /* The kernel waits for work of another stream: where kernels run one at a time (launches made
-     * blocking; compute-sanitizer and Nsight Compute, which inject themselves and serialize kernels)
-     * it would wait for a prefix that cannot start, until its timeout trap. NIB_OVERLAP=1 insists. */
-    const char *off = lb && !strcmp(lb, "1")                           ? "CUDA_LAUNCH_BLOCKING=1"
-                      : inj && *inj && !(e && !strcmp(e, "1"))         ? "a CUDA tool is injected (CUDA_INJECTION64_PATH)"
-                                                                       : NULL;
+    /* The kernel waits for work of another stream: where kernels may run one at a time (launches made
+     * blocking; the tools that replay or instrument kernels, recognized by the variables they set in
+     * their target's environment) it would wait for a prefix that cannot start, until its timeout
+     * (a failed call). NIB_OVERLAP=1 insists anyway. */
+    const int insist = e && !strcmp(e, "1");
+    const char *off = lb && !strcmp(lb, "1") ? "CUDA_LAUNCH_BLOCKING=1"
+                      : insist               ? NULL
+                      : getenv("NV_SANITIZER_INJECTION_PORT_BASE") ? "under compute-sanitizer"
+                      : getenv("NV_COMPUTE_PROFILER_PERFWORKS_DIR") || getenv("NV_NSIGHT_INJECTION_PORT_BASE")
+                          ? "under an Nsight profiler"
+                      : getenv("CUDA_INJECTION64_PATH") ? "a CUDA tool is injected (CUDA_INJECTION64_PATH)"
+                                                        : NULL;
     m->ogrid = 0;
     const char *g = getenv("NIB_OVERLAP_CTAS");
     if (g && *g) {
