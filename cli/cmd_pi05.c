@@ -362,7 +362,11 @@ int nib_bench_pi05(int argc, char **argv) {
                    "bandwidth and FLOPs / measured cuBLASLt peak, whichever is larger). --preset, --cams and\n"
                    "--horizon keep only the matching rows. --precision applies per-component overrides to\n"
                    "every preset timed, e.g. --preset fast --precision vision=bf16 (components vision, prefix,\n"
-                   "expert: bf16|fp8|nvfp4|mxfp4|int4; kv: bf16|fp8|nvfp4); the floors follow the result.\n");
+                   "expert: bf16|fp8|nvfp4|mxfp4|int4; kv: bf16|fp8|nvfp4); the floors follow the result.\n"
+                   "Where the first flow step runs beside the prefix (fast, 256-640 prefix tokens, H <= 16;\n"
+                   "NIB_OVERLAP=0 turns it off), 'prefix' includes what that costs the prefix and 'step' is the\n"
+                   "mean of the other steps; the JSON has first_step_ms, the part of the first step after the\n"
+                   "prefix.\n");
             return 0;
         } else if (!strcmp(a, "--checkpoint") && v) ckpt = v, i++;
         else if (!strcmp(a, "--reps") && v) reps = atoi(v) < 5 ? 5 : atoi(v), i++;
