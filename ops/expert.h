@@ -95,8 +95,8 @@ nib_status nib_cuda_expert_grid(const nib_expert_args *a, int32_t *ctas);
 /* Write the layer table and reset the grid barrier in `ws` (synchronous; once after loading). */
 nib_status nib_cuda_expert_prepare(const nib_expert_args *a, void *ws, uint64_t ws_bytes);
 /* Enqueue one step (all layers) on `stream` (capturable). rows may be below the prepared maximum.
- * grid / kv_sig / kv_target as above (checked here: an odd or too large grid, or kv_sig without a
- * target, is NIB_ERR_INVALID_ARG). */
+ * grid / kv_sig / kv_target / kv_timeout as above (checked here: an odd or too large grid, or kv_sig
+ * without a target or a timeout flag, is NIB_ERR_INVALID_ARG). */
 nib_status nib_cuda_expert_run(const nib_expert_args *a, void *ws, uint64_t ws_bytes, void *stream);
 
 /* Lab view (NIB_EXPERT_TRACE=1 at run time makes the kernel stamp every barrier): per phase, the

@@ -219,7 +219,8 @@ __device__ __forceinline__ void kernel_exit(const Params &p) {
     if (threadIdx.x == 0 && atomicAdd(p.bar + 32, 1u) == gridDim.x - 1) { /* everyone passed every barrier */
         atomicExch(p.bar, 0u);
         for (int rb = 0; rb < (p.H * p.nh + 15) / 16; rb++) atomicExch(p.rbc + 32 * rb, 0u);
-        /* every CTA waited for every layer's counter, so every signalling launch has added to it */
+        /* every CTA waited for every layer's counter, so every signalling launch has added to it (after a
+         * timeout one may add later: the host then zeroes the counters before the next call) */
         if (p.kv_sig)
             for (int l = 0; l < p.n_layers; l++) atomicExch(p.kv_sig + 32 * l, 0u);
         atomicExch(p.bar + 32, 0u);
