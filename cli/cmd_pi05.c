@@ -363,10 +363,10 @@ int nib_bench_pi05(int argc, char **argv) {
                    "--horizon keep only the matching rows. --precision applies per-component overrides to\n"
                    "every preset timed, e.g. --preset fast --precision vision=bf16 (components vision, prefix,\n"
                    "expert: bf16|fp8|nvfp4|mxfp4|int4; kv: bf16|fp8|nvfp4); the floors follow the result.\n"
-                   "Where the first flow step runs beside the prefix (fast, 256-640 prefix tokens, H <= 16;\n"
+                   "Where the first flow step runs beside the prefix (fast, 256-1024 prefix tokens, H <= 16;\n"
                    "NIB_OVERLAP=0 turns it off), 'prefix' includes what that costs the prefix and 'step' is the\n"
                    "mean of the other steps; the JSON has first_step_ms, the part of the first step after the\n"
-                   "prefix.\n");
+                   "prefix (at 2 and 3 cameras its last layers run there, on the whole GPU).\n");
             return 0;
         } else if (!strcmp(a, "--checkpoint") && v) ckpt = v, i++;
         else if (!strcmp(a, "--reps") && v) reps = atoi(v) < 5 ? 5 : atoi(v), i++;

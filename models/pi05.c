@@ -84,7 +84,8 @@ struct nib_pi05 {
      * second stream, each layer's attention waiting for the prefix's cache write of that layer
      * (kv_sig: one counter per layer, ops/expert.h) */
     int overlap;
-    int32_t ogrid;
+    int32_t ogrid;            /* NIB_OVERLAP_CTAS (0: beside_plan's rule) */
+    int32_t olayers;          /* NIB_OVERLAP_LAYERS (0: beside_plan's rule) */
     uint32_t *kv_sig;
     uint32_t *kvto_h, *kvto_d; /* host-mapped flag: a wait of the kernel beside the prefix timed out */
     int sig_dirty;            /* a failed call may have left counters set: zeroed before the next one */
@@ -1011,6 +1012,16 @@ static nib_status overlap_setup(nib_pi05 *m) {
                            (int)(m->xgrid_max / 2));
         m->ogrid = (int32_t)v;
     }
+    m->olayers = 0;
+    const char *ol = getenv("NIB_OVERLAP_LAYERS");
+    if (ol && *ol) {
+        char *end;
+        long v = strtol(ol, &end, 10);
+        if (*end || v < 1 || v > c->e_layers)
+            return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_OVERLAP_LAYERS=%s: the first step's layers beside the prefix, 1..%d",
+                           ol, (int)c->e_layers);
+        m->olayers = (int32_t)v;
+    }
     if (off) {
         snprintf(m->xpath + strlen(m->xpath), sizeof m->xpath - strlen(m->xpath), "; the first step after the prefix (%s)",
                  off);
@@ -1026,22 +1037,36 @@ static nib_status overlap_setup(nib_pi05 *m) {
                  "; the first step beside the prefix on %d CTAs (NIB_OVERLAP_CTAS)", (int)m->ogrid);
     else
         snprintf(m->xpath + strlen(m->xpath), sizeof m->xpath - strlen(m->xpath),
-                 "; the first step beside the prefix at 256-640 prefix tokens (24 / 16 CTAs)");
+                 "; the first step beside the prefix at 256-1024 prefix tokens (24 / 16 / 8 CTAs; from 400 tokens "
+                 "its last layers after it)");
     return NIB_OK;
 }
 
 /* CTAs of the first step beside a prefix of S tokens, 0 for none: NIB_OVERLAP_CTAS, else the rule
- * measured on an H100 (fast, H = 10; docs/design.md, "Thirtieth session"): the CTAs hold their SMs
- * for the whole prefix, which costs it ~0.3-0.5 ms whatever their number from about 12 on (its
- * kernels are sized for every SM), so the step pays only where the prefix is long enough to hide
- * the step on few CTAs (2.28 ms on 16, 1.77 ms on 24 against 0.74 ms on all 132) and short enough
- * not to lose more: 1 camera (276 tokens) 10.97 -> 10.77 ms on 24 CTAs, 2 cameras (532) 11.81 ->
- * 11.67 ms on 16; 3 cameras (788) lost 0.4-0.8 ms at every count tried (12-32). */
+ * measured on an H100 (fast, H = 10; docs/design.md, "Thirtieth session" and "Thirty-first
+ * session"): the CTAs hold their SMs for the whole prefix, which costs it ~0.3-0.5 ms from about 10
+ * CTAs on (its kernels are sized for every SM; 0.07 ms on 8 at 3 cameras), and beside the prefix a
+ * layer on few CTAs takes ~1.5x its time alone (the prefix's weights stream through L2). 1 camera
+ * (276 tokens): 24 CTAs, every layer (11.08 -> 10.84 ms); 2 cameras (532): 16 CTAs, 16 of 18
+ * layers (11.91 -> 11.69 ms); 3 cameras (788): 8 CTAs, 10 of 18 layers (13.41 -> 13.07 ms). */
 static int32_t beside_grid(const nib_pi05 *m, int32_t S) {
     if (!m->overlap) return 0;
     if (m->ogrid) return m->ogrid;
-    const int32_t g = S >= 256 && S < 400 ? 24 : S >= 400 && S <= 640 ? 16 : 0;
+    const int32_t g = S >= 256 && S < 400 ? 24 : S >= 400 && S <= 640 ? 16 : S > 640 && S <= 1024 ? 8 : 0;
     return 2 * g <= m->xgrid_max ? g : 0;
+}
+
+/* How many of the first step's layers run beside the prefix (on beside_grid's CTAs); the rest run on
+ * the whole GPU after it (a second launch of the kernel). NIB_OVERLAP_LAYERS, else the rule above
+ * (as a share of the expert's layers): the fewer the CTAs, the further a layer beside the prefix
+ * falls behind a prefix layer, and past a point the step's last layers cost less on every SM after
+ * the prefix (~41 us each) than what they would trail it by. */
+static int32_t beside_layers(const nib_pi05 *m, int32_t S) {
+    const int32_t n = m->c.e_layers;
+    if (m->olayers) return m->olayers < n ? m->olayers : n;
+    const int32_t share18 = S >= 400 && S <= 640 ? 16 : S > 640 ? 10 : 18; /* of 18 layers */
+    const int32_t r = (n * share18 + 17) / 18;
+    return r < 1 ? 1 : r < n ? r : n;
 }
 
 static nib_status alloc_act(nib_pi05 *m, void **p, int64_t elems, const char *what) {
@@ -1354,8 +1379,8 @@ static nib_status fwd_vision(nib_pi05 *m, const call_shape *cs) {
                        "vision output (projected)");
 }
 
-/* sig: each layer's cache write signals m->kv_sig (the first step runs beside: overlap_setup) */
-static nib_status fwd_prefix(nib_pi05 *m, const call_shape *cs, int sig) {
+/* the cache writes of layers l < nsig signal m->kv_sig (the first step runs beside: overlap_setup) */
+static nib_status fwd_prefix(nib_pi05 *m, const call_shape *cs, int nsig) {
     const nib_pi05_config *c = &m->c;
     nib_be *be = &m->be;
     const int64_t W = c->width, hd = c->head_dim, nh = c->heads, nkv = c->kv_heads, S = cs->S;
@@ -1380,7 +1405,7 @@ static nib_status fwd_prefix(nib_pi05 *m, const call_shape *cs, int sig) {
              * values the unfused path leaves in pqkv) */
             nib_qkv_args qa = {S, NULL, (int32_t)qh, (int32_t)nkv, (int32_t)hd, m->pqkv, ld, m->pos_prefix, m->inv_freq,
                                1.0f, last ? NULL : pq, nh * hd, &m->kv[l], 0, NULL,
-                               sig && l < c->e_layers ? m->kv_sig + 32 * l : NULL};
+                               l < nsig ? m->kv_sig + 32 * l : NULL};
             NIB_RETURN_IF_ERR(nib_be_qkv(be, &qa));
             at.q = pq, at.k = m->kv[l].k, at.v = m->kv[l].v;
             at.q_tok = nh * hd, at.k_tok = at.v_tok = nkv * hd;
@@ -1426,7 +1451,7 @@ static nib_status step_in(nib_pi05 *m, const call_shape *cs) {
     return nib_be_gemm(&m->be, &m->ain, m->xt_act, cs->H, A, m->ex, m->c.e_width, NULL);
 }
 
-/* body_done: step_in and the layers ran already (the first step beside the prefix): only the output part */
+/* body_done: step_in and the first beside_layers layers ran already, beside the prefix (the first step) */
 static nib_status fwd_step(nib_pi05 *m, const call_shape *cs, int s, int body_done) {
     const nib_pi05_config *c = &m->c;
     nib_be *be = &m->be;
@@ -1435,14 +1460,22 @@ static nib_status fwd_step(nib_pi05 *m, const call_shape *cs, int s, int body_do
     const float *mods = m->mods + (int64_t)s * nmod * 3 * We;
     if (!body_done) NIB_RETURN_IF_ERR(step_in(m, cs));
     const int fused = body_done || (m->fused && H <= m->xrows && !m->checking);
-    if (fused && !body_done) {
+    if (fused) {
         nib_expert_args xa;
         expert_args(m, (int32_t)H, s, &xa);
-        /* the first step on the grid it has beside the prefix even when not beside (check-numerics
-         * mode): the same CTAs give the same sums, so the actions stay bitwise those of a graph call */
-        const int32_t bg = s == 0 ? beside_grid(m, cs->S) : 0;
-        xa.grid = bg ? bg : m->xgrid;
-        NIB_RETURN_IF_ERR(nib_be_expert(be, &xa, m->xws, m->xws_bytes));
+        /* the first step in the parts it has beside the prefix even when not beside (check-numerics
+         * mode, a shape's eager first call): its first layers on the beside grid, the rest on the
+         * launch grid. The same CTAs and the same split give the same sums, so the actions stay
+         * bitwise those of a graph call. */
+        const int32_t bg = s == 0 ? beside_grid(m, cs->S) : 0, nb = bg ? beside_layers(m, cs->S) : 0;
+        if (bg && !body_done) {
+            xa.grid = bg, xa.layer_begin = 0, xa.layer_end = nb;
+            NIB_RETURN_IF_ERR(nib_be_expert(be, &xa, m->xws, m->xws_bytes));
+        }
+        if (!bg || nb < c->e_layers) {
+            xa.grid = m->xgrid, xa.layer_begin = nb, xa.layer_end = bg ? c->e_layers : 0;
+            NIB_RETURN_IF_ERR(nib_be_expert(be, &xa, m->xws, m->xws_bytes));
+        }
     }
     /* Gated residuals whose product runs on cuBLAS (bf16, W8A8: a separate epilogue kernel) are
      * deferred: the product goes to ey, and the next adaRMS norm adds (ey * gate) + ex into ex
@@ -1519,7 +1552,9 @@ static nib_status prefix_and_first_step(nib_pi05 *m, const call_shape *cs, int *
     NIB_RETURN_IF_ERR(step_in(m, cs)); /* on the main stream: it uses the shared GEMM scratch */
     nib_expert_args xa;
     expert_args(m, cs->H, 0, &xa);
+    const int32_t nb = beside_layers(m, cs->S);
     xa.grid = beside_grid(m, cs->S), xa.kv_sig = m->kv_sig, xa.kv_target = cs->S, xa.kv_timeout = m->kvto_d;
+    xa.layer_begin = 0, xa.layer_end = nb; /* the rest after the prefix (fwd_step) */
     NIB_RETURN_IF_ERR(nib_be_fork(be));
     nib_status st = nib_be_expert(be, &xa, m->xws, m->xws_bytes);
     nib_be_fork_end(be);
@@ -1527,7 +1562,7 @@ static nib_status prefix_and_first_step(nib_pi05 *m, const call_shape *cs, int *
         (void)nib_be_join(be); /* nothing waits on the side stream: it holds only the failed launch */
         return st;
     }
-    st = fwd_prefix(m, cs, !m->drop_sig);
+    st = fwd_prefix(m, cs, m->drop_sig ? 0 : nb);
     if (!st) st = rec_event(m, 2);
     if (st) {
         /* the kernel may be waiting for layers whose cache write was never enqueued: release it (its

@@ -80,6 +80,13 @@ typedef struct nib_expert_args {
                               * at a time) is not waited for: the kernel writes layer + 1 here, stops
                               * waiting and finishes with a wrong result, which the caller must
                               * report as an error (never a hang, never a device fault). */
+    /* Part of a step (optional; both 0 = every layer): this launch runs layers [layer_begin,
+     * layer_end) of the table. A part from layer_begin > 0 continues the launch that ran the
+     * layers before it (x holds their output, and the workspace the row statistics of x their last
+     * layer wrote, which its first adaRMS reads): so a step in parts gives the bits of one launch
+     * on the same CTAs. Pi0.5: the first flow step's first layers beside the prefix on a few CTAs,
+     * the rest on the whole GPU after it. */
+    int32_t layer_begin, layer_end;
 } nib_expert_args;
 
 #define NIB_EXPERT_KV_TIMEOUT_NS 2000000000ull /* 2 s: a whole Pi0.5 call takes ~12 ms */

@@ -20,6 +20,7 @@
 
 #include "harness.h"
 #include "models/pi05.h"
+#include "ops/expert.h"
 
 /* a tiny synthetic checkpoint, written once into path (static storage) with the given expert
  * width / heads / MLP and text capacity (0: the tiny config's) */
@@ -335,17 +336,19 @@ NIB_TEST(pi05_gpu_prefix_fused_qkv_bitwise) {
  * runs beside the prefix or after it, so a model with the overlap and one without (NIB_OVERLAP=0),
  * both with every step on 4 CTAs (NIB_OVERLAP_CTAS / NIB_EXPERT_CTAS), must give the same actions
  * bit for bit: a layer that read its cache rows before they were written would read the previous
- * call's (inputs x, y, x, and shapes that change the prefix length). Beside on 16 CTAs against the
+ * call's (inputs x, y, x, and shapes that change the prefix length). So must a model that runs only
+ * the first layer beside the prefix and the other after it (NIB_OVERLAP_LAYERS=1: two launches of
+ * the kernel, the second reading the row statistics the first left). Beside on 16 CTAs against the
  * default model, which keeps the step after these short prefixes (the rule starts at 256 tokens)
  * and runs it on every SM: only the sums' order differs, the 0.04 bound of the kernel-vs-per-op
  * test. The timings say which ran beside. */
 static nib_status load_env(const char *preset, const char *overlap, const char *octas, const char *xctas,
-                           nib_st_file **f, nib_pi05 **m) {
-    static const char *const names[3] = {"NIB_OVERLAP", "NIB_OVERLAP_CTAS", "NIB_EXPERT_CTAS"};
-    const char *vals[3] = {overlap, octas, xctas};
-    char saved[3][64];
-    int had[3];
-    for (int i = 0; i < 3; i++) { /* the caller's settings come back afterwards */
+                           const char *olayers, nib_st_file **f, nib_pi05 **m) {
+    static const char *const names[4] = {"NIB_OVERLAP", "NIB_OVERLAP_CTAS", "NIB_EXPERT_CTAS", "NIB_OVERLAP_LAYERS"};
+    const char *vals[4] = {overlap, octas, xctas, olayers};
+    char saved[4][64];
+    int had[4];
+    for (int i = 0; i < 4; i++) { /* the caller's settings come back afterwards */
         const char *v = getenv(names[i]);
         had[i] = v != NULL;
         snprintf(saved[i], sizeof saved[i], "%s", v ? v : "");
@@ -353,29 +356,50 @@ static nib_status load_env(const char *preset, const char *overlap, const char *
         else unsetenv(names[i]);
     }
     nib_status st = load(preset, NULL, f, m);
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 4; i++) {
         if (had[i]) setenv(names[i], saved[i], 1);
         else unsetenv(names[i]);
     }
     return st;
 }
 
+/* A part of a step names layers inside the table; anything else is refused before any device work. */
+NIB_TEST(pi05_gpu_expert_layer_range_args) {
+    NIB_REQUIRE_GPU();
+    nib_expert_layer layers[2];
+    memset(layers, 0, sizeof layers);
+    nib_expert_args a;
+    memset(&a, 0, sizeof a);
+    a.n_layers = 2, a.layers = layers, a.rows = 1;
+    static const int32_t bad[4][2] = {{1, 1}, {0, 3}, {-1, 1}, {2, 1}};
+    char ws[16];
+    for (int i = 0; i < 4; i++) {
+        a.layer_begin = bad[i][0], a.layer_end = bad[i][1];
+        CHECK_ST(nib_cuda_expert_run(&a, ws, sizeof ws, NULL), NIB_ERR_INVALID_ARG);
+        CHECK_MSG(strstr(nib_last_error(), "layers [") != NULL, "[%d, %d): %s", (int)bad[i][0], (int)bad[i][1],
+                  nib_last_error());
+        nib_clear_error();
+    }
+}
+
 NIB_TEST(pi05_gpu_first_step_beside_prefix) {
     NIB_REQUIRE_GPU();
     NIB_SKIP_UNDER_SANITIZER("it serializes kernels, so the model runs the first step after the prefix there");
     REQUIRE(ckpt());
-    nib_st_file *f[4] = {NULL, NULL, NULL, NULL};
-    nib_pi05 *m[4] = {NULL, NULL, NULL, NULL}; /* beside / after on 4 CTAs; beside on 16 / the default */
-    CHECK_OK(load_env("fast", NULL, "4", "4", &f[0], &m[0]));
-    CHECK_OK(load_env("fast", "0", NULL, "4", &f[1], &m[1]));
-    CHECK_OK(load_env("fast", NULL, "16", NULL, &f[2], &m[2]));
-    CHECK_OK(load_env("fast", NULL, NULL, NULL, &f[3], &m[3]));
-    if (!m[0] || !m[1] || !m[2] || !m[3]) goto done;
+    nib_st_file *f[5] = {NULL, NULL, NULL, NULL, NULL};
+    /* beside / after on 4 CTAs; beside on 16 / the default; the first layer beside, the other after, on 4 */
+    nib_pi05 *m[5] = {NULL, NULL, NULL, NULL, NULL};
+    CHECK_OK(load_env("fast", NULL, "4", "4", NULL, &f[0], &m[0]));
+    CHECK_OK(load_env("fast", "0", NULL, "4", NULL, &f[1], &m[1]));
+    CHECK_OK(load_env("fast", NULL, "16", NULL, NULL, &f[2], &m[2]));
+    CHECK_OK(load_env("fast", NULL, NULL, NULL, NULL, &f[3], &m[3]));
+    CHECK_OK(load_env("fast", NULL, "4", "4", "1", &f[4], &m[4]));
+    if (!m[0] || !m[1] || !m[2] || !m[3] || !m[4]) goto done;
     if (strstr(nib_pi05_expert_path(m[0]), "the first step after the prefix (") != NULL) {
         /* the model turned the overlap off for this environment (a profiler, blocking launches) */
         char why[256];
         snprintf(why, sizeof why, "%s", nib_pi05_expert_path(m[0]));
-        for (int k = 0; k < 4; k++) nib_pi05_free(m[k]), nib_st_close(f[k]);
+        for (int k = 0; k < 5; k++) nib_pi05_free(m[k]), nib_st_close(f[k]);
         SKIP("the environment keeps the first step after the prefix: %s", why);
     }
     printf("  paths: \"%s\" / \"%s\"\n", nib_pi05_expert_path(m[2]), nib_pi05_expert_path(m[3]));
@@ -392,15 +416,18 @@ NIB_TEST(pi05_gpu_first_step_beside_prefix) {
         run_in *seq[3] = {&x, &y, &x};
         for (int i = 0; i < 3; i++) {
             const int n = seq[i]->in.horizon * 32;
-            float a[4][16 * 32];
-            nib_pi05_timing tm[4];
-            for (int k = 0; k < 4; k++) CHECK_OK(nib_pi05_run(m[k], &seq[i]->in, a[k], &tm[k]));
+            float a[5][16 * 32];
+            nib_pi05_timing tm[5];
+            for (int k = 0; k < 5; k++) CHECK_OK(nib_pi05_run(m[k], &seq[i]->in, a[k], &tm[k]));
             int bad = 0;
             for (int k = 0; k < n; k++) bad += !isfinite(a[0][k]) + !isfinite(a[2][k]);
             CHECK_MSG(!bad, "call %d: %d non-finite actions", i, bad);
             CHECK_MSG(!memcmp(a[0], a[1], (size_t)n * sizeof(float)),
                       "call %d (H = %d): beside the prefix differs from after it on the same 4 CTAs", i,
                       seq[i]->in.horizon);
+            CHECK_MSG(!memcmp(a[4], a[1], (size_t)n * sizeof(float)),
+                      "call %d (H = %d): the first layer beside the prefix and the other after it differs from the "
+                      "whole step after it on the same 4 CTAs", i, seq[i]->in.horizon);
             double c23, e23 = upd_err(a[2], a[3], seq[i]->noise, n, &c23);
             printf("  call %d H=%-2d: beside == after on 4 CTAs: %s; beside on 16 vs default rel L2 %.4f cos %.6f; first "
                    "step %.3f ms after the prefix (default %.3f ms)\n",
@@ -408,16 +435,16 @@ NIB_TEST(pi05_gpu_first_step_beside_prefix) {
                    tm[2].step_ms[0], tm[3].step_ms[0]);
             CHECK_MSG(e23 <= 0.04, "call %d: beside on 16 CTAs vs the default: update rel L2 %g > 0.04", i, e23);
             CHECK_MSG(tm[0].first_step_beside && tm[2].first_step_beside && !tm[1].first_step_beside &&
-                          !tm[3].first_step_beside,
-                      "call %d: first_step_beside %d %d %d %d (expected 1 0 1 0)", i, tm[0].first_step_beside,
-                      tm[1].first_step_beside, tm[2].first_step_beside, tm[3].first_step_beside);
+                          !tm[3].first_step_beside && tm[4].first_step_beside,
+                      "call %d: first_step_beside %d %d %d %d %d (expected 1 0 1 0 1)", i, tm[0].first_step_beside,
+                      tm[1].first_step_beside, tm[2].first_step_beside, tm[3].first_step_beside, tm[4].first_step_beside);
         }
         /* a prefix that never signals (test hook): the kernel gives up after its timeout, the call fails
          * with a message, nothing hangs, and the context stays usable for the next call */
         nib_st_file *fd = NULL;
         nib_pi05 *md = NULL;
         setenv("NIB_OVERLAP_DROP_SIGNALS", "1", 1);
-        CHECK_OK(load_env("fast", NULL, "4", NULL, &fd, &md));
+        CHECK_OK(load_env("fast", NULL, "4", NULL, NULL, &fd, &md));
         unsetenv("NIB_OVERLAP_DROP_SIGNALS");
         if (md) {
             float a[16 * 32], b[16 * 32];
@@ -438,5 +465,5 @@ NIB_TEST(pi05_gpu_first_step_beside_prefix) {
         nib_pi05_free(md), nib_st_close(fd);
     }
 done:
-    for (int k = 0; k < 4; k++) nib_pi05_free(m[k]), nib_st_close(f[k]);
+    for (int k = 0; k < 5; k++) nib_pi05_free(m[k]), nib_st_close(f[k]);
 }

@@ -98,6 +98,7 @@ enum { L_QKV = 0, L_O = 1, L_GU = 2, L_DOWN = 3 };
 struct Params {
     const LayerDev *layers;
     int n_layers, H, We, F, nh, ldqkv, lds, max_tasks;
+    int l0, l1; /* this launch's layers [l0, l1) of the table */
     const float *mods;
     const int32_t *t_valid, *slot_base, *pos;
     const float *inv_freq;
@@ -122,6 +123,7 @@ struct Params {
                    * every CTA does, in the barrier after QKV: pf_first == gridDim.x) */
     int mbar_off; /* shared-memory offset of the staging mbarrier (o / h rows by cp.async.bulk) */
     int bulk;     /* 1: o and h staged by cp.async.bulk (one copy per row); 0: 16-byte cp.async */
+    int rpf;      /* 1: grids with several rounds prefetch the next round's weights and cache rows into L2 */
     unsigned *kv_sig;   /* NULL, or [n_layers * 32]: layer l's prefix cache rows are written once
                          * kv_sig[32 l] reaches kv_target (nib_expert_args) */
     unsigned kv_target;
@@ -222,7 +224,7 @@ __device__ __forceinline__ void kernel_exit(const Params &p) {
         /* every CTA waited for every layer's counter, so every signalling launch has added to it (after a
          * timeout one may add later: the host then zeroes the counters before the next call) */
         if (p.kv_sig)
-            for (int l = 0; l < p.n_layers; l++) atomicExch(p.kv_sig + 32 * l, 0u);
+            for (int l = p.l0; l < p.l1; l++) atomicExch(p.kv_sig + 32 * l, 0u);
         atomicExch(p.bar + 32, 0u);
     }
 }
@@ -546,6 +548,14 @@ __device__ void gemm_phase(const Params &p, const LinDev &L, const __nv_bfloat16
         const int j = j0 + mp.slot;
         const bool ok = j < mp.U;
         const int rg = mp.pair + j * mp.GC, prow = rg * 16 + g;
+        if (p.rpf && lane == 0 && mp.wkk == 0 && j + mp.Rp < mp.U) {
+            /* grids with several rounds (few CTAs): the slot's next row group's K chunks into L2 now,
+             * one bulk prefetch per plane (the layer's prefetch at its start is evicted by then where
+             * the kernel runs beside the prefix, whose weights stream through L2) */
+            const int rgn = rg + mp.Rp * mp.GC, nc = mp.c1 - mp.c0;
+            prefetch_bulk_l2(L.w + ((size_t)rgn * L.nchunks + mp.c0) * 1024, (unsigned)nc * 1024u);
+            prefetch_bulk_l2(L.s + ((size_t)rgn * L.nchunks + mp.c0) * 128, (unsigned)nc * 128u);
+        }
         float acc[1][MT][4], acc2[1][MT][4];
 #pragma unroll
         for (int nt = 0; nt < MT; nt++)
@@ -727,6 +737,13 @@ __device__ void attn_phase(const Params &p, const LayerDev &Ld, unsigned char *a
     for (int task = blockIdx.x; task < tasks; task += gridDim.x) {
         const int rb = task / NS, sp = task - rb * NS, k0 = sp * KC;
         if (!(first_issued && task == (int)blockIdx.x)) attn_issue_cache(Ld, sm, k0, P);
+        if (p.rpf && threadIdx.x == 0 && task + (int)gridDim.x < tasks) { /* few CTAs: the next task's cache rows into L2 */
+            const int nt = task + (int)gridDim.x, nk0 = (nt - (nt / NS) * NS) * KC, nk = min(KC, P - nk0);
+            if (nk > 0) {
+                prefetch_bulk_l2(Ld.kc + (size_t)nk0 * HD, (unsigned)nk * HD * 2u);
+                prefetch_bulk_l2(Ld.vc + (size_t)nk0 * HD, (unsigned)nk * HD * 2u);
+            }
+        }
         { /* q rows (RoPE + scale on load) */
             const int r = rb * 16 + r16;
             __nv_bfloat16 *dst = sm.qs + r16 * QLD;
@@ -967,7 +984,7 @@ __global__ void __launch_bounds__(NT, 1) k_expert(const Params p) {
     }
     for (int i = threadIdx.x; i < p.n_layers * (int)(sizeof(LayerDev) / 16); i += NT)
         ((uint4 *)tab)[i] = ((const uint4 *)p.layers)[i];
-    stage_mods(p, p.mods, mods_s); /* layer 0's attention (scale, shift) */
+    stage_mods(p, p.mods + (size_t)(2 * p.l0) * 3 * p.We, mods_s); /* the first layer's attention (scale, shift) */
     __syncthreads();
     /* RoPE table of the step's tokens (fp64 sincos of the fp32 angle, as ops/qkv.h) */
     for (int i = blockIdx.x * NT + threadIdx.x; i < p.H * HALF; i += gridDim.x * NT) {
@@ -982,17 +999,17 @@ __global__ void __launch_bounds__(NT, 1) k_expert(const Params p) {
     const bool have_task = (int)blockIdx.x < tasks0;
     const int my_k0 = have_task ? ((int)blockIdx.x % NS0) * KC : 0;
     const unsigned long long kv_bytes = (unsigned long long)P0 * HD * 2u; /* prefix K / V bytes per layer */
-    if (threadIdx.x == 0) prefetch_layer(tab[0], kv_bytes, blockIdx.x, gridDim.x);
+    if (threadIdx.x == 0) prefetch_layer(tab[p.l0], kv_bytes, blockIdx.x, gridDim.x);
     Pre<MT> pre;
-    gemm_pre<MT>(p, tab[0].l[L_QKV], nullptr, pre);
-    /* layer 0's cache rows of this CTA's first attention task (later layers: issued before the
+    gemm_pre<MT>(p, tab[p.l0].l[L_QKV], nullptr, pre);
+    /* the first layer's cache rows of this CTA's first attention task (later layers: issued before the
      * barrier that precedes the layer); in flight during phase 1 */
     const bool early_rows = have_task && !p.kv_sig; /* beside the prefix: the rows may not be written yet */
     bool kv_gave_up = false;                        /* thread 0: a wait_kv timed out */
-    if (early_rows) attn_issue_cache(tab[0], AttnSmem(abase), my_k0, P0);
+    if (early_rows) attn_issue_cache(tab[p.l0], AttnSmem(abase), my_k0, P0);
     cluster_wait(); /* the partner has started: its shared memory may be written */
     if (tr0) tlast = clock64();
-    for (int layer = 0; layer < p.n_layers; layer++) {
+    for (int layer = p.l0; layer < p.l1; layer++) {
         const LayerDev &Ld = tab[layer];
         const float *ma = p.mods + (size_t)(2 * layer) * 3 * p.We, *mf = ma + 3 * p.We;
         /* phases 0 qkv, 1 attention, 2 merge, 3 O, 4 gate|up, 5 down; one call site per helper; no grid
@@ -1003,7 +1020,7 @@ __global__ void __launch_bounds__(NT, 1) k_expert(const Params p) {
                 attn_phase(p, Ld, abase, early_rows, T0, P0);
                 seg_add(tr0 ? segs + ph * NSEG : nullptr, 1, tlast);
             } else if (ph == 2) {
-                merge_phase(p, T0, layer);
+                merge_phase(p, T0, layer - p.l0);
                 seg_add(tr0 ? segs + ph * NSEG : nullptr, 1, tlast);
             } else {
                 const int li = ph == 0 ? L_QKV : ph == 3 ? L_O : ph == 4 ? L_GU : L_DOWN;
@@ -1012,7 +1029,9 @@ __global__ void __launch_bounds__(NT, 1) k_expert(const Params p) {
                     const KHalf kh(L);
                     const int k0 = kh.c0 * 128, k1 = kh.c1 * 128;
                     const size_t nsl = (size_t)p.nstld * NIB_EXPERT_MAX_ROWS; /* one statistics buffer */
-                    if (li == L_QKV || li == L_GU) /* layer 0's x comes from outside: no statistics */
+                    /* layer 0's x comes from outside: no statistics; a launch from layer l0 > 0 reads those the
+                     * launch before it left (ops/expert.h layer_begin) */
+                    if (li == L_QKV || li == L_GU)
                         stage_norm(p, mods_s, xs, rinv, li == L_GU ? p.nst : layer ? p.nst + nsl : nullptr, k0, k1,
                                    tr0 ? segs + ph * NSEG : nullptr, tlast);
                     else if (p.bulk) stage_bulk(p, li == L_O ? p.o : p.h, li == L_O ? p.nh * HD : p.F, k0, k1, xs, sbar, sbar_ph);
@@ -1023,12 +1042,12 @@ __global__ void __launch_bounds__(NT, 1) k_expert(const Params p) {
                     gemm_phase<MT>(p, L, xs, red, pre, kind, li == L_O ? ma + 2 * p.We : mf + 2 * p.We,
                                    li == L_O ? p.nst : li == L_DOWN ? p.nst + nsl : nullptr, tr0 ? segs + ph * NSEG : nullptr,
                                    tlast);
-                } else if (li == L_O && threadIdx.x == 0 && (int)blockIdx.x >= p.pf_first && layer + 1 < p.n_layers) {
+                } else if (li == L_O && threadIdx.x == 0 && (int)blockIdx.x >= p.pf_first && layer + 1 < p.l1) {
                     /* no O tiles here: the next layer's L2 prefetch */
                     prefetch_layer(tab[layer + 1], kv_bytes, blockIdx.x - p.pf_first, gridDim.x - p.pf_first);
                 }
             }
-            if (ph == 5 && layer + 1 == p.n_layers) break; /* the last phase of the launch */
+            if (ph == 5 && layer + 1 == p.l1) break; /* the last phase of the launch */
             /* the next GEMM phase's tiles / scales / gates / residual x, and its adaRMS mods,
              * loaded before the barrier (after attention: O; after O: gate|up; ...) */
             if (ph == 1 || ph >= 3) {
@@ -1047,7 +1066,7 @@ __global__ void __launch_bounds__(NT, 1) k_expert(const Params p) {
             }
             if (ph == 1) continue;
             /* the barrier after QKV: thread 0 issues the next layer's L2 prefetch while it waits */
-            grid_barrier(p, nbar, ph == 0 && layer + 1 < p.n_layers && p.pf_first >= (int)gridDim.x ? &tab[layer + 1] : nullptr,
+            grid_barrier(p, nbar, ph == 0 && layer + 1 < p.l1 && p.pf_first >= (int)gridDim.x ? &tab[layer + 1] : nullptr,
                          kv_bytes);
             seg_add(tr0 ? segs + ph * NSEG : nullptr, 4, tlast);
         }
@@ -1129,6 +1148,7 @@ int g_sms = 0, g_smem_max = 0;
 int g_grid = 0;            /* CTAs of the launch (pairs that can be co-resident x 2), for g_grid_smem */
 size_t g_grid_smem = 0;
 int g_trace_grid = 0;      /* CTAs of the last traced launch (the trace report's grid) */
+int g_trace_layers = 1;    /* and its layers (layer_begin .. layer_end) */
 
 nib_status device_ready() {
     if (g_sms) return NIB_OK;
@@ -1277,6 +1297,10 @@ extern "C" nib_status nib_cuda_expert_run(const nib_expert_args *a, void *ws, ui
                        "kv_timeout flag", (int)a->kv_target);
     if (a->rows < 1 || a->rows > NIB_EXPERT_MAX_ROWS)
         return NIB_ERR(NIB_ERR_UNSUPPORTED, "expert kernel: %d rows (1..%d)", (int)a->rows, NIB_EXPERT_MAX_ROWS);
+    const int l0 = a->layer_begin, l1 = a->layer_begin || a->layer_end ? a->layer_end : a->n_layers;
+    if (l0 < 0 || l1 <= l0 || l1 > a->n_layers)
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "expert kernel: layers [%d, %d) of a %d-layer table", (int)a->layer_begin,
+                       (int)a->layer_end, (int)a->n_layers);
     NIB_RETURN_IF_ERR(device_ready());
     const WsLayout w = ws_layout(a);
     if (ws_bytes < w.total)
@@ -1287,6 +1311,7 @@ extern "C" nib_status nib_cuda_expert_run(const nib_expert_args *a, void *ws, ui
     uint8_t *base = (uint8_t *)ws;
     p.layers = (const LayerDev *)(base + w.layers);
     p.n_layers = a->n_layers;
+    p.l0 = l0, p.l1 = l1;
     p.H = a->rows, p.We = a->width, p.F = a->mlp, p.nh = a->n_heads;
     p.ldqkv = (a->n_heads + 2) * HD;
     p.lds = kp_max(a) + 8;
@@ -1329,8 +1354,12 @@ extern "C" nib_status nib_cuda_expert_run(const nib_expert_args *a, void *ws, ui
         const char *be = getenv("NIB_EXPERT_BULK");
         p.bulk = !(be && !strcmp(be, "0")) && ((uintptr_t)a->o | (uintptr_t)a->h) % 16 == 0 && a->mlp % 128 == 0;
     }
+    {
+        const char *rp = getenv("NIB_EXPERT_ROUND_PREFETCH"); /* 0: off (the A/B switch) */
+        p.rpf = !(rp && !strcmp(rp, "0"));
+    }
     p.trace = tr && *tr && strcmp(tr, "0") && G <= TRACE_MAX_CTAS ? (unsigned long long *)(base + w.trace) : nullptr;
-    if (p.trace) g_trace_grid = G;
+    if (p.trace) g_trace_grid = G, g_trace_layers = l1 - l0;
     p.seg = p.trace ? (unsigned long long *)(base + w.seg) : nullptr;
     const size_t sm = smem_bytes(a);
     cudaLaunchAttribute attr[3];
@@ -1358,7 +1387,7 @@ extern "C" nib_status nib_cuda_expert_trace_report(const nib_expert_args *a, voi
     const WsLayout w = ws_layout(a);
     if (ws_bytes < w.total || !g_trace_grid)
         return NIB_ERR(NIB_ERR_INVALID_ARG, "expert trace: no traced launch");
-    const int nb = NBAR * a->n_layers - 1, G = g_trace_grid;
+    const int nb = NBAR * g_trace_layers - 1, G = g_trace_grid;
     unsigned long long *t = (unsigned long long *)malloc(sizeof(unsigned long long) * 2 * (size_t)G * nb);
     if (!t) return NIB_ERR_OUT_OF_MEMORY;
     nib_status st = NIB_OK;
@@ -1386,7 +1415,7 @@ extern "C" nib_status nib_cuda_expert_trace_report(const nib_expert_args *a, voi
             fprintf(out, "  %-10s work %6.2f  barrier %5.2f\n", nm[i], work[i] / cnt[i], bar[i] / cnt[i]);
             tw += work[i] / cnt[i], tb += bar[i] / cnt[i];
         }
-        fprintf(out, "  total      work %6.2f  barrier %5.2f  (x %d layers)\n", tw, tb, (int)a->n_layers);
+        fprintf(out, "  total      work %6.2f  barrier %5.2f  (x %d layers)\n", tw, tb, g_trace_layers);
     }
     { /* per-CTA segments (thread 0's clock64), calibrated against globaltimer on CTA 0 */
         unsigned long long *sg = (unsigned long long *)malloc(sizeof(unsigned long long) * SEGW * (size_t)G);
@@ -1401,7 +1430,7 @@ extern "C" nib_status nib_cuda_expert_trace_report(const nib_expert_args *a, voi
             goto fail;
         }
         const double cyc = (double)(sg[6 * NSEG + 2] - sg[6 * NSEG]), ns = (double)(sg[6 * NSEG + 3] - sg[6 * NSEG + 1]);
-        const double ghz = ns > 0 ? cyc / ns : 1.0, per = 1e-3 / ghz / (double)a->n_layers;
+        const double ghz = ns > 0 ? cyc / ns : 1.0, per = 1e-3 / ghz / (double)g_trace_layers;
         static const char *const nm[6] = {"qkv", "attention", "merge", "o-proj", "gate|up", "down"};
         static const char *const sn[NSEG] = {"stage", "tiles", "epi", "pre", "barrier", "setup", "nstat", "nwait"};
         fprintf(out, "expert kernel segments (thread 0 of each CTA, us per layer at %.3f GHz; mean / max over CTAs with "
