@@ -96,7 +96,9 @@ static void print_timing(const char *label, const nib_pi05_timing *t) {
     for (int s = 0; s < t->steps; s++) steps += t->step_ms[s];
     printf("  %-6s vision %7.3f ms | prefix %7.3f ms | %d steps %7.3f ms (%.3f each", label, t->vision_ms, t->prefix_ms,
            t->steps, steps, nib_pi05_step_mean_ms(t));
-    if (t->first_step_beside) printf("; the first beside the prefix, %.3f ms after it", t->step_ms[0]);
+    if (t->first_step_beside)
+        printf("; the first step's first %d layers beside the prefix, %.3f ms after it", t->first_step_layers_beside,
+               t->step_ms[0]);
     printf(") | total %7.3f ms = %6.1f Hz\n", t->total_ms, t->total_ms > 0 ? 1000.0 / t->total_ms : 0);
 }
 
@@ -484,8 +486,11 @@ int nib_bench_pi05(int argc, char **argv) {
                                 nib_pi05_step_mean_ms(&t), wall[reps / 2], fv, fp, fs, ft);
                     if (jf) {
                         nib_cli_json_string(jf, nib_pi05_expert_path(m));
-                        fprintf(jf, ", \"first_step_beside_prefix\": %s, \"first_step_ms\": %.4f, \"prefix_path\": ",
-                                t.first_step_beside ? "true" : "false", t.steps ? t.step_ms[0] : 0.0);
+                        fprintf(jf,
+                                ", \"first_step_beside_prefix\": %s, \"first_step_layers_beside\": %d, \"first_step_ms\": "
+                                "%.4f, \"prefix_path\": ",
+                                t.first_step_beside ? "true" : "false", t.first_step_layers_beside,
+                                t.steps ? t.step_ms[0] : 0.0);
                         nib_cli_json_string(jf, nib_pi05_prefix_path(m));
                         fprintf(jf, "}");
                     }

@@ -214,9 +214,12 @@ int nib_cmd_run(int argc, char **argv) {
             } else {
                 printf("vision %.3f ms, prefix %.3f ms, steps", tm.vision_ms, tm.prefix_ms);
                 for (int s = 0; s < tm.steps; s++) printf(" %.3f", tm.step_ms[s]);
-                printf(" ms%s, total %.3f ms\n",
-                       tm.first_step_beside ? " (the first step ran beside the prefix: its time after the prefix)" : "",
-                       tm.total_ms);
+                if (tm.first_step_beside)
+                    printf(" ms (the first step's first %d layers ran beside the prefix: its time is what followed the "
+                           "prefix), total %.3f ms\n",
+                           tm.first_step_layers_beside, tm.total_ms);
+                else
+                    printf(" ms, total %.3f ms\n", tm.total_ms);
             }
             printf("file to first call done: %.2f s (open + load %.2f s, first call incl. graph capture %.2f s)\n",
                    t_ready - t_start, t_loaded - t_start, t_ready - t_loaded);

@@ -1745,6 +1745,7 @@ nib_status nib_pi05_run(nib_pi05 *m, const nib_pi05_inputs *in, float *actions, 
             timing->total_ms = ms;
             timing->steps = m->c.steps;
             timing->first_step_beside = first_step_beside(m, &cs);
+            timing->first_step_layers_beside = timing->first_step_beside ? beside_layers(m, cs.S) : 0;
         }
     }
     return nib_be_download(&m->be, actions, m->xt, (uint64_t)cs.H * m->c.action_dim * 4);

@@ -96,7 +96,9 @@ typedef struct nib_pi05_timing {
     int steps;
     int first_step_beside; /* the first step's layers ran beside the prefix (a second stream): prefix_ms
                             * includes the time they cost it, step_ms[0] is only what followed the
-                            * prefix (the wait for the last layers, then the output projection) */
+                            * prefix (the wait for the last of them, the layers run after the
+                            * prefix on every SM, then the output projection) */
+    int first_step_layers_beside; /* how many of its layers ran beside (from the first), 0 if none */
 } nib_pi05_timing;
 
 /* One policy call. actions: [H][action_dim] fp32. On CUDA the call is captured once per call

@@ -438,6 +438,11 @@ NIB_TEST(pi05_gpu_first_step_beside_prefix) {
                           !tm[3].first_step_beside && tm[4].first_step_beside,
                       "call %d: first_step_beside %d %d %d %d %d (expected 1 0 1 0 1)", i, tm[0].first_step_beside,
                       tm[1].first_step_beside, tm[2].first_step_beside, tm[3].first_step_beside, tm[4].first_step_beside);
+            CHECK_MSG(tm[0].first_step_layers_beside == 2 && tm[4].first_step_layers_beside == 1 &&
+                          tm[1].first_step_layers_beside == 0,
+                      "call %d: first_step_layers_beside %d %d %d (expected 2 1 0: the tiny config's 2 layers, "
+                      "NIB_OVERLAP_LAYERS=1, none)", i, tm[0].first_step_layers_beside, tm[4].first_step_layers_beside,
+                      tm[1].first_step_layers_beside);
         }
         /* a prefix that never signals (test hook): the kernel gives up after its timeout, the call fails
          * with a message, nothing hangs, and the context stays usable for the next call */
