@@ -84,8 +84,8 @@ struct nib_pi05 {
      * second stream, each layer's attention waiting for the prefix's cache write of that layer
      * (kv_sig: one counter per layer, ops/expert.h) */
     int overlap;
-    int32_t ogrid;            /* NIB_OVERLAP_CTAS (0: beside_plan's rule) */
-    int32_t olayers;          /* NIB_OVERLAP_LAYERS (0: beside_plan's rule) */
+    int32_t ogrid;            /* NIB_OVERLAP_CTAS (0: beside_grid's rule) */
+    int32_t olayers;          /* NIB_OVERLAP_LAYERS (0: beside_layers' rule) */
     uint32_t *kv_sig;
     uint32_t *kvto_h, *kvto_d; /* host-mapped flag: a wait of the kernel beside the prefix timed out */
     int sig_dirty;            /* a failed call may have left counters set: zeroed before the next one */
