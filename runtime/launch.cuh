@@ -11,7 +11,10 @@
  *   1. Before nib_pdl_wait(): no global memory writes at all, and reads only of data no
  *      kernel of the call writes (weights). No early return before it either: a grid whose
  *      CTAs all returned before waiting could complete before its predecessor, and the kernel
- *      after it would then overlap the predecessor.
+ *      after it would then overlap the predecessor. L2 prefetch hints (cp.async.bulk.prefetch) are
+ *      the exception: they may target anything, at addresses computed from values a kernel of the
+ *      call may still write (a stale length), since they move nothing into the kernel; the cache
+ *      attention's attn_prefetch_kv (ops/cuda/attention.cuh) is one.
  *   2. nib_pdl_wait(), then nib_pdl_trigger(): the next kernel may launch now. Triggering
  *      after the wait keeps at most one grid waiting behind the running one.
  * cuBLAS kernels do not trigger: a nib kernel launched after one waits for its completion

@@ -850,6 +850,41 @@ NIB_TEST(attn_gpu_decode) {
     unsetenv("NIB_ATTN_SPLITS");
 }
 
+/* The bf16 cache path prefetches each split's K / V rows into L2 before the PDL wait (a hint:
+ * attn_prefetch_kv). With it off (NIB_ATTN_PREFETCH=0) the output must be bitwise the same, and
+ * both must pass the reference check: decode (rk) and the suffix (the wgmma kernel), with lengths
+ * that end inside a tile and splits whose row ranges end inside a 16 KB prefetch piece. */
+NIB_TEST(attn_gpu_prefetch_switch) {
+    NIB_REQUIRE_GPU();
+    nib_rng rng;
+    nib_test_rng(t, &rng);
+    const ccase cs[] = {{32768, 4097, 1, 1, 8, 1}, {5000, 3333, 1, 1, 8, 1}, {600, 545, 10, 10, 8, 1}, {1100, 1077, 50, 50, 8, 1}};
+    for (size_t i = 0; i < NIB_ARRAY_LEN(cs); i++) {
+        const ccase *c = &cs[i];
+        const int D = 256;
+        const int64_t hd = (int64_t)c->H * D, q_tok = hd + 8, nkv = (int64_t)c->tv * c->KV * D;
+        const size_t on = (size_t)c->nqv * hd;
+        float *hq = nib_malloc((size_t)c->nq * q_tok * 4), *kx = nib_malloc((size_t)nkv * 4), *vx = nib_malloc((size_t)nkv * 4);
+        float *o0 = nib_malloc(on * 4), *o1 = nib_malloc(on * 4), *r0 = nib_malloc(on * 4), *r1 = nib_malloc(on * 4);
+        if (hq && kx && vx && o0 && o1 && r0 && r1) {
+            for (int64_t j = 0; j < c->nq * q_tok; j++) hq[j] = bfr((float)(nib_rng_normal(&rng) / 16.0));
+            for (int64_t j = 0; j < nkv; j++) {
+                kx[j] = (float)nib_rng_normal(&rng);
+                vx[j] = (float)nib_rng_normal(&rng);
+            }
+            setenv("NIB_ATTN_PREFETCH", "0", 1);
+            run_cache(t, NIB_KV_BF16, c, hq, kx, vx, o0, r0);
+            unsetenv("NIB_ATTN_PREFETCH");
+            run_cache(t, NIB_KV_BF16, c, hq, kx, vx, o1, r1);
+            CHECK_MSG(!memcmp(o0, o1, on * 4), "T %d/%d nq %d: the output with the prefetch differs from the one without",
+                      c->tv, c->t_max, c->nq);
+        } else {
+            nib_test_fail(t, __FILE__, __LINE__, "host allocation failed");
+        }
+        nib_free(hq), nib_free(kx), nib_free(vx), nib_free(o0), nib_free(o1), nib_free(r0), nib_free(r1);
+    }
+}
+
 /* One captured CUDA graph serves every valid length: capture once, then change t_valid on the
  * device and replay. Checked against the reference at each length, decode (nq 1) and suffix
  * (nq 10) plans, BF16 and NVFP4 caches. */

@@ -641,5 +641,15 @@ nib_status nib_cuda_attn_cache(const nib_attn_cache_args *a, void *ws, void *str
     p.group = group;
     p.d = 256;
     p.rows_max = a->nq * group;
+    /* bf16 caches: the split's K / V rows prefetched into L2 before the PDL wait (attn_prefetch_kv; in the
+     * wgmma kernels and rk). H100, NIB_ATTN_PREFETCH=0 against on (bench/results/attn-prefetch-ab-h100.json):
+     * `nib bench pi05 --preset bf16` (2 cameras, H = 10, per-op expert: 180 cache attentions a call), four
+     * pairs over two runs, 13.557 / 13.558 / 13.570 / 13.574 -> 13.520 / 13.522 / 13.531 / 13.530 ms;
+     * `nib bench attn` decode bf16 T = 1024 7.82 -> 7.56 us, T = 4096 9.38 -> 8.82, longer T and the
+     * cache rows within the lab's run-to-run spread (+-0.15 us). For FP8 / NVFP4 caches (with their scale
+     * rows, in the first version) it was mixed: rk fp8 T = 1024 and 32768 0.2 us slower, r8 at H = 50
+     * 0.3-1.0 us slower even with the cache in L2, so it is off there. NIB_ATTN_PREFETCH=0: off. */
+    const char *pe = getenv("NIB_ATTN_PREFETCH");
+    p.pf_kv = kv->dtype == NIB_KV_BF16 && !(pe && pe[0] == '0' && !pe[1]);
     return launch(p, pl, ws, (cudaStream_t)stream);
 }

@@ -36,6 +36,7 @@ struct AttnParams {
     int t_max, nq_max, n_seq, n_kv, group, d, rows_max, n_splits;
     float lscale;                             /* log2(e) x the logit scale (exp2 argument per logit) */
     float *ws_o, *ws_m, *ws_l;                /* [z][split][row][d], [z][split][row] x 2 */
+    int pf_kv;                                /* attn_prefetch_kv before the PDL wait (cache path) */
 };
 
 /* Compile-time shape of one variant and its shared-memory map (bytes). */
@@ -95,6 +96,32 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 __device__ __forceinline__ int read_len(const int *p, int max) {
     int v = p ? *p : max;
     return v < 0 ? 0 : v > max ? max : v;
+}
+
+/* L2 prefetch of [a, a + bytes) (cp.async.bulk.prefetch: a hint, nothing lands in the CTA), widened to
+ * 16-byte bounds, in 16 KB pieces dealt over the 32 lanes of the calling warp */
+__device__ __forceinline__ void attn_prefetch_range(const void *a, long long bytes, int lane) {
+    if (!a || bytes <= 0) return;
+    const uintptr_t b = (uintptr_t)a & ~(uintptr_t)15, e = ((uintptr_t)a + (uintptr_t)bytes + 15) & ~(uintptr_t)15;
+    for (uintptr_t c = b + (uintptr_t)lane * 16384u; c < e; c += 32u * 16384u) {
+        const unsigned n = (unsigned)(e - c < 16384u ? e - c : 16384u);
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(c), "r"(n) : "memory");
+    }
+}
+/* The cache path's split prologue, BEFORE the PDL wait (runtime/launch.cuh): warp 0 of the first row
+ * block asks L2 for this split's K and V rows. The rows of a cache were written by earlier calls, not
+ * by the kernel this one may overlap (except the newest ones, which it may fetch early: a prefetch
+ * moves nothing into the CTA, so a row still being written, or a length read before the wait that is
+ * one call stale, costs bandwidth, never a wrong value). Set for bf16 caches with one KV head per
+ * token (a split's rows are then one contiguous range): see nib_cuda_attn_cache for what it measured. */
+__device__ __forceinline__ void attn_prefetch_kv(const AttnParams &p, int tk) {
+    if (!p.pf_kv || blockIdx.x != 0 || threadIdx.x >= 32 || p.n_kv != 1) return;
+    const int seq = blockIdx.z, split = blockIdx.y, lane = threadIdx.x;
+    const int T = read_len(p.t_valid, p.t_max);
+    int t0, t1;
+    if (split >= nib_attn_split_range(T, p.n_splits, tk, split, &t0, &t1) || t1 <= t0) return;
+    attn_prefetch_range(p.k + seq * p.k_seq + t0 * p.k_tok, (long long)(t1 - t0) * p.k_tok, lane);
+    attn_prefetch_range(p.v + seq * p.v_seq + t0 * p.v_tok, (long long)(t1 - t0) * p.v_tok, lane);
 }
 
 /* Two e4m3 bytes of w (selected into the high byte of each 16-bit half by prmt `sel`) ->

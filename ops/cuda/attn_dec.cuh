@@ -98,7 +98,8 @@ template <int FMT> __host__ __device__ __forceinline__ int dec_odim(int mt, int 
 
 template <int FMT>
 __global__ void __launch_bounds__(DEC_NT, 2) k_attn_dec(AttnParams p) {
-    nib::pdl_enter(); /* runtime/launch.cuh: first, before any access or return */
+    attn_prefetch_kv(p, DEC_TK); /* a hint before the wait: see there */
+    nib::pdl_enter(); /* runtime/launch.cuh: first, before any other access or return */
     using F = DecFmt<FMT>;
     constexpr int WPC = F::WPC, NKC = F::NKC, NVC = F::NVC;
     __shared__ __align__(16) uint32_t qf[16][4][8][2];      /* [k-step][t][row g][b] bf16x2 */

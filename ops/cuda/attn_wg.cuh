@@ -92,7 +92,8 @@ __device__ __forceinline__ uint32_t wg_chunk_off(int r, int c, int rows) {
 
 template <int WGS, int KSPLIT, int TMA = 0>
 __global__ void __launch_bounds__(WgCfg<WGS, KSPLIT, TMA>::NT, 1) k_attn_wg(const __grid_constant__ AttnParams p) {
-    nib::pdl_enter(); /* runtime/launch.cuh: first, before any access or return */
+    attn_prefetch_kv(p, WgCfg<WGS, KSPLIT, TMA>::TK); /* a hint before the wait: see there */
+    nib::pdl_enter(); /* runtime/launch.cuh: first, before any other access or return */
     using C = WgCfg<WGS, KSPLIT, TMA>;
     constexpr int TK = C::TK, NSJ = TK / 8; /* keys per tile, S n-tiles (8 keys) per tile */
     extern __shared__ __align__(16) unsigned char smem_raw[];
