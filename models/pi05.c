@@ -77,7 +77,7 @@ struct nib_pi05 {
     nib_expert_layer *xl;     /* [e_layers] */
     void *xws;
     uint64_t xws_bytes;
-    char xpath[256];          /* which expert path runs, and why (nib_pi05_expert_path) */
+    char xpath[384];          /* which expert path runs, and why (nib_pi05_expert_path) */
     int32_t xgrid;            /* CTAs of the kernel's launches (0: one per SM; NIB_EXPERT_CTAS, a lab knob) */
     int32_t xgrid_max;        /* the CTAs of a whole-GPU launch */
     /* the first flow step beside the prefix (overlap_setup): the persistent kernel on ogrid CTAs of a
@@ -91,6 +91,10 @@ struct nib_pi05 {
     int sig_dirty;            /* a failed call may have left counters set: zeroed before the next one */
     int drop_sig;             /* test hook NIB_OVERLAP_DROP_SIGNALS=1: the prefix never signals (the timeout path) */
     int warming;              /* get_graph's eager first call of a shape: never beside (see there) */
+    /* the first step of the per-op path beside the prefix (overlap_ops_setup): its ops on the second
+     * stream (with scratch of its own), each layer's after the fork that follows the prefix's cache
+     * write of that layer (graph edges, no waiting kernel) */
+    int oside;
     int fused_qkv;            /* the prefix's RoPE + cache write as one kernel (prefix_setup) */
     char ppath[128];          /* nib_pi05_prefix_path */
 };
@@ -833,6 +837,24 @@ static void plan_sizes(const nib_pi05 *m, nib_be_sizes *sz) {
     sz->attn_ws_bytes = 0;
 }
 
+/* workspace for the expert's cache attention (per-op path) at every horizon (CUDA) */
+static nib_status cache_ws_bytes(const nib_pi05 *m, uint64_t *out) {
+    const nib_pi05_config *c = &m->c;
+    uint64_t best = 0, b = 0;
+    nib_attn_cache_args ca;
+    memset(&ca, 0, sizeof ca);
+    ca.n_heads = c->e_heads, ca.q_tok = ca.o_tok = (int64_t)c->e_heads * c->head_dim;
+    ca.kv.dtype = m->prec.kv, ca.kv.t_max = (int32_t)c->max_cameras * c->v_tokens + c->max_text + c->max_horizon;
+    ca.kv.n_kv_heads = c->kv_heads, ca.kv.head_dim = c->head_dim;
+    for (int h = 1; h <= c->max_horizon; h++) {
+        ca.nq = h;
+        NIB_RETURN_IF_ERR(nib_cuda_attn_cache_ws_bytes(&ca, &b));
+        if (b > best) best = b;
+    }
+    *out = best;
+    return NIB_OK;
+}
+
 /* workspace for the attention calls (CUDA). The split count is planned from each call's own
  * sizes, so the workspace need is not monotone in them: take the maximum over every shape a
  * forward can issue (camera count, prefix length, horizon). Plans are host arithmetic only;
@@ -857,17 +879,8 @@ static nib_status attn_ws_bytes(const nib_pi05 *m, uint64_t *out) {
         NIB_RETURN_IF_ERR(nib_cuda_attn_prefix_ws_bytes(&pa, &b));
         if (b > best) best = b;
     }
-    nib_attn_cache_args ca;
-    memset(&ca, 0, sizeof ca);
-    ca.n_heads = c->e_heads, ca.q_tok = ca.o_tok = (int64_t)c->e_heads * c->head_dim;
-    ca.kv.dtype = m->prec.kv, ca.kv.t_max = (int32_t)c->max_cameras * c->v_tokens + c->max_text + c->max_horizon;
-    ca.kv.n_kv_heads = c->kv_heads, ca.kv.head_dim = c->head_dim;
-    for (int h = 1; h <= c->max_horizon; h++) {
-        ca.nq = h;
-        NIB_RETURN_IF_ERR(nib_cuda_attn_cache_ws_bytes(&ca, &b));
-        if (b > best) best = b;
-    }
-    *out = best;
+    NIB_RETURN_IF_ERR(cache_ws_bytes(m, &b));
+    *out = best > b ? best : b;
     return NIB_OK;
 }
 
@@ -1067,6 +1080,40 @@ static int32_t beside_layers(const nib_pi05 *m, int32_t S) {
     const int32_t share18 = S >= 400 && S <= 640 ? 16 : S > 640 ? 10 : 18; /* of 18 layers */
     const int32_t r = (n * share18 + 17) / 18;
     return r < 1 ? 1 : r < n ? r : n;
+}
+
+/* The per-op path's first step beside the prefix. The first step's expert layer l needs only prefix
+ * layer l's K/V (overlap_setup), so where the per-op path runs the steps (the bf16 preset, any H above
+ * the persistent kernel's rows) the first step's ops go to the second stream: step_in and layer 0 after
+ * the prefix's layer-0 cache write, layer l after layer l's, the output after the last; the steps
+ * after it wait for it (a join). These are graph edges, not a kernel waiting for counters, so nothing
+ * can wait for work that never comes, and tools that run kernels one at a time just serialize them.
+ * The side stream gets scratch of its own (GEMM split-K, cuBLASLt workspace, FP8 codes, attention
+ * partials), sized for the expert. Same kernels, same grids, same inputs: bitwise the step after the
+ * prefix. NIB_OVERLAP=0 (everything after the prefix) or NIB_OVERLAP_OPS=0 (this one) turn it off. */
+static nib_status overlap_ops_setup(nib_pi05 *m) {
+    const nib_pi05_config *c = &m->c;
+    m->oside = 0;
+    const char *e = getenv("NIB_OVERLAP"), *eo = getenv("NIB_OVERLAP_OPS");
+    if (m->be.kind != NIB_BE_CUDA || c->e_layers > c->layers || (e && !strcmp(e, "0")) || (eo && !strcmp(eo, "0")))
+        return NIB_OK;
+    if (m->fused && c->max_horizon <= m->xrows) return NIB_OK; /* the per-op path never runs the steps */
+    const int64_t We = c->e_width, hd = c->head_dim, nkv = c->kv_heads, A = c->action_dim;
+    nib_be_sizes sz;
+    memset(&sz, 0, sizeof sz);
+    sz.max_m = c->max_horizon;
+    const int64_t ns[4] = {(c->e_heads + 2 * nkv) * hd, 2 * (int64_t)c->e_mlp, We, A};
+    const int64_t ks[4] = {We, c->e_mlp, c->e_heads * hd, A};
+    for (int i = 0; i < 4; i++) {
+        if (ns[i] > sz.max_n) sz.max_n = ns[i];
+        if (ks[i] > sz.max_k) sz.max_k = ks[i];
+    }
+    NIB_RETURN_IF_ERR(cache_ws_bytes(m, &sz.attn_ws_bytes));
+    NIB_RETURN_IF_ERR(nib_be_side_scratch(&m->be, &sz));
+    m->oside = 1;
+    snprintf(m->xpath + strlen(m->xpath), sizeof m->xpath - strlen(m->xpath), "; %sthe first step beside the prefix",
+             m->fused ? "per-op: " : "");
+    return NIB_OK;
 }
 
 static nib_status alloc_act(nib_pi05 *m, void **p, int64_t elems, const char *what) {
@@ -1276,6 +1323,7 @@ nib_status nib_pi05_load(const nib_st_file *f, const nib_pi05_config *cfg, const
     NIB_TRY(expert_setup(m));
     prefix_setup(m);
     NIB_TRY(overlap_setup(m));
+    NIB_TRY(overlap_ops_setup(m));
     NIB_TRY(nib_be_sync(&m->be));
     *out = m;
     return NIB_OK;
@@ -1379,8 +1427,23 @@ static nib_status fwd_vision(nib_pi05 *m, const call_shape *cs) {
                        "vision output (projected)");
 }
 
-/* the cache writes of layers l < nsig signal m->kv_sig (the first step runs beside: overlap_setup) */
-static nib_status fwd_prefix(nib_pi05 *m, const call_shape *cs, int nsig) {
+/* The per-op step's state between its layers: gated residuals whose product runs on cuBLAS (bf16,
+ * W8A8: a separate epilogue kernel) are deferred: the product goes to ey, and the next adaRMS norm
+ * adds (ey * gate) + ex into ex before normalizing (nib_norm_args.res_gate): the same operations in
+ * the same order as the epilogue kernel, one kernel fewer per gated product. Not while checking
+ * stages (ex must be current after every layer); NIB_DEFER_GATE=0 keeps the epilogue kernel (A/B). */
+typedef struct op_step {
+    int s, defer;
+    const float *mods; /* this step's adaRMS (scale, shift, gate) rows */
+    const float *pend; /* the gate of a product in ey not yet added to ex */
+} op_step;
+
+static nib_status side_ops(nib_pi05 *m, const call_shape *cs, op_step *o, int l);
+
+/* the cache writes of layers l < nsig signal m->kv_sig (the first step runs beside: overlap_setup);
+ * side: the per-op first step's state, whose layer l is enqueued on the second stream after prefix
+ * layer l's cache write (overlap_ops_setup), or NULL */
+static nib_status fwd_prefix(nib_pi05 *m, const call_shape *cs, int nsig, op_step *side) {
     const nib_pi05_config *c = &m->c;
     nib_be *be = &m->be;
     const int64_t W = c->width, hd = c->head_dim, nh = c->heads, nkv = c->kv_heads, S = cs->S;
@@ -1420,6 +1483,7 @@ static nib_status fwd_prefix(nib_pi05 *m, const call_shape *cs, int nsig) {
             at.q = m->pqkv, at.k = ACT(m->pqkv, nh * hd), at.v = ACT(m->pqkv, (nh + nkv) * hd);
             at.q_tok = at.k_tok = at.v_tok = ld;
         }
+        if (side && l < c->e_layers) NIB_RETURN_IF_ERR(side_ops(m, cs, side, l));
         if (last) { /* the last layer's output is never used: K/V only */
             if (fused_qkv) {
                 NIB_RETURN_IF_ERR(check_stage(m, m->kv[l].k, S, nkv * hd, nkv * hd, 0, "prefix k (post-RoPE, cache)",
@@ -1451,18 +1515,84 @@ static nib_status step_in(nib_pi05 *m, const call_shape *cs) {
     return nib_be_gemm(&m->be, &m->ain, m->xt_act, cs->H, A, m->ex, m->c.e_width, NULL);
 }
 
-/* body_done: step_in and the first beside_layers layers ran already, beside the prefix (the first step) */
-static nib_status fwd_step(nib_pi05 *m, const call_shape *cs, int s, int body_done) {
+static void op_step_begin(const nib_pi05 *m, int s, op_step *o) {
+    const char *dg = getenv("NIB_DEFER_GATE");
+    o->s = s, o->defer = !m->checking && !(dg && !strcmp(dg, "0")), o->pend = NULL;
+    o->mods = m->mods + (int64_t)s * (2 * (int64_t)m->c.e_layers + 1) * 3 * m->c.e_width;
+}
+
+/* expert layer l of the per-op step */
+static nib_status op_layer(nib_pi05 *m, const call_shape *cs, op_step *o, int l) {
     const nib_pi05_config *c = &m->c;
     nib_be *be = &m->be;
-    const int64_t We = c->e_width, hd = c->head_dim, nh = c->e_heads, nkv = c->kv_heads, H = cs->H, A = c->action_dim;
-    const int64_t ld = (nh + 2 * nkv) * hd, nmod = 2 * (int64_t)c->e_layers + 1;
-    const float *mods = m->mods + (int64_t)s * nmod * 3 * We;
+    const int64_t We = c->e_width, hd = c->head_dim, nh = c->e_heads, nkv = c->kv_heads, H = cs->H;
+    const int64_t ld = (nh + 2 * nkv) * hd;
+    const lm_layer *L = &m->el[l];
+    const float *ma = o->mods + (int64_t)(2 * l) * 3 * We, *mf = o->mods + (int64_t)(2 * l + 1) * 3 * We;
+    nib_norm_args n1 = {.kind = NIB_NORM_ADARMS, .rows = H, .dim = We, .eps = NIB_NORM_EPS, .x = m->ex, .ldx = We,
+                        .scale = ma, .shift = ma + We, .y = m->ey, .ldy = We};
+    if (o->pend) n1.x = m->ey, n1.residual = m->ex, n1.ldr = We, n1.res_gate = o->pend, o->pend = NULL;
+    NIB_RETURN_IF_ERR(nib_be_norm(be, &n1));
+    NIB_RETURN_IF_ERR(nib_be_gemm(be, &L->qkv, m->ey, H, We, m->eqkv, ld, NULL));
+    /* RoPE at positions P + j, q out, K/V into cache slots P .. P + H - 1 */
+    nib_qkv_args qa = {H, NULL, (int32_t)nh, (int32_t)nkv, (int32_t)hd, m->eqkv, ld, m->pos_suffix, m->inv_freq,
+                       1.0f / sqrtf((float)hd), m->eq, nh * hd, &m->kv[l], 0, m->ints + 2, NULL};
+    NIB_RETURN_IF_ERR(nib_be_qkv(be, &qa));
+    nib_attn_cache_args ca;
+    memset(&ca, 0, sizeof ca);
+    ca.q = m->eq, ca.o = m->eattn, ca.q_tok = ca.o_tok = nh * hd, ca.nq = (int32_t)H, ca.n_heads = (int32_t)nh;
+    ca.kv = m->kv[l], ca.t_valid = m->ints + 1;
+    NIB_RETURN_IF_ERR(nib_be_attn_cache(be, &ca));
+    nib_norm_args n2 = {.kind = NIB_NORM_ADARMS, .rows = H, .dim = We, .eps = NIB_NORM_EPS, .x = m->ex, .ldx = We,
+                        .scale = mf, .shift = mf + We, .y = m->ey, .ldy = We};
+    if (o->defer && !nib_be_gemm_fuses_gate(be, &L->o)) {
+        NIB_RETURN_IF_ERR(nib_be_gemm(be, &L->o, m->eattn, H, nh * hd, m->ey, We, NULL));
+        n2.x = m->ey, n2.residual = m->ex, n2.ldr = We, n2.res_gate = ma + 2 * We;
+    } else {
+        nib_gemm_epi ga = {0, ma + 2 * We, m->ex, We}; /* gated residual */
+        NIB_RETURN_IF_ERR(nib_be_gemm(be, &L->o, m->eattn, H, nh * hd, m->ex, We, &ga));
+    }
+    NIB_RETURN_IF_ERR(nib_be_norm(be, &n2));
+    nib_gemm_epi gg = {1, NULL, NULL, 0};
+    NIB_RETURN_IF_ERR(nib_be_gemm(be, &L->gu, m->ey, H, We, m->emlp, c->e_mlp, &gg));
+    if (o->defer && !nib_be_gemm_fuses_gate(be, &L->down)) {
+        NIB_RETURN_IF_ERR(nib_be_gemm(be, &L->down, m->emlp, H, c->e_mlp, m->ey, We, NULL));
+        o->pend = mf + 2 * We;
+        return NIB_OK;
+    }
+    nib_gemm_epi gf = {0, mf + 2 * We, m->ex, We};
+    NIB_RETURN_IF_ERR(nib_be_gemm(be, &L->down, m->emlp, H, c->e_mlp, m->ex, We, &gf));
+    return check_stage(m, m->ex, H, We, We, 0, "expert x", "step %d expert layer %d output", o->s, l);
+}
+
+/* the step's output: final adaRMS, velocity x dt, x_t += it. o: the per-op step's state (its pending
+ * gate), or NULL after the persistent kernel (nothing pending) */
+static nib_status step_out(nib_pi05 *m, const call_shape *cs, int s, const op_step *o) {
+    const nib_pi05_config *c = &m->c;
+    nib_be *be = &m->be;
+    const int64_t We = c->e_width, H = cs->H, A = c->action_dim, nmod = 2 * (int64_t)c->e_layers + 1;
+    const float *mfin = m->mods + ((int64_t)s * nmod + nmod - 1) * 3 * We;
+    nib_norm_args nf = {.kind = NIB_NORM_ADARMS, .rows = H, .dim = We, .eps = NIB_NORM_EPS, .x = m->ex, .ldx = We,
+                        .scale = mfin, .shift = mfin + We, .y = m->ey, .ldy = We};
+    if (o && o->pend) nf.x = m->ey, nf.residual = m->ex, nf.ldr = We, nf.res_gate = o->pend;
+    NIB_RETURN_IF_ERR(nib_be_norm(be, &nf));
+    NIB_RETURN_IF_ERR(nib_be_gemm(be, &m->aout, m->ey, H, We, m->eout, A, NULL)); /* dt folded */
+    NIB_RETURN_IF_ERR(check_stage(m, m->eout, H, A, A, 0, "expert out (velocity x dt)", "step %d velocity", s));
+    NIB_RETURN_IF_ERR(nib_be_axpy_f32(be, m->xt, H, A, A, m->eout, A));
+    return check_stage(m, m->xt, H, A, A, 1, "x_t (fp32)", "step %d x_t", s);
+}
+
+/* body_done: 0 nothing of step s ran yet; 1 step_in and the first beside_layers layers ran beside the
+ * prefix (the persistent kernel); 2 the whole step ran beside the prefix (the per-op path) */
+static nib_status fwd_step(nib_pi05 *m, const call_shape *cs, int s, int body_done) {
+    if (body_done == 2) return NIB_OK;
+    const nib_pi05_config *c = &m->c;
+    nib_be *be = &m->be;
     if (!body_done) NIB_RETURN_IF_ERR(step_in(m, cs));
-    const int fused = body_done || (m->fused && H <= m->xrows && !m->checking);
+    const int fused = body_done || (m->fused && cs->H <= m->xrows && !m->checking);
     if (fused) {
         nib_expert_args xa;
-        expert_args(m, (int32_t)H, s, &xa);
+        expert_args(m, (int32_t)cs->H, s, &xa);
         /* the first step in the parts it has beside the prefix even when not beside (check-numerics
          * mode, a shape's eager first call): its first layers on the beside grid, the rest on the
          * launch grid. The same CTAs and the same split give the same sums, so the actions stay
@@ -1476,67 +1606,32 @@ static nib_status fwd_step(nib_pi05 *m, const call_shape *cs, int s, int body_do
             xa.grid = m->xgrid, xa.layer_begin = nb, xa.layer_end = bg ? c->e_layers : 0;
             NIB_RETURN_IF_ERR(nib_be_expert(be, &xa, m->xws, m->xws_bytes));
         }
+        return step_out(m, cs, s, NULL);
     }
-    /* Gated residuals whose product runs on cuBLAS (bf16, W8A8: a separate epilogue kernel) are
-     * deferred: the product goes to ey, and the next adaRMS norm adds (ey * gate) + ex into ex
-     * before normalizing (nib_norm_args.res_gate): the same operations in the same order as the
-     * epilogue kernel, one kernel fewer per gated product. Not while checking stages (ex must be
-     * current after every layer); NIB_DEFER_GATE=0 keeps the epilogue kernel (A/B switch). */
-    const char *dg = getenv("NIB_DEFER_GATE");
-    const int defer = !m->checking && !(dg && !strcmp(dg, "0"));
-    const float *pend = NULL; /* the gate of a product in ey not yet added to ex */
-    for (int l = 0; l < (fused ? 0 : c->e_layers); l++) {
-        const lm_layer *L = &m->el[l];
-        const float *ma = mods + (int64_t)(2 * l) * 3 * We, *mf = mods + (int64_t)(2 * l + 1) * 3 * We;
-        nib_norm_args n1 = {.kind = NIB_NORM_ADARMS, .rows = H, .dim = We, .eps = NIB_NORM_EPS, .x = m->ex, .ldx = We,
-                            .scale = ma, .shift = ma + We, .y = m->ey, .ldy = We};
-        if (pend) n1.x = m->ey, n1.residual = m->ex, n1.ldr = We, n1.res_gate = pend, pend = NULL;
-        NIB_RETURN_IF_ERR(nib_be_norm(be, &n1));
-        NIB_RETURN_IF_ERR(nib_be_gemm(be, &L->qkv, m->ey, H, We, m->eqkv, ld, NULL));
-        /* RoPE at positions P + j, q out, K/V into cache slots P .. P + H - 1 */
-        nib_qkv_args qa = {H, NULL, (int32_t)nh, (int32_t)nkv, (int32_t)hd, m->eqkv, ld, m->pos_suffix, m->inv_freq,
-                           1.0f / sqrtf((float)hd), m->eq, nh * hd, &m->kv[l], 0, m->ints + 2, NULL};
-        NIB_RETURN_IF_ERR(nib_be_qkv(be, &qa));
-        nib_attn_cache_args ca;
-        memset(&ca, 0, sizeof ca);
-        ca.q = m->eq, ca.o = m->eattn, ca.q_tok = ca.o_tok = nh * hd, ca.nq = (int32_t)H, ca.n_heads = (int32_t)nh;
-        ca.kv = m->kv[l], ca.t_valid = m->ints + 1;
-        NIB_RETURN_IF_ERR(nib_be_attn_cache(be, &ca));
-        nib_norm_args n2 = {.kind = NIB_NORM_ADARMS, .rows = H, .dim = We, .eps = NIB_NORM_EPS, .x = m->ex, .ldx = We,
-                            .scale = mf, .shift = mf + We, .y = m->ey, .ldy = We};
-        if (defer && !nib_be_gemm_fuses_gate(be, &L->o)) {
-            NIB_RETURN_IF_ERR(nib_be_gemm(be, &L->o, m->eattn, H, nh * hd, m->ey, We, NULL));
-            n2.x = m->ey, n2.residual = m->ex, n2.ldr = We, n2.res_gate = ma + 2 * We;
-        } else {
-            nib_gemm_epi ga = {0, ma + 2 * We, m->ex, We}; /* gated residual */
-            NIB_RETURN_IF_ERR(nib_be_gemm(be, &L->o, m->eattn, H, nh * hd, m->ex, We, &ga));
-        }
-        NIB_RETURN_IF_ERR(nib_be_norm(be, &n2));
-        nib_gemm_epi gg = {1, NULL, NULL, 0};
-        NIB_RETURN_IF_ERR(nib_be_gemm(be, &L->gu, m->ey, H, We, m->emlp, c->e_mlp, &gg));
-        if (defer && !nib_be_gemm_fuses_gate(be, &L->down)) {
-            NIB_RETURN_IF_ERR(nib_be_gemm(be, &L->down, m->emlp, H, c->e_mlp, m->ey, We, NULL));
-            pend = mf + 2 * We;
-        } else {
-            nib_gemm_epi gf = {0, mf + 2 * We, m->ex, We};
-            NIB_RETURN_IF_ERR(nib_be_gemm(be, &L->down, m->emlp, H, c->e_mlp, m->ex, We, &gf));
-            NIB_RETURN_IF_ERR(check_stage(m, m->ex, H, We, We, 0, "expert x", "step %d expert layer %d output", s, l));
-        }
-    }
-    const float *mfin = mods + (nmod - 1) * 3 * We;
-    nib_norm_args nf = {.kind = NIB_NORM_ADARMS, .rows = H, .dim = We, .eps = NIB_NORM_EPS, .x = m->ex, .ldx = We,
-                        .scale = mfin, .shift = mfin + We, .y = m->ey, .ldy = We};
-    if (pend) nf.x = m->ey, nf.residual = m->ex, nf.ldr = We, nf.res_gate = pend;
-    NIB_RETURN_IF_ERR(nib_be_norm(be, &nf));
-    NIB_RETURN_IF_ERR(nib_be_gemm(be, &m->aout, m->ey, H, We, m->eout, A, NULL)); /* dt folded */
-    NIB_RETURN_IF_ERR(check_stage(m, m->eout, H, A, A, 0, "expert out (velocity x dt)", "step %d velocity", s));
-    NIB_RETURN_IF_ERR(nib_be_axpy_f32(be, m->xt, H, A, A, m->eout, A));
-    return check_stage(m, m->xt, H, A, A, 1, "x_t (fp32)", "step %d x_t", s);
+    op_step o;
+    op_step_begin(m, s, &o);
+    for (int l = 0; l < c->e_layers; l++) NIB_RETURN_IF_ERR(op_layer(m, cs, &o, l));
+    return step_out(m, cs, s, &o);
 }
 
-/* whether a call of this shape runs its first step beside the prefix */
+/* Whether a call of this shape runs its first step beside the prefix: 0 no, 1 the persistent kernel's
+ * first layers (overlap_setup), 2 the whole per-op step (overlap_ops_setup). */
 static int first_step_beside(const nib_pi05 *m, const call_shape *cs) {
-    return beside_grid(m, cs->S) > 0 && m->fused && cs->H <= m->xrows && !m->checking && !m->warming && m->c.steps > 0;
+    if (m->checking || m->warming || m->c.steps < 1) return 0;
+    if (m->fused && cs->H <= m->xrows) return beside_grid(m, cs->S) > 0 ? 1 : 0;
+    return m->oside ? 2 : 0;
+}
+
+/* the per-op first step's part after prefix layer l's cache write, on the second stream: step_in
+ * before layer 0, the output after the last layer */
+static nib_status side_ops(nib_pi05 *m, const call_shape *cs, op_step *o, int l) {
+    nib_be *be = &m->be;
+    NIB_RETURN_IF_ERR(nib_be_fork(be));
+    nib_status st = l == 0 ? step_in(m, cs) : NIB_OK;
+    if (!st) st = op_layer(m, cs, o, l);
+    if (!st && l == m->c.e_layers - 1) st = step_out(m, cs, 0, o);
+    nib_be_fork_end(be);
+    return st;
 }
 
 /* The prefix, with the first step's layers beside it where overlap_setup enabled that (and the
@@ -1546,8 +1641,16 @@ static nib_status prefix_and_first_step(nib_pi05 *m, const call_shape *cs, int *
     nib_be *be = &m->be;
     *beside = first_step_beside(m, cs);
     if (!*beside) {
-        NIB_RETURN_IF_ERR(fwd_prefix(m, cs, 0));
+        NIB_RETURN_IF_ERR(fwd_prefix(m, cs, 0, NULL));
         return rec_event(m, 2);
+    }
+    if (*beside == 2) { /* the per-op step on the second stream, layer by layer (fwd_prefix) */
+        op_step o;
+        op_step_begin(m, 0, &o);
+        nib_status st = fwd_prefix(m, cs, 0, &o);
+        if (!st) st = rec_event(m, 2); /* the prefix's end on the main stream: before the join */
+        const nib_status js = nib_be_join(be); /* on errors too: a capture ends with every fork joined */
+        return st ? st : js;
     }
     NIB_RETURN_IF_ERR(step_in(m, cs)); /* on the main stream: it uses the shared GEMM scratch */
     nib_expert_args xa;
@@ -1562,7 +1665,7 @@ static nib_status prefix_and_first_step(nib_pi05 *m, const call_shape *cs, int *
         (void)nib_be_join(be); /* nothing waits on the side stream: it holds only the failed launch */
         return st;
     }
-    st = fwd_prefix(m, cs, m->drop_sig ? 0 : nb);
+    st = fwd_prefix(m, cs, m->drop_sig ? 0 : nb, NULL);
     if (!st) st = rec_event(m, 2);
     if (st) {
         /* the kernel may be waiting for layers whose cache write was never enqueued: release it (its
@@ -1582,7 +1685,7 @@ static nib_status forward(nib_pi05 *m, const call_shape *cs) {
     int beside = 0;
     NIB_RETURN_IF_ERR(prefix_and_first_step(m, cs, &beside));
     for (int s = 0; s < m->c.steps; s++) {
-        NIB_RETURN_IF_ERR(fwd_step(m, cs, s, s == 0 && beside));
+        NIB_RETURN_IF_ERR(fwd_step(m, cs, s, s == 0 ? beside : 0));
         NIB_RETURN_IF_ERR(rec_event(m, 3 + s));
     }
     return NIB_OK;
@@ -1744,8 +1847,9 @@ nib_status nib_pi05_run(nib_pi05 *m, const nib_pi05_inputs *in, float *actions, 
             NIB_RETURN_IF_ERR(nib_be_event_ms(m->ev[0], m->ev[2 + m->c.steps], &ms));
             timing->total_ms = ms;
             timing->steps = m->c.steps;
-            timing->first_step_beside = first_step_beside(m, &cs);
-            timing->first_step_layers_beside = timing->first_step_beside ? beside_layers(m, cs.S) : 0;
+            const int bs = first_step_beside(m, &cs);
+            timing->first_step_beside = bs != 0;
+            timing->first_step_layers_beside = bs == 1 ? beside_layers(m, cs.S) : bs == 2 ? m->c.e_layers : 0;
         }
     }
     return nib_be_download(&m->be, actions, m->xt, (uint64_t)cs.H * m->c.action_dim * 4);
@@ -1771,10 +1875,10 @@ nib_status nib_pi05_prefix_kv(nib_pi05 *m, int layer, int which, float *out, int
         r.out = out;
         return nib_ref_kv_read(&r);
     }
-    if (n * 4 > m->be.gemm_tmp_bytes) return NIB_ERR(NIB_ERR_SHAPE, "prefix_kv: %u tokens exceed the scratch", (unsigned)P);
-    r.out = m->be.gemm_tmp;
+    if (n * 4 > m->be.sc.gemm_tmp_bytes) return NIB_ERR(NIB_ERR_SHAPE, "prefix_kv: %u tokens exceed the scratch", (unsigned)P);
+    r.out = m->be.sc.gemm_tmp;
     NIB_RETURN_IF_ERR(nib_cuda_kv_read(&r, m->be.stream));
-    return nib_be_download(&m->be, out, m->be.gemm_tmp, n * 4);
+    return nib_be_download(&m->be, out, m->be.sc.gemm_tmp, n * 4);
 }
 
 void nib_pi05_cost_of(const nib_pi05 *m, int32_t cameras, int32_t n_text, int32_t horizon, nib_pi05_cost *k) {

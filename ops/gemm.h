@@ -212,6 +212,11 @@ nib_status nib_cuda_gemm_planned(const nib_qweight *w, const void *x, int64_t m,
 typedef struct nib_blas nib_blas; /* opaque: cuBLASLt handle + workspace */
 nib_status nib_blas_create(nib_blas **out);
 void nib_blas_free(nib_blas *b);
+/* A second cuBLASLt workspace, for products enqueued on a second stream while the first stream's
+ * run (the plans are shared: host state only); nib_blas_swap_workspace exchanges the two (no-op
+ * with one). */
+nib_status nib_blas_add_workspace(nib_blas *b);
+void nib_blas_swap_workspace(nib_blas *b);
 /* FP8 accumulation mode of this handle's later FP8 products: 1 (the default, or
  * NIB_BLAS_FAST_ACCUM at creation) lets the tensor cores accumulate without cuBLASLt's periodic
  * promotion to fp32 (faster; Hopper's FP8 accumulator keeps fewer mantissa bits than fp32);

@@ -72,6 +72,37 @@ nib_status nib_ref_sgemm(const float *x, int64_t m, int64_t ldx, const float *w,
 }
 
 /* ---- init / memory ------------------------------------------------------------------------ */
+#ifdef NIB_HAVE_CUDA
+static void scratch_free(nib_be_scratch *c) {
+    nib_cuda_gemm_ws_free(&c->ws);
+    nib_dev_free(c->gemm_tmp, c->gemm_tmp_bytes);
+    nib_dev_free(c->xq8, c->xq8_bytes);
+    nib_dev_free(c->xs8, 0);
+    nib_dev_free(c->attn_ws, c->attn_ws_bytes);
+    memset(c, 0, sizeof *c);
+}
+
+/* one stream's scratch for sz's maxima, zeroed (see nib_be_init) */
+static nib_status scratch_init(nib_be_scratch *c, const nib_be_sizes *sz) {
+    nib_status st = NIB_OK;
+    memset(c, 0, sizeof *c);
+    NIB_TRY(nib_cuda_gemm_ws_init(&c->ws, sz->max_m, (sz->max_n + 255) / 256 * 256));
+    c->gemm_tmp_bytes = (size_t)sz->max_m * (size_t)sz->max_n * 2 + 256;
+    NIB_TRY(nib_dev_malloc(&c->gemm_tmp, c->gemm_tmp_bytes, "GEMM epilogue scratch"));
+    c->xq8_bytes = (size_t)sz->max_m * (size_t)sz->max_k + 256;
+    NIB_TRY(nib_dev_malloc(&c->xq8, c->xq8_bytes, "FP8 activation codes"));
+    NIB_TRY(nib_dev_malloc((void **)&c->xs8, (size_t)sz->max_m * 4 + 256, "FP8 activation scales"));
+    c->attn_ws_bytes = sz->attn_ws_bytes;
+    if (c->attn_ws_bytes) NIB_TRY(nib_dev_malloc(&c->attn_ws, c->attn_ws_bytes, "attention workspace"));
+    NIB_TRY(nib_dev_memset(c->gemm_tmp, 0, c->gemm_tmp_bytes));
+    if (c->attn_ws_bytes) NIB_TRY(nib_dev_memset(c->attn_ws, 0, c->attn_ws_bytes));
+    return NIB_OK;
+fail:
+    scratch_free(c);
+    return st;
+}
+#endif
+
 nib_status nib_be_init(nib_be *be, nib_be_kind kind, const nib_be_sizes *sz) {
 #ifdef NIB_HAVE_CUDA
     nib_status st = NIB_OK;
@@ -106,10 +137,15 @@ nib_status nib_be_init(nib_be *be, nib_be_kind kind, const nib_be_sizes *sz) {
         cudaStream_t s, side;
         cudaEvent_t ef, ej;
         int least = 0, greatest = 0;
-        NIB_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-        be->stream = be->main_stream = s;
+        /* The main stream's work (Pi0.5: the prefix) before the side stream's (the first flow step
+         * beside it): where both have CTAs waiting for an SM, the main stream's go first. Graphs
+         * keep it (the kernel nodes carry their stream's priority; capture_end instantiates with
+         * node priorities). Measured against the reverse order (side first) and no priorities, fast
+         * 3 cameras H = 50: 13.84 -> 13.74 ms; docs/design.md, "Thirty-third session". */
         NIB_CUDA_TRY(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-        NIB_CUDA_TRY(cudaStreamCreateWithPriority(&side, cudaStreamNonBlocking, greatest));
+        NIB_CUDA_TRY(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, greatest));
+        be->stream = be->main_stream = s;
+        NIB_CUDA_TRY(cudaStreamCreateWithPriority(&side, cudaStreamNonBlocking, least));
         be->side_stream = side;
         NIB_CUDA_TRY(cudaEventCreateWithFlags(&ef, cudaEventDisableTiming));
         be->ev_fork = ef;
@@ -119,26 +155,36 @@ nib_status nib_be_init(nib_be *be, nib_be_kind kind, const nib_be_sizes *sz) {
     NIB_TRY(nib_dev_arena_init(&be->wslab, sz->weight_bytes + 4096, "weight slab"));
     NIB_TRY(nib_dev_arena_init(&be->act, sz->act_bytes + 4096, "activation arena"));
     NIB_TRY(nib_blas_create(&be->blas));
-    NIB_TRY(nib_cuda_gemm_ws_init(&be->ws, sz->max_m, (sz->max_n + 255) / 256 * 256));
-    be->gemm_tmp_bytes = (size_t)sz->max_m * (size_t)sz->max_n * 2 + 256;
-    NIB_TRY(nib_dev_malloc(&be->gemm_tmp, be->gemm_tmp_bytes, "GEMM epilogue scratch"));
-    be->xq8_bytes = (size_t)sz->max_m * (size_t)sz->max_k + 256;
-    NIB_TRY(nib_dev_malloc(&be->xq8, be->xq8_bytes, "FP8 activation codes"));
-    NIB_TRY(nib_dev_malloc((void **)&be->xs8, (size_t)sz->max_m * 4 + 256, "FP8 activation scales"));
-    be->attn_ws_bytes = sz->attn_ws_bytes;
-    if (be->attn_ws_bytes) NIB_TRY(nib_dev_malloc(&be->attn_ws, be->attn_ws_bytes, "attention workspace"));
+    NIB_TRY(scratch_init(&be->sc, sz));
     /* Activations and scratch start as zeros, once, at creation (one memset each, at load time):
      * bytes no op writes (row padding, rows past a call's valid length) then read as 0 in every
      * process, never as stale data. It is also what makes initcheck usable: it does not see the
      * stores of cuBLASLt's Hopper kernels (docs/reliability.md, "initcheck"), so without it every
      * read of a cuBLASLt output is reported as uninitialized. */
     NIB_TRY(nib_dev_memset(be->act.base, 0, be->act.cap));
-    NIB_TRY(nib_dev_memset(be->gemm_tmp, 0, be->gemm_tmp_bytes));
-    if (be->attn_ws_bytes) NIB_TRY(nib_dev_memset(be->attn_ws, 0, be->attn_ws_bytes));
     return NIB_OK;
 fail:
     nib_be_free(be);
     return st;
+#endif
+}
+
+nib_status nib_be_side_scratch(nib_be *be, const nib_be_sizes *sz) {
+    if (be->kind != NIB_BE_CUDA) return NIB_OK;
+#ifndef NIB_HAVE_CUDA
+    (void)sz;
+    return NIB_ERR(NIB_ERR_NO_DEVICE, "CUDA backend: this nib build has no CUDA backend");
+#else
+    if (be->has_side_sc) return NIB_ERR(NIB_ERR_INVALID_ARG, "backend: the side stream has its scratch already");
+    if (be->stream != be->main_stream) return NIB_ERR(NIB_ERR_INVALID_ARG, "backend side scratch: inside a fork");
+    nib_status st = scratch_init(&be->alt_sc, sz);
+    if (!st) st = nib_blas_add_workspace(be->blas);
+    if (st) {
+        scratch_free(&be->alt_sc);
+        return st;
+    }
+    be->has_side_sc = 1;
+    return NIB_OK;
 #endif
 }
 
@@ -153,11 +199,8 @@ void nib_be_free(nib_be *be) {
         nib_dev_arena_free(&be->wslab);
         nib_dev_arena_free(&be->act);
         nib_blas_free(be->blas);
-        nib_cuda_gemm_ws_free(&be->ws);
-        nib_dev_free(be->gemm_tmp, be->gemm_tmp_bytes);
-        nib_dev_free(be->xq8, be->xq8_bytes);
-        nib_dev_free(be->xs8, 0);
-        nib_dev_free(be->attn_ws, be->attn_ws_bytes);
+        scratch_free(&be->sc);
+        scratch_free(&be->alt_sc);
         if (be->ev_fork) cudaEventDestroy((cudaEvent_t)be->ev_fork);             /* unchecked: teardown, no status */
         if (be->ev_join) cudaEventDestroy((cudaEvent_t)be->ev_join);             /* unchecked: teardown, no status */
         if (be->side_stream) cudaStreamDestroy((cudaStream_t)be->side_stream);   /* unchecked: teardown, no status */
@@ -339,17 +382,17 @@ nib_status nib_be_gemm(nib_be *be, const nib_be_linear *L, const void *x, int64_
         return nib_ref_epilogue(&e);
     }
     if (L->fmt != NIB_WFMT_BF16 && !L->w8a8)
-        return nib_cuda_gemm(&L->q, x, m, ldx, y, ldy, epi, &be->ws, be->stream);
+        return nib_cuda_gemm(&L->q, x, m, ldx, y, ldy, epi, &be->sc.ws, be->stream);
     /* cuBLAS paths. Bias and residual (no gate, no GeGLU): one cuBLASLt call with its BIAS
      * epilogue and C = residual (beta = 1), straight into y. Otherwise, or where cuBLASLt has no
      * such algorithm: raw product into scratch, then the epilogue kernel. */
     if (ldx != L->k)
         return NIB_ERR(NIB_ERR_SHAPE, "linear: the cuBLAS path needs ldx == K (%lld != %lld)", (long long)ldx, (long long)L->k);
     if (L->w8a8 && x) {
-        if ((size_t)m * (size_t)L->k > be->xq8_bytes)
+        if ((size_t)m * (size_t)L->k > be->sc.xq8_bytes)
             return NIB_ERR(NIB_ERR_SHAPE, "linear: %lld x %lld activations exceed the FP8 scratch", (long long)m,
                            (long long)L->k);
-        NIB_RETURN_IF_ERR(nib_cuda_quantize_fp8_rows(x, m, L->k, 1, be->xq8, be->xs8, be->stream));
+        NIB_RETURN_IF_ERR(nib_cuda_quantize_fp8_rows(x, m, L->k, 1, be->sc.xq8, be->sc.xs8, be->stream));
         x = NULL; /* the codes and scales are in xq8/xs8 now */
     }
     const int aligned = ((uintptr_t)y | (uintptr_t)(epi->residual ? epi->residual : y)) % 16 == 0 && ldy % 8 == 0 &&
@@ -360,22 +403,22 @@ nib_status nib_be_gemm(nib_be *be, const nib_be_linear *L, const void *x, int64_
      * M = 1..50, K = 1024 / 4096 on H100, fifteenth session) */
     const char *fe = getenv("NIB_FUSED_EPILOGUE");
     if (!L->geglu && !epi->gate && aligned && (!L->bias || L->bias16) && !(fe && !strcmp(fe, "0"))) {
-        nib_blas_gemm_args a = {L->w8a8, L->w8a8 ? be->xq8 : x, be->xs8, 1, L->w8a8 ? L->wq8 : L->q.bf16_w,
+        nib_blas_gemm_args a = {L->w8a8, L->w8a8 ? be->sc.xq8 : x, be->sc.xs8, 1, L->w8a8 ? L->wq8 : L->q.bf16_w,
                                 L->sw8, 1, m, L->n, L->k, L->bias16, epi->residual, epi->ldr, y, ldy};
         nib_status fs = nib_blas_gemm_fused(be->blas, &a, be->stream);
         if (fs != NIB_ERR_UNSUPPORTED) return fs;
         nib_clear_error();
     }
-    if ((size_t)m * (size_t)L->n * 2 > be->gemm_tmp_bytes)
+    if ((size_t)m * (size_t)L->n * 2 > be->sc.gemm_tmp_bytes)
         return NIB_ERR(NIB_ERR_SHAPE, "linear: %lld x %lld output exceeds the GEMM scratch", (long long)m, (long long)L->n);
     if (L->w8a8) {
         /* the codes and scales are in xq8/xs8 (quantized above, or by nib_be_norm_gemm) */
-        NIB_RETURN_IF_ERR(nib_blas_gemm_fp8(be->blas, be->xq8, be->xs8, 1, L->wq8, L->sw8, 1, be->gemm_tmp, m, L->n,
+        NIB_RETURN_IF_ERR(nib_blas_gemm_fp8(be->blas, be->sc.xq8, be->sc.xs8, 1, L->wq8, L->sw8, 1, be->sc.gemm_tmp, m, L->n,
                                             L->k, be->stream));
     } else {
-        NIB_RETURN_IF_ERR(nib_blas_gemm_bf16(be->blas, x, L->q.bf16_w, be->gemm_tmp, m, L->n, L->k, be->stream));
+        NIB_RETURN_IF_ERR(nib_blas_gemm_bf16(be->blas, x, L->q.bf16_w, be->sc.gemm_tmp, m, L->n, L->k, be->stream));
     }
-    e.acc = be->gemm_tmp;
+    e.acc = be->sc.gemm_tmp;
     e.ld_acc = L->n;
     return nib_cuda_epilogue(&e, be->stream);
 }
@@ -391,12 +434,12 @@ nib_status nib_be_norm_gemm(nib_be *be, const nib_norm_args *n, const nib_be_lin
     if (be->kind == NIB_BE_CUDA && L->w8a8 && !n->n_valid) {
         /* W8A8: the norm writes the FP8 codes and per-row scales the GEMM reads (one pass over
          * the activations instead of norm -> bf16 -> quantize) */
-        if ((size_t)n->rows * (size_t)L->k > be->xq8_bytes)
+        if ((size_t)n->rows * (size_t)L->k > be->sc.xq8_bytes)
             return NIB_ERR(NIB_ERR_SHAPE, "norm+linear: %lld x %lld activations exceed the FP8 scratch",
                            (long long)n->rows, (long long)L->k);
         nib_norm_args q = *n;
         q.y = NULL, q.ldy = 0;
-        q.y_q = (uint8_t *)be->xq8, q.ldq = L->k, q.y_scale = be->xs8;
+        q.y_q = (uint8_t *)be->sc.xq8, q.ldq = L->k, q.y_scale = be->sc.xs8;
         NIB_RETURN_IF_ERR(nib_cuda_norm(&q, be->stream));
         return nib_be_gemm(be, L, NULL, n->rows, L->k, y, ldy, epi);
     }
@@ -427,13 +470,13 @@ nib_status nib_be_mlp(nib_be *be, const nib_norm_args *n, const nib_be_linear *u
     const char *fe = getenv("NIB_FUSED_MLP");
     const int fused = be->kind == NIB_BE_CUDA && up->w8a8 && down->w8a8 && !n->n_valid && !(fe && !strcmp(fe, "0")) &&
                       (!up->bias || up->bias16) && h % 8 == 0 && h <= 32768 && n->dim == up->k &&
-                      (size_t)rows * (size_t)up->n * 2 <= be->gemm_tmp_bytes &&
-                      (size_t)rows * (size_t)(h > up->k ? h : up->k) <= be->xq8_bytes;
+                      (size_t)rows * (size_t)up->n * 2 <= be->sc.gemm_tmp_bytes &&
+                      (size_t)rows * (size_t)(h > up->k ? h : up->k) <= be->sc.xq8_bytes;
     if (!fused) return mlp_generic(be, n, up, gelu, down, hidden, ldh, y, ldy, down_epi);
 #ifdef NIB_HAVE_CUDA
     nib_norm_args q = *n;
     q.y = NULL, q.ldy = 0;
-    q.y_q = (uint8_t *)be->xq8, q.ldq = up->k, q.y_scale = be->xs8;
+    q.y_q = (uint8_t *)be->sc.xq8, q.ldq = up->k, q.y_scale = be->sc.xs8;
     NIB_RETURN_IF_ERR(nib_cuda_norm(&q, be->stream));
     /* GeGLU fused into nib's FP8 GEMM where the engine rule picks nib's kernel for the gate|up
      * product: h (bf16, M x H) straight from the fp32 epilogue, then its FP8 codes for the down
@@ -443,15 +486,15 @@ nib_status nib_be_mlp(nib_be *be, const nib_norm_args *n, const nib_be_linear *u
     const int fg_off = fg && !strcmp(fg, "0"), fg_on = fg && !strcmp(fg, "1");
     if (!gelu && up->geglu && !up->bias && !fg_off && nib_blas_fp8_fast_accum(be->blas) &&
         (fg_on || nib_fp8_use_nib_geglu(rows, up->n, up->k))) {
-        nib_blas_gemm_args a = {1, be->xq8, be->xs8, 1, up->wq8, up->sw8, 1, rows, up->n, up->k,
-                                NULL, NULL, 0, be->gemm_tmp, h};
+        nib_blas_gemm_args a = {1, be->sc.xq8, be->sc.xs8, 1, up->wq8, up->sw8, 1, rows, up->n, up->k,
+                                NULL, NULL, 0, be->sc.gemm_tmp, h};
         NIB_RETURN_IF_ERR(nib_cuda_gemm_fp8_geglu(&a, NULL, be->stream));
-        NIB_RETURN_IF_ERR(nib_cuda_quantize_fp8_rows(be->gemm_tmp, rows, h, 1, be->xq8, be->xs8, be->stream));
+        NIB_RETURN_IF_ERR(nib_cuda_quantize_fp8_rows(be->sc.gemm_tmp, rows, h, 1, be->sc.xq8, be->sc.xs8, be->stream));
         return nib_be_gemm(be, down, NULL, rows, h, y, ldy, down_epi);
     }
     if (up->bias) { /* product + bias in one cuBLASLt call, or the generic path where it has none */
-        nib_blas_gemm_args a = {1,       be->xq8, be->xs8,      1, up->wq8, up->sw8, 1, rows, up->n, up->k,
-                                up->bias16, NULL, 0,            be->gemm_tmp, up->n};
+        nib_blas_gemm_args a = {1,       be->sc.xq8, be->sc.xs8,      1, up->wq8, up->sw8, 1, rows, up->n, up->k,
+                                up->bias16, NULL, 0,            be->sc.gemm_tmp, up->n};
         nib_status st = nib_blas_gemm_fused(be->blas, &a, be->stream);
         if (st == NIB_ERR_UNSUPPORTED) {
             nib_clear_error();
@@ -459,12 +502,12 @@ nib_status nib_be_mlp(nib_be *be, const nib_norm_args *n, const nib_be_linear *u
         }
         NIB_RETURN_IF_ERR(st);
     } else {
-        NIB_RETURN_IF_ERR(nib_blas_gemm_fp8(be->blas, be->xq8, be->xs8, 1, up->wq8, up->sw8, 1, be->gemm_tmp, rows, up->n,
+        NIB_RETURN_IF_ERR(nib_blas_gemm_fp8(be->blas, be->sc.xq8, be->sc.xs8, 1, up->wq8, up->sw8, 1, be->sc.gemm_tmp, rows, up->n,
                                             up->k, be->stream));
     }
     /* the product's codes (xq8) are dead once the GEMM ran: the act kernel reuses xq8/xs8 */
-    nib_act_args g = {gelu ? NIB_ACT_GELU_TANH : NIB_ACT_GEGLU_TANH, rows, NULL, h, be->gemm_tmp, up->n, NULL, 0,
-                      (uint8_t *)be->xq8, h, be->xs8};
+    nib_act_args g = {gelu ? NIB_ACT_GELU_TANH : NIB_ACT_GEGLU_TANH, rows, NULL, h, be->sc.gemm_tmp, up->n, NULL, 0,
+                      (uint8_t *)be->sc.xq8, h, be->sc.xs8};
     NIB_RETURN_IF_ERR(nib_cuda_act(&g, be->stream));
     return nib_be_gemm(be, down, NULL, rows, h, y, ldy, down_epi);
 #else
@@ -483,10 +526,10 @@ nib_status nib_be_kv_write(nib_be *be, const nib_kv_write_args *a) {
     DISPATCH(nib_ref_kv_write(a), nib_cuda_kv_write(a, be->stream));
 }
 nib_status nib_be_attn_prefix(nib_be *be, const nib_attn_prefix_args *a) {
-    DISPATCH(nib_ref_attn_prefix(a), nib_cuda_attn_prefix(a, be->attn_ws, be->stream));
+    DISPATCH(nib_ref_attn_prefix(a), nib_cuda_attn_prefix(a, be->sc.attn_ws, be->stream));
 }
 nib_status nib_be_attn_cache(nib_be *be, const nib_attn_cache_args *a) {
-    DISPATCH(nib_ref_attn_cache(a), nib_cuda_attn_cache(a, be->attn_ws, be->stream));
+    DISPATCH(nib_ref_attn_cache(a), nib_cuda_attn_cache(a, be->sc.attn_ws, be->stream));
 }
 nib_status nib_be_im2patch(nib_be *be, const nib_im2patch_args *a) {
     DISPATCH(nib_ref_im2patch(a), nib_cuda_im2patch(a, be->stream));
@@ -541,7 +584,8 @@ nib_status nib_be_capture_end(nib_be *be, nib_be_graph **out) {
         return NIB_ERR(NIB_ERR_OUT_OF_MEMORY, "graph: host allocation");
     }
     NIB_CUDA_TRY(cudaStreamEndCapture((cudaStream_t)be->stream, &gr->g));
-    NIB_CUDA_TRY(cudaGraphInstantiate(&gr->ge, gr->g, 0));
+    /* node priorities: the streams' (nib_be_init), not the launching stream's for every node */
+    NIB_CUDA_TRY(cudaGraphInstantiate(&gr->ge, gr->g, cudaGraphInstantiateFlagUseNodePriority));
     *out = gr;
     return NIB_OK;
 fail:
@@ -593,16 +637,27 @@ nib_status nib_be_event_ms(nib_be_event *a, nib_be_event *b, float *ms) {
     return NIB_OK;
 }
 
+/* the side stream's scratch in, or back out (nib_be_side_scratch gave it one) */
+static void swap_scratch(nib_be *be) {
+    if (!be->has_side_sc) return;
+    const nib_be_scratch t = be->sc;
+    be->sc = be->alt_sc, be->alt_sc = t;
+    nib_blas_swap_workspace(be->blas);
+}
+
 nib_status nib_be_fork(nib_be *be) {
     if (be->kind != NIB_BE_CUDA) return NIB_OK;
     if (be->stream != be->main_stream) return NIB_ERR(NIB_ERR_INVALID_ARG, "backend fork: already forked");
     NIB_CUDA_CHECK(cudaEventRecord((cudaEvent_t)be->ev_fork, (cudaStream_t)be->main_stream));
     NIB_CUDA_CHECK(cudaStreamWaitEvent((cudaStream_t)be->side_stream, (cudaEvent_t)be->ev_fork, 0));
     be->stream = be->side_stream;
+    swap_scratch(be);
     return NIB_OK;
 }
 void nib_be_fork_end(nib_be *be) {
-    if (be->kind == NIB_BE_CUDA) be->stream = be->main_stream;
+    if (be->kind != NIB_BE_CUDA || be->stream == be->main_stream) return;
+    be->stream = be->main_stream;
+    swap_scratch(be);
 }
 nib_status nib_be_join(nib_be *be) {
     if (be->kind != NIB_BE_CUDA) return NIB_OK;

@@ -48,12 +48,24 @@ typedef struct nib_be_linear {
     float *sw8;        /* CUDA W8A8: per-channel scales [n] */
 } nib_be_linear;
 
+/* Scratch of one stream (CUDA): what the ops of one stream reuse from call to call. */
+typedef struct nib_be_scratch {
+    nib_gemm_ws ws;           /* the low-bit GEMM's split-K partials and tile counters */
+    void *gemm_tmp;           /* raw GEMM output for cuBLAS paths + epilogue */
+    size_t gemm_tmp_bytes;
+    void *xq8;                /* W8A8 activation codes */
+    float *xs8;               /* W8A8 per-token scales */
+    size_t xq8_bytes;
+    void *attn_ws;            /* attention split partials */
+    uint64_t attn_ws_bytes;
+} nib_be_scratch;
+
 typedef struct nib_be {
     nib_be_kind kind;
     size_t act_size;          /* bytes per activation element: 4 (REF) or 2 (CUDA) */
     void *stream;             /* CUDA stream (cudaStream_t) the ops are enqueued on: the main one, or
                                * the side one between nib_be_fork and nib_be_fork_end */
-    void *main_stream, *side_stream; /* CUDA: the two streams (side: the highest priority) */
+    void *main_stream, *side_stream; /* CUDA: the two streams (main: the highest priority, side: the lowest) */
     void *ev_fork, *ev_join;  /* CUDA: ordering events of a fork (no timing) */
     int threads;              /* REF: worker threads for GEMMs */
     /* memory */
@@ -61,15 +73,10 @@ typedef struct nib_be {
     uint8_t *h_wslab, *h_act; /* REF: host arenas */
     size_t h_wcap, h_wused, h_acap, h_aused;
     /* scratch (CUDA) */
-    nib_blas *blas;
-    nib_gemm_ws ws;
-    void *gemm_tmp;           /* raw GEMM output for cuBLAS paths + epilogue */
-    size_t gemm_tmp_bytes;
-    void *xq8;                /* W8A8 activation codes */
-    float *xs8;               /* W8A8 per-token scales */
-    size_t xq8_bytes;
-    void *attn_ws;
-    uint64_t attn_ws_bytes;
+    nib_blas *blas;           /* cuBLASLt handle, plans and workspace (a second workspace with side_sc) */
+    nib_be_scratch sc;        /* the scratch of the stream ops are enqueued on now */
+    nib_be_scratch alt_sc;    /* with has_side_sc: the other stream's (swapped by nib_be_fork / _fork_end) */
+    int has_side_sc;          /* nib_be_side_scratch ran: the side stream has scratch of its own */
     float *ref_tmp;           /* REF: raw GEMM output */
     size_t ref_tmp_elems;
 } nib_be;
@@ -163,13 +170,19 @@ nib_status nib_be_event_ms(nib_be_event *a, nib_be_event *b, float *ms);
  * nib_be_fork: what is enqueued from now on goes to the side stream, after everything enqueued on
  * the main stream so far; nib_be_fork_end: back to the main stream (call it on error paths too), whose
  * later work runs BESIDE the side stream's; nib_be_join: the main stream's later work waits for
- * the side stream's. Capturable (the fork / join become graph edges). One fork at a time; every
- * fork must be joined before a capture ends or the backend is synchronized. The two streams share
- * the backend's scratch (GEMM workspace, cuBLASLt, FP8 codes, attention workspace): only work that
- * uses none of it may run on the side stream (Pi0.5: the persistent expert kernel). */
+ * the side stream's. Capturable (the fork / join become graph edges). Forks do not nest, but a
+ * fork may follow a fork_end before the join: each adds an edge (the side stream's later work also
+ * waits for what the main stream had enqueued by then). Every fork must be joined before a capture
+ * ends or the backend is synchronized. Without nib_be_side_scratch the two streams share the
+ * backend's scratch (GEMM workspace, cuBLASLt workspace, FP8 codes, attention workspace): only work
+ * that uses none of it may run on the side stream (Pi0.5: the persistent expert kernel). */
 nib_status nib_be_fork(nib_be *be);
 void nib_be_fork_end(nib_be *be);
 nib_status nib_be_join(nib_be *be);
+/* Scratch of its own for the side stream, sized for GEMMs of up to max_m x max_n (K up to max_k)
+ * and attention calls needing up to attn_ws_bytes (the other fields of sz are ignored): from now
+ * on any op may run between nib_be_fork and nib_be_fork_end. Once per backend; REF: a no-op. */
+nib_status nib_be_side_scratch(nib_be *be, const nib_be_sizes *sz);
 
 /* Reference fp32 GEMM (multithreaded): y[m][n] = sum_k x[m][k] w[n][k], fp32 accumulation in a
  * fixed order (deterministic). */

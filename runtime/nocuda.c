@@ -60,6 +60,11 @@ nib_status nib_blas_create(nib_blas **out) {
     return NO_CUDA("nib_blas_create");
 }
 void nib_blas_free(nib_blas *b) { (void)b; }
+nib_status nib_blas_add_workspace(nib_blas *b) {
+    (void)b;
+    return NO_CUDA("nib_blas_add_workspace");
+}
+void nib_blas_swap_workspace(nib_blas *b) { (void)b; }
 void nib_blas_set_fp8_fast_accum(nib_blas *b, int on) { (void)b, (void)on; }
 void nib_blas_set_algo_index(nib_blas *b, int i) { (void)b, (void)i; }
 void nib_blas_set_algo_config(nib_blas *b, const nib_blas_algo_desc *d) { (void)b, (void)d; }

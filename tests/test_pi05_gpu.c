@@ -329,6 +329,26 @@ NIB_TEST(pi05_gpu_prefix_fused_qkv_bitwise) {
     }
 }
 
+/* load with environment variables set for the load only (name / value pairs; a NULL value unsets) */
+static nib_status load_envs(const char *preset, const char *over, const char *const *kv, int n, nib_st_file **f,
+                            nib_pi05 **m) {
+    char saved[8][64];
+    int had[8];
+    for (int i = 0; i < n && i < 8; i++) {
+        const char *v = getenv(kv[2 * i]);
+        had[i] = v != NULL;
+        snprintf(saved[i], sizeof saved[i], "%s", v ? v : "");
+        if (kv[2 * i + 1]) setenv(kv[2 * i], kv[2 * i + 1], 1);
+        else unsetenv(kv[2 * i]);
+    }
+    nib_status st = load(preset, over, f, m);
+    for (int i = 0; i < n && i < 8; i++) {
+        if (had[i]) setenv(kv[2 * i], saved[i], 1);
+        else unsetenv(kv[2 * i]);
+    }
+    return st;
+}
+
 /* ---- the first flow step beside the prefix (models/pi05.c overlap_setup) -------------------
  * With the persistent expert kernel, the first step's layers run on a second stream while the
  * prefix runs, each layer's attention waiting for its layer's cache write (ops/qkv.h done ->
@@ -344,23 +364,9 @@ NIB_TEST(pi05_gpu_prefix_fused_qkv_bitwise) {
  * test. The timings say which ran beside. */
 static nib_status load_env(const char *preset, const char *overlap, const char *octas, const char *xctas,
                            const char *olayers, nib_st_file **f, nib_pi05 **m) {
-    static const char *const names[4] = {"NIB_OVERLAP", "NIB_OVERLAP_CTAS", "NIB_EXPERT_CTAS", "NIB_OVERLAP_LAYERS"};
-    const char *vals[4] = {overlap, octas, xctas, olayers};
-    char saved[4][64];
-    int had[4];
-    for (int i = 0; i < 4; i++) { /* the caller's settings come back afterwards */
-        const char *v = getenv(names[i]);
-        had[i] = v != NULL;
-        snprintf(saved[i], sizeof saved[i], "%s", v ? v : "");
-        if (vals[i]) setenv(names[i], vals[i], 1);
-        else unsetenv(names[i]);
-    }
-    nib_status st = load(preset, NULL, f, m);
-    for (int i = 0; i < 4; i++) {
-        if (had[i]) setenv(names[i], saved[i], 1);
-        else unsetenv(names[i]);
-    }
-    return st;
+    const char *kv[8] = {"NIB_OVERLAP", overlap, "NIB_OVERLAP_CTAS", octas, "NIB_EXPERT_CTAS", xctas,
+                         "NIB_OVERLAP_LAYERS", olayers};
+    return load_envs(preset, NULL, kv, 4, f, m);
 }
 
 /* A part of a step names layers inside the table; anything else is refused before any device work. */
@@ -471,4 +477,59 @@ NIB_TEST(pi05_gpu_first_step_beside_prefix) {
     }
 done:
     for (int k = 0; k < 5; k++) nib_pi05_free(m[k]), nib_st_close(f[k]);
+}
+
+/* The per-op path's first step beside the prefix (a second stream with scratch of its own, graph
+ * edges after each prefix layer's cache write) gives bitwise the actions of the step after the
+ * prefix (NIB_OVERLAP=0), over shapes x, y, x (captures and replays), for the cuBLASLt bf16 expert,
+ * the low-bit GEMM's per-op expert (its split-K workspace) and an FP8 cache (the attention's). */
+NIB_TEST(pi05_gpu_per_op_first_step_beside_prefix) {
+    NIB_REQUIRE_GPU();
+    REQUIRE(ckpt());
+    static const struct {
+        const char *preset, *over, *fused_step;
+    } cases[] = {{"bf16", NULL, NULL}, {"fast", NULL, "0"}, {"bf16", "kv=fp8", NULL}};
+    nib_rng rng;
+    nib_test_rng(t, &rng);
+    static run_in x, y;
+    make_in(&rng, &x, 1, 7, 10);
+    make_in(&rng, &y, 3, 20, 16);
+    run_in *seq[3] = {&x, &y, &x};
+    for (size_t c = 0; c < NIB_ARRAY_LEN(cases); c++) {
+        nib_st_file *f[2] = {NULL, NULL};
+        nib_pi05 *m[2] = {NULL, NULL};
+        const char *on[4] = {"NIB_OVERLAP", NULL, "NIB_FUSED_STEP", cases[c].fused_step};
+        const char *off[4] = {"NIB_OVERLAP", "0", "NIB_FUSED_STEP", cases[c].fused_step};
+        CHECK_OK(load_envs(cases[c].preset, cases[c].over, on, 2, &f[0], &m[0]));
+        CHECK_OK(load_envs(cases[c].preset, cases[c].over, off, 2, &f[1], &m[1]));
+        if (m[0] && m[1]) {
+            printf("  %s %s: \"%s\"\n", cases[c].preset, cases[c].over ? cases[c].over : "", nib_pi05_expert_path(m[0]));
+            CHECK_MSG(strstr(nib_pi05_expert_path(m[0]), "the first step beside the prefix") != NULL,
+                      "case %zu: the per-op overlap is not set up: %s", c, nib_pi05_expert_path(m[0]));
+            CHECK_MSG(strstr(nib_pi05_expert_path(m[1]), "beside") == NULL, "case %zu: NIB_OVERLAP=0 still overlaps: %s",
+                      c, nib_pi05_expert_path(m[1]));
+            for (int i = 0; i < 3; i++) {
+                const int n = seq[i]->in.horizon * 32;
+                float a[2][16 * 32];
+                nib_pi05_timing tm[2];
+                for (int k = 0; k < 2; k++) CHECK_OK(nib_pi05_run(m[k], &seq[i]->in, a[k], &tm[k]));
+                int bad = 0;
+                for (int k = 0; k < n; k++) bad += !isfinite(a[0][k]);
+                CHECK_MSG(!bad, "case %zu call %d: %d non-finite actions", c, i, bad);
+                CHECK_MSG(!memcmp(a[0], a[1], (size_t)n * sizeof(float)),
+                          "case %zu call %d (H = %d): the step beside the prefix differs from the step after it", c, i,
+                          seq[i]->in.horizon);
+                CHECK_MSG(tm[0].first_step_beside && !tm[1].first_step_beside && tm[0].first_step_layers_beside == 2 &&
+                              tm[1].first_step_layers_beside == 0,
+                          "case %zu call %d: first_step_beside %d / %d, layers %d / %d (expected 1 / 0, 2 / 0)", c, i,
+                          tm[0].first_step_beside, tm[1].first_step_beside, tm[0].first_step_layers_beside,
+                          tm[1].first_step_layers_beside);
+                printf("    call %d H=%-2d: bitwise equal %s; the first step's part after the prefix %.3f ms (after it: "
+                       "%.3f ms)\n",
+                       i, seq[i]->in.horizon, memcmp(a[0], a[1], (size_t)n * sizeof(float)) ? "no" : "yes",
+                       tm[0].step_ms[0], tm[1].step_ms[0]);
+            }
+        }
+        for (int k = 0; k < 2; k++) nib_pi05_free(m[k]), nib_st_close(f[k]);
+    }
 }

@@ -54,7 +54,8 @@ typedef struct blas_plan {
 
 struct nib_blas {
     cublasLtHandle_t lt;
-    void *ws;
+    void *ws;       /* the workspace of the products enqueued now */
+    void *ws_alt;   /* nib_blas_add_workspace: the other stream's (nib_blas_swap_workspace) */
     blas_plan cache[NIB_BLAS_CACHE];
     int next;
     int fast_accum; /* FP8 products without periodic promotion (see "FP8 accumulation") */
@@ -93,6 +94,17 @@ nib_status nib_blas_create(nib_blas **out) {
     return NIB_OK;
 }
 
+nib_status nib_blas_add_workspace(nib_blas *b) {
+    if (b->ws_alt) return NIB_ERR(NIB_ERR_INVALID_ARG, "nib_blas_add_workspace: the handle has two already");
+    return nib_dev_malloc(&b->ws_alt, NIB_BLAS_WS_BYTES, "cuBLASLt workspace (second stream)");
+}
+
+void nib_blas_swap_workspace(nib_blas *b) {
+    if (!b->ws_alt) return;
+    void *t = b->ws;
+    b->ws = b->ws_alt, b->ws_alt = t;
+}
+
 static void plan_release(blas_plan *p) {
     if (!p->used) return;
     /* a plan whose creation failed part-way has only some of its descriptors */
@@ -108,6 +120,7 @@ void nib_blas_free(nib_blas *b) {
     if (!b) return;
     for (int i = 0; i < NIB_BLAS_CACHE; i++) plan_release(&b->cache[i]);
     nib_dev_free(b->ws, NIB_BLAS_WS_BYTES);
+    nib_dev_free(b->ws_alt, NIB_BLAS_WS_BYTES);
     cublasLtDestroy(b->lt); /* unchecked: teardown; a free function has no status to return */
     free(b);
 }
