@@ -1623,13 +1623,18 @@ static int first_step_beside(const nib_pi05 *m, const call_shape *cs) {
 }
 
 /* the per-op first step's part after prefix layer l's cache write, on the second stream: step_in
- * before layer 0, the output after the last layer */
+ * before layer 0, the output after the last layer. Its kernels launch without PDL: with it each
+ * would sit resident on SMs, waiting for its predecessor, that the prefix's kernels could use
+ * (measured: bf16 2 cameras H = 10 13.09 -> 12.97 ms, fast 2 cameras H = 50 12.49 -> 12.36;
+ * docs/design.md, "Thirty-third session"). */
 static nib_status side_ops(nib_pi05 *m, const call_shape *cs, op_step *o, int l) {
     nib_be *be = &m->be;
     NIB_RETURN_IF_ERR(nib_be_fork(be));
+    nib_pdl_suspend(1);
     nib_status st = l == 0 ? step_in(m, cs) : NIB_OK;
     if (!st) st = op_layer(m, cs, o, l);
     if (!st && l == m->c.e_layers - 1) st = step_out(m, cs, 0, o);
+    nib_pdl_suspend(0);
     nib_be_fork_end(be);
     return st;
 }

@@ -12,6 +12,10 @@
 #include "runtime/cuda_check.h"
 #endif
 
+static _Thread_local int pdl_suspended;
+void nib_pdl_suspend(int on) { pdl_suspended = on != 0; }
+int nib_pdl_suspended(void) { return pdl_suspended; }
+
 int nib_device_built_with_cuda(void) {
 #ifdef NIB_HAVE_CUDA
     return 1;

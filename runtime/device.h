@@ -93,6 +93,13 @@ nib_status nib_dev_memset(void *dst, int value, size_t bytes);
 nib_status nib_dev_copy(void *dst, const void *src, size_t bytes); /* device to device */
 nib_status nib_dev_sync(void);
 
+/* Kernels launched from this thread while suspended go without programmatic dependent launch
+ * (runtime/launch.cuh; Pi0.5 suspends it while it enqueues the per-op first step on the side
+ * stream). Launching without PDL is always correct (the kernels' waits become no-ops); it only
+ * orders a kernel after its predecessor's completion instead of letting it sit resident beside it. */
+void nib_pdl_suspend(int on);
+int nib_pdl_suspended(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -22,7 +22,11 @@
  * with NIB_PDL=0, or on a device without PDL) execute both instructions as no-ops.
  *
  * NIB_PDL=0 in the environment turns the attribute off (read at each launch, so a graph keeps
- * the setting it was captured with): the A/B switch of `nib bench pi05`.
+ * the setting it was captured with): the A/B switch of `nib bench pi05`. So does
+ * nib_pdl_suspend (runtime/device.h) for the launches of its thread: Pi0.5's per-op first step
+ * beside the prefix launches without PDL, so none of its kernels sits resident on SMs, waiting for
+ * its predecessor, that the prefix's kernels could use (bf16 2 cameras H = 10 13.09 -> 12.97 ms;
+ * docs/design.md, "Thirty-third session").
  */
 #ifndef NIB_RUNTIME_LAUNCH_CUH
 #define NIB_RUNTIME_LAUNCH_CUH
@@ -31,6 +35,8 @@
 #include <stdlib.h>
 
 #include <utility>
+
+#include "runtime/device.h"
 
 namespace nib {
 
@@ -55,6 +61,7 @@ __device__ __forceinline__ void pdl_enter() {
 }
 
 inline bool pdl_enabled() {
+    if (nib_pdl_suspended()) return false;
     const char *e = getenv("NIB_PDL");
     return !(e && e[0] == '0' && e[1] == '\0');
 }
