@@ -95,6 +95,8 @@ struct nib_pi05 {
      * stream (with scratch of its own), each layer's after the fork that follows the prefix's cache
      * write of that layer (graph edges, no waiting kernel) */
     int oside;
+    int ofirst_ops;           /* NIB_OVERLAP_FIRST_OPS=1 (lab, unmeasured): the per-op first step beside the
+                               * prefix also where the persistent kernel runs the other steps */
     int fused_qkv;            /* the prefix's RoPE + cache write as one kernel (prefix_setup) */
     char ppath[128];          /* nib_pi05_prefix_path */
 };
@@ -1097,7 +1099,10 @@ static nib_status overlap_ops_setup(nib_pi05 *m) {
     const char *e = getenv("NIB_OVERLAP"), *eo = getenv("NIB_OVERLAP_OPS");
     if (m->be.kind != NIB_BE_CUDA || c->e_layers > c->layers || (e && !strcmp(e, "0")) || (eo && !strcmp(eo, "0")))
         return NIB_OK;
-    if (m->fused && c->max_horizon <= m->xrows) return NIB_OK; /* the per-op path never runs the steps */
+    const char *fo = getenv("NIB_OVERLAP_FIRST_OPS");
+    m->ofirst_ops = m->fused && fo && !strcmp(fo, "1");
+    /* the per-op path never runs the steps (unless the lab knob gives it the first) */
+    if (m->fused && c->max_horizon <= m->xrows && !m->ofirst_ops) return NIB_OK;
     const int64_t We = c->e_width, hd = c->head_dim, nkv = c->kv_heads, A = c->action_dim;
     nib_be_sizes sz;
     memset(&sz, 0, sizeof sz);
@@ -1112,7 +1117,7 @@ static nib_status overlap_ops_setup(nib_pi05 *m) {
     NIB_RETURN_IF_ERR(nib_be_side_scratch(&m->be, &sz));
     m->oside = 1;
     snprintf(m->xpath + strlen(m->xpath), sizeof m->xpath - strlen(m->xpath), "; %sthe first step beside the prefix",
-             m->fused ? "per-op: " : "");
+             m->ofirst_ops ? "per-op at every H (NIB_OVERLAP_FIRST_OPS): " : m->fused ? "per-op: " : "");
     return NIB_OK;
 }
 
@@ -1618,7 +1623,7 @@ static nib_status fwd_step(nib_pi05 *m, const call_shape *cs, int s, int body_do
  * first layers (overlap_setup), 2 the whole per-op step (overlap_ops_setup). */
 static int first_step_beside(const nib_pi05 *m, const call_shape *cs) {
     if (m->checking || m->warming || m->c.steps < 1) return 0;
-    if (m->fused && cs->H <= m->xrows) return beside_grid(m, cs->S) > 0 ? 1 : 0;
+    if (m->fused && cs->H <= m->xrows && !(m->oside && m->ofirst_ops)) return beside_grid(m, cs->S) > 0 ? 1 : 0;
     return m->oside ? 2 : 0;
 }
 
