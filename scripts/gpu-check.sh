@@ -31,6 +31,10 @@
 #             the persistent expert kernel's per-phase times and per-CTA segments
 #   load      nib quantize --pi05 fast of the synthetic checkpoint, then nib run --timing on it:
 #             time from file to the first call done
+#   overlap   A/B of the first flow step beside the prefix (overlap.log, overlap-ab.txt), each row
+#             OVERLAP_REPS (2) times alternated: bf16 2 cameras H = 10 and fast 3 cameras H = 50 with
+#             NIB_OVERLAP_OPS=0 / default; fast H = 10 at 1 / 2 / 3 cameras with the default against
+#             NIB_OVERLAP_FIRST_OPS=1 (the per-op first step where the persistent kernel runs the rest)
 # Environment: NIB_GIT_COMMIT (recorded in the JSON; pass the commit from the machine you commit on:
 #              the device copy's git metadata may not have your latest commits), JOBS (make -j, default nproc),
 #              GEMM_ARGS / ATTN_ARGS / PI05_ARGS (extra args for nib bench gemm / attn / pi05), SAN_ARGS (extra args for
@@ -206,6 +210,26 @@ if has load; then
         >"$OUT/load.log" 2>&1
     note "load (rc $?): $(grep -E 'loaded|file to first' "$OUT/load.log" | tr '\n' ' ')"
     rm -f "$Q"
+fi
+if has overlap; then
+    [ -f "$CKPT" ] || ./build/nib demo >/dev/null 2>&1
+    ab_row() { # label env preset cams H
+        local r
+        r=$(env $2 ./build/nib bench pi05 --checkpoint "$CKPT" --reps 100 --preset "$3" --cams "$4" --horizon "$5" \
+            2>>"$OUT/overlap.log" | tee -a "$OUT/overlap.log" | grep -E "^$3 " | head -1 | tr -s ' ')
+        echo "$1 ($2): $r" | tee -a "$OUT/overlap-ab.txt"
+    }
+    for rep in $(seq 1 "${OVERLAP_REPS:-2}"); do
+        for row in "bf16 2 10" "fast 3 50"; do
+            ab_row "per-op off" NIB_OVERLAP_OPS=0 $row
+            ab_row "per-op on" NIB_OVERLAP_OPS=1 $row
+        done
+        for row in "fast 1 10" "fast 2 10" "fast 3 10"; do
+            ab_row "kernel beside" NIB_OVERLAP_FIRST_OPS=0 $row
+            ab_row "per-op beside" NIB_OVERLAP_FIRST_OPS=1 $row
+        done
+    done
+    note "overlap A/B: overlap-ab.txt ($(wc -l <"$OUT/overlap-ab.txt") rows)"
 fi
 note "total $(( $(date +%s) - t0 )) s"
 echo
