@@ -533,3 +533,50 @@ NIB_TEST(pi05_gpu_per_op_first_step_beside_prefix) {
         for (int k = 0; k < 2; k++) nib_pi05_free(m[k]), nib_st_close(f[k]);
     }
 }
+
+/* The lab knob NIB_OVERLAP_FIRST_OPS=1: the first step op by op beside the prefix where the persistent
+ * kernel runs the other steps. Not bitwise the default (one step on the per-op path: the sums' order
+ * differs), so against the whole call after the prefix on the kernel (NIB_OVERLAP=0) within the
+ * kernel-vs-per-op bound (0.04); calls x, y, x: the two x calls are bitwise equal. */
+NIB_TEST(pi05_gpu_overlap_first_ops_knob) {
+    NIB_REQUIRE_GPU();
+    REQUIRE(ckpt());
+    nib_st_file *f[2] = {NULL, NULL};
+    nib_pi05 *m[2] = {NULL, NULL};
+    const char *on[4] = {"NIB_OVERLAP", NULL, "NIB_OVERLAP_FIRST_OPS", "1"};
+    const char *off[4] = {"NIB_OVERLAP", "0", "NIB_OVERLAP_FIRST_OPS", NULL};
+    CHECK_OK(load_envs("fast", NULL, on, 2, &f[0], &m[0]));
+    CHECK_OK(load_envs("fast", NULL, off, 2, &f[1], &m[1]));
+    if (m[0] && m[1]) {
+        CHECK_MSG(strstr(nib_pi05_expert_path(m[0]), "NIB_OVERLAP_FIRST_OPS") != NULL, "the knob is not set up: %s",
+                  nib_pi05_expert_path(m[0]));
+        nib_rng rng;
+        nib_test_rng(t, &rng);
+        static run_in x, y;
+        make_in(&rng, &x, 2, 9, 10);
+        make_in(&rng, &y, 3, 20, 16);
+        run_in *seq[3] = {&x, &y, &x};
+        static float first[16 * 32];
+        for (int i = 0; i < 3; i++) {
+            const int n = seq[i]->in.horizon * 32;
+            float a[2][16 * 32];
+            nib_pi05_timing tm[2];
+            for (int k = 0; k < 2; k++) CHECK_OK(nib_pi05_run(m[k], &seq[i]->in, a[k], &tm[k]));
+            int bad = 0;
+            for (int k = 0; k < n; k++) bad += !isfinite(a[0][k]);
+            CHECK_MSG(!bad, "call %d: %d non-finite actions", i, bad);
+            double cs, e = upd_err(a[0], a[1], seq[i]->noise, n, &cs);
+            printf("  call %d H=%-2d: per-op first step beside vs the kernel after the prefix: rel L2 %.4f cos %.6f\n", i,
+                   seq[i]->in.horizon, e, cs);
+            CHECK_MSG(e <= 0.04, "call %d: update rel L2 %g > 0.04", i, e);
+            CHECK_MSG(tm[0].first_step_beside && tm[0].first_step_layers_beside == 2,
+                      "call %d: first_step_beside %d, layers %d (expected 1, 2)", i, tm[0].first_step_beside,
+                      tm[0].first_step_layers_beside);
+            if (i == 0) memcpy(first, a[0], (size_t)n * sizeof(float));
+            if (i == 2)
+                CHECK_MSG(!memcmp(first, a[0], (size_t)n * sizeof(float)), "the same input gave other actions after "
+                                                                            "another shape");
+        }
+    }
+    for (int k = 0; k < 2; k++) nib_pi05_free(m[k]), nib_st_close(f[k]);
+}
