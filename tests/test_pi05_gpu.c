@@ -479,6 +479,14 @@ done:
     for (int k = 0; k < 5; k++) nib_pi05_free(m[k]), nib_st_close(f[k]);
 }
 
+/* one call of each model on the same input; returns the non-finite actions of the first */
+static int run_two(nib_test_ctx *t, nib_pi05 *const *m, const run_in *x, float (*a)[16 * 32], nib_pi05_timing *tm) {
+    for (int k = 0; k < 2; k++) CHECK_OK(nib_pi05_run(m[k], &x->in, a[k], &tm[k]));
+    int bad = 0;
+    for (int k = 0; k < x->in.horizon * 32; k++) bad += !isfinite(a[0][k]);
+    return bad;
+}
+
 /* The per-op path's first step beside the prefix (a second stream with scratch of its own, graph
  * edges after each prefix layer's cache write) gives bitwise the actions of the step after the
  * prefix (NIB_OVERLAP=0), over shapes x, y, x (captures and replays), for the cuBLASLt bf16 expert,
@@ -512,9 +520,7 @@ NIB_TEST(pi05_gpu_per_op_first_step_beside_prefix) {
                 const int n = seq[i]->in.horizon * 32;
                 float a[2][16 * 32];
                 nib_pi05_timing tm[2];
-                for (int k = 0; k < 2; k++) CHECK_OK(nib_pi05_run(m[k], &seq[i]->in, a[k], &tm[k]));
-                int bad = 0;
-                for (int k = 0; k < n; k++) bad += !isfinite(a[0][k]);
+                const int bad = run_two(t, m, seq[i], a, tm);
                 CHECK_MSG(!bad, "case %zu call %d: %d non-finite actions", c, i, bad);
                 CHECK_MSG(!memcmp(a[0], a[1], (size_t)n * sizeof(float)),
                           "case %zu call %d (H = %d): the step beside the prefix differs from the step after it", c, i,
@@ -561,9 +567,7 @@ NIB_TEST(pi05_gpu_overlap_first_ops_knob) {
             const int n = seq[i]->in.horizon * 32;
             float a[2][16 * 32];
             nib_pi05_timing tm[2];
-            for (int k = 0; k < 2; k++) CHECK_OK(nib_pi05_run(m[k], &seq[i]->in, a[k], &tm[k]));
-            int bad = 0;
-            for (int k = 0; k < n; k++) bad += !isfinite(a[0][k]);
+            const int bad = run_two(t, m, seq[i], a, tm);
             CHECK_MSG(!bad, "call %d: %d non-finite actions", i, bad);
             double cs, e = upd_err(a[0], a[1], seq[i]->noise, n, &cs);
             printf("  call %d H=%-2d: per-op first step beside vs the kernel after the prefix: rel L2 %.4f cos %.6f\n", i,
