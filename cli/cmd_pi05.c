@@ -365,12 +365,11 @@ int nib_bench_pi05(int argc, char **argv) {
                    "--horizon keep only the matching rows. --precision applies per-component overrides to\n"
                    "every preset timed, e.g. --preset fast --precision vision=bf16 (components vision, prefix,\n"
                    "expert: bf16|fp8|nvfp4|mxfp4|int4; kv: bf16|fp8|nvfp4); the floors follow the result.\n"
-                   "Where the first flow step runs beside the prefix (fast at H <= 16 and 256-1024 prefix\n"
-                   "tokens: the persistent kernel's first layers on a few SMs; every call that runs the steps\n"
-                   "op by op, bf16 and H = 50: the whole step on a second stream; NIB_OVERLAP=0 turns both off),\n"
-                   "'prefix' includes what that costs the prefix and 'step' is the mean of the other steps; the\n"
-                   "JSON has first_step_ms, the part of the first step after the prefix (at 2 and 3 cameras the\n"
-                   "persistent kernel's last layers run there, on the whole GPU).\n");
+                   "The first flow step runs beside the prefix, op by op on a second stream, each layer after\n"
+                   "the prefix layer whose K/V it reads (every preset and H; NIB_OVERLAP=0 turns it off,\n"
+                   "NIB_OVERLAP_FIRST_OPS=0 puts the persistent kernel's first layers there instead at fast\n"
+                   "H <= 16): 'prefix' includes what that costs the prefix and 'step' is the mean of the other\n"
+                   "steps; the JSON has first_step_ms, the part of the first step after the prefix.\n");
             return 0;
         } else if (!strcmp(a, "--checkpoint") && v) ckpt = v, i++;
         else if (!strcmp(a, "--reps") && v) reps = atoi(v) < 5 ? 5 : atoi(v), i++;

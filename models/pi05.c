@@ -95,8 +95,9 @@ struct nib_pi05 {
      * stream (with scratch of its own), each layer's after the fork that follows the prefix's cache
      * write of that layer (graph edges, no waiting kernel) */
     int oside;
-    int ofirst_ops;           /* NIB_OVERLAP_FIRST_OPS=1 (lab, unmeasured): the per-op first step beside the
-                               * prefix also where the persistent kernel runs the other steps */
+    int ofirst_ops;           /* the per-op first step beside the prefix also where the persistent kernel runs
+                               * the other steps (the default; NIB_OVERLAP_FIRST_OPS=0: the kernel's first
+                               * layers beside the prefix instead, overlap_setup) */
     int fused_qkv;            /* the prefix's RoPE + cache write as one kernel (prefix_setup) */
     char ppath[128];          /* nib_pi05_prefix_path */
 };
@@ -1000,9 +1001,24 @@ const char *nib_pi05_prefix_path(const nib_pi05 *m) { return m ? m->ppath : ""; 
  * SMs for the whole prefix: the prefix runs on the others), every layer's attention waiting for its
  * layer's counter. NIB_OVERLAP=0 turns it off (A/B), NIB_OVERLAP_CTAS=N forces N CTAs at every
  * prefix length (lab); otherwise beside_grid's measured rule decides per prefix length. */
+/* Whether the first step runs op by op beside the prefix (overlap_ops_setup) also at the H where the
+ * persistent kernel runs the other steps. Measured on an H100 (fast, H = 10; docs/design.md,
+ * "Thirty-fourth session"): 1 camera 10.81 -> 10.65 ms, 2 cameras 11.71 -> 11.40, 3 cameras 13.06 ->
+ * 12.91 against the kernel's first layers beside the prefix, which hold their SMs for the whole prefix
+ * (graph edges instead: each layer's kernels start when its cache write is done, and take SMs only
+ * while they run). NIB_OVERLAP_FIRST_OPS=0 gives the kernel's overlap back (overlap_setup). */
+static int first_ops_wanted(const nib_pi05 *m) {
+    const char *e = getenv("NIB_OVERLAP"), *eo = getenv("NIB_OVERLAP_OPS"), *fo = getenv("NIB_OVERLAP_FIRST_OPS");
+    if (!m->fused || m->be.kind != NIB_BE_CUDA || m->c.e_layers > m->c.layers || (e && !strcmp(e, "0")) ||
+        (eo && !strcmp(eo, "0")))
+        return 0;
+    return !(fo && !strcmp(fo, "0"));
+}
+
 static nib_status overlap_setup(nib_pi05 *m) {
     const nib_pi05_config *c = &m->c;
     m->overlap = 0;
+    if (first_ops_wanted(m)) return NIB_OK; /* overlap_ops_setup runs the first step beside the prefix */
     const char *e = getenv("NIB_OVERLAP"), *lb = getenv("CUDA_LAUNCH_BLOCKING");
     if (!m->fused || !m->fused_qkv || c->e_layers > c->layers || (e && !strcmp(e, "0"))) return NIB_OK;
     /* The kernel waits for work of another stream: where kernels may run one at a time (launches made
@@ -1086,7 +1102,8 @@ static int32_t beside_layers(const nib_pi05 *m, int32_t S) {
 
 /* The per-op path's first step beside the prefix. The first step's expert layer l needs only prefix
  * layer l's K/V (overlap_setup), so where the per-op path runs the steps (the bf16 preset, any H above
- * the persistent kernel's rows) the first step's ops go to the second stream: step_in and layer 0 after
+ * the persistent kernel's rows), and by default also where the kernel runs the other steps
+ * (first_ops_wanted), the first step's ops go to the second stream: step_in and layer 0 after
  * the prefix's layer-0 cache write, layer l after layer l's, the output after the last; the steps
  * after it wait for it (a join). These are graph edges, not a kernel waiting for counters, so nothing
  * can wait for work that never comes, and tools that run kernels one at a time just serialize them.
@@ -1099,9 +1116,8 @@ static nib_status overlap_ops_setup(nib_pi05 *m) {
     const char *e = getenv("NIB_OVERLAP"), *eo = getenv("NIB_OVERLAP_OPS");
     if (m->be.kind != NIB_BE_CUDA || c->e_layers > c->layers || (e && !strcmp(e, "0")) || (eo && !strcmp(eo, "0")))
         return NIB_OK;
-    const char *fo = getenv("NIB_OVERLAP_FIRST_OPS");
-    m->ofirst_ops = m->fused && fo && !strcmp(fo, "1");
-    /* the per-op path never runs the steps (unless the lab knob gives it the first) */
+    m->ofirst_ops = first_ops_wanted(m);
+    /* the per-op path never runs the steps (and NIB_OVERLAP_FIRST_OPS=0 keeps the first off it) */
     if (m->fused && c->max_horizon <= m->xrows && !m->ofirst_ops) return NIB_OK;
     const int64_t We = c->e_width, hd = c->head_dim, nkv = c->kv_heads, A = c->action_dim;
     nib_be_sizes sz;
@@ -1117,7 +1133,7 @@ static nib_status overlap_ops_setup(nib_pi05 *m) {
     NIB_RETURN_IF_ERR(nib_be_side_scratch(&m->be, &sz));
     m->oside = 1;
     snprintf(m->xpath + strlen(m->xpath), sizeof m->xpath - strlen(m->xpath), "; %sthe first step beside the prefix",
-             m->ofirst_ops ? "per-op at every H (NIB_OVERLAP_FIRST_OPS): " : m->fused ? "per-op: " : "");
+             m->ofirst_ops ? "at every H, op by op: " : m->fused ? "above the kernel's rows, op by op: " : "");
     return NIB_OK;
 }
 
@@ -1594,7 +1610,10 @@ static nib_status fwd_step(nib_pi05 *m, const call_shape *cs, int s, int body_do
     const nib_pi05_config *c = &m->c;
     nib_be *be = &m->be;
     if (!body_done) NIB_RETURN_IF_ERR(step_in(m, cs));
-    const int fused = body_done || (m->fused && cs->H <= m->xrows && !m->checking);
+    /* the first step op by op where it runs so beside the prefix: also in the eager first call of a
+     * shape (get_graph), so every kernel the graph holds has run once before the capture */
+    const int first_ops = s == 0 && m->oside && m->ofirst_ops;
+    const int fused = body_done || (m->fused && cs->H <= m->xrows && !m->checking && !first_ops);
     if (fused) {
         nib_expert_args xa;
         expert_args(m, (int32_t)cs->H, s, &xa);

@@ -361,12 +361,13 @@ static nib_status load_envs(const char *preset, const char *over, const char *co
  * the kernel, the second reading the row statistics the first left). Beside on 16 CTAs against the
  * default model, which keeps the step after these short prefixes (the rule starts at 256 tokens)
  * and runs it on every SM: only the sums' order differs, the 0.04 bound of the kernel-vs-per-op
- * test. The timings say which ran beside. */
+ * test. The timings say which ran beside. The per-op first step is the default beside the prefix
+ * (pi05_gpu_fast_first_step_per_op_beside): NIB_OVERLAP_FIRST_OPS=0 gives the kernel's overlap. */
 static nib_status load_env(const char *preset, const char *overlap, const char *octas, const char *xctas,
                            const char *olayers, nib_st_file **f, nib_pi05 **m) {
-    const char *kv[8] = {"NIB_OVERLAP", overlap, "NIB_OVERLAP_CTAS", octas, "NIB_EXPERT_CTAS", xctas,
-                         "NIB_OVERLAP_LAYERS", olayers};
-    return load_envs(preset, NULL, kv, 4, f, m);
+    const char *kv[10] = {"NIB_OVERLAP", overlap, "NIB_OVERLAP_CTAS", octas, "NIB_EXPERT_CTAS", xctas,
+                          "NIB_OVERLAP_LAYERS", olayers, "NIB_OVERLAP_FIRST_OPS", "0"};
+    return load_envs(preset, NULL, kv, 5, f, m);
 }
 
 /* A part of a step names layers inside the table; anything else is refused before any device work. */
@@ -540,22 +541,27 @@ NIB_TEST(pi05_gpu_per_op_first_step_beside_prefix) {
     }
 }
 
-/* The lab knob NIB_OVERLAP_FIRST_OPS=1: the first step op by op beside the prefix where the persistent
- * kernel runs the other steps. Not bitwise the default (one step on the per-op path: the sums' order
- * differs), so against the whole call after the prefix on the kernel (NIB_OVERLAP=0) within the
- * kernel-vs-per-op bound (0.04); calls x, y, x: the two x calls are bitwise equal. */
-NIB_TEST(pi05_gpu_overlap_first_ops_knob) {
+/* The default where the persistent kernel runs the steps (fast, H <= its rows): the first step op by
+ * op beside the prefix, the other steps on the kernel. Not bitwise the kernel's first step (the sums'
+ * order differs), so against the whole call after the prefix on the kernel (NIB_OVERLAP=0) within the
+ * kernel-vs-per-op bound (0.04); calls x, y, x: the two x calls (a capture, then a replay) are bitwise
+ * equal. NIB_OVERLAP_FIRST_OPS=0 gives the kernel's first layers beside the prefix instead. */
+NIB_TEST(pi05_gpu_fast_first_step_per_op_beside) {
     NIB_REQUIRE_GPU();
     REQUIRE(ckpt());
-    nib_st_file *f[2] = {NULL, NULL};
-    nib_pi05 *m[2] = {NULL, NULL};
-    const char *on[4] = {"NIB_OVERLAP", NULL, "NIB_OVERLAP_FIRST_OPS", "1"};
+    nib_st_file *f[3] = {NULL, NULL, NULL};
+    nib_pi05 *m[3] = {NULL, NULL, NULL};
+    const char *on[4] = {"NIB_OVERLAP", NULL, "NIB_OVERLAP_FIRST_OPS", NULL};
     const char *off[4] = {"NIB_OVERLAP", "0", "NIB_OVERLAP_FIRST_OPS", NULL};
+    const char *kern[4] = {"NIB_OVERLAP", NULL, "NIB_OVERLAP_FIRST_OPS", "0"};
     CHECK_OK(load_envs("fast", NULL, on, 2, &f[0], &m[0]));
     CHECK_OK(load_envs("fast", NULL, off, 2, &f[1], &m[1]));
-    if (m[0] && m[1]) {
-        CHECK_MSG(strstr(nib_pi05_expert_path(m[0]), "NIB_OVERLAP_FIRST_OPS") != NULL, "the knob is not set up: %s",
-                  nib_pi05_expert_path(m[0]));
+    CHECK_OK(load_envs("fast", NULL, kern, 2, &f[2], &m[2]));
+    if (m[0] && m[1] && m[2]) {
+        CHECK_MSG(strstr(nib_pi05_expert_path(m[0]), "at every H, op by op: the first step beside the prefix") != NULL,
+                  "the per-op first step is not the default: %s", nib_pi05_expert_path(m[0]));
+        CHECK_MSG(strstr(nib_pi05_expert_path(m[2]), "op by op") == NULL,
+                  "NIB_OVERLAP_FIRST_OPS=0 still runs the first step op by op: %s", nib_pi05_expert_path(m[2]));
         nib_rng rng;
         nib_test_rng(t, &rng);
         static run_in x, y;
@@ -582,5 +588,5 @@ NIB_TEST(pi05_gpu_overlap_first_ops_knob) {
                                                                             "another shape");
         }
     }
-    for (int k = 0; k < 2; k++) nib_pi05_free(m[k]), nib_st_close(f[k]);
+    for (int k = 0; k < 3; k++) nib_pi05_free(m[k]), nib_st_close(f[k]);
 }
