@@ -98,8 +98,6 @@ struct nib_pi05 {
     int ofirst_ops;           /* the per-op first step beside the prefix also where the persistent kernel runs
                                * the other steps (the default; NIB_OVERLAP_FIRST_OPS=0: the kernel's first
                                * layers beside the prefix instead, overlap_setup) */
-    int side_sms;             /* lab NIB_SIDE_SMS: the side stream's GEMM and attention grids planned for this
-                               * many SMs (runtime/device.h nib_sm_cap); 0: the device's */
     int fused_qkv;            /* the prefix's RoPE + cache write as one kernel (prefix_setup) */
     char ppath[128];          /* nib_pi05_prefix_path */
 };
@@ -1132,16 +1130,6 @@ static nib_status overlap_ops_setup(nib_pi05 *m) {
         if (ks[i] > sz.max_k) sz.max_k = ks[i];
     }
     NIB_RETURN_IF_ERR(cache_ws_bytes(m, &sz.attn_ws_bytes));
-    m->side_sms = 0;
-    const char *ss = getenv("NIB_SIDE_SMS");
-    if (ss && *ss) {
-        char *end;
-        const long v = strtol(ss, &end, 10);
-        if (*end || v < 1 || v > 1024)
-            return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_SIDE_SMS=%s: the SMs the side stream's grids are planned for, 1..1024",
-                           ss);
-        m->side_sms = (int)v;
-    }
     NIB_RETURN_IF_ERR(nib_be_side_scratch(&m->be, &sz));
     m->oside = 1;
     snprintf(m->xpath + strlen(m->xpath), sizeof m->xpath - strlen(m->xpath), "; %sthe first step beside the prefix",
@@ -1667,11 +1655,9 @@ static nib_status side_ops(nib_pi05 *m, const call_shape *cs, op_step *o, int l)
     nib_be *be = &m->be;
     NIB_RETURN_IF_ERR(nib_be_fork(be));
     nib_pdl_suspend(1);
-    nib_sm_cap(m->side_sms);
     nib_status st = l == 0 ? step_in(m, cs) : NIB_OK;
     if (!st) st = op_layer(m, cs, o, l);
     if (!st && l == m->c.e_layers - 1) st = step_out(m, cs, 0, o);
-    nib_sm_cap(0);
     nib_pdl_suspend(0);
     nib_be_fork_end(be);
     return st;

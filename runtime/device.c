@@ -15,9 +15,6 @@
 static _Thread_local int pdl_suspended;
 void nib_pdl_suspend(int on) { pdl_suspended = on != 0; }
 int nib_pdl_suspended(void) { return pdl_suspended; }
-static _Thread_local int sm_cap;
-void nib_sm_cap(int n) { sm_cap = n > 0 ? n : 0; }
-int nib_sm_capped(int sms) { return sm_cap > 0 && sm_cap < sms ? sm_cap : sms; }
 
 int nib_device_built_with_cuda(void) {
 #ifdef NIB_HAVE_CUDA

@@ -100,13 +100,6 @@ nib_status nib_dev_sync(void);
 void nib_pdl_suspend(int on);
 int nib_pdl_suspended(void);
 
-/* Lab (Pi0.5's NIB_SIDE_SMS): while a cap n > 0 is set on this thread, the low-bit GEMM's and the
- * attention's planners size their grids for n SMs instead of the device's (the kernels still run
- * wherever the scheduler puts their CTAs; fewer CTAs at once leave more SMs to another stream).
- * nib_sm_capped(sms) is min(sms, cap). 0 removes the cap. */
-void nib_sm_cap(int n);
-int nib_sm_capped(int sms);
-
 #ifdef __cplusplus
 }
 #endif

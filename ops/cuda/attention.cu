@@ -349,7 +349,7 @@ static nib_status make_plan(int fmt, int dp, int64_t rows_max, int64_t t_max, in
     const int64_t tiles = t_max > 0 ? (t_max + k->tk - 1) / k->tk : 1;
     /* the decode kernel: one CTA per SM measured best (H100, T = 32768: 132 splits 21.7 / 17.5 /
      * 17.4 us for bf16 / fp8 / nvfp4 vs 24.8 / 18.7 / 17.5 us with 264 at 2 per SM) */
-    const int64_t slots = (int64_t)nib_sm_capped(g_sms) * (pl->ki >= K_RK && pl->ki < K_T2 ? 1 : k->occ);
+    const int64_t slots = (int64_t)g_sms * (pl->ki >= K_RK && pl->ki < K_T2 ? 1 : k->occ);
     const double merge_tiles = !cache && dp == 80 ? 8.0 : pl->ki >= K_WG ? 4.0 : 1.0;
     const double cta_fixed = pl->ki >= K_WG ? 1.0 : 0.0; /* wg: a CTA's prologue + epilogue ~ one tile */
     double best = 1e300;

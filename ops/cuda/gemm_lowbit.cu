@@ -1165,10 +1165,9 @@ nib_status nib_cuda_gemm_plan(const nib_qweight *w, int64_t m, uint64_t ws_elems
     nib_gemm_shape sh;
     NIB_RETURN_IF_ERR(weight_shape(w, m, &sh));
     int ks = 1, cm = 1;
-    const int sms = nib_sm_capped(g_num_sms); /* runtime/device.h nib_sm_cap (lab) */
-    const int bt = nib_gemm_wg_tile(w->fmt, w->perm != NULL, m, w->np, w->kp, ws_elems, sms, &ks, &cm);
+    const int bt = nib_gemm_wg_tile(w->fmt, w->perm != NULL, m, w->np, w->kp, ws_elems, g_num_sms, &ks, &cm);
     if (bt) return nib_cuda_gemm_wg_plan(w, m, bt, ks, cm, pl);
-    return nib_gemm_plan_for(&sh, m, ws_elems, sms, pl);
+    return nib_gemm_plan_for(&sh, m, ws_elems, g_num_sms, pl);
 }
 
 int nib_cuda_gemm_plans(const nib_qweight *w, int64_t m, uint64_t ws_elems, nib_gemm_plan *out, int max) {
