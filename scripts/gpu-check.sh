@@ -33,8 +33,8 @@
 #             time from file to the first call done
 #   overlap   A/B of the first flow step beside the prefix (overlap.log, overlap-ab.txt), each row
 #             OVERLAP_REPS (2) times alternated: bf16 2 cameras H = 10 and fast 3 cameras H = 50 with
-#             NIB_OVERLAP_OPS=0 / default; fast H = 10 at 1 / 2 / 3 cameras with the default against
-#             NIB_OVERLAP_FIRST_OPS=1 (the per-op first step where the persistent kernel runs the rest)
+#             NIB_OVERLAP_OPS=0 / default; fast H = 10 at 1 / 2 / 3 cameras with NIB_OVERLAP_FIRST_OPS=0
+#             (the persistent kernel's first layers beside the prefix) against the default (the per-op step)
 # Environment: NIB_GIT_COMMIT (recorded in the JSON; pass the commit from the machine you commit on:
 #              the device copy's git metadata may not have your latest commits), JOBS (make -j, default nproc),
 #              GEMM_ARGS / ATTN_ARGS / PI05_ARGS (extra args for nib bench gemm / attn / pi05), SAN_ARGS (extra args for
