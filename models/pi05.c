@@ -994,13 +994,6 @@ static void prefix_setup(nib_pi05 *m) {
 
 const char *nib_pi05_prefix_path(const nib_pi05 *m) { return m ? m->ppath : ""; }
 
-/* The first flow step needs, at expert layer l, only prefix layer l's K/V (and x_t, not the prefix's
- * output): so it can run while the prefix computes the later layers. Where the persistent kernel
- * runs the steps and the prefix writes its cache with the fused RoPE + cache kernel (whose CTAs
- * signal, ops/qkv.h done), the first step runs on a second stream on a few CTAs (they hold their
- * SMs for the whole prefix: the prefix runs on the others), every layer's attention waiting for its
- * layer's counter. NIB_OVERLAP=0 turns it off (A/B), NIB_OVERLAP_CTAS=N forces N CTAs at every
- * prefix length (lab); otherwise beside_grid's measured rule decides per prefix length. */
 /* Whether the first step runs op by op beside the prefix (overlap_ops_setup) also at the H where the
  * persistent kernel runs the other steps. Measured on an H100 (fast, H = 10; docs/design.md,
  * "Thirty-fourth session"): 1 camera 10.81 -> 10.65 ms, 2 cameras 11.71 -> 11.40, 3 cameras 13.06 ->
@@ -1015,6 +1008,14 @@ static int first_ops_wanted(const nib_pi05 *m) {
     return !(fo && !strcmp(fo, "0"));
 }
 
+/* The first flow step needs, at expert layer l, only prefix layer l's K/V (and x_t, not the prefix's
+ * output): so it can run while the prefix computes the later layers. Where the persistent kernel
+ * runs the steps and the prefix writes its cache with the fused RoPE + cache kernel (whose CTAs
+ * signal, ops/qkv.h done), the first step runs on a second stream on a few CTAs (they hold their
+ * SMs for the whole prefix: the prefix runs on the others), every layer's attention waiting for its
+ * layer's counter. NIB_OVERLAP=0 turns it off (A/B), NIB_OVERLAP_CTAS=N forces N CTAs at every
+ * prefix length (lab); otherwise beside_grid's measured rule decides per prefix length. Since the
+ * thirty-fourth session only with NIB_OVERLAP_FIRST_OPS=0 (first_ops_wanted). */
 static nib_status overlap_setup(nib_pi05 *m) {
     const nib_pi05_config *c = &m->c;
     m->overlap = 0;
