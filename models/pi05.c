@@ -61,6 +61,13 @@ struct nib_pi05 {
     int32_t *ints; /* [0] S valid, [1] T valid (P + H), [2] P (slot base of the expert tokens) */
     int32_t *pos_prefix, *pos_suffix, *ids;
     void *img; /* fp32 NCHW or u8 NHWC of the valid cameras */
+    /* ints, the positions, ids, x_t and img are one device block (inputs_layout, base = ints) mirrored
+     * in page-locked host memory: upload_inputs fills the mirror, send_inputs copies its used part
+     * with one async copy on the main stream; the actions come back through out_h */
+    uint8_t *in_h;
+    float *out_h;
+    uint64_t in_bytes; /* the part the last upload_inputs filled */
+    int in_busy;       /* a copy from in_h / into out_h may still be in flight (no sync since) */
     /* graphs and stage events */
     graph_entry graphs[MAX_GRAPHS];
     uint64_t clock;
@@ -500,6 +507,25 @@ int nib_pi05_prequantized(const nib_pi05 *m) { return m->preq; }
 /* ---- sizes ---------------------------------------------------------------------------------- */
 static uint64_t al256(uint64_t x) { return (x + 255) / 256 * 256; }
 
+/* The call's inputs, one device block (and its host mirror): valid lengths, prefix and suffix
+ * positions, text ids, x_t (the noise in, the actions out), then the images (last, so a call copies
+ * only its valid cameras' bytes). */
+typedef struct in_layout {
+    uint64_t ints, pos_prefix, pos_suffix, ids, xt, img, total;
+} in_layout;
+static in_layout inputs_layout(const nib_pi05_config *c) {
+    const uint64_t S = (uint64_t)c->max_cameras * c->v_tokens + (uint64_t)c->max_text, H = (uint64_t)c->max_horizon;
+    in_layout o;
+    o.ints = 0;
+    o.pos_prefix = o.ints + al256(16 * 4);
+    o.pos_suffix = o.pos_prefix + al256(S * 4);
+    o.ids = o.pos_suffix + al256(H * 4);
+    o.xt = o.ids + al256((uint64_t)c->max_text * 4);
+    o.img = o.xt + al256(H * (uint64_t)c->action_dim * 4);
+    o.total = o.img + al256((uint64_t)c->max_cameras * c->v_channels * c->v_image * c->v_image * 4);
+    return o;
+}
+
 static uint64_t lin_bytes(const nib_pi05 *m, nib_wfmt f, int64_t n, int64_t k, int geglu, int w8a8) {
     (void)geglu, (void)w8a8;
     if (m->prec.backend == NIB_BE_REF) return al256((uint64_t)n * k * 4) + al256((uint64_t)n * 4);
@@ -817,10 +843,9 @@ static void plan_sizes(const nib_pi05 *m, nib_be_sizes *sz) {
     ab += al256(Vt * m->kpatch * a) + 2 * al256(Vt * Wv * a) + al256(Vt * 3 * Wv * a) + al256(Vt * Wv * a) + al256(Vt * Fv * a);
     ab += 2 * al256(S * W * a) + al256(S * (c->heads + 2 * nkv) * hd * a) + al256(S * c->heads * hd * a) + al256(S * F * a);
     ab += 2 * al256(H * We * a) + al256(H * (c->e_heads + 2 * nkv) * hd * a) + 2 * al256(H * c->e_heads * hd * a) +
-          al256(H * Fe * a) + 2 * al256(H * c->action_dim * a) + al256(H * c->action_dim * 4);
+          al256(H * Fe * a) + 2 * al256(H * c->action_dim * a);
     for (int l = 0; l < c->layers; l++) ab += nib_kv_layer_bytes(m->prec.kv, (int32_t)(S + H), (int32_t)nkv, (int32_t)hd) + 256;
-    ab += al256(16 * 4) + al256(S * 4) + al256(H * 4) + al256((uint64_t)c->max_text * 4);
-    ab += al256((uint64_t)c->max_cameras * c->v_channels * c->v_image * c->v_image * 4);
+    ab += inputs_layout(c).total;
     ab += al256(NIB_CHECK_FINITE_WS_BYTES);
     sz->act_bytes = ab + (1 << 20);
 
@@ -1165,7 +1190,6 @@ static nib_status alloc_buffers(nib_pi05 *m) {
     NIB_RETURN_IF_ERR(alloc_act(m, &m->emlp, H * c->e_mlp, "expert mlp"));
     NIB_RETURN_IF_ERR(alloc_act(m, &m->eout, H * A, "expert out"));
     NIB_RETURN_IF_ERR(alloc_act(m, &m->xt_act, H * A, "x_t act"));
-    NIB_RETURN_IF_ERR(nib_be_alloc_act(&m->be, (uint64_t)H * A * 4, (void **)&m->xt, "x_t"));
     m->kv = nib_calloc((size_t)c->layers, sizeof *m->kv);
     if (!m->kv) return NIB_ERR_OUT_OF_MEMORY;
     for (int l = 0; l < c->layers; l++) {
@@ -1174,12 +1198,17 @@ static nib_status alloc_buffers(nib_pi05 *m) {
         NIB_RETURN_IF_ERR(nib_be_alloc_act(&m->be, b, &p, "KV cache"));
         NIB_RETURN_IF_ERR(nib_kv_layer_map(&m->kv[l], m->prec.kv, (int32_t)(S + H), (int32_t)nkv, (int32_t)hd, p));
     }
-    NIB_RETURN_IF_ERR(nib_be_alloc_act(&m->be, 16 * 4, (void **)&m->ints, "valid lengths"));
-    NIB_RETURN_IF_ERR(nib_be_alloc_act(&m->be, (uint64_t)S * 4, (void **)&m->pos_prefix, "prefix positions"));
-    NIB_RETURN_IF_ERR(nib_be_alloc_act(&m->be, (uint64_t)H * 4, (void **)&m->pos_suffix, "suffix positions"));
-    NIB_RETURN_IF_ERR(nib_be_alloc_act(&m->be, (uint64_t)c->max_text * 4, (void **)&m->ids, "text ids"));
-    NIB_RETURN_IF_ERR(nib_be_alloc_act(&m->be, (uint64_t)c->max_cameras * c->v_channels * c->v_image * c->v_image * 4,
-                                       &m->img, "images"));
+    const in_layout il = inputs_layout(c);
+    uint8_t *ib;
+    NIB_RETURN_IF_ERR(nib_be_alloc_act(&m->be, il.total, (void **)&ib, "inputs (lengths, positions, ids, x_t, images)"));
+    m->ints = (int32_t *)(ib + il.ints);
+    m->pos_prefix = (int32_t *)(ib + il.pos_prefix);
+    m->pos_suffix = (int32_t *)(ib + il.pos_suffix);
+    m->ids = (int32_t *)(ib + il.ids);
+    m->xt = (float *)(ib + il.xt);
+    m->img = ib + il.img;
+    NIB_RETURN_IF_ERR(nib_be_host_alloc(&m->be, il.total, (void **)&m->in_h, "the inputs' host staging"));
+    NIB_RETURN_IF_ERR(nib_be_host_alloc(&m->be, (uint64_t)H * A * 4, (void **)&m->out_h, "the actions' host staging"));
     NIB_RETURN_IF_ERR(nib_be_alloc_act(&m->be, NIB_CHECK_FINITE_WS_BYTES, &m->nws, "check-numerics result"));
     return NIB_OK;
 }
@@ -1364,6 +1393,9 @@ void nib_pi05_free(nib_pi05 *m) {
     }
     for (int i = 0; i < MAX_GRAPHS; i++) nib_be_graph_free(m->graphs[i].g);
     for (int i = 0; i < m->n_ev; i++) nib_be_event_free(m->ev[i]);
+    if (m->in_busy) nib_be_sync(&m->be); /* unchecked: a free function has no status */
+    nib_be_host_free(&m->be, m->in_h);
+    nib_be_host_free(&m->be, m->out_h);
     nib_be_free(&m->be);
     nib_free(m->vl);
     nib_free(m->pl);
@@ -1722,9 +1754,28 @@ static nib_status forward(nib_pi05 *m, const call_shape *cs) {
 }
 
 /* ---- run ------------------------------------------------------------------------------------ */
+/* the inputs' bytes the last upload_inputs filled, host mirror -> device block, on the main stream */
+static nib_status send_inputs(nib_pi05 *m) {
+    NIB_RETURN_IF_ERR(nib_be_upload_async(&m->be, m->ints, m->in_h, m->in_bytes));
+    m->in_busy = m->be.kind == NIB_BE_CUDA;
+    return NIB_OK;
+}
+
+/* fp32 values copied, and whether all are finite (exponent not all ones; no early exit, so it vectorizes) */
+static int copy_finite(float *dst, const float *src, uint64_t n) {
+    uint32_t bad = 0;
+    for (uint64_t j = 0; j < n; j++) {
+        uint32_t u;
+        memcpy(&u, &src[j], 4);
+        bad |= (uint32_t)((u & 0x7F800000u) == 0x7F800000u);
+        dst[j] = src[j];
+    }
+    return !bad;
+}
+
+/* Validates the inputs, fills the host mirror of the input block (inputs_layout) and sends it. */
 static nib_status upload_inputs(nib_pi05 *m, const nib_pi05_inputs *in, call_shape *cs) {
     const nib_pi05_config *c = &m->c;
-    nib_status st = NIB_OK;
     if (!in || (in->n_cameras > 0 && !in->images_f32 && !in->images_u8))
         return NIB_ERR(NIB_ERR_INVALID_ARG, "pi05 inputs: %d cameras but no images", in ? in->n_cameras : 0);
     if (in->n_cameras < 0 || in->n_cameras > c->max_cameras)
@@ -1738,55 +1789,58 @@ static nib_status upload_inputs(nib_pi05 *m, const nib_pi05_inputs *in, call_sha
         if (in->text_ids[i] < 0 || in->text_ids[i] >= c->vocab)
             return NIB_ERR(NIB_ERR_INVALID_ARG, "pi05 inputs: text id %d at position %d outside the vocabulary of %lld",
                            in->text_ids[i], i, (long long)c->vocab);
+    if (m->in_busy) { /* the mirror may still be read by the last call's copy (a call that failed midway) */
+        NIB_RETURN_IF_ERR(nib_be_sync(&m->be));
+        m->in_busy = 0;
+    }
+    const in_layout il = inputs_layout(c);
+    uint8_t *const h = m->in_h;
     const int u8 = in->images_u8 != NULL;
     const uint64_t img_elems = (uint64_t)c->v_channels * c->v_image * c->v_image, esz = u8 ? 1 : 4;
     int32_t V = 0;
     for (int32_t i = 0; i < in->n_cameras; i++) {
         if (in->image_mask && !in->image_mask[i]) continue; /* masked cameras are skipped (exact) */
-        const void *src = u8 ? (const void *)(in->images_u8 + i * img_elems) : (const void *)(in->images_f32 + i * img_elems);
-        if (!u8)
+        uint8_t *dst = h + il.img + (uint64_t)V * img_elems * esz;
+        if (u8) {
+            memcpy(dst, in->images_u8 + i * img_elems, (size_t)img_elems);
+        } else if (!copy_finite((float *)dst, in->images_f32 + i * img_elems, img_elems)) {
             for (uint64_t j = 0; j < img_elems; j++)
                 if (!isfinite(in->images_f32[i * img_elems + j]))
                     return NIB_ERR(NIB_ERR_NUMERICS, "pi05 inputs: image %d has a non-finite value at element %llu", i,
                                    (unsigned long long)j);
-        NIB_RETURN_IF_ERR(nib_be_upload(&m->be, (uint8_t *)m->img + V * img_elems * esz, src, img_elems * esz));
+        }
         V++;
     }
     cs->V = V, cs->L = in->n_text, cs->H = in->horizon, cs->u8 = u8;
     cs->S = V * c->v_tokens + in->n_text;
     if (cs->S < 1) return NIB_ERR(NIB_ERR_INVALID_ARG, "pi05 inputs: no valid camera and no text: the prefix is empty");
-    int32_t *pos = nib_malloc((size_t)(cs->S + cs->H) * 4);
-    float *noise = nib_malloc((size_t)cs->H * c->action_dim * 4);
-    if (!pos || !noise) {
-        nib_free(pos), nib_free(noise);
-        return NIB_ERR_OUT_OF_MEMORY;
-    }
-    for (int32_t i = 0; i < cs->S + cs->H; i++) pos[i] = i; /* valid tokens keep their positions */
+    int32_t *pp = (int32_t *)(h + il.pos_prefix), *ps = (int32_t *)(h + il.pos_suffix);
+    for (int32_t i = 0; i < cs->S; i++) pp[i] = i; /* valid tokens keep their positions */
+    for (int32_t i = 0; i < cs->H; i++) ps[i] = cs->S + i;
+    if (cs->L) memcpy(h + il.ids, in->text_ids, (size_t)cs->L * 4);
+    float *noise = (float *)(h + il.xt);
+    const int64_t nn = (int64_t)cs->H * c->action_dim;
     if (in->noise) {
-        memcpy(noise, in->noise, (size_t)cs->H * c->action_dim * 4);
-        for (int64_t i = 0; i < (int64_t)cs->H * c->action_dim; i++)
-            if (!isfinite(noise[i])) {
-                st = NIB_ERR(NIB_ERR_NUMERICS, "pi05 inputs: noise element %lld is not finite", (long long)i);
-                break;
-            }
+        if (!copy_finite(noise, in->noise, (uint64_t)nn))
+            for (int64_t i = 0; i < nn; i++)
+                if (!isfinite(in->noise[i]))
+                    return NIB_ERR(NIB_ERR_NUMERICS, "pi05 inputs: noise element %lld is not finite", (long long)i);
     } else {
         nib_rng r;
         nib_rng_seed(&r, in->seed);
-        for (int64_t i = 0; i < (int64_t)cs->H * c->action_dim; i++) noise[i] = (float)nib_rng_normal(&r);
+        for (int64_t i = 0; i < nn; i++) noise[i] = (float)nib_rng_normal(&r);
     }
-    int32_t ints[16] = {cs->S, cs->S + cs->H, cs->S};
-    if (!st) st = nib_be_upload(&m->be, m->pos_prefix, pos, (uint64_t)cs->S * 4);
-    if (!st) st = nib_be_upload(&m->be, m->pos_suffix, pos + cs->S, (uint64_t)cs->H * 4);
-    if (!st && cs->L) st = nib_be_upload(&m->be, m->ids, in->text_ids, (uint64_t)cs->L * 4);
-    if (!st) st = nib_be_upload(&m->be, m->ints, ints, sizeof ints);
-    if (!st) st = nib_be_upload(&m->be, m->xt, noise, (uint64_t)cs->H * c->action_dim * 4);
-    nib_free(pos), nib_free(noise);
+    int32_t *ints = (int32_t *)(h + il.ints);
+    memset(ints, 0, 16 * 4);
+    ints[0] = cs->S, ints[1] = cs->S + cs->H, ints[2] = cs->S;
+    m->in_bytes = il.img + (uint64_t)V * img_elems * esz;
     m->last_P = cs->S;
-    return st;
+    return send_inputs(m);
 }
 
-static nib_status get_graph(nib_pi05 *m, const call_shape *cs, nib_be_graph **out) {
+static nib_status get_graph(nib_pi05 *m, const call_shape *cs, nib_be_graph **out, int *captured) {
     graph_entry *lru = &m->graphs[0];
+    *captured = 0;
     m->clock++;
     for (int i = 0; i < MAX_GRAPHS; i++) {
         graph_entry *g = &m->graphs[i];
@@ -1816,6 +1870,7 @@ static nib_status get_graph(nib_pi05 *m, const call_shape *cs, nib_be_graph **ou
         return st;
     }
     NIB_RETURN_IF_ERR(nib_be_capture_end(&m->be, &lru->g));
+    *captured = 1;
     lru->used = 1, lru->V = cs->V, lru->L = cs->L, lru->H = cs->H, lru->u8 = cs->u8, lru->last_use = m->clock;
     *out = lru->g;
     return NIB_OK;
@@ -1843,17 +1898,21 @@ nib_status nib_pi05_run(nib_pi05 *m, const nib_pi05_inputs *in, float *actions, 
         m->checking = 0;
         NIB_RETURN_IF_ERR(st);
         NIB_RETURN_IF_ERR(nib_be_sync(&m->be));
+        m->in_busy = 0;
         if (timing) timing->total_ms = 1e3 * (nib_now_s() - t0), timing->steps = m->c.steps;
     } else {
         if (!m->n_ev) {
             for (int i = 0; i < 3 + m->c.steps; i++) NIB_RETURN_IF_ERR(nib_be_event_create(&m->ev[m->n_ev++]));
         }
         nib_be_graph *g;
-        NIB_RETURN_IF_ERR(get_graph(m, &cs, &g));
-        /* get_graph may have run the model eagerly for a new shape: restore x_t = noise */
-        NIB_RETURN_IF_ERR(upload_inputs(m, in, &cs));
+        int captured;
+        NIB_RETURN_IF_ERR(get_graph(m, &cs, &g, &captured));
+        /* a new shape ran eagerly first (get_graph): x_t = noise again */
+        if (captured) NIB_RETURN_IF_ERR(send_inputs(m));
         NIB_RETURN_IF_ERR(nib_be_graph_launch(&m->be, g));
+        NIB_RETURN_IF_ERR(nib_be_download_async(&m->be, m->out_h, m->xt, (uint64_t)cs.H * m->c.action_dim * 4));
         NIB_RETURN_IF_ERR(nib_be_sync(&m->be));
+        m->in_busy = 0;
         if (m->kvto_h && *(volatile uint32_t *)m->kvto_h) { /* ops/expert.h kv_timeout */
             const unsigned layer = *(volatile uint32_t *)m->kvto_h - 1u;
             *(volatile uint32_t *)m->kvto_h = 0u;
@@ -1881,6 +1940,10 @@ nib_status nib_pi05_run(nib_pi05 *m, const nib_pi05_inputs *in, float *actions, 
             timing->first_step_beside = bs != 0;
             timing->first_step_layers_beside = bs == 1 ? beside_layers(m, cs.S) : bs == 2 ? m->c.e_layers : 0;
         }
+    }
+    if (m->be.kind == NIB_BE_CUDA && !m->check_numerics) { /* the graph path copied them into out_h */
+        memcpy(actions, m->out_h, (size_t)cs.H * m->c.action_dim * 4);
+        return NIB_OK;
     }
     return nib_be_download(&m->be, actions, m->xt, (uint64_t)cs.H * m->c.action_dim * 4);
 }

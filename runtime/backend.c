@@ -290,6 +290,66 @@ nib_status nib_be_memset(nib_be *be, void *dst, int v, uint64_t bytes) {
 #endif
 }
 
+nib_status nib_be_host_alloc(nib_be *be, uint64_t bytes, void **p, const char *what) {
+    *p = NULL;
+    if (be->kind == NIB_BE_REF) {
+        *p = nib_calloc(bytes ? (size_t)bytes : 1, 1);
+        return *p ? NIB_OK
+                  : NIB_ERR(NIB_ERR_OUT_OF_MEMORY, "%s: %llu bytes of host memory", what, (unsigned long long)bytes);
+    }
+#ifdef NIB_HAVE_CUDA
+    const cudaError_t e = cudaHostAlloc(p, bytes ? (size_t)bytes : 1, cudaHostAllocDefault);
+    if (e != cudaSuccess) {
+        *p = NULL;
+        return NIB_ERR(NIB_ERR_OUT_OF_MEMORY, "%s: %llu bytes of page-locked host memory (cudaHostAlloc: %s)", what,
+                       (unsigned long long)bytes, cudaGetErrorString(e));
+    }
+    memset(*p, 0, (size_t)bytes);
+    return NIB_OK;
+#else
+    return NIB_ERR(NIB_ERR_NO_DEVICE, "%s: page-locked host memory needs the CUDA backend", what);
+#endif
+}
+
+void nib_be_host_free(nib_be *be, void *p) {
+    if (!p) return;
+    if (be->kind == NIB_BE_REF) {
+        nib_free(p);
+        return;
+    }
+#ifdef NIB_HAVE_CUDA
+    cudaFreeHost(p); /* unchecked: a free function has no status */
+#endif
+}
+
+nib_status nib_be_upload_async(nib_be *be, void *dst, const void *src, uint64_t bytes) {
+    if (!bytes) return NIB_OK;
+    if (be->kind == NIB_BE_REF) {
+        memcpy(dst, src, (size_t)bytes);
+        return NIB_OK;
+    }
+#ifdef NIB_HAVE_CUDA
+    NIB_CUDA_CHECK(cudaMemcpyAsync(dst, src, (size_t)bytes, cudaMemcpyHostToDevice, (cudaStream_t)be->stream));
+    return NIB_OK;
+#else
+    return NIB_ERR(NIB_ERR_NO_DEVICE, "upload: no CUDA backend");
+#endif
+}
+
+nib_status nib_be_download_async(nib_be *be, void *dst, const void *src, uint64_t bytes) {
+    if (!bytes) return NIB_OK;
+    if (be->kind == NIB_BE_REF) {
+        memcpy(dst, src, (size_t)bytes);
+        return NIB_OK;
+    }
+#ifdef NIB_HAVE_CUDA
+    NIB_CUDA_CHECK(cudaMemcpyAsync(dst, src, (size_t)bytes, cudaMemcpyDeviceToHost, (cudaStream_t)be->stream));
+    return NIB_OK;
+#else
+    return NIB_ERR(NIB_ERR_NO_DEVICE, "download: no CUDA backend");
+#endif
+}
+
 nib_status nib_be_sync(nib_be *be) {
     if (be->kind == NIB_BE_REF) return NIB_OK;
 #ifdef NIB_HAVE_CUDA

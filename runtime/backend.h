@@ -102,6 +102,15 @@ nib_status nib_be_download(nib_be *be, void *dst, const void *src, uint64_t byte
 nib_status nib_be_upload_act(nib_be *be, void *dst, const float *src, uint64_t n);
 nib_status nib_be_download_act(nib_be *be, float *dst, const void *src, uint64_t n);
 nib_status nib_be_memset(nib_be *be, void *dst, int v, uint64_t bytes); /* enqueued on CUDA */
+/* Page-locked host memory for the async copies below (REF: plain host memory), zeroed; free it with
+ * nib_be_host_free before nib_be_free. */
+nib_status nib_be_host_alloc(nib_be *be, uint64_t bytes, void **p, const char *what);
+void nib_be_host_free(nib_be *be, void *p); /* NULL is a no-op */
+/* Copies enqueued on the current stream (REF: done on return). The host side must stay untouched until
+ * the stream has passed the copy (a sync); from page-locked memory (nib_be_host_alloc) they do not
+ * block the host. */
+nib_status nib_be_upload_async(nib_be *be, void *dst, const void *src, uint64_t bytes);
+nib_status nib_be_download_async(nib_be *be, void *dst, const void *src, uint64_t bytes);
 nib_status nib_be_sync(nib_be *be);
 
 /* Prepare a linear layer from its canonical weight (ops/gemm.h). REF dequantizes exactly to

@@ -431,7 +431,20 @@ NIB_TEST(pi05_ref_input_errors) {
     in.n_cameras = 1;
     img[5] = NAN;
     CHECK_ST(nib_pi05_run(m, &in, act, NULL), NIB_ERR_NUMERICS);
+    CHECK(strstr(nib_last_error(), "element 5") != NULL);
     img[5] = 0;
+    img[3 * 56 * 56 - 1] = -INFINITY; /* the last element of the image */
+    CHECK_ST(nib_pi05_run(m, &in, act, NULL), NIB_ERR_NUMERICS);
+    CHECK(strstr(nib_last_error(), "element 9407") != NULL);
+    img[3 * 56 * 56 - 1] = 0;
+    float noise[10 * 32] = {0};
+    noise[10 * 32 - 1] = INFINITY;
+    in.noise = noise;
+    CHECK_ST(nib_pi05_run(m, &in, act, NULL), NIB_ERR_NUMERICS);
+    CHECK(strstr(nib_last_error(), "noise element 319") != NULL);
+    noise[10 * 32 - 1] = 0;
+    CHECK_OK(nib_pi05_run(m, &in, act, NULL));
+    in.noise = NULL;
     CHECK_OK(nib_pi05_run(m, &in, act, NULL));
     nib_pi05_free(m);
     nib_st_close(f);
