@@ -90,6 +90,11 @@ static const char *tmp_ckpt_path(const char *name) {
     return p;
 }
 
+static int cmp_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
 /* ---- demo ---------------------------------------------------------------------------------- */
 static void print_timing(const char *label, const nib_pi05_timing *t) {
     double steps = 0;
@@ -412,15 +417,16 @@ int nib_bench_pi05(int argc, char **argv) {
     if (!st) st = nib_lab_peak_tflops(1, 8192, &pk_fp8);
     if (st) return nib_cli_fail("bench pi05", st);
     printf("%s: copy %.0f GB/s, cuBLASLt bf16 %.0f / fp8 %.0f TFLOP/s\n", dev.name, bw, pk_bf16, pk_fp8);
-    printf("%-5s %4s %3s %9s %9s %9s %9s %9s | floors: %8s %8s %8s %9s\n", "preset", "cams", "H", "total", "vision",
-           "prefix", "step", "wall", "vision", "prefix", "step", "total");
+    printf("%-5s %4s %3s %9s %9s %9s %9s %9s %7s %7s | floors: %8s %8s %8s %9s\n", "preset", "cams", "H", "total", "vision",
+           "prefix", "step", "wall", "in-host", "in-copy", "vision", "prefix", "step", "total");
     FILE *jf = NULL;
     if (json) {
         jf = fopen(json, "w");
         if (!jf) return nib_cli_fail("bench pi05", NIB_ERR(NIB_ERR_IO, "cannot write '%s'", json));
         nib_cli_json_head(jf, "pi05", "nib bench", argc, argv, &dev);
         fprintf(jf, "  \"copy_gbps\": %.1f, \"bf16_tflops\": %.1f, \"fp8_tflops\": %.1f,\n"
-                    "  \"timing\": \"median over reps of the in-graph event time of one call; wall = host time per call incl. upload/download\",\n  \"rows\": [",
+                    "  \"timing\": \"median over reps of the in-graph event time of one call; wall = host time per call incl. upload/download; "
+                    "input_host_ms = the host's input checks and packing, input_copy_ms = the device time of the input copy (both medians, before the graph)\",\n  \"rows\": [",
                 bw, pk_bf16, pk_fp8);
     }
     const char *presets[2] = {"bf16", "fast"};
@@ -446,24 +452,24 @@ int nib_bench_pi05(int argc, char **argv) {
                 st = make_inputs(c, cams, ntext, H, 7, &d);
                 float *act = nib_malloc((size_t)H * c->action_dim * 4);
                 nib_pi05_timing *tms = nib_calloc((size_t)reps, sizeof *tms);
-                double *wall = nib_calloc((size_t)reps, sizeof *wall);
+                double *wall = nib_calloc((size_t)reps * 3, sizeof *wall), *in_host = wall + reps, *in_copy = wall + 2 * reps;
                 if (!st && (!act || !tms || !wall)) st = NIB_ERR_OUT_OF_MEMORY;
                 for (int w = 0; w < 3 && !st; w++) st = nib_pi05_run(m, &d.in, act, NULL); /* capture + warm-up */
                 for (int r = 0; r < reps && !st; r++) {
                     double t0 = nib_now_s();
                     st = nib_pi05_run(m, &d.in, act, &tms[r]);
                     wall[r] = 1e3 * (nib_now_s() - t0);
+                    in_host[r] = tms[r].input_host_ms, in_copy[r] = tms[r].input_copy_ms;
                 }
                 if (!st) {
+                    qsort(wall, (size_t)reps, sizeof *wall, cmp_double);
+                    qsort(in_host, (size_t)reps, sizeof *in_host, cmp_double);
+                    qsort(in_copy, (size_t)reps, sizeof *in_copy, cmp_double);
                     for (int i = 0; i < reps; i++)
                         for (int j = i + 1; j < reps; j++) {
                             if (tms[j].total_ms < tms[i].total_ms) {
                                 nib_pi05_timing x = tms[i];
                                 tms[i] = tms[j], tms[j] = x;
-                            }
-                            if (wall[j] < wall[i]) {
-                                double x = wall[i];
-                                wall[i] = wall[j], wall[j] = x;
                             }
                         }
                     nib_pi05_timing t = tms[reps / 2];
@@ -475,16 +481,16 @@ int nib_bench_pi05(int argc, char **argv) {
                     double fp = fmax(k.prefix_bytes / (bw * 1e6), k.prefix_flops / ((pf8 ? pk_fp8 : pk_bf16) * 1e9));
                     double fs = fmax(k.step_bytes / (bw * 1e6), k.step_flops / (pk_bf16 * 1e9));
                     double ft = fv + fp + c->steps * fs;
-                    printf("%-5s %4d %3d %7.3fms %7.3fms %7.3fms %7.3fms %7.3fms | %6.3fms %6.3fms %6.3fms %7.3fms\n",
-                           label, cams, H, t.total_ms, t.vision_ms, t.prefix_ms, nib_pi05_step_mean_ms(&t), wall[reps / 2], fv, fp,
-                           fs, ft);
+                    printf("%-5s %4d %3d %7.3fms %7.3fms %7.3fms %7.3fms %7.3fms %5.3fms %5.3fms | %6.3fms %6.3fms %6.3fms %7.3fms\n",
+                           label, cams, H, t.total_ms, t.vision_ms, t.prefix_ms, nib_pi05_step_mean_ms(&t), wall[reps / 2],
+                           in_host[reps / 2], in_copy[reps / 2], fv, fp, fs, ft);
                     if (jf)
                         fprintf(jf, "%s\n    {\"preset\": \"%s\", \"overrides\": \"%s\", \"precision\": \"%s\", \"cameras\": %d, \"horizon\": %d, \"text\": %d, \"total_ms\": %.4f, "
-                                    "\"vision_ms\": %.4f, \"prefix_ms\": %.4f, \"step_ms\": %.4f, \"wall_ms\": %.4f, "
+                                    "\"vision_ms\": %.4f, \"prefix_ms\": %.4f, \"step_ms\": %.4f, \"wall_ms\": %.4f, \"input_host_ms\": %.4f, \"input_copy_ms\": %.4f, "
                                     "\"floor_vision_ms\": %.4f, \"floor_prefix_ms\": %.4f, \"floor_step_ms\": %.4f, \"floor_total_ms\": %.4f, "
                                     "\"expert_path\": ",
                                 first ? "" : ",", presets[p], over ? over : "", pstr, cams, H, ntext, t.total_ms, t.vision_ms, t.prefix_ms,
-                                nib_pi05_step_mean_ms(&t), wall[reps / 2], fv, fp, fs, ft);
+                                nib_pi05_step_mean_ms(&t), wall[reps / 2], in_host[reps / 2], in_copy[reps / 2], fv, fp, fs, ft);
                     if (jf) {
                         nib_cli_json_string(jf, nib_pi05_expert_path(m));
                         fprintf(jf,

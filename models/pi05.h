@@ -99,6 +99,9 @@ typedef struct nib_pi05_timing {
                             * prefix (the wait for the last of them, the layers run after the
                             * prefix on every SM, then the output projection) */
     int first_step_layers_beside; /* how many of its layers ran beside (from the first), 0 if none */
+    /* before the graph, outside total_ms: the host's checks and packing of the inputs into page-locked
+     * memory, and the device time of their one copy (events around it; CUDA graph path only) */
+    double input_host_ms, input_copy_ms;
 } nib_pi05_timing;
 
 /* One policy call. actions: [H][action_dim] fp32. On CUDA the call is captured once per call
