@@ -179,6 +179,7 @@ int nib_cmd_demo(int argc, char **argv) {
             double t0 = nib_now_s();
             if ((st = nib_pi05_synth_checkpoint(ckpt, &c, seed))) return nib_cli_fail("demo", st);
             printf("  done in %.1f s\n", nib_now_s() - t0);
+            fflush(stdout); /* before the loaders' lines on stderr */
         }
     }
     const char *presets[2] = {"bf16", "fast"};
