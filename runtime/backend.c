@@ -322,32 +322,26 @@ void nib_be_host_free(nib_be *be, void *p) {
 #endif
 }
 
-nib_status nib_be_upload_async(nib_be *be, void *dst, const void *src, uint64_t bytes) {
+static nib_status copy_async(nib_be *be, void *dst, const void *src, uint64_t bytes, int to_device) {
     if (!bytes) return NIB_OK;
     if (be->kind == NIB_BE_REF) {
         memcpy(dst, src, (size_t)bytes);
         return NIB_OK;
     }
 #ifdef NIB_HAVE_CUDA
-    NIB_CUDA_CHECK(cudaMemcpyAsync(dst, src, (size_t)bytes, cudaMemcpyHostToDevice, (cudaStream_t)be->stream));
+    NIB_CUDA_CHECK(cudaMemcpyAsync(dst, src, (size_t)bytes, to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost,
+                                   (cudaStream_t)be->stream));
     return NIB_OK;
 #else
-    return NIB_ERR(NIB_ERR_NO_DEVICE, "upload: no CUDA backend");
+    (void)to_device;
+    return NIB_ERR(NIB_ERR_NO_DEVICE, "copy: no CUDA backend");
 #endif
 }
-
+nib_status nib_be_upload_async(nib_be *be, void *dst, const void *src, uint64_t bytes) {
+    return copy_async(be, dst, src, bytes, 1);
+}
 nib_status nib_be_download_async(nib_be *be, void *dst, const void *src, uint64_t bytes) {
-    if (!bytes) return NIB_OK;
-    if (be->kind == NIB_BE_REF) {
-        memcpy(dst, src, (size_t)bytes);
-        return NIB_OK;
-    }
-#ifdef NIB_HAVE_CUDA
-    NIB_CUDA_CHECK(cudaMemcpyAsync(dst, src, (size_t)bytes, cudaMemcpyDeviceToHost, (cudaStream_t)be->stream));
-    return NIB_OK;
-#else
-    return NIB_ERR(NIB_ERR_NO_DEVICE, "download: no CUDA backend");
-#endif
+    return copy_async(be, dst, src, bytes, 0);
 }
 
 nib_status nib_be_sync(nib_be *be) {
