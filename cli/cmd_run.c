@@ -75,8 +75,8 @@ nib_status nib_cli_pi05_inputs_from_file(const nib_st_file *f, const nib_pi05_co
     }
     in->horizon = horizon;
     if (noise) {
-        int ok = noise->dtype == NIB_DTYPE_F32 && noise->numel % (uint64_t)c->action_dim == 0 &&
-                 noise->shape[noise->ndim - 1] == c->action_dim && (noise->ndim == 2 || (noise->ndim == 3 && noise->shape[0] == 1));
+        int ok = noise->dtype == NIB_DTYPE_F32 && (noise->ndim == 2 || (noise->ndim == 3 && noise->shape[0] == 1)) &&
+                 noise->shape[noise->ndim - 1] == c->action_dim && noise->numel % (uint64_t)c->action_dim == 0;
         if (!ok) return NIB_ERR(NIB_ERR_SHAPE, "inputs: 'noise' must be F32 [1,H,%d] or [H,%d]", c->action_dim, c->action_dim);
         in->horizon = (int32_t)(noise->numel / (uint64_t)c->action_dim);
         if (horizon > 0 && horizon != in->horizon)

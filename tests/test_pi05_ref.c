@@ -681,3 +681,81 @@ NIB_TEST(pi05_ref_prequantized_rejects_what_it_cannot_load_exactly) {
     CHECK_ST(load_run(q, "ref", NULL, NULL, NULL), NIB_ERR_FORMAT);
     CHECK_MSG(strstr(nib_last_error(), "language_model.layers.1.") != NULL, "message: %s", nib_last_error());
 }
+
+/* `nib run pi05 --inputs FILE`: every rule of the inputs file (cli/cmd_run.c) gives its own error
+ * naming the tensor and what was expected; a valid U8 file and a noise-sized horizon load */
+#include "cli/pi05_cli.h"
+static nib_status inputs_case(nib_test_ctx *t, const nib_pi05_config *c, int32_t horizon, size_t n,
+                              const nib_st_save_tensor *ts, const char *must, nib_cli_inputs *keep) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/pi05_inputs_case.safetensors", nib_test_tmpdir());
+    if (nib_st_save(path, n, ts, 0, NULL) != NIB_OK) return NIB_ERR(NIB_ERR_IO, "test: cannot write %s", path);
+    nib_st_file *f = NULL;
+    nib_status st = nib_st_open(path, &f);
+    nib_cli_inputs ci;
+    if (!st) st = nib_cli_pi05_inputs_from_file(f, c, horizon, &ci);
+    if (st && must) CHECK_MSG(strstr(nib_last_error(), must) != NULL, "the error '%s' does not name '%s'", nib_last_error(), must);
+    if (keep && !st) *keep = ci;
+    else nib_cli_inputs_free(&ci); /* also after an error: what was allocated is freed (ASan in CI) */
+    nib_st_close(f);
+    return st;
+}
+
+NIB_TEST(pi05_ref_run_inputs_file_rules) {
+    const char *p = tiny_ckpt();
+    REQUIRE(p);
+    nib_st_file *f;
+    CHECK_OK(nib_st_open(p, &f));
+    REQUIRE(f);
+    nib_pi05_config c;
+    CHECK_OK(nib_pi05_config_from_file(f, &c));
+    nib_st_close(f);
+    REQUIRE(c.v_image == 56 && c.v_channels == 3 && c.action_dim == 32);
+    static float imgf[2 * 3 * 56 * 56], noise[10 * 32], bad[4];
+    static uint8_t imgu[56 * 56 * 3], m2[2] = {1, 0};
+    int32_t ids32[3] = {1, 2, 3};
+    int64_t ids64[2] = {4, 5000}; /* 5000 >= vocab 1000 */
+    const float idsf[3] = {1, 2, 3};
+    const nib_st_save_tensor ids = {"text_ids", NIB_DTYPE_I32, 1, {3}, ids32};
+    /* text_ids: missing, wrong dtype, outside the vocabulary */
+    nib_st_save_tensor t1[1] = {{"images", NIB_DTYPE_F32, 4, {1, 3, 56, 56}, imgf}};
+    CHECK_ST(inputs_case(t, &c, 0, 1, t1, "'text_ids'", NULL), NIB_ERR_NOT_FOUND);
+    nib_st_save_tensor t2[1] = {{"text_ids", NIB_DTYPE_F32, 1, {3}, idsf}};
+    CHECK_ST(inputs_case(t, &c, 0, 1, t2, "I64 or I32", NULL), NIB_ERR_SHAPE);
+    nib_st_save_tensor t3[1] = {{"text_ids", NIB_DTYPE_I64, 1, {2}, ids64}};
+    CHECK_ST(inputs_case(t, &c, 0, 1, t3, "text_ids[1] = 5000", NULL), NIB_ERR_INVALID_ARG);
+    /* images: a wrong side, channels last in F32; then a valid U8 camera */
+    nib_st_save_tensor t4[2] = {ids, {"images", NIB_DTYPE_F32, 4, {1, 3, 56, 55}, imgf}};
+    CHECK_ST(inputs_case(t, &c, 0, 2, t4, "'images' must be F32 [V,3,56,56] or U8 [V,56,56,3]", NULL), NIB_ERR_SHAPE);
+    nib_st_save_tensor t5[2] = {ids, {"images", NIB_DTYPE_F32, 4, {1, 56, 56, 3}, imgf}};
+    CHECK_ST(inputs_case(t, &c, 0, 2, t5, "'images'", NULL), NIB_ERR_SHAPE);
+    nib_cli_inputs ok;
+    nib_st_save_tensor t6[2] = {ids, {"images", NIB_DTYPE_U8, 4, {1, 56, 56, 3}, imgu}};
+    CHECK_OK(inputs_case(t, &c, 0, 2, t6, NULL, &ok));
+    CHECK(ok.in.n_cameras == 1 && ok.in.images_u8 && !ok.in.images_f32 && ok.in.n_text == 3 && ok.in.horizon == 10);
+    nib_cli_inputs_free(&ok);
+    /* image_mask: one flag per camera, an integer or bool dtype */
+    nib_st_save_tensor t7[3] = {ids, {"images", NIB_DTYPE_F32, 4, {1, 3, 56, 56}, imgf}, {"image_mask", NIB_DTYPE_U8, 1, {2}, m2}};
+    CHECK_ST(inputs_case(t, &c, 0, 3, t7, "'image_mask' must be [1]", NULL), NIB_ERR_SHAPE);
+    nib_st_save_tensor t8[3] = {ids, {"images", NIB_DTYPE_F32, 4, {2, 3, 56, 56}, imgf}, {"image_mask", NIB_DTYPE_F32, 1, {2}, bad}};
+    CHECK_ST(inputs_case(t, &c, 0, 3, t8, "'image_mask' dtype F32", NULL), NIB_ERR_SHAPE);
+    nib_st_save_tensor t9[3] = {ids, {"images", NIB_DTYPE_F32, 4, {2, 3, 56, 56}, imgf}, {"image_mask", NIB_DTYPE_U8, 1, {2}, m2}};
+    CHECK_OK(inputs_case(t, &c, 0, 3, t9, NULL, &ok));
+    CHECK(ok.in.n_cameras == 2 && ok.in.image_mask && ok.in.image_mask[0] == 1 && ok.in.image_mask[1] == 0);
+    nib_cli_inputs_free(&ok);
+    /* noise: [1,H,32] or [H,32] in F32; its H must agree with --horizon */
+    nib_st_save_tensor t10[2] = {ids, {"noise", NIB_DTYPE_F32, 3, {1, 10, 31}, noise}};
+    CHECK_ST(inputs_case(t, &c, 0, 2, t10, "'noise' must be F32 [1,H,32] or [H,32]", NULL), NIB_ERR_SHAPE);
+    nib_st_save_tensor t11[2] = {ids, {"noise", NIB_DTYPE_F32, 3, {2, 5, 32}, noise}};
+    CHECK_ST(inputs_case(t, &c, 0, 2, t11, "'noise'", NULL), NIB_ERR_SHAPE);
+    nib_st_save_tensor t12[2] = {ids, {"noise", NIB_DTYPE_F32, 1, {32}, noise}};
+    CHECK_ST(inputs_case(t, &c, 0, 2, t12, "'noise'", NULL), NIB_ERR_SHAPE);
+    nib_st_save_tensor t12b[2] = {ids, {"noise", NIB_DTYPE_F32, 0, {0}, noise}}; /* a scalar */
+    CHECK_ST(inputs_case(t, &c, 0, 2, t12b, "'noise'", NULL), NIB_ERR_SHAPE);
+    nib_st_save_tensor t13[2] = {ids, {"noise", NIB_DTYPE_F32, 3, {1, 10, 32}, noise}};
+    CHECK_ST(inputs_case(t, &c, 12, 2, t13, "noise has horizon 10 but --horizon 12", NULL), NIB_ERR_SHAPE);
+    nib_st_save_tensor t14[2] = {ids, {"noise", NIB_DTYPE_F32, 2, {8, 32}, noise}};
+    CHECK_OK(inputs_case(t, &c, 0, 2, t14, NULL, &ok));
+    CHECK(ok.in.horizon == 8 && ok.in.noise && ok.in.n_cameras == 0);
+    nib_cli_inputs_free(&ok);
+}
