@@ -4,6 +4,7 @@
 #ifndef NIB_CLI_H
 #define NIB_CLI_H
 
+#include <stdint.h>
 #include <stdio.h>
 
 #include "base/base.h"
@@ -34,6 +35,11 @@ int nib_bench_pi05(int argc, char **argv); /* Pi0.5 end to end (cli/cmd_pi05.c) 
 int nib_cli_fail(const char *cmd, nib_status st);
 /* 1 if a is "-h" or "--help". */
 int nib_cli_is_help(const char *a);
+/* An option's number, strictly: all of s is a base-10 integer (u64: also 0x hex) within [lo, hi]. Else
+ * prints "nib <cmd>: <opt> takes an integer from lo to hi, not '<s>'" to stderr and returns 0 (the
+ * caller exits 2); 1 on success. */
+int nib_cli_int_arg(const char *cmd, const char *opt, const char *s, long long lo, long long hi, int *out);
+int nib_cli_u64_arg(const char *cmd, const char *opt, const char *s, uint64_t *out);
 
 /* Benchmark JSON (bench/results/): a JSON string literal, and the common head of a lab's file:
  * '{' then bench, date (UTC), git_commit ($NIB_GIT_COMMIT or "unknown"), command (cmd_prefix

@@ -125,11 +125,19 @@ int nib_cmd_demo(int argc, char **argv) {
                    "reference on a tiny config and says so.\n");
             return 0;
         } else if (!strcmp(a, "--checkpoint") && v) ckpt = v, i++;
-        else if (!strcmp(a, "--cameras") && v) cams = atoi(v), i++;
-        else if (!strcmp(a, "--text") && v) ntext = atoi(v), i++;
-        else if (!strcmp(a, "--horizon") && v) H = atoi(v), i++;
-        else if (!strcmp(a, "--seed") && v) seed = strtoull(v, NULL, 0), i++;
-        else {
+        else if (!strcmp(a, "--cameras") && v) {
+            if (!nib_cli_int_arg("demo", a, v, 0, 8, &cams)) return 2;
+            i++;
+        } else if (!strcmp(a, "--text") && v) {
+            if (!nib_cli_int_arg("demo", a, v, 0, 512, &ntext)) return 2;
+            i++;
+        } else if (!strcmp(a, "--horizon") && v) {
+            if (!nib_cli_int_arg("demo", a, v, 1, 1024, &H)) return 2;
+            i++;
+        } else if (!strcmp(a, "--seed") && v) {
+            if (!nib_cli_u64_arg("demo", a, v, &seed)) return 2;
+            i++;
+        } else {
             fprintf(stderr, "nib demo: unknown or incomplete option '%s' (see nib demo --help)\n", a);
             return 2;
         }
@@ -146,9 +154,16 @@ int nib_cmd_demo(int argc, char **argv) {
         if ((st = nib_pi05_synth_checkpoint(path, &c, seed))) return nib_cli_fail("demo", st);
         nib_st_file *f;
         nib_pi05 *m;
-        if (H > c.max_horizon) H = c.max_horizon;
-        if (ntext > c.max_text) ntext = c.max_text;
-        if (cams > c.max_cameras) cams = c.max_cameras;
+        /* the tiny config's limits: said, not silent */
+        if (H > c.max_horizon || ntext > c.max_text || cams > c.max_cameras) {
+            printf("  (the tiny config takes at most %d cameras, %d text tokens and horizon %d: asked %d / %d / %d, running "
+                   "%d / %d / %d)\n",
+                   c.max_cameras, c.max_text, c.max_horizon, cams, ntext, H, cams < c.max_cameras ? cams : c.max_cameras,
+                   ntext < c.max_text ? ntext : c.max_text, H < c.max_horizon ? H : c.max_horizon);
+            if (H > c.max_horizon) H = c.max_horizon;
+            if (ntext > c.max_text) ntext = c.max_text;
+            if (cams > c.max_cameras) cams = c.max_cameras;
+        }
         if ((st = nib_cli_pi05_open(path, "ref", NULL, 0, H, &f, &m, 1))) return nib_cli_fail("demo", st);
         demo_in d;
         float *act = nib_malloc((size_t)H * c.action_dim * 4);
@@ -253,11 +268,19 @@ int nib_cmd_accuracy(int argc, char **argv) {
             return 0;
         } else if (!strcmp(a, "--checkpoint") && v) ckpt = v, i++;
         else if (!strcmp(a, "--presets") && v) presets = v, i++;
-        else if (!strcmp(a, "--cameras") && v) cams = atoi(v), i++;
-        else if (!strcmp(a, "--text") && v) ntext = atoi(v), i++;
-        else if (!strcmp(a, "--horizon") && v) H = atoi(v), i++;
-        else if (!strcmp(a, "--seed") && v) seed = strtoull(v, NULL, 0), i++;
-        else if (!strcmp(a, "--json") && v) json = v, i++;
+        else if (!strcmp(a, "--cameras") && v) {
+            if (!nib_cli_int_arg("accuracy", a, v, 0, 8, &cams)) return 2;
+            i++;
+        } else if (!strcmp(a, "--text") && v) {
+            if (!nib_cli_int_arg("accuracy", a, v, 0, 512, &ntext)) return 2;
+            i++;
+        } else if (!strcmp(a, "--horizon") && v) {
+            if (!nib_cli_int_arg("accuracy", a, v, 1, 1024, &H)) return 2;
+            i++;
+        } else if (!strcmp(a, "--seed") && v) {
+            if (!nib_cli_u64_arg("accuracy", a, v, &seed)) return 2;
+            i++;
+        } else if (!strcmp(a, "--json") && v) json = v, i++;
         else {
             fprintf(stderr, "nib accuracy: unknown or incomplete option '%s'\n", a);
             return 2;
@@ -374,7 +397,7 @@ int nib_bench_pi05(int argc, char **argv) {
             printf("usage: nib bench pi05 [--checkpoint M] [--reps N] [--text L] [--json FILE]\n"
                    "                      [--preset bf16|fast] [--precision SPEC] [--cams 1|2|3] [--horizon 10|50]\n"
                    "Graph-replay latency of one Pi0.5 call for {1,2,3} cameras x H in {10,50} x {bf16, fast},\n"
-                   "L text tokens (20): median of N (100) calls after warm-up, timed with events inside the\n"
+                   "L text tokens (20): median of N (100, at least 5) calls after warm-up, timed with events inside the\n"
                    "graph, with the per-stage breakdown and each stage's floor (weight bytes / measured copy\n"
                    "bandwidth and FLOPs / measured cuBLASLt peak, whichever is larger). --preset, --cams and\n"
                    "--horizon keep only the matching rows. --precision applies per-component overrides to\n"
@@ -387,13 +410,27 @@ int nib_bench_pi05(int argc, char **argv) {
                    "steps; the JSON has first_step_ms, the part of the first step after the prefix.\n");
             return 0;
         } else if (!strcmp(a, "--checkpoint") && v) ckpt = v, i++;
-        else if (!strcmp(a, "--reps") && v) reps = atoi(v) < 5 ? 5 : atoi(v), i++;
-        else if (!strcmp(a, "--text") && v) ntext = atoi(v), i++;
+        else if (!strcmp(a, "--reps") && v) {
+            if (!nib_cli_int_arg("bench pi05", a, v, 5, 100000, &reps)) return 2;
+            i++;
+        } else if (!strcmp(a, "--text") && v) {
+            if (!nib_cli_int_arg("bench pi05", a, v, 0, 512, &ntext)) return 2;
+            i++;
+        }
         else if (!strcmp(a, "--json") && v) json = v, i++;
         else if (!strcmp(a, "--preset") && v && (!strcmp(v, "bf16") || !strcmp(v, "fast"))) only_preset = v, i++;
         else if (!strcmp(a, "--precision") && v) over = v, i++;
-        else if (!strcmp(a, "--cams") && v && atoi(v) >= 1 && atoi(v) <= 3) only_cams = atoi(v), i++;
-        else if (!strcmp(a, "--horizon") && v && (atoi(v) == 10 || atoi(v) == 50)) only_h = atoi(v), i++;
+        else if (!strcmp(a, "--cams") && v) {
+            if (!nib_cli_int_arg("bench pi05", a, v, 1, 3, &only_cams)) return 2;
+            i++;
+        } else if (!strcmp(a, "--horizon") && v) {
+            if (!nib_cli_int_arg("bench pi05", a, v, 10, 50, &only_h)) return 2;
+            if (only_h != 10 && only_h != 50) {
+                fprintf(stderr, "nib bench pi05: --horizon is 10 or 50 (the table's rows), not '%s'\n", v);
+                return 2;
+            }
+            i++;
+        }
         else {
             fprintf(stderr, "nib bench pi05: unknown or incomplete option '%s'\n", a);
             return 2;

@@ -160,10 +160,16 @@ int nib_cmd_run(int argc, char **argv) {
         else if (!strcmp(a, "--out") && v) outp = v, i++;
         else if (!strcmp(a, "--preset") && v) preset = v, i++;
         else if (!strcmp(a, "--precision") && v) over = v, i++;
-        else if (!strcmp(a, "--steps") && v) steps = atoi(v), i++;
-        else if (!strcmp(a, "--horizon") && v) horizon = atoi(v), i++;
-        else if (!strcmp(a, "--seed") && v) seed = strtoull(v, NULL, 0), i++;
-        else if (!strcmp(a, "--timing")) timing = 1;
+        else if (!strcmp(a, "--steps") && v) {
+            if (!nib_cli_int_arg("run", a, v, 1, 64, &steps)) return 2;
+            i++;
+        } else if (!strcmp(a, "--horizon") && v) {
+            if (!nib_cli_int_arg("run", a, v, 1, 1024, &horizon)) return 2;
+            i++;
+        } else if (!strcmp(a, "--seed") && v) {
+            if (!nib_cli_u64_arg("run", a, v, &seed)) return 2;
+            i++;
+        } else if (!strcmp(a, "--timing")) timing = 1;
         else if (!strcmp(a, "--check-numerics")) check_numerics = 1;
         else {
             fprintf(stderr, "nib run: unknown or incomplete option '%s' (see nib run --help)\n", a);

@@ -1,4 +1,5 @@
 /* commands.c — the table of nib commands and shared CLI helpers. */
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -27,6 +28,31 @@ int nib_cli_fail(const char *cmd, nib_status st) {
 }
 
 int nib_cli_is_help(const char *a) { return !strcmp(a, "-h") || !strcmp(a, "--help"); }
+
+int nib_cli_int_arg(const char *cmd, const char *opt, const char *s, long long lo, long long hi, int *out) {
+    char *end = NULL;
+    errno = 0;
+    const long long v = s && *s ? strtoll(s, &end, 10) : 0;
+    if (!s || !*s || errno || *end || v < lo || v > hi) {
+        fprintf(stderr, "nib %s: %s takes an integer from %lld to %lld, not '%s'\n", cmd, opt, lo, hi, s ? s : "");
+        return 0;
+    }
+    *out = (int)v;
+    return 1;
+}
+
+int nib_cli_u64_arg(const char *cmd, const char *opt, const char *s, uint64_t *out) {
+    char *end = NULL;
+    errno = 0;
+    const int hex = s && s[0] == '0' && (s[1] == 'x' || s[1] == 'X'); /* no octal: "010" is ten */
+    const unsigned long long v = s && *s && *s != '-' ? strtoull(s, &end, hex ? 16 : 10) : 0;
+    if (!s || !*s || *s == '-' || errno || *end) {
+        fprintf(stderr, "nib %s: %s takes an unsigned integer (decimal or 0x hex), not '%s'\n", cmd, opt, s ? s : "");
+        return 0;
+    }
+    *out = (uint64_t)v;
+    return 1;
+}
 
 void nib_cli_json_string(FILE *f, const char *s) {
     fputc('"', f);

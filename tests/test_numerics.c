@@ -366,3 +366,36 @@ NIB_TEST(cli_bench_pi05_precision_option) {
     CHECK(capture_stdout(nib_bench_pi05, 3, unknown, out, sizeof out) == 2);
     CHECK_MSG(strstr(out, "unknown or incomplete option '--precison'") != NULL, "a misspelt option is not named: %s", out);
 }
+
+/* The Pi0.5 commands' numeric options are parsed strictly: a value that is not an integer, or out of
+ * range, exits 2 naming the option, the range and the value, before any work (no checkpoint synthesis,
+ * no device), so this runs without a GPU */
+NIB_TEST(cli_pi05_number_options) {
+    static char out[8192];
+    struct {
+        int (*fn)(int, char **);
+        const char *argv[5];
+        const char *must;
+    } cases[] = {
+        {nib_cmd_demo, {"demo", "--cameras", "abc"}, "--cameras takes an integer from 0 to 8, not 'abc'"},
+        {nib_cmd_demo, {"demo", "--horizon", "0"}, "--horizon takes an integer from 1 to 1024, not '0'"},
+        {nib_cmd_demo, {"demo", "--text", "-1"}, "--text takes an integer from 0 to 512, not '-1'"},
+        {nib_cmd_demo, {"demo", "--text", "12x"}, "not '12x'"},
+        {nib_cmd_demo, {"demo", "--seed", "-3"}, "--seed takes an unsigned integer"},
+        {nib_cmd_accuracy, {"accuracy", "pi05", "--horizon", "1e3"}, "--horizon takes an integer from 1 to 1024, not '1e3'"},
+        {nib_bench_pi05, {"pi05", "--cams", "4"}, "--cams takes an integer from 1 to 3, not '4'"},
+        {nib_bench_pi05, {"pi05", "--horizon", "20"}, "--horizon is 10 or 50"},
+        {nib_bench_pi05, {"pi05", "--reps", "3"}, "--reps takes an integer from 5 to 100000, not '3'"},
+        {nib_cmd_run, {"run", "pi05", "--steps", "0"}, "--steps takes an integer from 1 to 64, not '0'"},
+        {nib_cmd_run, {"run", "pi05", "--seed", "99999999999999999999999"}, "--seed takes an unsigned integer"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int argc = 0;
+        while (argc < 5 && cases[i].argv[argc]) argc++;
+        const int rc = capture_stdout(cases[i].fn, argc, (char **)cases[i].argv, out, sizeof out);
+        CHECK_MSG(rc == 2, "%s %s %s: exit %d, want 2 (%s)", cases[i].argv[0], cases[i].argv[1], cases[i].argv[2], rc, out);
+        CHECK_MSG(strstr(out, cases[i].must) != NULL, "%s %s: printed '%s', want '%s'", cases[i].argv[0], cases[i].argv[1],
+                  out, cases[i].must);
+        CHECK_MSG(strstr(out, "synthesizing") == NULL, "%s: work started before the options were checked", cases[i].argv[0]);
+    }
+}
