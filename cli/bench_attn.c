@@ -345,8 +345,7 @@ int nib_bench_attn(int argc, char **argv) {
             json = val;
             i++;
         } else if (!strcmp(a, "--reps") && val) {
-            reps = atoi(val);
-            if (reps < 3) reps = 3;
+            if (!nib_cli_int_arg("bench attn", a, val, 3, 100000, &reps)) return 2;
             i++;
         } else if (!strcmp(a, "--variants") && val) {
             variants = val;

@@ -401,8 +401,7 @@ int nib_bench_ops(int argc, char **argv) {
             }
             i++;
         } else if (!strcmp(a, "--reps") && val) {
-            cfg.reps = atoi(val);
-            if (cfg.reps < 3) cfg.reps = 3;
+            if (!nib_cli_int_arg("bench ops", a, val, 3, 100000, &cfg.reps)) return 2;
             i++;
         } else if (!strcmp(a, "--json") && val) {
             cfg.json_path = val;

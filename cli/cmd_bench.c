@@ -781,8 +781,7 @@ static int bench_gemm(int argc, char **argv) {
             cfg.enabled[V_BF16] = 1; /* the baseline is always measured */
             i++;
         } else if (!strcmp(a, "--reps") && val) {
-            cfg.reps = atoi(val);
-            if (cfg.reps < 3) cfg.reps = 3;
+            if (!nib_cli_int_arg("bench gemm", a, val, 3, 100000, &cfg.reps)) return 2;
             i++;
         } else if (!strcmp(a, "--json") && val) {
             cfg.json_path = val;
@@ -792,22 +791,14 @@ static int bench_gemm(int argc, char **argv) {
         } else if (!strcmp(a, "--sweep")) {
             cfg.sweep = 1;
         } else if (!strcmp(a, "--lt-configs") && val) {
-            cfg.lt_configs = atoi(val);
-            if (cfg.lt_configs < 1 || cfg.lt_configs > 100000) {
-                fprintf(stderr, "nib bench gemm: --lt-configs wants 1..100000, got '%s'\n", val);
-                return 2;
-            }
+            if (!nib_cli_int_arg("bench gemm", a, val, 1, 100000, &cfg.lt_configs)) return 2;
             i++;
         } else if (!strcmp(a, "--inplace")) {
             cfg.inplace = 1;
         } else if (!strcmp(a, "--lt-search")) {
             cfg.lt_search = 1;
         } else if (!strcmp(a, "--algos") && val) {
-            cfg.algos = atoi(val);
-            if (cfg.algos < 1 || cfg.algos > 32) {
-                fprintf(stderr, "nib bench gemm: --algos wants 1..32 candidates, got '%s'\n", val);
-                return 2;
-            }
+            if (!nib_cli_int_arg("bench gemm", a, val, 1, 32, &cfg.algos)) return 2;
             i++;
         } else {
             fprintf(stderr, "nib bench gemm: unknown or incomplete option '%s' (see --help)\n", a);

@@ -367,10 +367,10 @@ NIB_TEST(cli_bench_pi05_precision_option) {
     CHECK_MSG(strstr(out, "unknown or incomplete option '--precison'") != NULL, "a misspelt option is not named: %s", out);
 }
 
-/* The Pi0.5 commands' numeric options are parsed strictly: a value that is not an integer, or out of
+/* The Pi0.5 commands' and the labs' numeric options are parsed strictly: a value that is not an integer, or out of
  * range, exits 2 naming the option, the range and the value, before any work (no checkpoint synthesis,
  * no device), so this runs without a GPU */
-NIB_TEST(cli_pi05_number_options) {
+NIB_TEST(cli_number_options) {
     static char out[8192];
     struct {
         int (*fn)(int, char **);
@@ -388,6 +388,10 @@ NIB_TEST(cli_pi05_number_options) {
         {nib_bench_pi05, {"pi05", "--reps", "3"}, "--reps takes an integer from 5 to 100000, not '3'"},
         {nib_cmd_run, {"run", "pi05", "--steps", "0"}, "--steps takes an integer from 1 to 64, not '0'"},
         {nib_cmd_run, {"run", "pi05", "--seed", "99999999999999999999999"}, "--seed takes an unsigned integer"},
+        {nib_cmd_bench, {"bench", "gemm", "--reps", "2"}, "--reps takes an integer from 3 to 100000, not '2'"},
+        {nib_bench_ops, {"ops", "--reps", "x"}, "--reps takes an integer from 3 to 100000, not 'x'"},
+        {nib_bench_attn, {"attn", "--reps", "1.5"}, "not '1.5'"},
+        {nib_cmd_bench, {"bench", "gemm", "--algos", "40"}, "--algos takes an integer from 1 to 32, not '40'"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         int argc = 0;
