@@ -287,6 +287,22 @@ int nib_cmd_accuracy(int argc, char **argv) {
         }
     }
     nib_status st = NIB_OK;
+    { /* every preset named (and its overrides) is valid, and a GPU is here if one needs it: checked before a
+       * checkpoint is synthesized (6.7 GB) or the fp32 reference is loaded (tens of seconds) */
+        char list[256];
+        snprintf(list, sizeof list, "%s", presets);
+        int gpu = 0;
+        for (char *sv = NULL, *tok = strtok_r(list, ",", &sv); tok; tok = strtok_r(NULL, ",", &sv)) {
+            char *colon = strchr(tok, ':');
+            if (colon) *colon = '\0';
+            nib_pi05_precision pp;
+            if ((st = nib_pi05_preset(tok, &pp)) || (colon && (st = nib_pi05_precision_override(&pp, colon + 1))))
+                return nib_cli_fail("accuracy --presets", st);
+            gpu |= pp.backend == NIB_BE_CUDA;
+        }
+        nib_device_info dev;
+        if (gpu && (st = nib_device_require(&dev))) return nib_cli_fail("accuracy", st);
+    }
     if (!ckpt) {
         ckpt = tmp_ckpt_path("nib-demo-pi05.safetensors");
         struct stat sb;

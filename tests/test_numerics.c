@@ -403,3 +403,21 @@ NIB_TEST(cli_number_options) {
         CHECK_MSG(strstr(out, "synthesizing") == NULL, "%s: work started before the options were checked", cases[i].argv[0]);
     }
 }
+
+/* `nib accuracy`: a bad preset, and (without a GPU) the missing device, are reported before the
+ * full-size checkpoint is synthesized or the fp32 reference loaded */
+NIB_TEST(cli_accuracy_checks_before_work) {
+    static char out[8192];
+    char *bad[] = {"accuracy", "pi05", "--presets", "bf16,fastx", NULL};
+    CHECK(capture_stdout(nib_cmd_accuracy, 4, bad, out, sizeof out) == 1);
+    CHECK_MSG(strstr(out, "unknown preset 'fastx'") != NULL && strstr(out, "synthesizing") == NULL, "printed: %s", out);
+    char *over[] = {"accuracy", "pi05", "--presets", "fast:kv=fp9", NULL};
+    CHECK(capture_stdout(nib_cmd_accuracy, 4, over, out, sizeof out) == 1);
+    CHECK_MSG(strstr(out, "kv=fp9") != NULL && strstr(out, "synthesizing") == NULL, "printed: %s", out);
+    if (nib_device_available()) return; /* with a GPU the default run is real work: not run here */
+    nib_clear_error();
+    char *def[] = {"accuracy", "pi05", NULL};
+    CHECK(capture_stdout(nib_cmd_accuracy, 2, def, out, sizeof out) == 1);
+    CHECK_MSG(strstr(out, "NIB_ERR_NO_DEVICE") != NULL && strstr(out, "synthesizing") == NULL && strstr(out, "loaded") == NULL,
+              "without a GPU nib accuracy must stop before any work: %s", out);
+}
