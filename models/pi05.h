@@ -106,7 +106,11 @@ typedef struct nib_pi05_timing {
 
 /* One policy call. actions: [H][action_dim] fp32. On CUDA the call is captured once per call
  * shape (cameras, text bucket, H) and replayed; timing (optional) is the per-stage breakdown
- * of this call measured with events inside the graph. */
+ * of this call measured with events inside the graph. The inputs are checked and copied into the
+ * model's page-locked staging before anything runs, and the call returns when the actions are in
+ * `actions`; the caller's buffers are not used after it returns. A model runs one call at a time:
+ * its buffers, graphs and staging are its own, so calls on one model from several threads must be
+ * serialized by the caller. */
 nib_status nib_pi05_run(nib_pi05 *m, const nib_pi05_inputs *in, float *actions, nib_pi05_timing *timing);
 /* The mean of the steps that ran on their own: all of them, or all but the first when it ran beside
  * the prefix (first_step_beside). 0 without steps. */
