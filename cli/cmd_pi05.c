@@ -96,6 +96,17 @@ static int cmp_double(const void *a, const void *b) {
 }
 
 /* ---- demo ---------------------------------------------------------------------------------- */
+/* --cameras / --text / --horizon / --seed of demo and accuracy: 1 consumed (with its value), 0 not one of
+ * them, -1 a bad value (already reported) */
+static int shape_option(const char *cmd, const char *a, const char *v, int *cams, int *ntext, int *H, uint64_t *seed) {
+    if (!v) return 0;
+    if (!strcmp(a, "--cameras")) return nib_cli_int_arg(cmd, a, v, 0, 8, cams) ? 1 : -1;
+    if (!strcmp(a, "--text")) return nib_cli_int_arg(cmd, a, v, 0, 512, ntext) ? 1 : -1;
+    if (!strcmp(a, "--horizon")) return nib_cli_int_arg(cmd, a, v, 1, 1024, H) ? 1 : -1;
+    if (!strcmp(a, "--seed")) return nib_cli_u64_arg(cmd, a, v, seed) ? 1 : -1;
+    return 0;
+}
+
 static void print_timing(const char *label, const nib_pi05_timing *t) {
     double steps = 0;
     for (int s = 0; s < t->steps; s++) steps += t->step_ms[s];
@@ -112,6 +123,7 @@ int nib_cmd_demo(int argc, char **argv) {
     int cams = 2, ntext = 20, H = 10;
     enum { reps = 20 }; /* <= 64 (the arrays below) */
     uint64_t seed = 1;
+    int opt;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (nib_cli_is_help(a)) {
@@ -125,17 +137,8 @@ int nib_cmd_demo(int argc, char **argv) {
                    "reference on a tiny config and says so.\n");
             return 0;
         } else if (!strcmp(a, "--checkpoint") && v) ckpt = v, i++;
-        else if (!strcmp(a, "--cameras") && v) {
-            if (!nib_cli_int_arg("demo", a, v, 0, 8, &cams)) return 2;
-            i++;
-        } else if (!strcmp(a, "--text") && v) {
-            if (!nib_cli_int_arg("demo", a, v, 0, 512, &ntext)) return 2;
-            i++;
-        } else if (!strcmp(a, "--horizon") && v) {
-            if (!nib_cli_int_arg("demo", a, v, 1, 1024, &H)) return 2;
-            i++;
-        } else if (!strcmp(a, "--seed") && v) {
-            if (!nib_cli_u64_arg("demo", a, v, &seed)) return 2;
+        else if ((opt = shape_option("demo", a, v, &cams, &ntext, &H, &seed)) != 0) {
+            if (opt < 0) return 2;
             i++;
         } else {
             fprintf(stderr, "nib demo: unknown or incomplete option '%s' (see nib demo --help)\n", a);
@@ -254,6 +257,7 @@ int nib_cmd_accuracy(int argc, char **argv) {
     const char *ckpt = NULL, *presets = "bf16,fast", *json = NULL;
     int cams = 2, ntext = 20, H = 10;
     uint64_t seed = 1;
+    int opt;
     if (argc >= 2 && !strcmp(argv[1], "pi05")) argc--, argv++;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -268,17 +272,8 @@ int nib_cmd_accuracy(int argc, char **argv) {
             return 0;
         } else if (!strcmp(a, "--checkpoint") && v) ckpt = v, i++;
         else if (!strcmp(a, "--presets") && v) presets = v, i++;
-        else if (!strcmp(a, "--cameras") && v) {
-            if (!nib_cli_int_arg("accuracy", a, v, 0, 8, &cams)) return 2;
-            i++;
-        } else if (!strcmp(a, "--text") && v) {
-            if (!nib_cli_int_arg("accuracy", a, v, 0, 512, &ntext)) return 2;
-            i++;
-        } else if (!strcmp(a, "--horizon") && v) {
-            if (!nib_cli_int_arg("accuracy", a, v, 1, 1024, &H)) return 2;
-            i++;
-        } else if (!strcmp(a, "--seed") && v) {
-            if (!nib_cli_u64_arg("accuracy", a, v, &seed)) return 2;
+        else if ((opt = shape_option("accuracy", a, v, &cams, &ntext, &H, &seed)) != 0) {
+            if (opt < 0) return 2;
             i++;
         } else if (!strcmp(a, "--json") && v) json = v, i++;
         else {
