@@ -9,16 +9,17 @@
  *            run NVFP4 tiles over that half (16 weight rows
  *            x 128 K, the repacked layout of gemm_lowbit.cuh, decoded in registers into bf16
  *            mma.sync A fragments; the H <= 16 token rows are the B operand via ldmatrix);
- *            every warp's partial sums go to rank 0 (rank 1's through distributed shared memory),
- *            whose warps add them and write raw bf16 qkv
+ *            every warp's partial sums of the even tokens go to rank 0, of the odd ones to rank 1
+ *            (the other rank's through distributed shared memory); each rank's warps add theirs
+ *            and write raw bf16 qkv
  *   2 attn   task (16-row block of the H x n_heads query rows, 32-key split): RoPE + q_scale
  *            applied to q on load, keys [0, P) from the cache, keys P.. from raw qkv (RoPE on
  *            load); S = q kᵀ and O = P v on tensor cores; unnormalized O, row max and sum out
  *            each task signals its row block's counter when its partials are out
  *   3 merge  no grid barrier before it: the CTAs of a row block's splits wait for that row
  *            block's counter, then each combines its share of the block (max, exp2 weights) -> o bf16
- *   4 O      the pair's halves of o staged (one cp.async.bulk per row, stage_bulk); tiles; rank 0:
- *            x = bf16(gate * acc + x) in place
+ *   4 O      the pair's halves of o staged (one cp.async.bulk per row, stage_bulk); tiles; each rank
+ *            for its tokens: x = bf16(gate * acc + x) in place
  *            (each element has one writer and no other reader in this phase), and per row group
  *            the rows' sums of squares of the 16 new values (the next adaRMS's statistics)
  *   5 gate|up  adaRMS of x as in QKV; tiles; GeGLU of the interleaved gate/up rows -> h bf16
@@ -27,8 +28,9 @@
  * staging it was the largest share of a GEMM phase (80 KB of h per CTA for down); split over K,
  * each CTA stages half, and O / down (64 row groups) run on 128 CTAs instead of 64.
  * A row group's K chunks are split over the pair's warps (wk warps per row group in each CTA);
- * the 2 wk partial sums meet in rank 0's shared memory (one cluster barrier) and are added in a
- * fixed order by the rank-0 warp that runs that part of the epilogue: deterministic.
+ * the 2 wk partial sums of a token meet in the shared memory of the rank that runs its epilogue
+ * (rank 0 the even tokens, rank 1 the odd ones; one cluster barrier) and are added in a fixed
+ * order by the warp that runs that part of the epilogue: deterministic.
  * Data written inside the kernel is read with L1-bypassing loads (ld.cg / cp.async.cg): L1 is
  * not coherent across SMs. Weights: the CTAs without O tiles issue bulk L2 prefetches of the
  * next layer's planes (and its prefix K/V) during the O phase (if every CTA has O tiles, all
@@ -453,9 +455,9 @@ __device__ void stage_norm(const Params &p, const float *mods_s, __nv_bfloat16 *
 /* ---- NVFP4 tiles of one linear layer over the staged rows --------------------------------
  * CTA b owns row groups b, b + G, ...; Rp of them at a time, wk = 8 / Rp warps each splitting
  * the K chunks (chunks wkk, wkk + wk, ...), four tiles' loads in flight per warp. The 2 wk
- * partial sums of a row group (both CTAs of the pair) meet in rank 0's shared memory; rank 0's
- * wk warps of the slot then share its epilogue by (nt, i) pairs (pair nt * 2 + i: warp wkk =
- * pair % wk). The first
+ * partial sums of a row group (both CTAs of the pair) meet per token parity: pairs (nt, i) in
+ * rank i's shared memory, whose wk warps of the slot share that half of the epilogue (warp wkk =
+ * nt % wk). The first
  * four tiles of a warp, its rows' column scales and gates, and (residual layers) the x values
  * its epilogue adds are loaded by gemm_pre BEFORE the grid barrier that precedes the phase:
  * none of them depends on the phase before. */
@@ -500,7 +502,9 @@ __device__ __forceinline__ void gemm_pre(const Params &p, const LinDev &L, const
             pr.ch[i][0].s = ldg_stream(sb + (size_t)c * 128, pol);
         }
     }
-    if (cl_rank()) return; /* the epilogue runs on rank 0: each warp of the slot for its (nt, i) pairs */
+    /* the epilogue runs on both CTAs of the pair: rank r the pairs (nt, i = r), each warp of the slot
+     * those with nt % wk == wkk */
+    const int rank = (int)cl_rank();
     pr.cs0 = L.colscale[prow], pr.cs8 = L.colscale[prow + 8];
     if (gate) {
         pr.gt0 = prow < L.n_out ? gate[prow] : 0.f;
@@ -509,7 +513,7 @@ __device__ __forceinline__ void gemm_pre(const Params &p, const LinDev &L, const
         for (int nt = 0; nt < MT; nt++)
 #pragma unroll
             for (int i = 0; i < 2; i++) {
-                if (((nt * 2 + i) & (mp.wk - 1)) != mp.wkk) continue; /* gemm_phase: another warp's pair */
+                if (i != rank || (nt & (mp.wk - 1)) != mp.wkk) continue; /* gemm_phase: another warp's pair */
                 const int mm = nt * 8 + 2 * t + i;
                 const __nv_bfloat16 *xr = p.x + (size_t)mm * p.We;
                 pr.res[nt][i][0] = mm < p.H && prow < L.n_out ? __ldcg(xr + prow) : __float2bfloat16(0.f);
@@ -541,7 +545,7 @@ __device__ void gemm_phase(const Params &p, const LinDev &L, const __nv_bfloat16
         const int row = min(nt * 8 + (lane & 7), p.H);
         brow[nt] = smem_u32(xs) + (uint32_t)(row * p.lds + (lane >> 3) * 8) * 2u;
     }
-    constexpr int FR = MT * 4; /* accumulators per lane */
+    constexpr int FH = MT * 2; /* partial sums per lane and rank (each rank's half of the MT * 4 accumulators) */
     const int NQ = 2 * mp.wk; /* partial sums per row group: wk warps x 2 CTAs (<= 2 NW) */
     seg_add(segp, 5, tlast);
     for (int j0 = 0; j0 < mp.U; j0 += mp.Rp) {
@@ -597,28 +601,28 @@ __device__ void gemm_phase(const Params &p, const LinDev &L, const __nv_bfloat16
             segp[1] += (unsigned long long)(now - tlast);
             tlast = now;
         }
-        /* every warp's partial sums into rank 0's red[slot][q][FR][32], q = rank * wk + wkk (rank 1's
-         * through distributed shared memory); one cluster barrier; then rank 0's warps of the slot
-         * each add the NQ partials (q order: deterministic) of their (nt, i) pairs and run the
-         * epilogue of those */
+        /* every warp's partial sums of the pairs (nt, i) into rank i's red[slot][q][FH][32], q = rank *
+         * wk + wkk, index nt * 2 + (row g: 0, row g + 8: 1): its own rank's half by shared-memory stores,
+         * the other half through distributed shared memory; one cluster barrier; then each rank's warps
+         * of the slot add the NQ partials (q order: deterministic) of their pairs and run the epilogue of
+         * those (rank r: the tokens nt * 8 + 2 t + r) */
         if (ok) {
-            float *dst = red + ((size_t)(mp.slot * NQ + (int)rank * mp.wk + mp.wkk) * FR) * 32 + lane;
-            if (rank == 0) {
+            const size_t at = ((size_t)(mp.slot * NQ + (int)rank * mp.wk + mp.wkk) * FH) * 32 + lane;
+            float *own = red + at;
+            const uint32_t other = peer_addr(own, rank ^ 1u);
 #pragma unroll
-                for (int nt = 0; nt < MT; nt++)
+            for (int nt = 0; nt < MT; nt++)
 #pragma unroll
-                    for (int i = 0; i < 4; i++) dst[(nt * 4 + i) * 32] = acc[0][nt][i] + acc2[0][nt][i];
-            } else {
-                const uint32_t a = peer_addr(dst, 0);
-#pragma unroll
-                for (int nt = 0; nt < MT; nt++)
-#pragma unroll
-                    for (int i = 0; i < 4; i++) st_peer(a + (uint32_t)((nt * 4 + i) * 32 * 4), acc[0][nt][i] + acc2[0][nt][i]);
-            }
+                for (int h = 0; h < 2; h++) { /* h: row g (acc index i), row g + 8 (2 + i) */
+                    const float v0 = acc[0][nt][2 * h] + acc2[0][nt][2 * h];         /* token nt * 8 + 2 t */
+                    const float v1 = acc[0][nt][2 * h + 1] + acc2[0][nt][2 * h + 1]; /* token nt * 8 + 2 t + 1 */
+                    own[(nt * 2 + h) * 32] = rank ? v1 : v0;
+                    st_peer(other + (uint32_t)((nt * 2 + h) * 32 * 4), rank ? v0 : v1);
+                }
         }
         cluster_sync();
-        if (ok && rank == 0) {
-            const float *src = red + ((size_t)mp.slot * NQ * FR) * 32 + lane;
+        if (ok) {
+            const float *src = red + ((size_t)mp.slot * NQ * FH) * 32 + lane;
             /* the first round's scales come from gemm_pre; later rounds load their own */
             const float cs0 = j0 == 0 ? pr.cs0 : L.colscale[prow], cs8 = j0 == 0 ? pr.cs8 : L.colscale[prow + 8];
             const float b0 = L.bias ? L.bias[prow] : 0.f, b8 = L.bias ? L.bias[prow + 8] : 0.f;
@@ -626,13 +630,13 @@ __device__ void gemm_phase(const Params &p, const LinDev &L, const __nv_bfloat16
             for (int nt = 0; nt < MT; nt++)
 #pragma unroll
                 for (int i = 0; i < 2; i++) {
-                    if (((nt * 2 + i) & (mp.wk - 1)) != mp.wkk) continue; /* another warp's pair (wk: a power of 2) */
+                    if (i != (int)rank || (nt & (mp.wk - 1)) != mp.wkk) continue; /* another rank's or warp's pair */
                     float a = 0.f, a8 = 0.f, xa[2 * NW], xb[2 * NW];
 #pragma unroll
                     for (int q = 0; q < 2 * NW; q++) /* every load first, then the sums in q order */
                         if (q < NQ) {
-                            xa[q] = src[(q * FR + nt * 4 + i) * 32];
-                            xb[q] = src[(q * FR + nt * 4 + 2 + i) * 32];
+                            xa[q] = src[(q * FH + nt * 2) * 32];
+                            xb[q] = src[(q * FH + nt * 2 + 1) * 32];
                         }
 #pragma unroll
                     for (int q = 0; q < 2 * NW; q++)
@@ -1133,7 +1137,8 @@ int kp_max(const nib_expert_args *a) {
 /* shared memory: GEMM rows + reduction slots, then (from attn_off) the attention tiles */
 size_t attn_off(const nib_expert_args *a) {
     const size_t lds = (size_t)kp_max(a) + 8;
-    /* rows, then red: [Rp][2 wk][FR <= 8][32] floats, Rp * wk = NW (both CTAs' partials) */
+    /* rows, then red: [Rp][2 wk][FH <= 4][32] floats, Rp * wk = NW (both CTAs' partials of this rank's
+     * half of the outputs; sized for 8) */
     const size_t gemm = (size_t)(NIB_EXPERT_MAX_ROWS + 1) * lds * 2 + (size_t)2 * NW * 8 * 32 * sizeof(float);
     return (gemm + 127) / 128 * 128;
 }
