@@ -25,6 +25,7 @@
 
 typedef struct demo_in {
     float *img, *noise;
+    uint8_t *img8; /* the same images as U8 [cams][224][224][3] (to_u8), or NULL */
     int32_t ids[512];
     nib_pi05_inputs in;
 } demo_in;
@@ -53,7 +54,21 @@ static nib_status make_inputs(const nib_pi05_config *c, int cams, int ntext, int
     d->in = (nib_pi05_inputs){cams, d->img, NULL, NULL, d->ids, ntext, H, d->noise, seed};
     return NIB_OK;
 }
+/* the images as a camera sends them: U8, channels last, (v + 1) * 127.5 rounded; the call then
+ * reads images_u8 (what the model makes of U8 is its own: models/pi05.c) */
+static nib_status to_u8(const nib_pi05_config *c, demo_in *d) {
+    const size_t hw = (size_t)c->v_image * c->v_image, ie = (size_t)c->v_channels * hw;
+    d->img8 = nib_malloc((size_t)d->in.n_cameras * ie + 1);
+    if (!d->img8) return NIB_ERR_OUT_OF_MEMORY;
+    for (int i = 0; i < d->in.n_cameras; i++)
+        for (size_t ch = 0; ch < (size_t)c->v_channels; ch++)
+            for (size_t j = 0; j < hw; j++)
+                d->img8[i * ie + j * c->v_channels + ch] = (uint8_t)lrint((d->img[i * ie + ch * hw + j] + 1.0) * 127.5);
+    d->in.images_f32 = NULL, d->in.images_u8 = d->img8;
+    return NIB_OK;
+}
 static void free_inputs(demo_in *d) {
+    nib_free(d->img8);
     nib_free(d->img);
     nib_free(d->noise);
 }
@@ -401,12 +416,13 @@ int nib_cmd_accuracy(int argc, char **argv) {
 /* ---- bench --------------------------------------------------------------------------------- */
 int nib_bench_pi05(int argc, char **argv) {
     const char *ckpt = NULL, *json = NULL, *only_preset = NULL, *over = NULL;
-    int reps = 100, ntext = 20, only_cams = 0, only_h = 0;
+    int reps = 100, ntext = 20, only_cams = 0, only_h = 0, u8 = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (nib_cli_is_help(a)) {
             printf("usage: nib bench pi05 [--checkpoint M] [--reps N] [--text L] [--json FILE]\n"
                    "                      [--preset bf16|fast] [--precision SPEC] [--cams 1|2|3] [--horizon 10|50]\n"
+                   "                      [--images f32|u8]\n"
                    "Graph-replay latency of one Pi0.5 call for {1,2,3} cameras x H in {10,50} x {bf16, fast},\n"
                    "L text tokens (20): median of N (100, at least 5) calls after warm-up, timed with events inside the\n"
                    "graph, with the per-stage breakdown and each stage's floor (weight bytes / measured copy\n"
@@ -418,7 +434,9 @@ int nib_bench_pi05(int argc, char **argv) {
                    "the prefix layer whose K/V it reads (every preset and H; NIB_OVERLAP=0 turns it off,\n"
                    "NIB_OVERLAP_FIRST_OPS=0 puts the persistent kernel's first layers there instead at fast\n"
                    "H <= 16): 'prefix' includes what that costs the prefix and 'step' is the mean of the other\n"
-                   "steps; the JSON has first_step_ms, the part of the first step after the prefix.\n");
+                   "steps; the JSON has first_step_ms, the part of the first step after the prefix.\n"
+                   "--images: the calls' images as F32 [V,3,224,224] in [-1, 1] (the default) or as U8\n"
+                   "[V,224,224,3], a quarter of the bytes to check, pack and copy ('wall', 'in-host', 'in-copy').\n");
             return 0;
         } else if (!strcmp(a, "--checkpoint") && v) ckpt = v, i++;
         else if (!strcmp(a, "--reps") && v) {
@@ -429,7 +447,13 @@ int nib_bench_pi05(int argc, char **argv) {
             i++;
         }
         else if (!strcmp(a, "--json") && v) json = v, i++;
-        else if (!strcmp(a, "--preset") && v && (!strcmp(v, "bf16") || !strcmp(v, "fast"))) only_preset = v, i++;
+        else if (!strcmp(a, "--images") && v) {
+            if (strcmp(v, "f32") && strcmp(v, "u8")) {
+                fprintf(stderr, "nib bench pi05: --images is f32 or u8, not '%s'\n", v);
+                return 2;
+            }
+            u8 = !strcmp(v, "u8"), i++;
+        } else if (!strcmp(a, "--preset") && v && (!strcmp(v, "bf16") || !strcmp(v, "fast"))) only_preset = v, i++;
         else if (!strcmp(a, "--precision") && v) over = v, i++;
         else if (!strcmp(a, "--cams") && v) {
             if (!nib_cli_int_arg("bench pi05", a, v, 1, 3, &only_cams)) return 2;
@@ -474,7 +498,8 @@ int nib_bench_pi05(int argc, char **argv) {
     if (!st) st = nib_lab_peak_tflops(0, 8192, &pk_bf16);
     if (!st) st = nib_lab_peak_tflops(1, 8192, &pk_fp8);
     if (st) return nib_cli_fail("bench pi05", st);
-    printf("%s: copy %.0f GB/s, cuBLASLt bf16 %.0f / fp8 %.0f TFLOP/s\n", dev.name, bw, pk_bf16, pk_fp8);
+    printf("%s: copy %.0f GB/s, cuBLASLt bf16 %.0f / fp8 %.0f TFLOP/s; images %s\n", dev.name, bw, pk_bf16, pk_fp8,
+           u8 ? "U8 [V,224,224,3]" : "F32 [V,3,224,224]");
     printf("%-5s %4s %3s %9s %9s %9s %9s %9s %7s %7s | floors: %8s %8s %8s %9s\n", "preset", "cams", "H", "total", "vision",
            "prefix", "step", "wall", "in-host", "in-copy", "vision", "prefix", "step", "total");
     FILE *jf = NULL;
@@ -508,6 +533,7 @@ int nib_bench_pi05(int argc, char **argv) {
                 if ((only_cams && cams != only_cams) || (only_h && H != only_h)) continue;
                 demo_in d;
                 st = make_inputs(c, cams, ntext, H, 7, &d);
+                if (!st && u8) st = to_u8(c, &d);
                 float *act = nib_malloc((size_t)H * c->action_dim * 4);
                 nib_pi05_timing *tms = nib_calloc((size_t)reps, sizeof *tms);
                 double *wall = nib_calloc((size_t)reps * 3, sizeof *wall), *in_host = wall + reps, *in_copy = wall + 2 * reps;
@@ -543,11 +569,11 @@ int nib_bench_pi05(int argc, char **argv) {
                            label, cams, H, t.total_ms, t.vision_ms, t.prefix_ms, nib_pi05_step_mean_ms(&t), wall[reps / 2],
                            in_host[reps / 2], in_copy[reps / 2], fv, fp, fs, ft);
                     if (jf)
-                        fprintf(jf, "%s\n    {\"preset\": \"%s\", \"overrides\": \"%s\", \"precision\": \"%s\", \"cameras\": %d, \"horizon\": %d, \"text\": %d, \"total_ms\": %.4f, "
+                        fprintf(jf, "%s\n    {\"preset\": \"%s\", \"overrides\": \"%s\", \"precision\": \"%s\", \"cameras\": %d, \"horizon\": %d, \"text\": %d, \"images\": \"%s\", \"total_ms\": %.4f, "
                                     "\"vision_ms\": %.4f, \"prefix_ms\": %.4f, \"step_ms\": %.4f, \"wall_ms\": %.4f, \"input_host_ms\": %.4f, \"input_copy_ms\": %.4f, "
                                     "\"floor_vision_ms\": %.4f, \"floor_prefix_ms\": %.4f, \"floor_step_ms\": %.4f, \"floor_total_ms\": %.4f, "
                                     "\"expert_path\": ",
-                                first ? "" : ",", presets[p], over ? over : "", pstr, cams, H, ntext, t.total_ms, t.vision_ms, t.prefix_ms,
+                                first ? "" : ",", presets[p], over ? over : "", pstr, cams, H, ntext, u8 ? "u8" : "f32", t.total_ms, t.vision_ms, t.prefix_ms,
                                 nib_pi05_step_mean_ms(&t), wall[reps / 2], in_host[reps / 2], in_copy[reps / 2], fv, fp, fs, ft);
                     if (jf) {
                         nib_cli_json_string(jf, nib_pi05_expert_path(m));

@@ -347,7 +347,7 @@ NIB_TEST(pi05_ref_check_numerics_cli) {
     CHECK_MSG(strstr(out, "NIB_ERR_NUMERICS") && strstr(out, "prefix layer 0 output"), "nib run printed: %s", out);
 }
 
-/* `nib bench pi05 --precision`: documented in --help; a bad spec or the reference backend is
+/* `nib bench pi05 --precision` (and --images): documented in --help; a bad spec or the reference backend is
  * refused before any device work or checkpoint synthesis (so this runs without a GPU too) */
 NIB_TEST(cli_bench_pi05_precision_option) {
     static char out[8192];
@@ -365,6 +365,13 @@ NIB_TEST(cli_bench_pi05_precision_option) {
     char *unknown[] = {"pi05", "--precison", "vision=bf16", NULL};
     CHECK(capture_stdout(nib_bench_pi05, 3, unknown, out, sizeof out) == 2);
     CHECK_MSG(strstr(out, "unknown or incomplete option '--precison'") != NULL, "a misspelt option is not named: %s", out);
+    /* --images f32|u8: documented, and anything else refused before any work */
+    CHECK(capture_stdout(nib_bench_pi05, 2, help, out, sizeof out) == 0);
+    CHECK_MSG(strstr(out, "[--images f32|u8]") != NULL, "nib bench pi05 --help does not document --images");
+    char *img[] = {"pi05", "--images", "rgb", NULL};
+    CHECK(capture_stdout(nib_bench_pi05, 3, img, out, sizeof out) == 2);
+    CHECK_MSG(strstr(out, "--images is f32 or u8, not 'rgb'") != NULL && strstr(out, "synthesizing") == NULL,
+              "a bad --images value is not named: %s", out);
 }
 
 /* The Pi0.5 commands' and the labs' numeric options are parsed strictly: a value that is not an integer, or out of
