@@ -403,6 +403,52 @@ NIB_TEST(pi05_ref_matches_naive_spec) {
     nib_st_close(f);
 }
 
+/* U8 camera frames (NHWC, converted as u8 / 255 * 2 - 1) and the same frames as F32 NCHW are the
+ * same call: the actions agree bit for bit, masked cameras included */
+NIB_TEST(pi05_ref_u8_images_match_f32) {
+    const char *p = tiny_ckpt();
+    REQUIRE(p);
+    nib_st_file *f;
+    CHECK_OK(nib_st_open(p, &f));
+    REQUIRE(f);
+    nib_pi05_config c;
+    CHECK_OK(nib_pi05_config_from_file(f, &c));
+    nib_pi05_precision pr;
+    CHECK_OK(nib_pi05_preset("ref", &pr));
+    nib_pi05 *m = NULL;
+    CHECK_OK(nib_pi05_load(f, &c, &pr, &m));
+    REQUIRE(m);
+    nib_rng r;
+    nib_test_rng(t, &r);
+    const int V = 3, H = 7, L = 5, A = c.action_dim, S = c.v_image, C = c.v_channels;
+    const size_t ie = (size_t)C * S * S;
+    uint8_t *u8 = malloc((size_t)V * ie);
+    float *f32 = malloc((size_t)V * ie * 4), *a8 = malloc((size_t)H * A * 4), *af = malloc((size_t)H * A * 4);
+    REQUIRE(u8 && f32 && a8 && af);
+    for (size_t i = 0; i < (size_t)V * ie; i++) u8[i] = (uint8_t)(i < 256 ? i : nib_rng_below(&r, 256));
+    for (int v = 0; v < V; v++)
+        for (int ch = 0; ch < C; ch++)
+            for (int y = 0; y < S; y++)
+                for (int x = 0; x < S; x++)
+                    f32[(((size_t)v * C + ch) * S + y) * S + x] =
+                        (float)u8[(((size_t)v * S + y) * S + x) * C + ch] / 255.0f * 2.0f - 1.0f;
+    int32_t ids[5];
+    for (int i = 0; i < L; i++) ids[i] = (int32_t)nib_rng_below(&r, (uint64_t)c.vocab);
+    const uint8_t masks[2][3] = {{1, 1, 1}, {0, 1, 1}};
+    for (int k = 0; k < 2; k++) {
+        nib_pi05_inputs i8 = {V, NULL, u8, masks[k], ids, L, H, NULL, 11};
+        nib_pi05_inputs i32 = {V, f32, NULL, masks[k], ids, L, H, NULL, 11};
+        memset(a8, 0xFF, (size_t)H * A * 4);
+        memset(af, 0, (size_t)H * A * 4);
+        CHECK_OK(nib_pi05_run(m, &i8, a8, NULL));
+        CHECK_OK(nib_pi05_run(m, &i32, af, NULL));
+        CHECK_MSG(!memcmp(a8, af, (size_t)H * A * 4), "mask %d: U8 frames and the same frames in F32 gave different actions", k);
+    }
+    free(u8), free(f32), free(a8), free(af);
+    nib_pi05_free(m);
+    nib_st_close(f);
+}
+
 NIB_TEST(pi05_ref_input_errors) {
     const char *p = tiny_ckpt();
     REQUIRE(p);

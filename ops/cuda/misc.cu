@@ -1,7 +1,7 @@
 /* misc.cu — CUDA twins of ops/misc.h: im2patch, embedding gather, fp32<->bf16 state glue and
  * the GEMM epilogue for the cuBLAS paths. Memory-bound elementwise kernels, one thread per
  * element (these touch activations only: kilobytes to a few megabytes per call).
- * Tested by tests/test_misc_gpu.c against ops/ref/misc.c. */
+ * Tested by tests/test_misc_gpu.c against ops/ref/misc.c (`nib_tests misc_gpu`). */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -38,8 +38,12 @@ __global__ void k_im2patch(nib_im2patch_args a, int g, int kk, int64_t total) {
 }
 
 nib_status nib_cuda_im2patch(const nib_im2patch_args *a, void *stream) {
-    if (!a || !a->images || !a->out || a->patch < 1 || a->size % a->patch || a->ld < a->channels * a->patch * a->patch)
-        return NIB_ERR(NIB_ERR_INVALID_ARG, "im2patch: bad arguments");
+    /* the reference's checks and statuses (ops/ref/misc.c) */
+    if (!a || !a->images || !a->out || a->n_img < 0 || a->channels < 1 || a->patch < 1 || a->size % a->patch)
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "im2patch: bad arguments (size %d, patch %d)", a ? a->size : 0,
+                       a ? a->patch : 0);
+    if (a->ld < a->channels * a->patch * a->patch)
+        return NIB_ERR(NIB_ERR_SHAPE, "im2patch: ld %lld < %d", (long long)a->ld, a->channels * a->patch * a->patch);
     int g = a->size / a->patch;
     int64_t total = (int64_t)a->n_img * g * g * a->ld;
     if (total == 0) return NIB_OK;
