@@ -160,6 +160,50 @@ NIB_TEST(pi05_gpu_graph_replays_deterministic_and_reusable) {
     nib_st_close(f);
 }
 
+/* U8 camera frames (NHWC) and the same frames as F32 NCHW (u8 / 255 * 2 - 1, as im2patch converts
+ * them) are the same call: once the patches are bf16 nothing differs, so the actions (each in its
+ * own graph: the image dtype is part of the call shape) must agree bit for bit, masked camera too */
+NIB_TEST(pi05_gpu_u8_frames_match_f32) {
+    NIB_REQUIRE_GPU();
+    REQUIRE(ckpt());
+    static const char *const presets[] = {"bf16", "fast"};
+    for (int p = 0; p < 2; p++) {
+        nib_st_file *f = NULL;
+        nib_pi05 *m = NULL;
+        CHECK_OK(load(presets[p], NULL, &f, &m));
+        if (!m) {
+            nib_st_close(f);
+            continue;
+        }
+        nib_rng rng;
+        nib_test_rng(t, &rng);
+        static run_in x;
+        static uint8_t u8[3 * 56 * 56 * 3];
+        make_in(&rng, &x, 3, 9, 10);
+        for (size_t i = 0; i < sizeof u8; i++) u8[i] = (uint8_t)(i < 256 ? i : nib_rng_below(&rng, 256));
+        for (int v = 0; v < 3; v++)
+            for (int ch = 0; ch < 3; ch++)
+                for (int y = 0; y < 56; y++)
+                    for (int xx = 0; xx < 56; xx++)
+                        x.img[((v * 3 + ch) * 56 + y) * 56 + xx] = (float)u8[((v * 56 + y) * 56 + xx) * 3 + ch] / 255.0f * 2.0f - 1.0f;
+        const uint8_t mask[3] = {1, 0, 1};
+        for (int k = 0; k < 2; k++) {
+            nib_pi05_inputs i8 = x.in, i32 = x.in;
+            i8.images_f32 = NULL, i8.images_u8 = u8;
+            i8.image_mask = i32.image_mask = k ? mask : NULL;
+            float a8[10 * 32], af[10 * 32];
+            memset(a8, 0xFF, sizeof a8);
+            memset(af, 0, sizeof af);
+            CHECK_OK(nib_pi05_run(m, &i8, a8, NULL));
+            CHECK_OK(nib_pi05_run(m, &i32, af, NULL));
+            CHECK_MSG(!memcmp(a8, af, sizeof a8), "%s, mask %d: U8 frames and the same frames in F32 gave different actions",
+                      presets[p], k);
+        }
+        nib_pi05_free(m);
+        nib_st_close(f);
+    }
+}
+
 /* ---- the persistent expert kernel (ops/expert.h) ------------------------------------------
  * The same NVFP4 expert through the per-op path (NIB_FUSED_STEP=0) and the persistent kernel (the default),
  * on the tiny config and on one with awkward expert sizes (width 80, 3 heads, MLP 176), for
