@@ -149,8 +149,7 @@ int nib_cmd_demo(int argc, char **argv) {
                    "inputs (N cameras, L random text tokens, horizon H) and prints the per-stage breakdown\n"
                    "(median of 20 graph replays), the rate in Hz, the whole call host to host (inputs copied in,\n"
                    "actions copied out; for fast also with the images as U8 camera frames), and how close fast\n"
-                   "is to bf16. Without a GPU it runs the fp32 CPU\n"
-                   "reference on a tiny config and says so.\n");
+                   "is to bf16. Without a GPU it runs the fp32 CPU reference on a tiny config and says so.\n");
             return 0;
         } else if (!strcmp(a, "--checkpoint") && v) ckpt = v, i++;
         else if ((opt = shape_option("demo", a, v, &cams, &ntext, &H, &seed)) != 0) {
