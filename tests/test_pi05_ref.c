@@ -318,6 +318,27 @@ static double rel_l2(const float *a, const double *b, size_t n, double *cosine) 
     return sqrt(d / nb);
 }
 
+/* the tiny checkpoint opened and loaded on the reference backend (NULL, with the failure recorded,
+ * if any step fails; *f is then closed) */
+static nib_pi05 *load_tiny_ref(nib_test_ctx *t, nib_st_file **f, nib_pi05_config *c) {
+    *f = NULL;
+    const char *p = tiny_ckpt();
+    nib_pi05_precision pr;
+    nib_pi05 *m = NULL;
+    nib_status st = p ? nib_st_open(p, f) : NIB_ERR_IO;
+    if (!st) st = nib_pi05_config_from_file(*f, c);
+    if (!st) st = nib_pi05_preset("ref", &pr);
+    if (!st) st = nib_pi05_load(*f, c, &pr, &m);
+    if (st) {
+        nib_test_fail(t, __FILE__, __LINE__, "the tiny checkpoint on the reference backend: %s: %s", nib_status_name(st),
+                      nib_last_error());
+        nib_st_close(*f);
+        *f = NULL;
+        return NULL;
+    }
+    return m;
+}
+
 NIB_TEST(pi05_ref_config_from_checkpoint) {
     const char *p = tiny_ckpt();
     REQUIRE(p);
@@ -332,17 +353,9 @@ NIB_TEST(pi05_ref_config_from_checkpoint) {
 }
 
 NIB_TEST(pi05_ref_matches_naive_spec) {
-    const char *p = tiny_ckpt();
-    REQUIRE(p);
     nib_st_file *f;
-    CHECK_OK(nib_st_open(p, &f));
-    REQUIRE(f);
     nib_pi05_config c;
-    CHECK_OK(nib_pi05_config_from_file(f, &c));
-    nib_pi05_precision pr;
-    CHECK_OK(nib_pi05_preset("ref", &pr));
-    nib_pi05 *m = NULL;
-    CHECK_OK(nib_pi05_load(f, &c, &pr, &m));
+    nib_pi05 *const m = load_tiny_ref(t, &f, &c);
     REQUIRE(m);
     nib_rng r;
     nib_test_rng(t, &r);
@@ -406,17 +419,9 @@ NIB_TEST(pi05_ref_matches_naive_spec) {
 /* U8 camera frames (NHWC, converted as u8 / 255 * 2 - 1) and the same frames as F32 NCHW are the
  * same call: the actions agree bit for bit, masked cameras included */
 NIB_TEST(pi05_ref_u8_images_match_f32) {
-    const char *p = tiny_ckpt();
-    REQUIRE(p);
     nib_st_file *f;
-    CHECK_OK(nib_st_open(p, &f));
-    REQUIRE(f);
     nib_pi05_config c;
-    CHECK_OK(nib_pi05_config_from_file(f, &c));
-    nib_pi05_precision pr;
-    CHECK_OK(nib_pi05_preset("ref", &pr));
-    nib_pi05 *m = NULL;
-    CHECK_OK(nib_pi05_load(f, &c, &pr, &m));
+    nib_pi05 *const m = load_tiny_ref(t, &f, &c);
     REQUIRE(m);
     nib_rng r;
     nib_test_rng(t, &r);
@@ -450,17 +455,9 @@ NIB_TEST(pi05_ref_u8_images_match_f32) {
 }
 
 NIB_TEST(pi05_ref_input_errors) {
-    const char *p = tiny_ckpt();
-    REQUIRE(p);
     nib_st_file *f;
-    CHECK_OK(nib_st_open(p, &f));
-    REQUIRE(f);
     nib_pi05_config c;
-    CHECK_OK(nib_pi05_config_from_file(f, &c));
-    nib_pi05_precision pr;
-    CHECK_OK(nib_pi05_preset("ref", &pr));
-    nib_pi05 *m = NULL;
-    CHECK_OK(nib_pi05_load(f, &c, &pr, &m));
+    nib_pi05 *const m = load_tiny_ref(t, &f, &c);
     REQUIRE(m);
     float img[3 * 3 * 56 * 56] = {0};
     int32_t ids[3] = {1, 2, 3000};
