@@ -1,5 +1,5 @@
 # nib — one boring build.
-#   make              library (build/libnib.a), CLI (build/nib), tests (build/nib_tests)
+#   make              library (build/libnib.a, build/libnib.so), CLI (build/nib), tests (build/nib_tests)
 #   make test         run every test; ends with "N passed, N failed, N skipped"
 #   make san-test     CPU tests under ASan+UBSan (build-san/, CPU-only)
 #   make bench        the kernel lab (needs a GPU)
@@ -59,11 +59,12 @@ CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/%.o)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 
 LIB   := $(BUILD)/libnib.a
+SOLIB := $(BUILD)/libnib.so
 NIB   := $(BUILD)/nib
 TESTS := $(BUILD)/nib_tests
 
 .PHONY: all test san-test bench clean fuzz lint info
-all: $(LIB) $(NIB) $(TESTS)
+all: $(LIB) $(SOLIB) $(NIB) $(TESTS)
 
 info:
 	@echo "CUDA backend: $(if $(HAVE_CUDA),yes ($(NVCC), $(CUDA_ARCH)),no)"
@@ -81,6 +82,10 @@ $(LIB): $(LIB_OBJ)
 	rm -f $@
 	ar rcs $@ $^
 
+# The shared library: include/nib.h's API for programs and python/nib.py (ctypes)
+$(SOLIB): $(LIB_OBJ)
+	$(CC) -shared $(LDFLAGS) -o $@ $(LIB_OBJ) $(LDLIBS)
+
 $(NIB): $(BUILD)/cli/main.o $(CLI_OBJ) $(LIB)
 	$(CC) $(LDFLAGS) -o $@ $(BUILD)/cli/main.o $(CLI_OBJ) $(LIB) $(LDLIBS)
 
@@ -88,7 +93,7 @@ $(NIB): $(BUILD)/cli/main.o $(CLI_OBJ) $(LIB)
 $(TESTS): $(TEST_OBJ) $(CLI_OBJ) $(LIB)
 	$(CC) $(LDFLAGS) -o $@ $(TEST_OBJ) $(CLI_OBJ) $(LIB) $(LDLIBS)
 
-test: $(TESTS) $(NIB)
+test: $(TESTS) $(NIB) $(SOLIB)
 	./$(TESTS) $(T)
 
 san-test:

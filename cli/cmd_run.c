@@ -100,17 +100,8 @@ void nib_cli_inputs_free(nib_cli_inputs *x) {
 
 nib_status nib_cli_pi05_open(const char *ckpt, const char *preset, const char *overrides, int steps, int max_horizon,
                              nib_st_file **f, nib_pi05 **m, int verbose) {
-    *f = NULL, *m = NULL;
-    nib_pi05_precision p;
-    NIB_RETURN_IF_ERR(nib_pi05_preset(preset, &p));
-    if (overrides) NIB_RETURN_IF_ERR(nib_pi05_precision_override(&p, overrides));
-    NIB_RETURN_IF_ERR(nib_st_open(ckpt, f));
-    nib_pi05_config c;
-    nib_status st = nib_pi05_config_from_file(*f, &c);
-    if (!st && steps > 0) c.steps = steps;
-    if (!st && max_horizon > c.max_horizon) c.max_horizon = max_horizon;
     double t0 = nib_now_s();
-    if (!st) st = nib_pi05_load(*f, &c, &p, m);
+    nib_status st = nib_pi05_open_file(ckpt, preset, overrides, steps, max_horizon, f, m);
     if (!st && verbose) {
         char buf[128], pq[64] = "";
         const int q = nib_pi05_prequantized(*m);
@@ -119,10 +110,6 @@ nib_status nib_cli_pi05_open(const char *ckpt, const char *preset, const char *o
                      q & 4 ? " expert" : "");
         fprintf(stderr, "nib: loaded %s (%s%s) in %.2f s\n", ckpt, nib_pi05_precision_str(nib_pi05_prec(*m), buf, sizeof buf),
                 pq, nib_now_s() - t0);
-    }
-    if (st) {
-        nib_st_close(*f);
-        *f = NULL;
     }
     return st;
 }

@@ -119,6 +119,50 @@ nib_status nib_tensor_desc_init_strided(nib_tensor_desc *d, nib_dtype dt, int32_
 /* 1 if row-major contiguous. */
 int nib_tensor_desc_is_contiguous(const nib_tensor_desc *d);
 
+/* ---- Pi0.5 policy ------------------------------------------------------------------------ */
+/* A loaded Pi0.5 (its checkpoint stays mapped while the policy is open), for a control loop:
+ * open once, call nib_pi05_policy_run every tick. One call at a time per policy (calls from
+ * several threads must be serialized by the caller); several policies may be open at once.
+ * The first call of each call shape (cameras used, text length, horizon, image dtype) captures
+ * a CUDA graph; later calls of that shape replay it. python/nib.py wraps this for Python. */
+typedef struct nib_pi05_policy nib_pi05_policy;
+
+/* checkpoint: an openpi-converted model.safetensors (or one written by `nib quantize --pi05`).
+ * preset: "fast", "bf16" (GPU) or "ref" (fp32 CPU reference). overrides: NULL or
+ * "vision=fp8,prefix=bf16,expert=int4,kv=fp8" (as `nib run --precision`). max_horizon: the
+ * largest horizon the calls will ask for (0: the checkpoint's). Errors name the file, tensor or
+ * option: NIB_ERR_IO / FORMAT / NOT_FOUND / SHAPE (checkpoint), INVALID_ARG (preset, overrides),
+ * NO_DEVICE / UNSUPPORTED_DEVICE / DEVICE_OOM (GPU presets). */
+nib_status nib_pi05_policy_open(const char *checkpoint, const char *preset, const char *overrides,
+                                int32_t max_horizon, nib_pi05_policy **out);
+/* Closes the policy (NULL: no-op). */
+void nib_pi05_policy_close(nib_pi05_policy *p);
+
+typedef enum nib_pi05_size {
+    NIB_PI05_MAX_CAMERAS = 0, /* images per call (V) */
+    NIB_PI05_IMAGE_SIZE = 1,  /* image height = width (224) */
+    NIB_PI05_MAX_TEXT = 2,    /* text tokens per call */
+    NIB_PI05_MAX_HORIZON = 3, /* action steps per call (H) */
+    NIB_PI05_ACTION_DIM = 4,  /* values per action step (32) */
+    NIB_PI05_VOCAB = 5,       /* token ids are < this */
+    NIB_PI05_STEPS = 6        /* flow-matching steps per call */
+} nib_pi05_size;
+/* One of the policy's sizes, or -1 for a NULL policy or an unknown `what`. */
+int64_t nib_pi05_policy_size(const nib_pi05_policy *p, nib_pi05_size what);
+
+/* One policy call. images: n_cameras images, either images_f32 [V][3][S][S] in [-1, 1] (openpi's
+ * PyTorch layout) or images_u8 [V][S][S][3] camera frames (u8 / 255 * 2 - 1; a quarter of the
+ * bytes to check and copy); exactly one of the two. image_mask: NULL (all valid) or [V] of 0/1
+ * (masked cameras are skipped exactly). text_ids: [n_text] token ids. noise: NULL (N(0, 1) from
+ * seed) or [horizon][action_dim]. actions: [horizon][action_dim] floats, written on success.
+ * The caller's buffers are read during the call only. Errors: INVALID_ARG / SHAPE naming the
+ * input (an id outside the vocabulary, too many cameras, a horizon above max_horizon),
+ * NUMERICS naming the element (NaN / Inf in images or noise), device errors as above. */
+nib_status nib_pi05_policy_run(nib_pi05_policy *p, int32_t n_cameras, const float *images_f32,
+                               const uint8_t *images_u8, const uint8_t *image_mask,
+                               const int32_t *text_ids, int32_t n_text, int32_t horizon,
+                               const float *noise, uint64_t seed, float *actions);
+
 #ifdef __cplusplus
 }
 #endif

@@ -72,6 +72,12 @@ typedef struct nib_pi05 nib_pi05;
 nib_status nib_pi05_load(const nib_st_file *f, const nib_pi05_config *cfg, const nib_pi05_precision *prec,
                          nib_pi05 **out);
 void nib_pi05_free(nib_pi05 *m);
+/* Open a checkpoint and load it for a preset (+ overrides, as nib_pi05_precision_override); steps and
+ * max_horizon > 0 replace / raise the checkpoint's. *f stays open (mapped) while *m lives: free *m,
+ * then nib_st_close(*f). On failure nothing is left open. (models/pi05_policy.c; the CLI and the
+ * public nib_pi05_policy_open use it.) */
+nib_status nib_pi05_open_file(const char *ckpt, const char *preset, const char *overrides, int32_t steps,
+                              int32_t max_horizon, nib_st_file **f, nib_pi05 **m);
 const nib_pi05_config *nib_pi05_cfg(const nib_pi05 *m);
 /* The precision the model runs at: the preset, except that a component the checkpoint holds
  * pre-quantized (nib quantize, ModelOpt, GPTQ/AWQ) runs in its stored format. */

@@ -802,3 +802,141 @@ NIB_TEST(pi05_ref_run_inputs_file_rules) {
     CHECK(ok.in.horizon == 8 && ok.in.noise && ok.in.n_cameras == 0);
     nib_cli_inputs_free(&ok);
 }
+
+/* ---- the public policy API (include/nib.h) and its Python wrapper (python/nib.py) ---------- */
+#include <limits.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "nib.h"
+
+/* one call's inputs on the tiny config: V cameras of U8 frames (every code once), text, noise */
+typedef struct policy_call {
+    uint8_t img[3 * 56 * 56 * 3];
+    int32_t ids[6];
+    float noise[10 * 32];
+} policy_call;
+static void policy_call_init(nib_test_ctx *t, const nib_pi05_config *c, policy_call *x) {
+    nib_rng r;
+    nib_test_rng(t, &r);
+    for (size_t i = 0; i < sizeof x->img; i++) x->img[i] = (uint8_t)(i < 256 ? i : nib_rng_below(&r, 256));
+    for (int i = 0; i < 6; i++) x->ids[i] = (int32_t)nib_rng_below(&r, (uint64_t)c->vocab);
+    for (int i = 0; i < 10 * 32; i++) x->noise[i] = (float)nib_rng_normal(&r);
+}
+
+NIB_TEST(pi05_policy_api) {
+    nib_st_file *f;
+    nib_pi05_config c;
+    nib_pi05 *const m = load_tiny_ref(t, &f, &c);
+    REQUIRE(m);
+    REQUIRE(c.v_image == 56 && c.action_dim == 32 && c.max_cameras >= 3 && c.max_horizon >= 10);
+    static policy_call x;
+    policy_call_init(t, &c, &x);
+    const nib_pi05_inputs in = {3, NULL, x.img, NULL, x.ids, 6, 10, x.noise, 0};
+    float want[10 * 32], got[10 * 32];
+    CHECK_OK(nib_pi05_run(m, &in, want, NULL));
+    nib_pi05_policy *p = NULL;
+    CHECK_OK(nib_pi05_policy_open(tiny_ckpt(), "ref", NULL, 0, &p));
+    REQUIRE(p);
+    CHECK(nib_pi05_policy_size(p, NIB_PI05_MAX_CAMERAS) == c.max_cameras);
+    CHECK(nib_pi05_policy_size(p, NIB_PI05_IMAGE_SIZE) == 56 && nib_pi05_policy_size(p, NIB_PI05_ACTION_DIM) == 32);
+    CHECK(nib_pi05_policy_size(p, NIB_PI05_MAX_TEXT) == c.max_text && nib_pi05_policy_size(p, NIB_PI05_VOCAB) == c.vocab);
+    CHECK(nib_pi05_policy_size(p, NIB_PI05_MAX_HORIZON) == c.max_horizon && nib_pi05_policy_size(p, NIB_PI05_STEPS) == c.steps);
+    CHECK(nib_pi05_policy_size(p, (nib_pi05_size)99) == -1 && nib_pi05_policy_size(NULL, NIB_PI05_VOCAB) == -1);
+    memset(got, 0xFF, sizeof got);
+    CHECK_OK(nib_pi05_policy_run(p, 3, NULL, x.img, NULL, x.ids, 6, 10, x.noise, 0, got));
+    CHECK_MSG(!memcmp(got, want, sizeof got), "the policy API and nib_pi05_run gave different actions");
+    /* the caller's mistakes, each named */
+    CHECK_ST(nib_pi05_policy_run(p, 3, (const float *)x.noise, x.img, NULL, x.ids, 6, 10, NULL, 0, got), NIB_ERR_INVALID_ARG);
+    CHECK(strstr(nib_last_error(), "both F32 and U8") != NULL);
+    CHECK_ST(nib_pi05_policy_run(p, 3, NULL, NULL, NULL, x.ids, 6, 10, NULL, 0, got), NIB_ERR_INVALID_ARG);
+    CHECK(strstr(nib_last_error(), "no images") != NULL);
+    CHECK_ST(nib_pi05_policy_run(p, 3, NULL, x.img, NULL, NULL, 6, 10, NULL, 0, got), NIB_ERR_INVALID_ARG);
+    CHECK_ST(nib_pi05_policy_run(p, 3, NULL, x.img, NULL, x.ids, 6, 10, NULL, 0, NULL), NIB_ERR_INVALID_ARG);
+    int32_t bad_ids[6];
+    memcpy(bad_ids, x.ids, sizeof bad_ids);
+    bad_ids[4] = (int32_t)c.vocab;
+    CHECK_ST(nib_pi05_policy_run(p, 3, NULL, x.img, NULL, bad_ids, 6, 10, NULL, 0, got), NIB_ERR_INVALID_ARG);
+    char vs[32];
+    snprintf(vs, sizeof vs, "%lld", (long long)c.vocab);
+    CHECK_MSG(strstr(nib_last_error(), vs) != NULL, "the bad id is not named: %s", nib_last_error());
+    CHECK_ST(nib_pi05_policy_run(p, 3, NULL, x.img, NULL, x.ids, 6, c.max_horizon + 1, NULL, 0, got), NIB_ERR_SHAPE);
+    /* still usable after the errors */
+    CHECK_OK(nib_pi05_policy_run(p, 3, NULL, x.img, NULL, x.ids, 6, 10, x.noise, 0, got));
+    CHECK(!memcmp(got, want, sizeof got));
+    nib_pi05_policy_close(p);
+    nib_pi05_policy_close(NULL);
+    /* opening: a missing file, an unknown preset, a bad override, NULLs */
+    nib_pi05_policy *q = (nib_pi05_policy *)&x;
+    CHECK_ST(nib_pi05_policy_open("/nonexistent/nib-model.safetensors", "ref", NULL, 0, &q), NIB_ERR_IO);
+    CHECK(q == NULL && strstr(nib_last_error(), "/nonexistent/nib-model.safetensors") != NULL);
+    CHECK_ST(nib_pi05_policy_open(tiny_ckpt(), "fastest", NULL, 0, &q), NIB_ERR_INVALID_ARG);
+    CHECK(strstr(nib_last_error(), "fastest") != NULL);
+    CHECK_ST(nib_pi05_policy_open(tiny_ckpt(), "ref", "vision=fp5", 0, &q), NIB_ERR_INVALID_ARG);
+    CHECK(strstr(nib_last_error(), "fp5") != NULL);
+    CHECK_ST(nib_pi05_policy_open(tiny_ckpt(), "ref", NULL, -1, &q), NIB_ERR_INVALID_ARG);
+    CHECK_ST(nib_pi05_policy_open(NULL, "ref", NULL, 0, &q), NIB_ERR_INVALID_ARG);
+    CHECK_ST(nib_pi05_policy_open(tiny_ckpt(), "ref", NULL, 0, NULL), NIB_ERR_INVALID_ARG);
+    /* a larger max_horizon than the checkpoint's is honoured */
+    CHECK_OK(nib_pi05_policy_open(tiny_ckpt(), "ref", NULL, c.max_horizon + 4, &q));
+    CHECK(nib_pi05_policy_size(q, NIB_PI05_MAX_HORIZON) == c.max_horizon + 4);
+    nib_pi05_policy_close(q);
+    nib_clear_error();
+    nib_pi05_free(m);
+    nib_st_close(f);
+}
+
+/* python/nib.py over this build's libnib.so (tests/python/test_nib.py): the same call's actions
+ * bit for bit, its input forms and its errors. Skips without python3, without the shared library
+ * next to this binary, or under the sanitizers (python cannot load an ASan-built library). */
+static int write_raw(const char *dir, const char *name, const void *p, size_t n) {
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *fp = fopen(path, "wb");
+    if (!fp) return 0;
+    const int ok = fwrite(p, 1, n, fp) == n;
+    return fclose(fp) == 0 && ok;
+}
+NIB_TEST(pi05_policy_python) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+    SKIP("a sanitizer build: python cannot load this libnib.so");
+#endif
+    char exe[PATH_MAX], lib[PATH_MAX];
+    const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0) SKIP("no /proc/self/exe");
+    exe[n] = '\0';
+    char *slash = strrchr(exe, '/');
+    REQUIRE(slash);
+    *slash = '\0';
+    snprintf(lib, sizeof lib, "%s/libnib.so", exe);
+    const char *script = "tests/python/test_nib.py";
+    if (access(lib, R_OK) != 0) SKIP("%s is not built (make builds it)", lib);
+    if (access(script, R_OK) != 0) SKIP("%s not found: run the tests from the repository root", script);
+    nib_st_file *f;
+    nib_pi05_config c;
+    nib_pi05 *const m = load_tiny_ref(t, &f, &c);
+    REQUIRE(m);
+    static policy_call x;
+    policy_call_init(t, &c, &x);
+    const nib_pi05_inputs in = {3, NULL, x.img, NULL, x.ids, 6, 10, x.noise, 0};
+    float want[10 * 32];
+    CHECK_OK(nib_pi05_run(m, &in, want, NULL));
+    nib_pi05_free(m);
+    nib_st_close(f);
+    const char *d = nib_test_tmpdir();
+    REQUIRE(write_raw(d, "images_u8", x.img, sizeof x.img) && write_raw(d, "text_ids", x.ids, sizeof x.ids) &&
+            write_raw(d, "noise", x.noise, sizeof x.noise) && write_raw(d, "actions", want, sizeof want));
+    char *argv[] = {"python3", (char *)script, lib, (char *)tiny_ckpt(), (char *)d, NULL};
+    pid_t pid;
+    fflush(stdout);
+    extern char **environ;
+    const int e = posix_spawnp(&pid, "python3", NULL, NULL, argv, environ);
+    if (e != 0) SKIP("python3 could not be started (%s)", strerror(e));
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0) {
+    }
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 127) SKIP("python3 is not installed");
+    CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "tests/python/test_nib.py failed (status %d): see its lines above",
+              status);
+}

@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""python/nib.py against the C API: run by the C test pi05_policy_python (tests/test_pi05_ref.c),
+which writes the tiny checkpoint and, into DIR, one call's inputs and the actions the C API gave.
+
+    test_nib.py LIBNIB.so CHECKPOINT DIR
+
+Checks: the same actions bit for bit from U8 frames (bytes, bytearray) and from the same frames
+in F32 (array.array), with and without NumPy; sizes; errors raised as NibError naming the cause.
+Exit 0 and "python: N checks passed" on success, 1 and the first failures otherwise."""
+import array
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "python"))
+import nib  # noqa: E402
+
+fails = []
+checks = 0
+
+
+def check(cond, what):
+    global checks
+    checks += 1
+    if not cond:
+        fails.append(what)
+        print("FAIL: " + what)
+
+
+def flat(actions):
+    if hasattr(actions, "tobytes"):
+        return actions.astype("float32").tobytes()
+    return array.array("f", [v for row in actions for v in row]).tobytes()
+
+
+def raises(fn, status, needle, what):
+    try:
+        fn()
+    except nib.NibError as e:
+        check(e.status == status and needle in str(e), "%s: got %s, want %s naming %r" % (what, e, status, needle))
+        return
+    except (ValueError, TypeError) as e:
+        check(status is None and needle in str(e), "%s: got %r, want %s naming %r" % (what, e, status, needle))
+        return
+    check(False, "%s: no error raised" % what)
+
+
+def main():
+    lib_path, ckpt, d = sys.argv[1:4]
+    nib.load_library(lib_path)
+    rd = lambda n: open(os.path.join(d, n), "rb").read()
+    u8, ids_b, noise_b, want = rd("images_u8"), rd("text_ids"), rd("noise"), rd("actions")
+    ids = array.array("i")
+    ids.frombytes(ids_b)
+    noise = array.array("f")
+    noise.frombytes(noise_b)
+    with nib.Pi05Policy(ckpt, preset="ref") as p:
+        S, A = p.image_size, p.action_dim
+        H = len(noise) // A
+        check(S > 0 and A > 0 and p.max_cameras >= 1 and p.vocab > 0 and p.steps > 0, "sizes %r" % vars(p))
+        V = len(u8) // (3 * S * S)
+        # U8 frames as bytes (read-only: copied) and bytearray (no copy)
+        check(flat(p.run(u8, ids, noise=noise)) == want, "U8 frames (bytes): actions differ from the C API's")
+        check(flat(p.run(bytearray(u8), list(ids), noise=noise)) == want, "U8 frames (bytearray): actions differ")
+        # the same frames as F32 NCHW, u8 / 255 * 2 - 1 in fp32 (array.array rounds each to fp32)
+        f = array.array("f", [0.0]) * (V * 3 * S * S)
+        for v in range(V):
+            for y in range(S):
+                for x in range(S):
+                    for c in range(3):
+                        q = array.array("f", [u8[((v * S + y) * S + x) * 3 + c]])[0]
+                        q = array.array("f", [q / 255.0])[0]
+                        q = array.array("f", [q * 2.0])[0]
+                        f[((v * 3 + c) * S + y) * S + x] = array.array("f", [q - 1.0])[0]
+        check(flat(p.run(f, ids, noise=noise)) == want, "the same frames in F32: actions differ")
+        try:
+            import numpy as np
+            img = np.frombuffer(u8, dtype=np.uint8).reshape(V, S, S, 3).copy()
+            out = p.run(img, np.array(ids, dtype=np.int64), noise=np.frombuffer(noise_b, dtype=np.float32).reshape(H, A))
+            check(out.shape == (H, A) and out.dtype == np.float32 and out.tobytes() == want, "NumPy in and out")
+        except ImportError:
+            pass
+        # a masked camera is skipped: the same as leaving it out
+        one = p.run(u8[: 3 * S * S], ids, noise=noise)
+        masked = p.run(u8, ids, noise=noise, image_mask=[1] + [0] * (V - 1))
+        check(flat(one) == flat(masked), "a masked camera changed the actions")
+        # seeded noise is deterministic
+        check(flat(p.run(u8, ids, horizon=H, seed=5)) == flat(p.run(u8, ids, horizon=H, seed=5)), "seeded calls differ")
+        # errors
+        raises(lambda: p.run(u8, [p.vocab], horizon=H), "NIB_ERR_INVALID_ARG", str(p.vocab), "an id outside the vocabulary")
+        raises(lambda: p.run(u8[:-1], ids, horizon=H), None, "whole number", "a truncated image buffer")
+        raises(lambda: p.run(array.array("d", [0.0] * 3), ids, horizon=H), None, "format 'd'", "float64 images")
+        raises(lambda: p.run(u8, ids), None, "horizon=", "no horizon and no noise")
+        raises(lambda: p.run(u8, ids, horizon=p.max_horizon + 1), "NIB_ERR_SHAPE", "", "a horizon above max_horizon")
+        raises(lambda: p.run(u8, ids, noise=noise, horizon=H + 1), None, "horizon", "noise of another horizon")
+    raises(lambda: p.run(u8, ids, horizon=H), None, "closed", "a closed policy")
+    raises(lambda: nib.Pi05Policy(os.path.join(d, "missing.safetensors"), preset="ref"), "NIB_ERR_IO",
+           "missing.safetensors", "a missing checkpoint")
+    raises(lambda: nib.Pi05Policy(ckpt, preset="fastest"), "NIB_ERR_INVALID_ARG", "fastest", "an unknown preset")
+    raises(lambda: nib.Pi05Policy(ckpt, preset="ref", precision="vision=fp5"), "NIB_ERR_INVALID_ARG", "fp5",
+           "a bad precision override")
+    if fails:
+        print("python: %d of %d checks failed" % (len(fails), checks))
+        return 1
+    print("python: %d checks passed" % checks)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
