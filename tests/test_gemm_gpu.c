@@ -814,6 +814,53 @@ NIB_TEST(blas_gpu_bf16_and_fp8_w8a8) {
  * (C = Y: the product is rounded to bf16, then C added and rounded again) for the down projection,
  * o and fc2. cuBLASLt checks a configuration against the epilogue, so each case also checks that
  * the reconfigured algorithm ran. Guard columns past N stay untouched. */
+/* e4m3 codes of scale * N(0, 1), filled in parallel: chunk c (2^16 values) draws from its own
+ * generator seeded from (seed, c), so the data depends on the seed only, not on the thread count */
+typedef struct e4m3_fill {
+    uint8_t *dst;
+    int64_t n;
+    double scale;
+    uint64_t seed;
+} e4m3_fill;
+static void e4m3_fill_chunks(void *ctx, int64_t b, int64_t e) {
+    const e4m3_fill *f = (const e4m3_fill *)ctx;
+    for (int64_t c = b; c < e; c++) {
+        nib_rng r;
+        nib_rng_seed(&r, f->seed ^ (0x9E3779B97F4A7C15ull * (uint64_t)(c + 1)));
+        const int64_t i1 = (c + 1) << 16 < f->n ? (c + 1) << 16 : f->n;
+        for (int64_t i = c << 16; i < i1; i++) f->dst[i] = nib_f32_to_e4m3((float)(f->scale * nib_rng_normal(&r)));
+    }
+}
+static void fill_e4m3(nib_rng *rng, uint8_t *dst, int64_t n, double scale) {
+    e4m3_fill f = {dst, n, scale, nib_rng_u64(rng)};
+    nib_parallel_for((n + 0xFFFF) >> 16, 0, 1, e4m3_fill_chunks, &f);
+}
+/* fp64 sums of an FP8 product for the sampled rows (the same expression as one loop would use),
+ * in parallel over (row, column): s = sum, ab = sum of |terms|, run = sum over 16-term steps of the
+ * running |sum| (the fast-accumulation bound's term) */
+typedef struct fp8_ref {
+    const uint8_t *xq, *wq;
+    const float *sx, *sw;
+    const int64_t *rows;
+    int64_t n, k;
+    float lut[256];
+    double *s, *ab, *run;
+} fp8_ref;
+static void fp8_ref_outputs(void *ctx, int64_t b, int64_t e) {
+    fp8_ref *r = (fp8_ref *)ctx;
+    for (int64_t o = b; o < e; o++) {
+        const int64_t i = r->rows[o / r->n], j = o % r->n;
+        double s = 0, ab = 0, run = 0;
+        for (int64_t q = 0; q < r->k; q++) {
+            double tt = (double)r->lut[r->xq[i * r->k + q]] * r->sx[i] * (double)r->lut[r->wq[j * r->k + q]] * r->sw[j];
+            s += tt;
+            ab += fabs(tt);
+            if (q % 16 == 15 || q == r->k - 1) run += fabs(s);
+        }
+        r->s[o] = s, r->ab[o] = ab, r->run[o] = run;
+    }
+}
+
 NIB_TEST(blas_gpu_fp8_tuned_configs) {
     NIB_REQUIRE_GPU();
     nib_rng rng;
@@ -845,8 +892,8 @@ NIB_TEST(blas_gpu_fp8_tuned_configs) {
         uint16_t *hb = nib_malloc((size_t)n * 2);
         REQUIRE(hxq && hwq && hsx && hsw && hy && hc && hb);
         for (int64_t j = 0; j < n; j++) hb[j] = nib_f32_to_bf16((float)(0.5 * nib_rng_normal(&rng)));
-        for (int64_t i = 0; i < m * k; i++) hxq[i] = nib_f32_to_e4m3((float)(64.0 * nib_rng_normal(&rng)));
-        for (int64_t i = 0; i < n * k; i++) hwq[i] = nib_f32_to_e4m3((float)(64.0 * nib_rng_normal(&rng)));
+        fill_e4m3(&rng, hxq, m * k, 64.0);
+        fill_e4m3(&rng, hwq, n * k, 64.0);
         for (int64_t i = 0; i < m; i++) hsx[i] = (float)(0.01 * (1.0 + nib_rng_uniform(&rng)));
         for (int64_t i = 0; i < n; i++) hsw[i] = (float)(0.0005 * (1.0 + nib_rng_uniform(&rng)));
         for (int64_t i = 0; i < m * ldy; i++)
@@ -877,6 +924,12 @@ NIB_TEST(blas_gpu_fp8_tuned_configs) {
         const int64_t rows[] = {0, m / 2, m - 2, m - 1};
         int over = 0, guard = 0;
         double worst = 0;
+        static fp8_ref ref;
+        ref.xq = hxq, ref.wq = hwq, ref.sx = hsx, ref.sw = hsw, ref.rows = rows, ref.n = n, ref.k = k;
+        for (int c = 0; c < 256; c++) ref.lut[c] = nib_e4m3_to_f32((uint8_t)c);
+        ref.s = nib_malloc((size_t)(4 * n) * 8), ref.ab = nib_malloc((size_t)(4 * n) * 8), ref.run = nib_malloc((size_t)(4 * n) * 8);
+        REQUIRE(ref.s && ref.ab && ref.run);
+        nib_parallel_for(4 * n, 0, 64, fp8_ref_outputs, &ref);
         for (int ri = 0; ri < 4; ri++) {
             const int64_t i = rows[ri];
             for (int64_t j = 0; j < ldy; j++) {
@@ -885,13 +938,7 @@ NIB_TEST(blas_gpu_fp8_tuned_configs) {
                     guard += got != (uint16_t)POISON;
                     continue;
                 }
-                double s = 0, ab = 0, run = 0;
-                for (int64_t q = 0; q < k; q++) {
-                    double tt = (double)nib_e4m3_to_f32(hxq[i * k + q]) * hsx[i] * (double)nib_e4m3_to_f32(hwq[j * k + q]) * hsw[j];
-                    s += tt;
-                    ab += fabs(tt);
-                    if (q % 16 == 15 || q == k - 1) run += fabs(s);
-                }
+                const double s = ref.s[ri * n + j], ab = ref.ab[ri * n + j], run = ref.run[ri * n + j];
                 const double c = cs[ci].inplace ? nib_bf16_to_f32(hc[i * ldy + j]) : 0.0;
                 const double bb = cs[ci].bias ? nib_bf16_to_f32(hb[j]) : 0.0;
                 const double y = nib_bf16_to_f32(got), want = s + bb + c;
@@ -902,6 +949,7 @@ NIB_TEST(blas_gpu_fp8_tuned_configs) {
                                   (long long)m, (long long)n, (long long)k, (long long)i, (long long)j, y, want, bound);
             }
         }
+        nib_free(ref.s), nib_free(ref.ab), nib_free(ref.run);
         CHECK_MSG(guard == 0, "%d guard values past N overwritten", guard);
         printf("  M=%lld N=%lld K=%lld tile %d custom %d cluster %d%s%s: worst error / bound %.3f\n", (long long)m,
                (long long)n, (long long)k, tune.tile, tune.custom, tune.cluster, cs[ci].bias ? " (bias)" : "",
