@@ -68,55 +68,95 @@ typedef struct err_acc {
     long long n, nonfinite, over;
 } err_acc;
 
-/* R query rows (q [R][D]) over T keys (K, V [T][D], the exact values the GPU sees); gpu [R][D]
- * bf16 bits, ref [R][D]. Accumulates the error statistics and reports violations. */
-static void check_group(nib_test_ctx *t, err_acc *e, const char *what, int64_t R, int D, int64_t T, const float *q,
-                        const float *K, const float *V, const uint16_t *gpu, const float *ref, int lowbit) {
+/* The naive attention of rows [r0, r1) (fp32 as a plain kernel would compute it, P and, for a low-bit
+ * cache, K / V rounded to bf16) and what the bound needs: naive[r][c], A[r][c] = sum |p v| / l, ep[r].
+ * Rows are independent, so chunks run on threads side by side with the same results. */
+typedef struct naive_job {
+    int64_t T;
+    int D, lowbit;
+    const float *q, *K, *V;
+    double *naive, *Ac, *ep;
+    int failed;
+} naive_job;
+static void naive_rows(void *jp, int64_t r0, int64_t r1) {
+    naive_job *j = (naive_job *)jp;
+    const int64_t T = j->T;
+    const int D = j->D, lowbit = j->lowbit;
     float *s = nib_malloc((size_t)(T ? T : 1) * 4);
     float *accv = nib_malloc((size_t)D * 4);
     double *A = nib_malloc((size_t)D * 8);
     if (!s || !accv || !A) {
-        nib_test_fail(t, __FILE__, __LINE__, "host allocation failed");
+        __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
         goto done;
     }
-    for (int64_t r = 0; r < R; r++) {
-        const float *qr = q + r * D;
+    for (int64_t r = r0; r < r1; r++) {
+        const float *qr = j->q + r * D;
         float mx = -INFINITY;
         double maxqk = 0, maxs = 0;
-        for (int64_t j = 0; j < T; j++) {
+        for (int64_t k = 0; k < T; k++) {
             float dot = 0.f;
             double a = 0;
             for (int c = 0; c < D; c++) {
-                float kv = K[j * D + c];
+                float kv = j->K[k * D + c];
                 dot += qr[c] * (lowbit ? bfr(kv) : kv);
                 a += fabs((double)qr[c] * kv);
             }
-            s[j] = dot;
+            s[k] = dot;
             mx = fmaxf(mx, dot);
             maxqk = fmax(maxqk, a);
             maxs = fmax(maxs, fabs(dot));
         }
         float l = 0.f;
-        for (int64_t j = 0; j < T; j++) {
-            s[j] = expf(s[j] - mx);
-            l += s[j];
+        for (int64_t k = 0; k < T; k++) {
+            s[k] = expf(s[k] - mx);
+            l += s[k];
         }
         for (int c = 0; c < D; c++) {
             accv[c] = 0.f;
             A[c] = 0;
         }
-        for (int64_t j = 0; j < T; j++) {
-            float pb = bfr(s[j]);
+        for (int64_t k = 0; k < T; k++) {
+            float pb = bfr(s[k]);
             for (int c = 0; c < D; c++) {
-                accv[c] += pb * (lowbit ? bfr(V[j * D + c]) : V[j * D + c]);
-                A[c] += (double)s[j] * fabs(V[j * D + c]);
+                accv[c] += pb * (lowbit ? bfr(j->V[k * D + c]) : j->V[k * D + c]);
+                A[c] += (double)s[k] * fabs(j->V[k * D + c]);
             }
         }
         double ds = ((double)D + 16) * 0x1p-22 * maxqk + (lowbit ? 0x1p-23 * maxqk : 0.0);
-        double ep = expm1(2 * ds) + 0x1p-22 * maxs * LOG2E + 0x1p-20;
+        j->ep[r] = expm1(2 * ds) + 0x1p-22 * maxs * LOG2E + 0x1p-20;
         for (int c = 0; c < D; c++) {
-            double Ac = T ? A[c] / l : 0.0;
-            double naive = T ? bfr(accv[c] / l) : 0.0;
+            j->Ac[r * D + c] = T ? A[c] / l : 0.0;
+            j->naive[r * D + c] = T ? bfr(accv[c] / l) : 0.0;
+        }
+    }
+done:
+    nib_free(s);
+    nib_free(accv);
+    nib_free(A);
+}
+
+/* R query rows (q [R][D]) over T keys (K, V [T][D], the exact values the GPU sees); gpu [R][D]
+ * bf16 bits, ref [R][D]. Accumulates the error statistics and reports violations. */
+static void check_group(nib_test_ctx *t, err_acc *e, const char *what, int64_t R, int D, int64_t T, const float *q,
+                        const float *K, const float *V, const uint16_t *gpu, const float *ref, int lowbit) {
+    naive_job j = {T, D, lowbit, q, K, V, NULL, NULL, NULL, 0};
+    j.naive = nib_malloc((size_t)(R ? R : 1) * D * 8);
+    j.Ac = nib_malloc((size_t)(R ? R : 1) * D * 8);
+    j.ep = nib_malloc((size_t)(R ? R : 1) * 8);
+    if (!j.naive || !j.Ac || !j.ep) {
+        nib_test_fail(t, __FILE__, __LINE__, "host allocation failed");
+        goto done;
+    }
+    nib_parallel_for(R, 0, 8, naive_rows, &j);
+    if (j.failed) {
+        nib_test_fail(t, __FILE__, __LINE__, "host allocation failed");
+        goto done;
+    }
+    for (int64_t r = 0; r < R; r++) {
+        const double ep = j.ep[r];
+        for (int c = 0; c < D; c++) {
+            double Ac = j.Ac[r * D + c];
+            double naive = j.naive[r * D + c];
             double rf = ref[r * D + c];
             float g = nib_bf16_to_f32(gpu[r * D + c]);
             e->n++;
@@ -139,9 +179,9 @@ static void check_group(nib_test_ctx *t, err_acc *e, const char *what, int64_t R
         }
     }
 done:
-    nib_free(s);
-    nib_free(accv);
-    nib_free(A);
+    nib_free(j.naive);
+    nib_free(j.Ac);
+    nib_free(j.ep);
 }
 
 /* The RMS gate and a summary line. */

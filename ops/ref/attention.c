@@ -21,31 +21,41 @@
 
 typedef void (*ref_kv_fn)(const void *ctx, int64_t key, int d, double *k, double *v);
 
-/* rows x d queries q (fp64) attend to n_keys keys from load(); out[rows][d] (fp64). */
-static nib_status ref_attend(int64_t rows, int d, const double *q, int64_t n_keys, ref_kv_fn load,
-                             const void *ctx, double *out) {
-    nib_status st = NIB_OK;
-    double *kb = NULL, *vb = NULL, *m = NULL, *l = NULL;
+/* rows [r0, r1) of ref_attend: their own key / value blocks, so row chunks run on threads side by
+ * side; each row's operations and their order do not depend on the chunking */
+typedef struct ref_attend_job {
+    int d;
+    const double *q;
+    int64_t n_keys;
+    ref_kv_fn load;
+    const void *ctx;
+    double *out;
+    int failed; /* host allocation failed in some chunk */
+} ref_attend_job;
+static void ref_attend_rows(void *jp, int64_t r0, int64_t r1) {
+    ref_attend_job *j = (ref_attend_job *)jp;
+    const int d = j->d;
+    const int64_t rows = r1 - r0;
     double s[REF_KB];
-    kb = nib_malloc((size_t)REF_KB * d * sizeof(double));
-    vb = nib_malloc((size_t)REF_KB * d * sizeof(double));
-    m = nib_malloc((size_t)(rows ? rows : 1) * sizeof(double));
-    l = nib_malloc((size_t)(rows ? rows : 1) * sizeof(double));
+    double *kb = nib_malloc((size_t)REF_KB * d * sizeof(double));
+    double *vb = nib_malloc((size_t)REF_KB * d * sizeof(double));
+    double *m = nib_malloc((size_t)(rows ? rows : 1) * sizeof(double));
+    double *l = nib_malloc((size_t)(rows ? rows : 1) * sizeof(double));
     if (!kb || !vb || !m || !l) {
-        st = NIB_ERR_OUT_OF_MEMORY;
-        goto fail;
+        __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
+        goto done;
     }
     for (int64_t r = 0; r < rows; r++) {
         m[r] = -INFINITY;
         l[r] = 0.0;
     }
-    memset(out, 0, (size_t)rows * d * sizeof(double));
-    for (int64_t j0 = 0; j0 < n_keys; j0 += REF_KB) {
-        int nb = (int)(n_keys - j0 < REF_KB ? n_keys - j0 : REF_KB);
-        for (int jj = 0; jj < nb; jj++) load(ctx, j0 + jj, d, kb + (size_t)jj * d, vb + (size_t)jj * d);
+    memset(j->out + (size_t)r0 * d, 0, (size_t)rows * d * sizeof(double));
+    for (int64_t j0 = 0; j0 < j->n_keys; j0 += REF_KB) {
+        int nb = (int)(j->n_keys - j0 < REF_KB ? j->n_keys - j0 : REF_KB);
+        for (int jj = 0; jj < nb; jj++) j->load(j->ctx, j0 + jj, d, kb + (size_t)jj * d, vb + (size_t)jj * d);
         for (int64_t r = 0; r < rows; r++) {
-            const double *qr = q + (size_t)r * d;
-            double *acc = out + (size_t)r * d;
+            const double *qr = j->q + (size_t)(r0 + r) * d;
+            double *acc = j->out + (size_t)(r0 + r) * d;
             double bm = -INFINITY;
             for (int jj = 0; jj < nb; jj++) {
                 const double *kj = kb + (size_t)jj * d;
@@ -69,16 +79,29 @@ static nib_status ref_attend(int64_t rows, int d, const double *q, int64_t n_key
         }
     }
     for (int64_t r = 0; r < rows; r++) {
-        double *acc = out + (size_t)r * d;
+        double *acc = j->out + (size_t)(r0 + r) * d;
         double inv = l[r] > 0.0 ? 1.0 / l[r] : 0.0;
         for (int c = 0; c < d; c++) acc[c] = l[r] > 0.0 ? acc[c] * inv : (isnan(l[r]) ? NAN : 0.0);
     }
-fail:
+done:
     nib_free(kb);
     nib_free(vb);
     nib_free(m);
     nib_free(l);
-    return st;
+}
+
+/* rows x d queries q (fp64) attend to n_keys keys from load() (which must be safe to call from
+ * several threads: it only reads); out[rows][d] (fp64). Large calls run row chunks on threads. */
+static nib_status ref_attend(int64_t rows, int d, const double *q, int64_t n_keys, ref_kv_fn load,
+                             const void *ctx, double *out) {
+    ref_attend_job j = {d, q, n_keys, load, ctx, out, 0};
+    /* at least ~4 M multiply-adds per chunk, so a thread's start-up is a small part of it */
+    const int64_t per_row = (n_keys > 0 ? n_keys : 1) * (int64_t)d * 2;
+    int64_t min_rows = ((int64_t)1 << 22) / per_row;
+    if (min_rows < 8) min_rows = 8;
+    if (rows <= min_rows) ref_attend_rows(&j, 0, rows);
+    else nib_parallel_for(rows, 0, min_rows, ref_attend_rows, &j);
+    return j.failed ? NIB_ERR_OUT_OF_MEMORY : NIB_OK;
 }
 
 /* Reads a valid-length int: NULL -> dflt; must lie in [0, max]. */
