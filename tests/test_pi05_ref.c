@@ -321,21 +321,16 @@ static double rel_l2(const float *a, const double *b, size_t n, double *cosine) 
 /* the tiny checkpoint opened and loaded on the reference backend (NULL, with the failure recorded,
  * if any step fails; *f is then closed) */
 static nib_pi05 *load_tiny_ref(nib_test_ctx *t, nib_st_file **f, nib_pi05_config *c) {
-    *f = NULL;
-    const char *p = tiny_ckpt();
-    nib_pi05_precision pr;
     nib_pi05 *m = NULL;
-    nib_status st = p ? nib_st_open(p, f) : NIB_ERR_IO;
-    if (!st) st = nib_pi05_config_from_file(*f, c);
-    if (!st) st = nib_pi05_preset("ref", &pr);
-    if (!st) st = nib_pi05_load(*f, c, &pr, &m);
+    const char *p = tiny_ckpt();
+    const nib_status st = p ? nib_pi05_open_file(p, "ref", NULL, 0, 0, f, &m) : NIB_ERR_IO;
     if (st) {
         nib_test_fail(t, __FILE__, __LINE__, "the tiny checkpoint on the reference backend: %s: %s", nib_status_name(st),
                       nib_last_error());
-        nib_st_close(*f);
         *f = NULL;
         return NULL;
     }
+    *c = *nib_pi05_cfg(m);
     return m;
 }
 
