@@ -20,6 +20,7 @@
 
 #include "harness.h"
 #include "models/pi05.h"
+#include "nib.h"
 #include "ops/expert.h"
 
 /* a tiny synthetic checkpoint, written once into path (static storage) with the given expert
@@ -199,6 +200,49 @@ NIB_TEST(pi05_gpu_u8_frames_match_f32) {
             CHECK_MSG(!memcmp(a8, af, sizeof a8), "%s, mask %d: U8 frames and the same frames in F32 gave different actions",
                       presets[p], k);
         }
+        nib_pi05_free(m);
+        nib_st_close(f);
+    }
+}
+
+/* The public policy API (include/nib.h) on the GPU presets: its actions are bitwise those of
+ * nib_pi05_run on a model loaded the internal way with the same preset (same graph, same
+ * kernels), for F32 and U8 frames, over several calls of two shapes (each shape captures its own
+ * graph; the second call of a shape replays it). */
+NIB_TEST(pi05_gpu_policy_api_matches_internal) {
+    NIB_REQUIRE_GPU();
+    REQUIRE(ckpt());
+    static const char *const presets[] = {"bf16", "fast"};
+    for (int p = 0; p < 2; p++) {
+        nib_st_file *f = NULL;
+        nib_pi05 *m = NULL;
+        nib_pi05_policy *pol = NULL;
+        CHECK_OK(load(presets[p], NULL, &f, &m));
+        CHECK_OK(nib_pi05_policy_open(ckpt(), presets[p], NULL, 0, &pol));
+        if (m && pol) {
+            nib_rng rng;
+            nib_test_rng(t, &rng);
+            static run_in x;
+            static uint8_t u8[3 * 56 * 56 * 3];
+            for (int call = 0; call < 4; call++) {
+                const int cams = call % 2 ? 3 : 2, L = call % 2 ? 13 : 7, H = call % 2 ? 16 : 10;
+                make_in(&rng, &x, cams, L, H);
+                for (size_t i = 0; i < sizeof u8; i++) u8[i] = (uint8_t)nib_rng_below(&rng, 256);
+                for (int k = 0; k < 2; k++) {
+                    nib_pi05_inputs in = x.in;
+                    if (k) in.images_f32 = NULL, in.images_u8 = u8;
+                    float want[16 * 32], got[16 * 32];
+                    memset(got, 0xFF, sizeof got);
+                    CHECK_OK(nib_pi05_run(m, &in, want, NULL));
+                    CHECK_OK(nib_pi05_policy_run(pol, cams, in.images_f32, in.images_u8, NULL, x.ids, L, H, x.noise, 0,
+                                                 got));
+                    CHECK_MSG(!memcmp(got, want, (size_t)H * 32 * sizeof(float)),
+                              "%s, call %d, %s frames: the policy API and nib_pi05_run gave different actions", presets[p],
+                              call, k ? "U8" : "F32");
+                }
+            }
+        }
+        nib_pi05_policy_close(pol);
         nib_pi05_free(m);
         nib_st_close(f);
     }
