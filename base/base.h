@@ -95,6 +95,11 @@ char *nib_strdup(const char *s);
 /* ---- misc --------------------------------------------------------------------------------- */
 /* Monotonic clock in seconds. */
 double nib_now_s(void);
+/* Sorts v[0..n) ascending in place (qsort). */
+void nib_sort_doubles(double *v, size_t n);
+/* The q-quantile (0 <= q <= 1) of n >= 1 ascending values by the nearest-rank rule: the smallest
+ * value with at least q * n values at or below it (q = 0: the minimum, q = 1: the maximum). */
+double nib_quantile_sorted(const double *v, size_t n, double q);
 /* Online CPUs (at least 1, at most 64). */
 int nib_cpu_count(void);
 /* Runs fn(ctx, begin, end) over [0, n) cut into at most `threads` contiguous chunks of at least

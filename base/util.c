@@ -1,5 +1,6 @@
 /* util.c — host allocation with error reporting, clock, small-file reading, shape products. */
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <unistd.h>
 #include <stdio.h>
@@ -55,6 +56,23 @@ double nib_now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_double_asc(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+void nib_sort_doubles(double *v, size_t n) {
+    if (n > 1) qsort(v, n, sizeof *v, cmp_double_asc);
+}
+
+double nib_quantile_sorted(const double *v, size_t n, double q) {
+    if (!n) return 0.0;
+    /* rank = ceil(q * n) (1-based), at least 1; the small slack keeps e.g. 0.99 * 100 from landing
+     * on 100 by the product's rounding */
+    double r = ceil(q * (double)n - 1e-9);
+    size_t i = r < 1.0 ? 0 : (size_t)r - 1;
+    return v[i < n ? i : n - 1];
 }
 
 int nib_cpu_count(void) {

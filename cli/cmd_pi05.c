@@ -105,8 +105,8 @@ static const char *tmp_ckpt_path(const char *name) {
     return p;
 }
 
-static int cmp_double(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
+static int cmp_timing_total(const void *a, const void *b) {
+    const double x = ((const nib_pi05_timing *)a)->total_ms, y = ((const nib_pi05_timing *)b)->total_ms;
     return x < y ? -1 : x > y;
 }
 
@@ -248,7 +248,7 @@ int nib_cmd_demo(int argc, char **argv) {
             if (p == 0) printf("Pi0.5, %d cameras, %d text tokens, horizon %d, %d steps (median of %d CUDA-graph replays):\n",
                                cams, ntext, H, tm.steps, reps);
             print_timing(presets[p], &tm);
-            qsort(wall + 1, (size_t)reps - 1, sizeof *wall, cmp_double); /* the first call captures the graph */
+            nib_sort_doubles(wall + 1, (size_t)reps - 1); /* the first call captures the graph */
             printf("         the whole call, host to host (inputs in, actions out): %.3f ms\n", wall[reps / 2]);
         }
         if (!st && p == 1) { /* the same images as a camera sends them (U8, channels last): less to check and copy */
@@ -263,7 +263,7 @@ int nib_cmd_demo(int argc, char **argv) {
                 wall[r % 64] = 1e3 * (nib_now_s() - t0);
             }
             if (!st) {
-                qsort(wall + 1, (size_t)reps - 1, sizeof *wall, cmp_double); /* the first call may capture */
+                nib_sort_doubles(wall + 1, (size_t)reps - 1); /* the first call may capture */
                 printf("         the same with U8 camera frames [V,224,224,3] (a quarter of the bytes): %.3f ms\n",
                        wall[reps / 2]);
             }
@@ -455,7 +455,9 @@ int nib_bench_pi05(int argc, char **argv) {
                    "H <= 16): 'prefix' includes what that costs the prefix and 'step' is the mean of the other\n"
                    "steps; the JSON has first_step_ms, the part of the first step after the prefix.\n"
                    "--images: the calls' images as F32 [V,3,224,224] in [-1, 1] (the default) or as U8\n"
-                   "[V,224,224,3], a quarter of the bytes to check, pack and copy ('wall', 'in-host', 'in-copy').\n");
+                   "[V,224,224,3], a quarter of the bytes to check, pack and copy ('wall', 'in-host', 'in-copy').\n"
+                   "Each row is followed by its tail over the N calls: the 90th and 99th percentiles (nearest rank) and\n"
+                   "the maximum of the graph time and of the host-to-host time (the JSON's *_p90_ms, *_p99_ms, *_max_ms).\n");
             return 0;
         } else if (!strcmp(a, "--checkpoint") && v) ckpt = v, i++;
         else if (!strcmp(a, "--reps") && v) {
@@ -528,7 +530,8 @@ int nib_bench_pi05(int argc, char **argv) {
         nib_cli_json_head(jf, "pi05", "nib bench", argc, argv, &dev);
         fprintf(jf, "  \"copy_gbps\": %.1f, \"bf16_tflops\": %.1f, \"fp8_tflops\": %.1f,\n"
                     "  \"timing\": \"median over reps of the in-graph event time of one call; wall = host time per call incl. upload/download; "
-                    "input_host_ms = the host's input checks and packing, input_copy_ms = the device time of the input copy (both medians, before the graph)\",\n  \"rows\": [",
+                    "input_host_ms = the host's input checks and packing, input_copy_ms = the device time of the input copy (both medians, before the graph); "
+                    "*_p90_ms / *_p99_ms / *_max_ms: nearest-rank quantiles and the maximum over the reps of the graph time (total) and of wall\",\n  \"rows\": [",
                 bw, pk_bf16, pk_fp8);
     }
     const char *presets[2] = {"bf16", "fast"};
@@ -565,17 +568,18 @@ int nib_bench_pi05(int argc, char **argv) {
                     in_host[r] = tms[r].input_host_ms, in_copy[r] = tms[r].input_copy_ms;
                 }
                 if (!st) {
-                    qsort(wall, (size_t)reps, sizeof *wall, cmp_double);
-                    qsort(in_host, (size_t)reps, sizeof *in_host, cmp_double);
-                    qsort(in_copy, (size_t)reps, sizeof *in_copy, cmp_double);
-                    for (int i = 0; i < reps; i++)
-                        for (int j = i + 1; j < reps; j++) {
-                            if (tms[j].total_ms < tms[i].total_ms) {
-                                nib_pi05_timing x = tms[i];
-                                tms[i] = tms[j], tms[j] = x;
-                            }
-                        }
+                    nib_sort_doubles(wall, (size_t)reps);
+                    nib_sort_doubles(in_host, (size_t)reps);
+                    nib_sort_doubles(in_copy, (size_t)reps);
+                    qsort(tms, (size_t)reps, sizeof *tms, cmp_timing_total);
                     nib_pi05_timing t = tms[reps / 2];
+                    /* the tail: what a control loop sees in its worst ticks (nearest-rank quantiles) */
+                    double *gt = in_copy; /* in_copy's median is taken: reuse its storage for the graph times */
+                    const double in_copy_med = in_copy[reps / 2];
+                    for (int r = 0; r < reps; r++) gt[r] = tms[r].total_ms;
+                    const double g90 = nib_quantile_sorted(gt, (size_t)reps, 0.90), g99 = nib_quantile_sorted(gt, (size_t)reps, 0.99),
+                                 gmax = gt[reps - 1], w90 = nib_quantile_sorted(wall, (size_t)reps, 0.90),
+                                 w99 = nib_quantile_sorted(wall, (size_t)reps, 0.99), wmax = wall[reps - 1];
                     nib_pi05_cost k;
                     nib_pi05_cost_of(m, cams, ntext, H, &k);
                     /* FP8 components run W8A8 on the FP8 tensor cores; the others compute in bf16 */
@@ -586,14 +590,18 @@ int nib_bench_pi05(int argc, char **argv) {
                     double ft = fv + fp + c->steps * fs;
                     printf("%-5s %4d %3d %7.3fms %7.3fms %7.3fms %7.3fms %7.3fms %5.3fms %5.3fms | %6.3fms %6.3fms %6.3fms %7.3fms\n",
                            label, cams, H, t.total_ms, t.vision_ms, t.prefix_ms, nib_pi05_step_mean_ms(&t), wall[reps / 2],
-                           in_host[reps / 2], in_copy[reps / 2], fv, fp, fs, ft);
+                           in_host[reps / 2], in_copy_med, fv, fp, fs, ft);
+                    printf("%-5s %8s tail of %d calls: graph p90 %.3f p99 %.3f max %.3f ms; host to host p90 %.3f p99 %.3f max %.3f ms\n",
+                           "", "", reps, g90, g99, gmax, w90, w99, wmax);
                     if (jf)
                         fprintf(jf, "%s\n    {\"preset\": \"%s\", \"overrides\": \"%s\", \"precision\": \"%s\", \"cameras\": %d, \"horizon\": %d, \"text\": %d, \"images\": \"%s\", \"total_ms\": %.4f, "
                                     "\"vision_ms\": %.4f, \"prefix_ms\": %.4f, \"step_ms\": %.4f, \"wall_ms\": %.4f, \"input_host_ms\": %.4f, \"input_copy_ms\": %.4f, "
+                                    "\"total_p90_ms\": %.4f, \"total_p99_ms\": %.4f, \"total_max_ms\": %.4f, \"wall_p90_ms\": %.4f, \"wall_p99_ms\": %.4f, \"wall_max_ms\": %.4f, "
                                     "\"floor_vision_ms\": %.4f, \"floor_prefix_ms\": %.4f, \"floor_step_ms\": %.4f, \"floor_total_ms\": %.4f, "
                                     "\"expert_path\": ",
                                 first ? "" : ",", presets[p], over ? over : "", pstr, cams, H, ntext, u8 ? "u8" : "f32", t.total_ms, t.vision_ms, t.prefix_ms,
-                                nib_pi05_step_mean_ms(&t), wall[reps / 2], in_host[reps / 2], in_copy[reps / 2], fv, fp, fs, ft);
+                                nib_pi05_step_mean_ms(&t), wall[reps / 2], in_host[reps / 2], in_copy_med, g90, g99, gmax, w90, w99, wmax, fv, fp, fs,
+                                ft);
                     if (jf) {
                         nib_cli_json_string(jf, nib_pi05_expert_path(m));
                         fprintf(jf,

@@ -115,6 +115,36 @@ NIB_TEST(base_rng_determinism_and_moments) {
     CHECK_MSG(fabs(var - 5.0 / 3.0) < 0.05, "t5 var %g", var);
 }
 
+/* nearest-rank quantiles: checked against a count of the values at or below each answer */
+NIB_TEST(base_sort_and_quantiles) {
+    double v[] = {5, 1, 4, 1, 3, 9, 2, 6, 5, 3};
+    nib_sort_doubles(v, 10);
+    for (int i = 1; i < 10; i++) CHECK(v[i - 1] <= v[i]);
+    CHECK(v[0] == 1 && v[9] == 9);
+    CHECK(nib_quantile_sorted(v, 10, 0.0) == 1 && nib_quantile_sorted(v, 10, 1.0) == 9);
+    CHECK(nib_quantile_sorted(v, 10, 0.5) == 3);  /* 5th of 10 */
+    CHECK(nib_quantile_sorted(v, 10, 0.51) == 4); /* ceil(5.1) = 6th */
+    CHECK(nib_quantile_sorted(v, 10, 0.9) == 6);  /* 9th */
+    CHECK(nib_quantile_sorted(v, 10, 0.99) == 9); /* 10th */
+    const double one = 7;
+    CHECK(nib_quantile_sorted(&one, 1, 0.0) == 7 && nib_quantile_sorted(&one, 1, 0.99) == 7);
+    /* 100 and 1000 distinct values: p99 is the 99th / 990th, p90 the 90th / 900th (no rounding past them) */
+    static double w[1000];
+    for (size_t n = 100; n <= 1000; n *= 10) {
+        for (size_t i = 0; i < n; i++) w[i] = (double)(n - i); /* descending: the sort has work */
+        nib_sort_doubles(w, n);
+        const double qs[] = {0.5, 0.9, 0.99, 0.999};
+        for (int k = 0; k < 4; k++) {
+            const double a = nib_quantile_sorted(w, n, qs[k]);
+            size_t at_or_below = 0;
+            for (size_t i = 0; i < n; i++) at_or_below += w[i] <= a;
+            /* the smallest value with at least q * n at or below it */
+            CHECK_MSG((double)at_or_below >= qs[k] * (double)n - 1e-9 && (double)(at_or_below - 1) < qs[k] * (double)n - 1e-9,
+                      "n %zu q %g: %g has %zu at or below", n, qs[k], a, at_or_below);
+        }
+    }
+}
+
 NIB_TEST(base_device_layer_without_gpu) {
     if (nib_test_have_gpu()) SKIP("a GPU is present: the no-device path is covered elsewhere");
     nib_device_info d;
