@@ -95,6 +95,11 @@ char *nib_strdup(const char *s);
 /* ---- misc --------------------------------------------------------------------------------- */
 /* Monotonic clock in seconds. */
 double nib_now_s(void);
+/* Copies n fp32 values (any alignment, no overlap) and returns whether all are finite (no Inf or
+ * NaN), reading each source value once. On x86-64 CPUs with AVX2 the copy uses non-temporal
+ * stores (for staging buffers the CPU does not read back, e.g. page-locked memory a GPU copies
+ * from: no read for ownership, no cache pollution); elsewhere a fused 8-value loop. */
+bool nib_copy_finite_f32(float *dst, const float *src, uint64_t n);
 /* Sorts v[0..n) ascending in place (qsort). */
 void nib_sort_doubles(double *v, size_t n);
 /* The q-quantile (0 <= q <= 1) of n >= 1 ascending values by the nearest-rank rule: the smallest

@@ -58,6 +58,68 @@ double nib_now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* exponent all ones: Inf or NaN */
+#define NIB_NONFINITE_BITS 0x7F800000u
+static uint32_t copy_finite_portable(float *dst, const float *src, uint64_t n) {
+    uint32_t bad = 0;
+    uint64_t j = 0;
+    for (; j + 8 <= n; j += 8) { /* 8-value blocks the compiler vectorizes */
+        uint32_t u[8];
+        memcpy(u, src + j, sizeof u);
+        for (int k = 0; k < 8; k++) bad |= (u[k] & NIB_NONFINITE_BITS) == NIB_NONFINITE_BITS;
+        memcpy(dst + j, u, sizeof u);
+    }
+    for (; j < n; j++) {
+        uint32_t u;
+        memcpy(&u, src + j, 4);
+        bad |= (u & NIB_NONFINITE_BITS) == NIB_NONFINITE_BITS;
+        memcpy(dst + j, &u, 4);
+    }
+    return bad;
+}
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+/* AVX2: 32 values per iteration, streamed to a 32-byte aligned destination (the head up to that
+ * alignment and the tail go through the portable loop), then one sfence so the stores are
+ * ordered before whatever hands the buffer on (a DMA copy enqueued afterwards). */
+__attribute__((target("avx2"))) static uint32_t copy_finite_avx2(float *dst, const float *src, uint64_t n) {
+    uint64_t head = (uint64_t)((32 - ((uintptr_t)dst & 31)) & 31);
+    if (head % 4 || head / 4 > n) return copy_finite_portable(dst, src, n); /* dst not even 4-aligned, or short */
+    head /= 4;
+    uint32_t bad = copy_finite_portable(dst, src, head);
+    const __m256i m = _mm256_set1_epi32((int)NIB_NONFINITE_BITS);
+    __m256i acc = _mm256_setzero_si256();
+    uint64_t j = head;
+    for (; j + 32 <= n; j += 32) {
+        const __m256i a = _mm256_loadu_si256((const __m256i *)(const void *)(src + j));
+        const __m256i b = _mm256_loadu_si256((const __m256i *)(const void *)(src + j + 8));
+        const __m256i c = _mm256_loadu_si256((const __m256i *)(const void *)(src + j + 16));
+        const __m256i d = _mm256_loadu_si256((const __m256i *)(const void *)(src + j + 24));
+        acc = _mm256_or_si256(acc, _mm256_cmpeq_epi32(_mm256_and_si256(a, m), m));
+        acc = _mm256_or_si256(acc, _mm256_cmpeq_epi32(_mm256_and_si256(b, m), m));
+        acc = _mm256_or_si256(acc, _mm256_cmpeq_epi32(_mm256_and_si256(c, m), m));
+        acc = _mm256_or_si256(acc, _mm256_cmpeq_epi32(_mm256_and_si256(d, m), m));
+        _mm256_stream_si256((__m256i *)(void *)(dst + j), a);
+        _mm256_stream_si256((__m256i *)(void *)(dst + j + 8), b);
+        _mm256_stream_si256((__m256i *)(void *)(dst + j + 16), c);
+        _mm256_stream_si256((__m256i *)(void *)(dst + j + 24), d);
+    }
+    _mm_sfence();
+    bad |= (uint32_t)!_mm256_testz_si256(acc, acc);
+    return bad | copy_finite_portable(dst + j, src + j, n - j);
+}
+#endif
+
+bool nib_copy_finite_f32(float *dst, const float *src, uint64_t n) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    if (n >= 64 && __builtin_cpu_supports("avx2")) {
+        const char *e = getenv("NIB_COPY_AVX2"); /* 0: the portable loop (tests, A/B) */
+        if (!(e && !strcmp(e, "0"))) return copy_finite_avx2(dst, src, n) == 0;
+    }
+#endif
+    return copy_finite_portable(dst, src, n) == 0;
+}
+
 static int cmp_double_asc(const void *a, const void *b) {
     const double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);

@@ -1766,10 +1766,15 @@ static nib_status send_inputs(nib_pi05 *m) {
     return NIB_OK;
 }
 
-/* fp32 values copied, and whether all are finite: libc's copy, then a branch-free scan of the copy
- * (exponent all ones = Inf / NaN) in 8-value blocks the compiler vectorizes (the scalar loop took
- * ~0.13 ms per two cameras) */
+/* fp32 values copied, and whether all are finite (base: one pass, streaming stores on AVX2).
+ * TEMPORARY A/B switch NIB_INPUT_COPY_OLD=1: the previous libc copy + a scan of the copy. */
 static int copy_finite(float *dst, const float *src, uint64_t n) {
+    static int old = -1;
+    if (old < 0) {
+        const char *e = getenv("NIB_INPUT_COPY_OLD");
+        old = e && !strcmp(e, "1");
+    }
+    if (!old) return nib_copy_finite_f32(dst, src, n);
     memcpy(dst, src, (size_t)n * 4);
     const uint8_t *b = (const uint8_t *)dst;
     uint32_t bad = 0;

@@ -115,6 +115,49 @@ NIB_TEST(base_rng_determinism_and_moments) {
     CHECK_MSG(fabs(var - 5.0 / 3.0) < 0.05, "t5 var %g", var);
 }
 
+/* nib_copy_finite_f32 on both of its paths (AVX2 + streaming stores where the CPU has it, and the
+ * portable loop): every length class (head to alignment, 32-value body, tail), every destination
+ * alignment, the bits copied exactly (NaN payloads, -0, subnormals, FLT_MAX), nothing written
+ * outside [dst, dst + n), and one Inf or NaN anywhere (head, each lane of a body block, tail) found. */
+static int copy_case(nib_test_ctx *t, nib_rng *r, uint64_t n, int off, uint64_t bad_at, uint32_t bad_bits) {
+    static uint32_t src[4200], dst[4200 + 16];
+    const uint32_t special[] = {0x00000000u, 0x80000000u, 0x00000001u, 0x807FFFFFu, 0x7F7FFFFFu, 0xFF7FFFFFu};
+    for (uint64_t i = 0; i < n; i++)
+        src[i] = i % 13 == 5 ? special[(i / 13) % 6] : (uint32_t)nib_rng_u64(r) & 0xBF7FFFFFu; /* finite: exponent < 255 */
+    if (bad_at < n) src[bad_at] = bad_bits;
+    for (size_t i = 0; i < NIB_ARRAY_LEN(dst); i++) dst[i] = 0xA5A5A5A5u;
+    const bool ok = nib_copy_finite_f32((float *)(dst + off), (const float *)src, n);
+    int fails = 0;
+    if (ok != (bad_at >= n)) fails++;
+    if (n && memcmp(dst + off, src, n * 4)) fails++;
+    for (int i = 0; i < off; i++) fails += dst[i] != 0xA5A5A5A5u;
+    for (size_t i = off + n; i < NIB_ARRAY_LEN(dst); i++) fails += dst[i] != 0xA5A5A5A5u;
+    CHECK_MSG(!fails, "n %llu dst offset %d, non-finite %08x at %llu: returned %d (%d faults)", (unsigned long long)n, off,
+              bad_bits, (unsigned long long)bad_at, (int)ok, fails);
+    return !fails;
+}
+NIB_TEST(base_copy_finite_f32) {
+    nib_rng r;
+    nib_test_rng(t, &r);
+    const uint64_t ns[] = {0, 1, 7, 8, 31, 32, 63, 64, 65, 95, 96, 97, 127, 128, 200, 1000, 4096 + 3};
+    const uint32_t nonfinite[] = {0x7F800000u, 0xFF800000u, 0x7FC00000u, 0x7F800001u, 0xFFFFFFFFu};
+    for (int path = 0; path < 2; path++) {
+        if (path) setenv("NIB_COPY_AVX2", "0", 1);
+        int bad = 0;
+        for (size_t a = 0; a < NIB_ARRAY_LEN(ns) && !bad; a++)
+            for (int off = 0; off < 8 && !bad; off++) {
+                const uint64_t n = ns[a];
+                bad |= !copy_case(t, &r, n, off, UINT64_MAX, 0);
+                /* one non-finite value at each position of the first 80, around the middle, and the last 40 */
+                for (uint64_t at = 0; at < n && !bad; at++) {
+                    if (at >= 80 && (at < n / 2 - 20 || at > n / 2 + 20) && at + 40 < n) continue;
+                    bad |= !copy_case(t, &r, n, off, at, nonfinite[(at + (uint64_t)off) % 5]);
+                }
+            }
+        unsetenv("NIB_COPY_AVX2");
+    }
+}
+
 /* nearest-rank quantiles: checked against a count of the values at or below each answer */
 NIB_TEST(base_sort_and_quantiles) {
     double v[] = {5, 1, 4, 1, 3, 9, 2, 6, 5, 3};
