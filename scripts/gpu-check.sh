@@ -19,7 +19,11 @@
 #   expertprof  Nsight Compute on the persistent expert kernel (application replay: kernel replay
 #             cannot relaunch its cooperative cluster launch), one launch of the first, eager call
 #             (EXPERTPROF_SKIP launches skipped, default 5): details (ncu-expert.csv: warp states,
-#             instruction fetch stalls included) and per-SASS-instruction samples (ncu-expert-sass.csv)
+#             instruction fetch stalls included) and per-SASS-instruction samples (ncu-expert-sass.csv).
+#             BROKEN since at least 2026-11-27 (ncu 2025.3.1, driver 13.0): profiling k_expert fails with
+#             cudaErrorIllegalInstruction (sections) or exits 9 silently (--metrics gpu__time_duration.sum),
+#             with NIB_PDL=0, NIB_OVERLAP=0 and NIB_EXPERT_BULK=0 too; ncu attached without profiling it
+#             runs clean, and so does compute-sanitizer. Use experttrace (clock64 segments) meanwhile.
 #   pi05prof  Nsight Compute's duration of every kernel of one `nib run pi05` call (PI05PROF_PRESET,
 #             default fast; 2 cameras, 20 text tokens; kernels serialized, caches not flushed;
 #             NIB_FUSED_STEP=0 unless PI05PROF_FUSED=1, since kernel profiling cannot relaunch the

@@ -5,7 +5,8 @@ which writes the tiny checkpoint and, into DIR, one call's inputs and the action
     test_nib.py LIBNIB.so CHECKPOINT DIR
 
 Checks: the same actions bit for bit from U8 frames (bytes, bytearray) and from the same frames
-in F32 (array.array), with and without NumPy; sizes; errors raised as NibError naming the cause.
+in F32 (array.array), with and without NumPy; sizes; errors raised as NibError naming the cause;
+python/example_pi05.py runs.
 Exit 0 and "python: N checks passed" on success, 1 and the first failures otherwise."""
 import array
 import os
@@ -98,6 +99,17 @@ def main():
     raises(lambda: nib.Pi05Policy(ckpt, preset="fastest"), "NIB_ERR_INVALID_ARG", "fastest", "an unknown preset")
     raises(lambda: nib.Pi05Policy(ckpt, preset="ref", precision="vision=fp5"), "NIB_ERR_INVALID_ARG", "fp5",
            "a bad precision override")
+    # python/example_pi05.py (the README's control loop) runs and reports its latency; a bad option is named
+    import subprocess
+    ex = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "python", "example_pi05.py")
+    env = dict(os.environ, NIB_LIB=lib_path)
+    r = subprocess.run([sys.executable, ex, ckpt, "--preset", "ref", "--cams", "1", "--text", "5", "--horizon", "4",
+                        "--calls", "3"], env=env, capture_output=True, text=True, timeout=600)
+    check(r.returncode == 0 and "3 calls, 1 cameras" in r.stdout and "Python to Python: median" in r.stdout,
+          "example_pi05.py: rc %d, output %r %r" % (r.returncode, r.stdout[-300:], r.stderr[-300:]))
+    r = subprocess.run([sys.executable, ex, ckpt, "--preset", "ref", "--cams", "99"], env=env, capture_output=True,
+                       text=True, timeout=600)
+    check(r.returncode != 0 and "--cams 99" in r.stderr, "example_pi05.py --cams 99: rc %d, %r" % (r.returncode, r.stderr[-300:]))
     if fails:
         print("python: %d of %d checks failed" % (len(fails), checks))
         return 1
