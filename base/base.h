@@ -100,9 +100,6 @@ double nib_now_s(void);
  * stores (for staging buffers the CPU does not read back, e.g. page-locked memory a GPU copies
  * from: no read for ownership, no cache pollution); elsewhere a fused 8-value loop. */
 bool nib_copy_finite_f32(float *dst, const float *src, uint64_t n);
-/* memcpy (no overlap) with streaming stores on x86-64 CPUs with AVX2 for n >= 256 bytes, for the
- * same staging buffers; plain memcpy otherwise. NIB_COPY_AVX2=0 turns the AVX2 paths of both off. */
-void nib_copy_stream(void *dst, const void *src, size_t n);
 /* Sorts v[0..n) ascending in place (qsort). */
 void nib_sort_doubles(double *v, size_t n);
 /* The q-quantile (0 <= q <= 1) of n >= 1 ascending values by the nearest-rank rule: the smallest

@@ -110,50 +110,12 @@ __attribute__((target("avx2"))) static uint32_t copy_finite_avx2(float *dst, con
 }
 #endif
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-/* 128 bytes per iteration to a 32-byte aligned destination; head and tail by memcpy */
-__attribute__((target("avx2"))) static void copy_stream_avx2(uint8_t *dst, const uint8_t *src, size_t n) {
-    const size_t head = (size_t)((32 - ((uintptr_t)dst & 31)) & 31);
-    memcpy(dst, src, head);
-    size_t j = head;
-    for (; j + 128 <= n; j += 128) {
-        const __m256i a = _mm256_loadu_si256((const __m256i *)(const void *)(src + j));
-        const __m256i b = _mm256_loadu_si256((const __m256i *)(const void *)(src + j + 32));
-        const __m256i c = _mm256_loadu_si256((const __m256i *)(const void *)(src + j + 64));
-        const __m256i d = _mm256_loadu_si256((const __m256i *)(const void *)(src + j + 96));
-        _mm256_stream_si256((__m256i *)(void *)(dst + j), a);
-        _mm256_stream_si256((__m256i *)(void *)(dst + j + 32), b);
-        _mm256_stream_si256((__m256i *)(void *)(dst + j + 64), c);
-        _mm256_stream_si256((__m256i *)(void *)(dst + j + 96), d);
-    }
-    _mm_sfence();
-    memcpy(dst + j, src + j, n - j);
-}
-#endif
-
-static bool copy_avx2_allowed(void) {
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-    if (!__builtin_cpu_supports("avx2")) return false;
-    const char *e = getenv("NIB_COPY_AVX2"); /* 0: the portable paths (tests, A/B) */
-    return !(e && !strcmp(e, "0"));
-#else
-    return false;
-#endif
-}
-
-void nib_copy_stream(void *dst, const void *src, size_t n) {
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-    if (n >= 256 && copy_avx2_allowed()) {
-        copy_stream_avx2((uint8_t *)dst, (const uint8_t *)src, n);
-        return;
-    }
-#endif
-    if (n) memcpy(dst, src, n);
-}
-
 bool nib_copy_finite_f32(float *dst, const float *src, uint64_t n) {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-    if (n >= 64 && copy_avx2_allowed()) return copy_finite_avx2(dst, src, n) == 0;
+    if (n >= 64 && __builtin_cpu_supports("avx2")) {
+        const char *e = getenv("NIB_COPY_AVX2"); /* 0: the portable loop (tests, A/B) */
+        if (!(e && !strcmp(e, "0"))) return copy_finite_avx2(dst, src, n) == 0;
+    }
 #endif
     return copy_finite_portable(dst, src, n) == 0;
 }

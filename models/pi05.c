@@ -1801,7 +1801,7 @@ static nib_status upload_inputs(nib_pi05 *m, const nib_pi05_inputs *in, call_sha
         if (in->image_mask && !in->image_mask[i]) continue; /* masked cameras are skipped (exact) */
         uint8_t *dst = h + il.img + (uint64_t)V * img_elems * esz;
         if (u8) {
-            nib_copy_stream(dst, in->images_u8 + i * img_elems, (size_t)img_elems);
+            memcpy(dst, in->images_u8 + i * img_elems, (size_t)img_elems);
         } else if (!copy_finite((float *)dst, in->images_f32 + i * img_elems, img_elems)) {
             for (uint64_t j = 0; j < img_elems; j++)
                 if (!isfinite(in->images_f32[i * img_elems + j]))

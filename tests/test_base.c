@@ -158,33 +158,6 @@ NIB_TEST(base_copy_finite_f32) {
     }
 }
 
-/* nib_copy_stream on both paths: lengths around the 256-byte threshold and the 128-byte body, every
- * destination alignment mod 32 and a few source offsets, bytes copied exactly, guards untouched */
-NIB_TEST(base_copy_stream) {
-    nib_rng r;
-    nib_test_rng(t, &r);
-    static uint8_t src[5000], dst[5000 + 64];
-    const size_t ns[] = {0, 1, 31, 32, 127, 128, 255, 256, 257, 383, 384, 385, 1000, 4096 + 77};
-    for (int path = 0; path < 2; path++) {
-        if (path) setenv("NIB_COPY_AVX2", "0", 1);
-        int bad = 0;
-        for (size_t a = 0; a < NIB_ARRAY_LEN(ns) && !bad; a++)
-            for (int off = 0; off < 33 && !bad; off++)
-                for (int so = 0; so < 4 && !bad; so++) {
-                    const size_t n = ns[a];
-                    for (size_t i = 0; i < n + 4; i++) src[i] = (uint8_t)nib_rng_u64(&r);
-                    memset(dst, 0x5A, sizeof dst);
-                    nib_copy_stream(dst + off, src + so, n);
-                    int f = n && memcmp(dst + off, src + so, n) != 0;
-                    for (int i = 0; i < off; i++) f += dst[i] != 0x5A;
-                    for (size_t i = (size_t)off + n; i < sizeof dst; i++) f += dst[i] != 0x5A;
-                    CHECK_MSG(!f, "path %d n %zu dst offset %d src offset %d: %d faults", path, n, off, so, f);
-                    bad |= f;
-                }
-        unsetenv("NIB_COPY_AVX2");
-    }
-}
-
 /* nearest-rank quantiles: checked against a count of the values at or below each answer */
 NIB_TEST(base_sort_and_quantiles) {
     double v[] = {5, 1, 4, 1, 3, 9, 2, 6, 5, 3};
