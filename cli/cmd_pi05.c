@@ -110,6 +110,49 @@ static int cmp_timing_total(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
+/* ---- the demo's synthetic full-size checkpoint -------------------------------------------- */
+/* The synthetic weights always come from this seed: the file is written once and shared by demo,
+ * accuracy and bench, so --seed (the inputs' seed) must not depend on which command wrote it. */
+#define DEMO_WEIGHT_SEED 1
+
+typedef struct synth_bar {
+    double last;
+} synth_bar;
+/* "writing 2.10 / 6.70 GB (31 %)" on stderr (a terminal), at most every 0.2 s and at the end */
+static void synth_bar_draw(void *ctx, uint64_t done, uint64_t total) {
+    synth_bar *b = (synth_bar *)ctx;
+    const double now = nib_now_s();
+    if (done < total && now - b->last < 0.2) return;
+    b->last = now;
+    fprintf(stderr, "\r  writing %.2f / %.2f GB (%d %%)\033[K", done / 1e9, total / 1e9,
+            total ? (int)(100.0 * (double)done / (double)total) : 100);
+    fflush(stderr);
+}
+
+/* The full-size synthetic checkpoint at $TMPDIR/nib-demo-pi05.safetensors, written if missing
+ * (the writer goes through "<path>.tmp" and renames at the end: an interrupted run leaves no
+ * truncated file behind), with a progress line on a terminal. */
+static nib_status demo_checkpoint(const char **out) {
+    const char *p = tmp_ckpt_path("nib-demo-pi05.safetensors");
+    struct stat sb;
+    if (stat(p, &sb) != 0) {
+        nib_pi05_config c;
+        nib_pi05_config_full(&c);
+        printf("synthesizing a full-size Pi0.5 checkpoint (3.35 B parameters, bf16, 6.7 GB) at %s ...\n", p);
+        fflush(stdout);
+        const double t0 = nib_now_s();
+        synth_bar bar = {0.0};
+        const int tty = isatty(STDERR_FILENO);
+        nib_status st = nib_pi05_synth_checkpoint_progress(p, &c, DEMO_WEIGHT_SEED, 0, tty ? synth_bar_draw : NULL, &bar);
+        if (tty) fprintf(stderr, "\r\033[K");
+        if (st) return st;
+        printf("  done in %.1f s\n", nib_now_s() - t0);
+        fflush(stdout); /* before the loaders' lines on stderr */
+    }
+    *out = p;
+    return NIB_OK;
+}
+
 /* ---- demo ---------------------------------------------------------------------------------- */
 /* --cameras / --text / --horizon / --seed of demo and accuracy: 1 consumed (with its value), 0 not one of
  * them, -1 a bad value (already reported) */
@@ -149,7 +192,9 @@ int nib_cmd_demo(int argc, char **argv) {
                    "inputs (N cameras, L random text tokens, horizon H) and prints the per-stage breakdown\n"
                    "(median of 20 graph replays), the rate in Hz, the whole call host to host (inputs copied in,\n"
                    "actions copied out; for fast also with the images as U8 camera frames), and how close fast\n"
-                   "is to bf16. Without a GPU it runs the fp32 CPU reference on a tiny config and says so.\n");
+                   "is to bf16. Without a GPU it runs the fp32 CPU reference on a tiny config and says so.\n"
+                   "--seed S (1) seeds the inputs (images, text ids, noise); the synthetic weights always come\n"
+                   "from seed 1, so the cached file serves every seed (and nib accuracy pi05, nib bench pi05).\n");
             return 0;
         } else if (!strcmp(a, "--checkpoint") && v) ckpt = v, i++;
         else if ((opt = shape_option("demo", a, v, &cams, &ntext, &H, &seed)) != 0) {
@@ -169,7 +214,7 @@ int nib_cmd_demo(int argc, char **argv) {
         nib_pi05_config c;
         nib_pi05_config_tiny(&c);
         const char *path = tmp_ckpt_path("nib-demo-pi05-tiny.safetensors");
-        if ((st = nib_pi05_synth_checkpoint(path, &c, seed))) return nib_cli_fail("demo", st);
+        if ((st = nib_pi05_synth_checkpoint(path, &c, DEMO_WEIGHT_SEED))) return nib_cli_fail("demo", st);
         nib_st_file *f;
         nib_pi05 *m;
         /* the tiny config's limits: said, not silent */
@@ -202,18 +247,7 @@ int nib_cmd_demo(int argc, char **argv) {
         return st ? nib_cli_fail("demo", st) : 0;
     }
     if (!ckpt) {
-        ckpt = tmp_ckpt_path("nib-demo-pi05.safetensors");
-        struct stat sb;
-        if (stat(ckpt, &sb) != 0) {
-            nib_pi05_config c;
-            nib_pi05_config_full(&c);
-            printf("synthesizing a full-size Pi0.5 checkpoint (3.35 B parameters, bf16) at %s ...\n", ckpt);
-            fflush(stdout);
-            double t0 = nib_now_s();
-            if ((st = nib_pi05_synth_checkpoint(ckpt, &c, seed))) return nib_cli_fail("demo", st);
-            printf("  done in %.1f s\n", nib_now_s() - t0);
-            fflush(stdout); /* before the loaders' lines on stderr */
-        }
+        if ((st = demo_checkpoint(&ckpt))) return nib_cli_fail("demo", st);
     }
     const char *presets[2] = {"bf16", "fast"};
     float *acts[2] = {NULL, NULL};
@@ -302,7 +336,8 @@ int nib_cmd_accuracy(int argc, char **argv) {
                    "prints, per preset, the cosine and relative L2 against the reference of the prefix K and V\n"
                    "of every layer (valid tokens) and of the actions and the action update (actions - noise).\n"
                    "Without --checkpoint it uses the demo's synthetic full-size checkpoint. A preset may carry\n"
-                   "overrides after a colon: fast:kv=fp8.\n");
+                   "overrides after a colon: fast:kv=fp8. --seed S (1) seeds the inputs (images, text ids, noise);\n"
+                   "the synthetic checkpoint's weights always come from seed 1.\n");
             return 0;
         } else if (!strcmp(a, "--checkpoint") && v) ckpt = v, i++;
         else if (!strcmp(a, "--presets") && v) presets = v, i++;
@@ -333,14 +368,7 @@ int nib_cmd_accuracy(int argc, char **argv) {
         if (gpu && (st = nib_device_require(&dev))) return nib_cli_fail("accuracy", st);
     }
     if (!ckpt) {
-        ckpt = tmp_ckpt_path("nib-demo-pi05.safetensors");
-        struct stat sb;
-        if (stat(ckpt, &sb) != 0) {
-            nib_pi05_config c;
-            nib_pi05_config_full(&c);
-            printf("synthesizing a full-size Pi0.5 checkpoint at %s ...\n", ckpt);
-            if ((st = nib_pi05_synth_checkpoint(ckpt, &c, seed))) return nib_cli_fail("accuracy", st);
-        }
+        if ((st = demo_checkpoint(&ckpt))) return nib_cli_fail("accuracy", st);
     }
     /* reference first: its actions and prefix K/V */
     nib_st_file *f = NULL;
@@ -505,14 +533,7 @@ int nib_bench_pi05(int argc, char **argv) {
     st = nib_device_require(&dev);
     if (st) return nib_cli_fail("bench pi05", st);
     if (!ckpt) {
-        ckpt = tmp_ckpt_path("nib-demo-pi05.safetensors");
-        struct stat sb;
-        if (stat(ckpt, &sb) != 0) {
-            nib_pi05_config c;
-            nib_pi05_config_full(&c);
-            printf("synthesizing a full-size Pi0.5 checkpoint at %s ...\n", ckpt);
-            if ((st = nib_pi05_synth_checkpoint(ckpt, &c, 1))) return nib_cli_fail("bench pi05", st);
-        }
+        if ((st = demo_checkpoint(&ckpt))) return nib_cli_fail("bench pi05", st);
     }
     double bw = 0, pk_bf16 = 0, pk_fp8 = 0;
     if (!st) st = nib_lab_copy_bandwidth((uint64_t)16 * dev.l2_bytes, &bw);

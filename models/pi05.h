@@ -159,6 +159,11 @@ nib_status nib_pi05_synth_checkpoint(const char *path, const nib_pi05_config *cf
 /* unit_gain = 1: for tests, weights N(0, 1/fan_in) and adaRMS gates near 1, so every layer
  * contributes to the actions at order one (the realistic init leaves the layers' share tiny). */
 nib_status nib_pi05_synth_checkpoint_ex(const char *path, const nib_pi05_config *cfg, uint64_t seed, int unit_gain);
+/* progress(ctx, done, total): called from the writing thread after each batch of chunks (~16 MB)
+ * with the tensor-data bytes written so far and in all; the last call has done == total. */
+typedef void (*nib_progress_fn)(void *ctx, uint64_t done, uint64_t total);
+nib_status nib_pi05_synth_checkpoint_progress(const char *path, const nib_pi05_config *cfg, uint64_t seed, int unit_gain,
+                                              nib_progress_fn progress, void *ctx);
 /* The full-size Pi0.5 config and a reduced one for CPU tests. */
 void nib_pi05_config_full(nib_pi05_config *cfg);
 void nib_pi05_config_tiny(nib_pi05_config *cfg);

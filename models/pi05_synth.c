@@ -21,6 +21,9 @@ typedef struct synth {
     int declare;   /* pass 1: declare; pass 2: write */
     uint16_t *buf;
     size_t cap;
+    uint64_t total, done; /* bytes of tensor data: all (declared), written so far */
+    nib_progress_fn progress;
+    void *progress_ctx;
 } synth;
 
 typedef enum { D_NORMAL, D_ONE_PLUS, D_ADA_BIAS } dist;
@@ -50,9 +53,12 @@ static void *synth_worker(void *arg) {
 }
 
 static nib_status emit(synth *s, const char *name, int ndim, const int64_t *shape, dist d, double std) {
-    if (s->declare) return nib_st_writer_declare(s->w, name, NIB_DTYPE_BF16, ndim, shape);
     uint64_t n = 1;
     for (int i = 0; i < ndim; i++) n *= (uint64_t)shape[i];
+    if (s->declare) {
+        s->total += n * 2;
+        return nib_st_writer_declare(s->w, name, NIB_DTYPE_BF16, ndim, shape);
+    }
     if (s->unit_gain) { /* unit-gain init: a layer's output has the scale of its input */
         if (ndim >= 2 && d == D_NORMAL) std = (strstr(name, ".dense.") ? 0.3 : 1.0) / sqrt((double)(n / (uint64_t)shape[0]));
         else if (d != D_ONE_PLUS) std = 0.1;
@@ -78,7 +84,11 @@ static nib_status emit(synth *s, const char *name, int ndim, const int64_t *shap
         }
         for (int j = 0; j < nj; j++)
             if (tid[j]) pthread_join(tid[j], NULL);
-        for (int j = 0; j < nj; j++) NIB_RETURN_IF_ERR(nib_st_writer_write(s->w, jobs[j].out, (size_t)jobs[j].count * 2));
+        for (int j = 0; j < nj; j++) {
+            NIB_RETURN_IF_ERR(nib_st_writer_write(s->w, jobs[j].out, (size_t)jobs[j].count * 2));
+            s->done += jobs[j].count * 2;
+        }
+        if (s->progress) s->progress(s->progress_ctx, s->done, s->total);
     }
     return NIB_OK;
 }
@@ -169,9 +179,15 @@ nib_status nib_pi05_synth_checkpoint(const char *path, const nib_pi05_config *c,
 }
 
 nib_status nib_pi05_synth_checkpoint_ex(const char *path, const nib_pi05_config *c, uint64_t seed, int unit_gain) {
+    return nib_pi05_synth_checkpoint_progress(path, c, seed, unit_gain, NULL, NULL);
+}
+
+nib_status nib_pi05_synth_checkpoint_progress(const char *path, const nib_pi05_config *c, uint64_t seed, int unit_gain,
+                                              nib_progress_fn progress, void *ctx) {
     synth s;
     memset(&s, 0, sizeof s);
     s.unit_gain = unit_gain;
+    s.progress = progress, s.progress_ctx = ctx;
     s.cap = (size_t)SYNTH_CHUNK * SYNTH_THREADS;
     s.buf = nib_malloc(s.cap * 2);
     s.seed = seed;

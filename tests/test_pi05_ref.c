@@ -798,6 +798,53 @@ NIB_TEST(pi05_ref_run_inputs_file_rules) {
     nib_cli_inputs_free(&ok);
 }
 
+/* The synthesis's progress reports: done never decreases, total never changes, the last report
+ * has done == total, and total is the file's tensor data (the sum of every tensor's bytes). */
+typedef struct synth_log {
+    int calls, monotonic, total_fixed;
+    uint64_t first_total, last_done, last_total;
+} synth_log;
+static void synth_log_fn(void *ctx, uint64_t done, uint64_t total) {
+    synth_log *l = (synth_log *)ctx;
+    if (!l->calls) l->first_total = total;
+    l->monotonic &= done >= l->last_done && done <= total;
+    l->total_fixed &= total == l->first_total;
+    l->calls++, l->last_done = done, l->last_total = total;
+}
+NIB_TEST(pi05_synth_progress_reports) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/pi05_synth_progress.safetensors", nib_test_tmpdir());
+    nib_pi05_config c;
+    nib_pi05_config_tiny(&c);
+    synth_log l = {0, 1, 1, 0, 0, 0};
+    CHECK_OK(nib_pi05_synth_checkpoint_progress(path, &c, 3, 0, synth_log_fn, &l));
+    nib_st_file *f = NULL;
+    CHECK_OK(nib_st_open(path, &f));
+    REQUIRE(f);
+    uint64_t sum = 0;
+    for (size_t i = 0; i < nib_st_count(f); i++) sum += nib_st_tensor_at(f, i)->nbytes;
+    CHECK_MSG(l.calls >= (int)nib_st_count(f), "%d reports for %zu tensors", l.calls, nib_st_count(f));
+    CHECK(l.monotonic && l.total_fixed);
+    CHECK_MSG(l.last_done == l.last_total && l.last_total == sum, "last report %llu / %llu, tensor bytes %llu",
+              (unsigned long long)l.last_done, (unsigned long long)l.last_total, (unsigned long long)sum);
+    /* the same bytes as the writer without a callback */
+    char path2[512];
+    snprintf(path2, sizeof path2, "%s/pi05_synth_plain.safetensors", nib_test_tmpdir());
+    CHECK_OK(nib_pi05_synth_checkpoint_ex(path2, &c, 3, 0));
+    nib_st_file *g = NULL;
+    CHECK_OK(nib_st_open(path2, &g));
+    if (g) {
+        CHECK(nib_st_file_size(f) == nib_st_file_size(g) && nib_st_count(f) == nib_st_count(g));
+        for (size_t i = 0; i < nib_st_count(f) && i < nib_st_count(g); i++) {
+            const nib_st_tensor *a = nib_st_tensor_at(f, i), *b = nib_st_tensor_at(g, i);
+            CHECK(!strcmp(a->name, b->name) && a->nbytes == b->nbytes && !memcmp(a->data, b->data, a->nbytes));
+        }
+    }
+    nib_st_close(g);
+    nib_st_close(f);
+    remove(path), remove(path2);
+}
+
 /* ---- the public policy API (include/nib.h) and its Python wrapper (python/nib.py) ---------- */
 #include <limits.h>
 #include <spawn.h>
