@@ -5,6 +5,7 @@
  * noise F32 [1,H,A] or [H,A] (else seeded N(0,1), --seed). Output: actions F32 [1,H,A]. */
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli/cli.h"
 #include "cli/pi05_cli.h"
@@ -101,7 +102,15 @@ void nib_cli_inputs_free(nib_cli_inputs *x) {
 nib_status nib_cli_pi05_open(const char *ckpt, const char *preset, const char *overrides, int steps, int max_horizon,
                              nib_st_file **f, nib_pi05 **m, int verbose) {
     double t0 = nib_now_s();
+    /* on a terminal, say what the next seconds go to (a bf16 checkpoint is quantized at load for
+     * the low-bit presets: ~20 s at full size); the "loaded" line replaces it */
+    const int tty = verbose && isatty(STDERR_FILENO);
+    if (tty) {
+        fprintf(stderr, "nib: loading %s (preset %s%s%s) ...", ckpt, preset, overrides ? ", " : "", overrides ? overrides : "");
+        fflush(stderr);
+    }
     nib_status st = nib_pi05_open_file(ckpt, preset, overrides, steps, max_horizon, f, m);
+    if (tty) fprintf(stderr, "\r\033[K");
     if (!st && verbose) {
         char buf[128], pq[64] = "";
         const int q = nib_pi05_prequantized(*m);
