@@ -1766,12 +1766,6 @@ static nib_status send_inputs(nib_pi05 *m) {
     return NIB_OK;
 }
 
-/* fp32 values copied, and whether all are finite: base's one-pass copy, with streaming stores on
- * AVX2 CPUs (into the page-locked mirror: no read for ownership, and no dirty lines for the input
- * copy to snoop). H100 host, 2 cameras: input checks + packing 0.22-0.35 -> 0.11-0.17 ms, the
- * copy 0.06-0.07 -> 0.03-0.04 ms (bench/results/pi05-input-copy-ab-h100.json). */
-static int copy_finite(float *dst, const float *src, uint64_t n) { return nib_copy_finite_f32(dst, src, n); }
-
 /* Validates the inputs, fills the host mirror of the input block (inputs_layout) and sends it. */
 static nib_status upload_inputs(nib_pi05 *m, const nib_pi05_inputs *in, call_shape *cs) {
     const nib_pi05_config *c = &m->c;
@@ -1802,7 +1796,11 @@ static nib_status upload_inputs(nib_pi05 *m, const nib_pi05_inputs *in, call_sha
         uint8_t *dst = h + il.img + (uint64_t)V * img_elems * esz;
         if (u8) {
             memcpy(dst, in->images_u8 + i * img_elems, (size_t)img_elems);
-        } else if (!copy_finite((float *)dst, in->images_f32 + i * img_elems, img_elems)) {
+        } else if (!nib_copy_finite_f32((float *)dst, in->images_f32 + i * img_elems, img_elems)) {
+            /* one pass, with streaming stores on AVX2 CPUs (into the page-locked mirror: no read for
+             * ownership, and no dirty lines for the input copy to snoop). H100 host, 2 cameras: checks +
+             * packing 0.22-0.35 -> 0.11-0.17 ms, the copy 0.06-0.07 -> 0.03-0.04 ms
+             * (bench/results/pi05-input-copy-ab-h100.json) */
             for (uint64_t j = 0; j < img_elems; j++)
                 if (!isfinite(in->images_f32[i * img_elems + j]))
                     return NIB_ERR(NIB_ERR_NUMERICS, "pi05 inputs: image %d has a non-finite value at element %llu", i,
@@ -1820,7 +1818,7 @@ static nib_status upload_inputs(nib_pi05 *m, const nib_pi05_inputs *in, call_sha
     float *noise = (float *)(h + il.xt);
     const int64_t nn = (int64_t)cs->H * c->action_dim;
     if (in->noise) {
-        if (!copy_finite(noise, in->noise, (uint64_t)nn))
+        if (!nib_copy_finite_f32(noise, in->noise, (uint64_t)nn))
             for (int64_t i = 0; i < nn; i++)
                 if (!isfinite(in->noise[i]))
                     return NIB_ERR(NIB_ERR_NUMERICS, "pi05 inputs: noise element %lld is not finite", (long long)i);
