@@ -10,7 +10,8 @@
  *           BF16 / FP8 / NVFP4 cache. "cold": the call rotates over cache copies totalling more
  *           than 3x L2, so every call reads its KV from DRAM; "hot": one cache, L2-resident (as
  *           the Pi0.5 prefix KV of 18 layers, ~10 MB, is in practice).
- *   decode  1 query x 8 heads over T = 1024 .. 32768 slots, each dtype, cold (rotating caches).
+ *   decode  1 query x 8 heads over T = 1024 .. 32768 slots, each dtype, cold (rotating caches);
+ *           --decode-l2 cold,hot adds the same rows with one L2-resident cache.
  * --variants auto,dec,r4,r8,cl,rk,wg,wg1,wk2 repeats the cache and decode sections with the kernel
  * variant forced (NIB_ATTN_VARIANT; "auto" = the planner's choice), to measure the alternatives in one
  * run; t2 (two token groups per CTA, bf16) repeats the prefix section instead, t4 / t4h / r2t4 (four token
@@ -316,7 +317,7 @@ static nib_status write_json(const char *path, const nib_device_info *d, const b
 
 int nib_bench_attn(int argc, char **argv) {
     const char *json = NULL;
-    int reps = 15, do_prefix = 1, do_cache = 1, do_decode = 1;
+    int reps = 15, do_prefix = 1, do_cache = 1, do_decode = 1, dec_cold = 1, dec_hot = 0;
     const char *variants = "auto";
     int Ts[16] = {1024, 4096, 16384, 32768}, nT = 4;
     int kv_on[NIB_KV_COUNT];
@@ -326,7 +327,8 @@ int nib_bench_attn(int argc, char **argv) {
         if (nib_cli_is_help(a)) {
             printf("usage: nib bench attn [--sections prefix,cache,decode]\n"
                    "                      [--variants auto,dec,r4,r8,cl,rk,t2,t4,t4h,r2t4,wg,wg1,wk2]\n"
-                   "                      [--reps N] [--t T1,T2,..] [--kv bf16,fp8,nvfp4] [--json FILE]\n"
+                   "                      [--reps N] [--t T1,T2,..] [--kv bf16,fp8,nvfp4] [--decode-l2 cold,hot]\n"
+                   "                      [--json FILE]\n"
                    "The attention kernel lab: prefix self-attention (Gemma S = 276, 532, 788, 968; SigLIP 1..3 images),\n"
                    "the Pi0.5 suffix over the KV cache (P = 532, 768, 1024 x H = 10, 50 x bf16/fp8/nvfp4, cold\n"
                    "and hot L2) and decoding (T = 1024 .. 32768 x each dtype, cold). Each row: median us per\n"
@@ -335,6 +337,8 @@ int nib_bench_attn(int argc, char **argv) {
                    "copy bw or FLOPs / peak), the plan.\n"
                    "--t sets the decode lengths (default 1024,4096,16384,32768; 1..1048576 each, at most 16);\n"
                    "--kv limits the cache and decode sections to the named cache dtypes.\n"
+                   "--decode-l2 cold,hot adds decode rows with one L2-resident cache (default cold only: the\n"
+                   "cache rotated over copies > 3x L2, so every call reads it from DRAM).\n"
                    "--variants repeats the cache and decode sections with the kernel variant forced (auto: the\n"
                    "planner's); t2 (two token groups per CTA, bf16 only) repeats the prefix section instead; t4, t4h\n"
                    "and r2t4 (four token groups, head_dim 80, bf16) repeat its SigLIP rows;\n"
@@ -381,6 +385,21 @@ int nib_bench_attn(int argc, char **argv) {
             }
             if (!any) {
                 fprintf(stderr, "nib bench attn: --kv wants bf16, fp8 and/or nvfp4; got '%s'\n", val);
+                return 2;
+            }
+            i++;
+        } else if (!strcmp(a, "--decode-l2") && val) {
+            dec_cold = dec_hot = 0;
+            char lb[64];
+            snprintf(lb, sizeof lb, "%s", val);
+            int bad = 0;
+            for (char *sv = NULL, *t = strtok_r(lb, ",", &sv); t; t = strtok_r(NULL, ",", &sv)) {
+                if (!strcmp(t, "cold")) dec_cold = 1;
+                else if (!strcmp(t, "hot")) dec_hot = 1;
+                else bad = 1;
+            }
+            if (bad || (!dec_cold && !dec_hot)) {
+                fprintf(stderr, "nib bench attn: --decode-l2 wants cold and/or hot; got '%s'\n", val);
                 return 2;
             }
             i++;
@@ -470,9 +489,12 @@ int nib_bench_attn(int argc, char **argv) {
                             if (kv_on[dt]) RUN(bench_cache(b, "cache", (nib_kv_dtype)dt, Ps[pi] + Hs[hi], Hs[hi], cold));
         }
         if (do_decode && !wg) {
-            for (int ti = 0; ti < nT; ti++)
-                for (int dt = 0; dt < NIB_KV_COUNT; dt++)
-                    if (kv_on[dt]) RUN(bench_cache(b, "decode", (nib_kv_dtype)dt, Ts[ti], 1, 1));
+            for (int cold = 1; cold >= 0; cold--) {
+                if (!(cold ? dec_cold : dec_hot)) continue;
+                for (int ti = 0; ti < nT; ti++)
+                    for (int dt = 0; dt < NIB_KV_COUNT; dt++)
+                        if (kv_on[dt]) RUN(bench_cache(b, "decode", (nib_kv_dtype)dt, Ts[ti], 1, cold));
+            }
         }
     }
     unsetenv("NIB_ATTN_VARIANT");
