@@ -90,11 +90,64 @@ template <int FMT> __host__ __device__ __forceinline__ int dec_kdim(int ks, int 
 }
 /* the head dim of O^T row (m tile mt, row r = g + 8v): lane g's V chunk i is chunk g + 8i; its
  * word u is m tile WPC * i + u, the low half row g, the high half row g + 8 */
-template <int FMT> __host__ __device__ __forceinline__ int dec_odim(int mt, int r) {
+template <int FMT> __host__ __device__ constexpr int dec_odim(int mt, int r) {
     using F = DecFmt<FMT>;
     const int i = mt / F::WPC, u = mt % F::WPC, g = r & 7, v = r >> 3;
     return F::CH * (g + 8 * i) + 2 * u + v;
 }
+
+/* The warps' O rows meet in shared memory (red_o, 260 floats per row) as float4 chunks of 4 dims,
+ * chunk c of a row stored at chunk dec_red_chunk(c), rows DEC_RED_LD floats apart. A lane's 16-byte store holds dims d .. d + 3
+ * of one row (m tiles 2k, 2k + 1, both halves); the 8 lanes of a store phase differ in t (the row)
+ * and in g, whose dims lie CH apart, so without the swizzle 2-4 of them hit one bank group, and the
+ * merge's float4 reads (16 dims apart per thread) 4. The XOR of the chunk's higher bits into its
+ * low three, per cache dtype, makes both conflict-free (checked by enumeration over every phase;
+ * the 64 scalar stores per lane before it were 8-way conflicts, ~2000 shared-memory wavefronts per
+ * CTA). A bijection within each aligned group of 8 chunks. */
+constexpr int DEC_RED_LD = 256 + 4; /* floats per red_o row */
+template <int FMT> __host__ __device__ constexpr int dec_red_chunk(int c) {
+    if constexpr (FMT == F_BF16) return c ^ (((c >> 1) ^ (c >> 2)) & 7);
+    else if constexpr (FMT == F_FP8) return c ^ ((c >> 2) & 7);
+    else return c ^ ((c >> 3) & 7);
+}
+/* compile-time proof of the above: the four values of a store are dims d .. d + 3 (d a multiple of
+ * 4), the swizzle is a bijection on a row's 64 chunks, and no two lanes of an 8-lane phase of a
+ * 16-byte store (or of the merge's reads) hit one bank group (8 per 128 bytes) at different
+ * addresses */
+template <int FMT> constexpr bool dec_red_layout_ok() {
+    bool seen[64] = {};
+    for (int c = 0; c < 64; c++) {
+        const int q = dec_red_chunk<FMT>(c);
+        if (q < 0 || q >= 64 || seen[q]) return false;
+        seen[q] = true;
+    }
+    for (int mt = 0; mt < 16; mt += 2)
+        for (int g = 0; g < 8; g++) {
+            const int d = dec_odim<FMT>(mt, g);
+            if (d % 4 || dec_odim<FMT>(mt, g + 8) != d + 1 || dec_odim<FMT>(mt + 1, g) != d + 2 ||
+                dec_odim<FMT>(mt + 1, g + 8) != d + 3)
+                return false;
+        }
+    for (int mt = 0; mt < 16; mt += 2)
+        for (int c0 = 0; c0 < 2; c0++)
+            for (int ph = 0; ph < 4; ph++)
+                for (int l1 = 8 * ph; l1 < 8 * ph + 8; l1++)
+                    for (int l2 = l1 + 1; l2 < 8 * ph + 8; l2++) {
+                        const int a1 = (2 * (l1 & 3) + c0) * (DEC_RED_LD / 4) + dec_red_chunk<FMT>(dec_odim<FMT>(mt, l1 >> 2) >> 2);
+                        const int a2 = (2 * (l2 & 3) + c0) * (DEC_RED_LD / 4) + dec_red_chunk<FMT>(dec_odim<FMT>(mt, l2 >> 2) >> 2);
+                        if (a1 != a2 && a1 % 8 == a2 % 8) return false;
+                    }
+    for (int k = 0; k < 16; k += 4)
+        for (int t1 = 0; t1 < 128; t1++)
+            for (int t2 = t1 + 1; t2 < (t1 | 7) + 1; t2++) {
+                const int a1 = (t1 >> 4) * (DEC_RED_LD / 4) + dec_red_chunk<FMT>(((t1 & 15) * 16 + k) >> 2);
+                const int a2 = (t2 >> 4) * (DEC_RED_LD / 4) + dec_red_chunk<FMT>(((t2 & 15) * 16 + k) >> 2);
+                if (a1 != a2 && a1 % 8 == a2 % 8) return false;
+            }
+    return true;
+}
+static_assert(dec_red_layout_ok<F_BF16>() && dec_red_layout_ok<F_FP8>() && dec_red_layout_ok<F_NVFP4>(),
+              "the decode kernel's O exchange layout");
 
 template <int FMT>
 __global__ void __launch_bounds__(DEC_NT, 2) k_attn_dec(AttnParams p) {
@@ -103,7 +156,7 @@ __global__ void __launch_bounds__(DEC_NT, 2) k_attn_dec(AttnParams p) {
     using F = DecFmt<FMT>;
     constexpr int WPC = F::WPC, NKC = F::NKC, NVC = F::NVC;
     __shared__ __align__(16) uint32_t qf[16][4][8][2];      /* [k-step][t][row g][b] bf16x2 */
-    __shared__ __align__(16) float red_o[DEC_NW][8][256 + 4];
+    __shared__ __align__(16) float red_o[DEC_NW][8][DEC_RED_LD];
     __shared__ float red_m[DEC_NW][8], red_l[DEC_NW][8];
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
@@ -284,11 +337,16 @@ __global__ void __launch_bounds__(DEC_NT, 2) k_attn_dec(AttnParams p) {
     for (int i = 0; i < 2; i++)
 #pragma unroll
         for (int off = 4; off < 32; off <<= 1) lrow[i] += __shfl_xor_sync(0xffffffffu, lrow[i], off);
-    /* warps -> shared memory: O^T accumulator (mt, row g + 8v, cols 2t + c) = o[row 2t + c][dim] */
+    /* warps -> shared memory: O^T accumulator (mt, row g + 8v, cols 2t + c) = o[row 2t + c][dim]; m tiles
+     * 2k and 2k + 1, halves v = 0, 1 are dims d .. d + 3 of row 2t + c0 (d = dec_odim(2k, g)) */
 #pragma unroll
-    for (int mt = 0; mt < 16; mt++)
+    for (int mt = 0; mt < 16; mt += 2)
 #pragma unroll
-        for (int c = 0; c < 4; c++) red_o[warp][2 * t + (c & 1)][dec_odim<FMT>(mt, g + 8 * (c >> 1))] = oacc[mt][c];
+        for (int c0 = 0; c0 < 2; c0++) {
+            const int d = dec_odim<FMT>(mt, g);
+            *(float4 *)&red_o[warp][2 * t + c0][4 * dec_red_chunk<FMT>(d >> 2)] =
+                make_float4(oacc[mt][c0], oacc[mt][c0 + 2], oacc[mt + 1][c0], oacc[mt + 1][c0 + 2]);
+        }
     if (g == 0) {
         red_m[warp][2 * t] = mrow[0], red_m[warp][2 * t + 1] = mrow[1];
         red_l[warp][2 * t] = lrow[0], red_l[warp][2 * t + 1] = lrow[1];
@@ -314,7 +372,7 @@ __global__ void __launch_bounds__(DEC_NT, 2) k_attn_dec(AttnParams p) {
         float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
         for (int w = 0; w < DEC_NW; w++) {
-            const float4 v = *(const float4 *)&red_o[w][r][d0 + k];
+            const float4 v = *(const float4 *)&red_o[w][r][4 * dec_red_chunk<FMT>((d0 + k) >> 2)];
             acc.x += f[w] * v.x, acc.y += f[w] * v.y, acc.z += f[w] * v.z, acc.w += f[w] * v.w;
         }
         o[k] = acc.x * inv, o[k + 1] = acc.y * inv, o[k + 2] = acc.z * inv, o[k + 3] = acc.w * inv;
