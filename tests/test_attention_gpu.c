@@ -890,6 +890,70 @@ NIB_TEST(attn_gpu_decode) {
     unsetenv("NIB_ATTN_SPLITS");
 }
 
+/* NVFP4 block scales that are E4M3 subnormals (a block ~10^-5 of its vector's largest), through
+ * every low-bit decode path: rk decodes a chunk's two block factors with bf16 bit tricks in
+ * which a subnormal code is a bf16 subnormal, the tile kernels in fp32. Random N(0,1) data never
+ * makes such scales, so two shapes are built where a factor read as 0 (or as a normal) moves the
+ * output by far more than check_group's per-element bound:
+ *  - V: one key, so o = v; block 1 of v is 2e-5 of its block 0 (scale 448 x 2e-5: an E4M3
+ *    subnormal, code 0x05), block 2 is zero (the quantizer gives it scale 1.0);
+ *  - K: two keys equal but for the sign of their subnormal-scaled block 1, q nonzero only there,
+ *    V = +1 / -1: o = tanh(q.k) ~ 0.9 per head, 0 if the block's factor were lost.
+ * The scale codes are checked to be subnormal first, so the test cannot silently stop testing them. */
+static void subnormal_block_vec(float *x, int D, float sign) {
+    for (int d = 0; d < D; d++) x[d] = 0.5f * (float)((d * 7) % 11 - 5); /* block 0 and 3.. : -2.5 .. 2.5 */
+    for (int d = 0; d < 16; d++) x[d] = (d & 1) ? 3.0f : -3.0f;           /* block 0: amax 3 */
+    for (int d = 16; d < 32; d++) x[d] = sign * 1.5e-5f * (float)(1 + d % 4); /* block 1: amax 6e-5 */
+    for (int d = 32; d < 48; d++) x[d] = 0.0f;                            /* block 2: zero */
+}
+NIB_TEST(attn_gpu_nvfp4_subnormal_block_scales) {
+    NIB_REQUIRE_GPU();
+    const int D = 256, H = 8;
+    float *kx = nib_malloc(2 * (size_t)D * 4), *vx = nib_malloc(2 * (size_t)D * 4), *hq = nib_malloc((size_t)(H * D + 8) * 10 * 4);
+    float *og = nib_malloc((size_t)10 * H * D * 4), *orf = nib_malloc((size_t)10 * H * D * 4);
+    uint8_t packed[128], bs[16];
+    float glob = 0.f;
+    REQUIRE(kx && vx && hq && og && orf);
+    subnormal_block_vec(kx, D, 1.f);
+    CHECK_OK(nib_nvfp4_quantize(kx, 1, D, packed, bs, &glob));
+    CHECK_MSG(bs[1] != 0 && (bs[1] & 0x78) == 0, "construction: block 1's scale code 0x%02x, want an E4M3 subnormal",
+              bs[1]);
+    /* V: one key */
+    {
+        subnormal_block_vec(vx, D, 1.f);
+        memcpy(kx, vx, (size_t)D * 4);
+        for (int64_t i = 0; i < (int64_t)10 * (H * D + 8); i++) hq[i] = 0.f;
+        for (int r = 0; r < 10; r++)
+            for (int h = 0; h < H; h++) hq[r * (H * D + 8) + h * D + (h * 5) % D] = 0.25f; /* any q: one key */
+        const ccase c1 = {64, 1, 1, 1, H, 1}, c10 = {64, 1, 10, 10, H, 1};
+        for (int pass = 0; pass < 2; pass++) {
+            run_cache(t, NIB_KV_NVFP4, pass ? &c10 : &c1, hq, kx, vx, og, orf);
+            for (int d = 16; d < 32; d++)
+                CHECK_MSG(fabsf(og[d] - orf[d]) <= 0x1p-7f * fabsf(orf[d]) && orf[d] != 0.f,
+                          "V subnormal block (nq %d): o[%d] = %g, reference %g", pass ? 10 : 1, d, og[d], orf[d]);
+        }
+    }
+    /* K: two keys, logits +-x from block 1 alone */
+    {
+        subnormal_block_vec(kx, D, 1.f);
+        subnormal_block_vec(kx + D, D, -1.f);
+        for (int d = 0; d < D; d++) vx[d] = 1.f, vx[D + d] = -1.f;
+        for (int64_t i = 0; i < (int64_t)10 * (H * D + 8); i++) hq[i] = 0.f;
+        for (int r = 0; r < 10; r++)
+            for (int h = 0; h < H; h++)
+                for (int d = 16; d < 32; d++) hq[r * (H * D + 8) + h * D + d] = bfr(450.f * (float)(h + 1)); /* x ~ 0.27 (h + 1) */
+        const ccase c1 = {64, 2, 1, 1, H, 1}, c10 = {64, 2, 10, 10, H, 1};
+        for (int pass = 0; pass < 2; pass++) {
+            run_cache(t, NIB_KV_NVFP4, pass ? &c10 : &c1, hq, kx, vx, og, orf);
+            for (int h = 0; h < H; h++)
+                CHECK_MSG(fabsf(og[h * D]) > 0.15f && fabsf(og[h * D] - orf[h * D]) <= 0.01f * fabsf(orf[h * D]),
+                          "K subnormal block (nq %d), head %d: o = %g, reference %g", pass ? 10 : 1, h, og[h * D],
+                          orf[h * D]);
+        }
+    }
+    nib_free(kx), nib_free(vx), nib_free(hq), nib_free(og), nib_free(orf);
+}
+
 /* The bf16 cache path prefetches each split's K / V rows into L2 before the PDL wait (a hint:
  * attn_prefetch_kv). With it off (NIB_ATTN_PREFETCH=0) the output must be bitwise the same, and
  * both must pass the reference check: decode (rk) and the suffix (the wgmma kernel), with lengths
