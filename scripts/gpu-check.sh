@@ -15,7 +15,10 @@
 #             PROFILE_SOURCE=1 adds the stall reasons (ncu-gemm-raw-m<M>.csv) and per-SASS-
 #             instruction samples (ncu-gemm-sass-m<M>.csv) of one launch
 #   attn      nib bench attn --json attn.json $ATTN_ARGS
-#   attnprof  Nsight Compute on the decode rows of nib bench attn (ATTNPROF_T, ATTNPROF_KV)
+#   attnprof  Nsight Compute on the decode rows of nib bench attn (ATTNPROF_T, ATTNPROF_KV): details,
+#             raw stall reasons (summarized per kernel into attnprof-stalls.txt by scripts/ncu_stalls.py)
+#             and, with ATTNPROF_SASS=1, per-SASS-instruction samples; every CSV goes into attnprof.tgz
+#             (the device tool returns a limited number of files)
 #   expertprof  Nsight Compute on the persistent expert kernel (application replay: kernel replay
 #             cannot relaunch its cooperative cluster launch), one launch of the first, eager call
 #             (EXPERTPROF_SKIP launches skipped, default 5): details (ncu-expert.csv: warp states,
@@ -140,8 +143,17 @@ if has attnprof; then
                 --section WarpStateStats --section InstructionStats --page raw --csv \
                 ./build/nib bench attn --sections decode --t "$t" --kv "$kv" --reps 3 \
                 >"$OUT/ncu-attn-raw-$kv-t$t.csv" 2>>"$OUT/ncu-attn-$kv-t$t.err"
+            python3 scripts/ncu_stalls.py "$OUT/ncu-attn-raw-$kv-t$t.csv" --top 8 >>"$OUT/attnprof-stalls.txt" 2>&1
+            if [ "${ATTNPROF_SASS:-0}" = 1 ]; then
+                "$ncu_bin" --clock-control none --kernel-name regex:k_attn_dec --launch-skip 3 --launch-count 1 \
+                    --section SourceCounters --page source --print-source sass --csv \
+                    ./build/nib bench attn --sections decode --t "$t" --kv "$kv" --reps 3 \
+                    >"$OUT/ncu-attn-sass-$kv-t$t.csv" 2>>"$OUT/ncu-attn-$kv-t$t.err"
+            fi
         done
     done
+    (cd "$OUT" && tar czf attnprof.tgz ncu-attn-*.csv ncu-attn-*.err && rm -f ncu-attn-*.csv ncu-attn-*.err)
+    grep -E "k_attn|cycles between|long_scoreboard|wait |barrier" "$OUT/attnprof-stalls.txt" | head -40 | tee -a "$LOG"
 fi
 CKPT=${TMPDIR:-/tmp}/nib-demo-pi05.safetensors
 if has expertprof; then
