@@ -6,7 +6,7 @@ which writes the tiny checkpoint and, into DIR, one call's inputs and the action
 
 Checks: the same actions bit for bit from U8 frames (bytes, bytearray) and from the same frames
 in F32 (array.array), with and without NumPy; sizes; errors raised as NibError naming the cause;
-python/example_pi05.py runs.
+python/example_pi05.py runs; python/pi05_io.py (openpi's state / prompt / action arithmetic).
 Exit 0 and "python: N checks passed" on success, 1 and the first failures otherwise."""
 import array
 import os
@@ -45,7 +45,55 @@ def raises(fn, status, needle, what):
     check(False, "%s: no error raised" % what)
 
 
+def check_pi05_io():
+    """python/pi05_io.py against what ../shared/reference/pi05.md says openpi computes (and, when
+    NumPy is installed, against np.digitize itself on random values)."""
+    import pi05_io as io
+    # bins: the left edges are -1 + i / 128; a value on an edge belongs to the bin it opens
+    edge_cases = [(-1.0, 0), (-1.0000001, -1), (-5.0, -1), (-1.0 + 1 / 128, 1), (-1.0 + 1 / 128 - 1e-12, 0), (0.0, 128),
+                  (-1e-12, 127), (0.9921875, 255), (0.9921874, 254), (1.0, 255), (7.0, 255)]
+    got = io.state_bins([v for v, _ in edge_cases])
+    check(got == [b for _, b in edge_cases], "state_bins on the bin edges: %r" % got)
+    try:
+        import numpy as np
+        rng = np.random.default_rng(5)
+        s = np.concatenate([rng.uniform(-1.2, 1.2, 4000), np.linspace(-1, 1, 257)])
+        want = (np.digitize(s, np.linspace(-1, 1, 257)[:-1]) - 1).tolist()
+        check(io.state_bins(s) == want, "state_bins differs from np.digitize")
+    except ImportError:
+        pass
+    # normalization: the formula, its inverse, and the state path end to end
+    q01, q99 = [-2.0, 0.5, 10.0], [2.0, 1.5, 30.0]
+    x = [0.0, 1.0, 25.0]
+    n = io.normalize_quantile(x, q01, q99)
+    check(all(abs(a - b) < 1e-15 for a, b in zip(n, [(v - lo) / (hi - lo + 1e-6) * 2 - 1 for v, lo, hi in zip(x, q01, q99)])),
+          "normalize_quantile %r" % n)
+    back = io.unnormalize_quantile(n, q01, q99)
+    check(all(abs(a - b) < 1e-12 for a, b in zip(back, x)), "unnormalize_quantile(normalize_quantile(x)) = %r" % back)
+    check(io.discretize_state(x, q01, q99) == io.state_bins(n), "discretize_state")
+    check(io.discretize_state([0.0], [-2.0], [2.0]) == [127], "discretize_state([0] in [-2, 2]) = %r" %
+          io.discretize_state([0.0], [-2.0], [2.0]))  # 0 normalizes to -2.5e-7: the bin left of 0
+    # the prompt string, character for character
+    check(io.pi05_prompt(" pick_up the\ncup ", [0, 255, -1]) == "Task: pick up the cup, State: 0 255 -1;\nAction: ",
+          "pi05_prompt: %r" % io.pi05_prompt(" pick_up the\ncup ", [0, 255, -1]))
+    # actions: the first len(q01) dims of each row, un-normalized
+    acts = [[(i + j) / 40.0 - 0.5 for j in range(32)] for i in range(3)]
+    u = io.unnormalize_actions(acts, q01, q99)
+    check(len(u) == 3 and all(len(r) == 3 for r in u) and
+          all(abs(u[i][j] - ((acts[i][j] + 1) / 2 * (q99[j] - q01[j] + 1e-6) + q01[j])) < 1e-12 for i in range(3) for j in range(3)),
+          "unnormalize_actions %r" % u)
+    for fn, what in [(lambda: io.normalize_quantile([1.0, 2.0], [0.0], [1.0]), "2 dims, 1 stat"),
+                     (lambda: io.unnormalize_actions([[0.0]], [0.0, 0.0], [1.0, 1.0]), "a short actions row"),
+                     (lambda: io.state_bins(3.0), "a number, not a sequence")]:
+        try:
+            fn()
+            check(False, "pi05_io: %s raised nothing" % what)
+        except (ValueError, TypeError) as e:
+            check("pi05_io" in str(e), "pi05_io: %s raised %r" % (what, e))
+
+
 def main():
+    check_pi05_io()
     lib_path, ckpt, d = sys.argv[1:4]
     nib.load_library(lib_path)
     rd = lambda n: open(os.path.join(d, n), "rb").read()
