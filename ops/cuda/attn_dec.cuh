@@ -96,9 +96,9 @@ template <int FMT> __host__ __device__ constexpr int dec_odim(int mt, int r) {
     return F::CH * (g + 8 * i) + 2 * u + v;
 }
 
-/* The warps' O rows meet in shared memory (red_o, 260 floats per row) as float4 chunks of 4 dims,
- * chunk c of a row stored at chunk dec_red_chunk(c), rows DEC_RED_LD floats apart. A lane's 16-byte store holds dims d .. d + 3
- * of one row (m tiles 2k, 2k + 1, both halves); the 8 lanes of a store phase differ in t (the row)
+/* The warps' O rows meet in shared memory (red_o) as float4 chunks of 4 dims: chunk c of a row
+ * at chunk dec_red_chunk(c), rows DEC_RED_LD floats apart. A lane's 16-byte store holds dims d ..
+ * d + 3 of one row (m tiles 2k, 2k + 1, both halves); the 8 lanes of a store phase differ in t (the row)
  * and in g, whose dims lie CH apart, so without the swizzle 2-4 of them hit one bank group, and the
  * merge's float4 reads (16 dims apart per thread) 4. The XOR of the chunk's higher bits into its
  * low three, per cache dtype, makes both conflict-free (checked by enumeration over every phase;
