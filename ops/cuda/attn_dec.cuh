@@ -175,8 +175,13 @@ __global__ void __launch_bounds__(DEC_NT, 2) k_attn_dec(AttnParams p) {
     /* per lane: K of keys g, g + 8 (NKC chunks each) and their scales; V of keys 2t, 2t+1,
      * 2t+8, 2t+9 (NVC chunks each) and the V scales of keys g, g + 8 (folded into P) */
     uint4 kr[2][NKC], vr[4][NVC];
-    uint32_t kfb[2][NKC][2] = {}, vfb[4][2] = {};
+    /* the scales as loaded (NVFP4: a chunk's two E4M3 block-scale bytes; the per-key scales before
+     * the x 256): converted where they are used, a step after their loads were issued. Converted in
+     * load_k / load_v, the conversion was the loads' first consumer, so every step stalled twice
+     * for a memory round trip (after issuing the next K, and after the next V) */
+    uint32_t kbs[2][NKC] = {}, vbs[4] = {};
     float ksc[2] = {1.f, 1.f}, vsc[2] = {1.f, 1.f};
+    constexpr float SC = FMT == F_NVFP4 ? 256.0f : 1.0f;
     auto load_k = [&](int step) {
         const int key0 = t0 + 16 * step;
 #pragma unroll
@@ -188,15 +193,13 @@ __global__ void __launch_bounds__(DEC_NT, 2) k_attn_dec(AttnParams p) {
             for (int j = 0; j < NKC; j++) kr[e][j] = ok ? ldg_nc16(row + (4 * j + t) * 16) : make_uint4(0, 0, 0, 0);
             if constexpr (FMT != F_BF16) {
                 const long long sidx = (long long)tok * p.n_kv + hkv;
-                ksc[e] = ok ? __ldg(p.ks + sidx) * (FMT == F_NVFP4 ? 256.0f : 1.0f) : 0.f;
-                vsc[e] = ok ? __ldg(p.vs + sidx) * (FMT == F_NVFP4 ? 256.0f : 1.0f) : 0.f;
+                ksc[e] = ok ? __ldg(p.ks + sidx) : 0.f;
+                vsc[e] = ok ? __ldg(p.vs + sidx) : 0.f;
                 if constexpr (FMT == F_NVFP4) {
                     const uint8_t *bs = p.kb + sidx * 16;
 #pragma unroll
                     for (int j = 0; j < NKC; j++) { /* chunk 4j + t: block-scale bytes 2(4j+t), +1 */
-                        const uint32_t two = ok ? (uint32_t)__ldg((const unsigned short *)(bs + 2 * (4 * j + t))) : 0u;
-                        kfb[e][j][0] = fp4_block_factor(two & 0xFFu);
-                        kfb[e][j][1] = fp4_block_factor(two >> 8);
+                        kbs[e][j] = ok ? (uint32_t)__ldg((const unsigned short *)(bs + 2 * (4 * j + t))) : 0u;
                     }
                 }
             }
@@ -213,9 +216,7 @@ __global__ void __launch_bounds__(DEC_NT, 2) k_attn_dec(AttnParams p) {
             for (int i = 0; i < NVC; i++) vr[e][i] = ok ? ldg_nc16(row + (g + 8 * i) * 16) : make_uint4(0, 0, 0, 0);
             if constexpr (FMT == F_NVFP4) { /* NVC = 1: chunk g, block-scale bytes 2g, 2g + 1 */
                 const uint8_t *bs = p.vb + ((long long)tok * p.n_kv + hkv) * 16;
-                const uint32_t two = ok ? (uint32_t)__ldg((const unsigned short *)(bs + 2 * g)) : 0u;
-                vfb[e][0] = fp4_block_factor(two & 0xFFu);
-                vfb[e][1] = fp4_block_factor(two >> 8);
+                vbs[e] = ok ? (uint32_t)__ldg((const unsigned short *)(bs + 2 * g)) : 0u;
             }
         }
     };
@@ -252,6 +253,16 @@ __global__ void __launch_bounds__(DEC_NT, 2) k_attn_dec(AttnParams p) {
     for (int step = warp; step < n_steps; step += DEC_NW) {
         /* S^T = K Q^T: two accumulator chains (even / odd k-steps) */
         float s[4] = {0.f, 0.f, 0.f, 0.f}, s2[4] = {0.f, 0.f, 0.f, 0.f};
+        uint32_t kfb[2][NKC][2] = {};
+        if constexpr (FMT == F_NVFP4) {
+#pragma unroll
+            for (int e = 0; e < 2; e++)
+#pragma unroll
+                for (int j = 0; j < NKC; j++) {
+                    kfb[e][j][0] = fp4_block_factor(kbs[e][j] & 0xFFu);
+                    kfb[e][j][1] = fp4_block_factor(kbs[e][j] >> 8);
+                }
+        }
 #pragma unroll
         for (int ks = 0; ks < 16; ks++) {
             const int j = ks / (WPC / 2), h = ks % (WPC / 2);
@@ -263,7 +274,7 @@ __global__ void __launch_bounds__(DEC_NT, 2) k_attn_dec(AttnParams p) {
             const uint2 qb = *(const uint2 *)&qf[ks][t][g][0];
             mma_bf16(ks & 1 ? s2 : s, a, qb.x, qb.y);
         }
-        float sk[2] = {ksc[0], ksc[1]}, sv[2] = {vsc[0], vsc[1]};
+        float sk[2] = {ksc[0] * SC, ksc[1] * SC}, sv[2] = {vsc[0] * SC, vsc[1] * SC};
         if (step + DEC_NW < n_steps) load_k(step + DEC_NW); /* kr, ksc, vsc are free now */
         /* logits in log2 units; keys past t1 -> -inf */
         const int key0 = t0 + 16 * step;
@@ -310,6 +321,14 @@ __global__ void __launch_bounds__(DEC_NT, 2) k_attn_dec(AttnParams p) {
             pl1 = movmatrix_trans(l23);
         }
         /* O^T += V^T P^T */
+        uint32_t vfb[4][2] = {};
+        if constexpr (FMT == F_NVFP4) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                vfb[e][0] = fp4_block_factor(vbs[e] & 0xFFu);
+                vfb[e][1] = fp4_block_factor(vbs[e] >> 8);
+            }
+        }
 #pragma unroll
         for (int mt = 0; mt < 16; mt++) {
             const int i = mt / WPC, u = mt % WPC;
