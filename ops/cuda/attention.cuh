@@ -130,6 +130,45 @@ __device__ __forceinline__ void attn_prefetch_kv(const AttnParams &p, int tk) {
 __device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t w, uint32_t sel) {
     return bf2_mul(dec_e4m3_hi(prmt(w, 0, sel)), 0x7B807B80u);
 }
+/* Two e2m1 codes -> the bf16x2 bits of value * 2^-126 (exact; e2m1 subnormals become bf16
+ * subnormals), from ev = w & 0x0F0F0F0F and od = (w >> 4) & 0x0F0F0F0F of a 32-bit word w of 8
+ * codes: half 0 the code of ev's byte jj (dim 2jj), half 1 that of od's byte jj (dim 2jj + 1).
+ * The prmt puts the two codes at bits 0..3 and 16..19 and zeros bytes 1 and 3 (selector 8 | x
+ * replicates the sign bit of a byte < 0x10), so ONE multiply by 2^6 + 2^12 makes, per code, a copy
+ * at 6..9 and one at 12..15 (22..25 and 28..31) without overlap or carry; the mask keeps
+ * magnitude bits 0..2 at 6..8 and the sign bit 3 at 15. Was two shifts, two masks and an or. */
+__host__ __device__ constexpr uint32_t e2m1x2_sel(int jj) {
+    return (uint32_t)(jj | ((8 + jj) << 4) | ((4 + jj) << 8) | ((12 + jj) << 12));
+}
+__device__ __forceinline__ uint32_t e2m1x2_raw(uint32_t ev, uint32_t od, int jj) {
+    return (prmt(ev, od, e2m1x2_sel(jj)) * 0x1040u) & 0x81C081C0u;
+}
+/* compile-time proof of e2m1x2_raw against the shift-and-mask form, for every pair of codes in
+ * every byte position (prmt emulated per the PTX ISA: selector bit 3 = replicate the byte's sign) */
+constexpr uint32_t prmt_host(uint32_t a, uint32_t b, uint32_t sel) {
+    uint32_t r = 0;
+    for (int i = 0; i < 4; i++) {
+        const uint32_t n = (sel >> (4 * i)) & 15u, x = n & 7u;
+        const uint32_t byte = ((x < 4 ? a >> (8 * x) : b >> (8 * (x - 4))) & 0xFFu);
+        r |= (n & 8u ? (byte & 0x80u ? 0xFFu : 0u) : byte) << (8 * i);
+    }
+    return r;
+}
+constexpr bool e2m1x2_raw_ok() {
+    for (int jj = 0; jj < 4; jj++)
+        for (uint32_t c0 = 0; c0 < 16; c0++)
+            for (uint32_t c1 = 0; c1 < 16; c1++) {
+                const uint32_t ev = 0x0B050E03u ^ (0x0F0F0F0Fu & (0x01010101u * (c0 ^ 7u))), od = 0x040D0609u;
+                const uint32_t e2 = (ev & ~(0xFFu << (8 * jj))) | (c0 << (8 * jj));
+                const uint32_t o2 = (od & ~(0xFFu << (8 * jj))) | (c1 << (8 * jj));
+                const uint32_t vv = prmt_host(e2, o2, (uint32_t)(jj | (jj << 4) | ((4 + jj) << 8) | ((4 + jj) << 12)));
+                const uint32_t want = ((vv << 6) & 0x01C001C0u) | ((vv << 12) & 0x80008000u);
+                if (((prmt_host(e2, o2, e2m1x2_sel(jj)) * 0x1040u) & 0x81C081C0u) != want) return false;
+                if (want != (((c0 & 7u) << 6) | ((c0 & 8u) << 12) | ((c1 & 7u) << 22) | ((c1 & 8u) << 28))) return false;
+            }
+    return true;
+}
+static_assert(e2m1x2_raw_ok(), "e2m1x2_raw");
 /* bf16x2 times an fp32 scale, each product rounded to bf16 (RNE) on its own */
 __device__ __forceinline__ uint32_t bf16x2_scale(uint32_t w, float s) {
     return pack_bf16(__uint_as_float(w << 16) * s, __uint_as_float(w & 0xFFFF0000u) * s);
@@ -353,11 +392,7 @@ __global__ void __launch_bounds__(Cfg<FMT, DP, WR, WT, KW, ST, CL>::NT, Cfg<FMT,
                     uint32_t ev = rw[h] & 0x0F0F0F0Fu, od = (rw[h] >> 4) & 0x0F0F0F0Fu;
 #pragma unroll
                     for (int jj = 0; jj < 4; jj++) {
-                        /* even code of byte jj at bits 0..3, odd code at bits 16..19 */
-                        uint32_t sel = (uint32_t)(jj | (jj << 4) | ((4 + jj) << 8) | ((4 + jj) << 12));
-                        uint32_t vv = prmt(ev, od, sel);
-                        uint32_t e = ((vv << 6) & 0x01C001C0u) | ((vv << 12) & 0x80008000u);
-                        w[4 * h + jj] = bf2_mul(e, fb);
+                        w[4 * h + jj] = bf2_mul(e2m1x2_raw(ev, od, jj), fb);
                     }
                 }
             }

@@ -75,9 +75,7 @@ __device__ __forceinline__ uint32_t dec_word(const uint4 &c, int u, uint32_t fb0
     } else {
         const uint32_t w = u4get(c, u >> 2), jj = (uint32_t)(u & 3);
         const uint32_t ev = w & 0x0F0F0F0Fu, od = (w >> 4) & 0x0F0F0F0Fu;
-        const uint32_t vv = prmt(ev, od, jj | (jj << 4) | ((4 + jj) << 8) | ((4 + jj) << 12));
-        const uint32_t e = ((vv << 6) & 0x01C001C0u) | ((vv << 12) & 0x80008000u);
-        return bf2_mul(e, u < 8 ? fb0 : fb1);
+        return bf2_mul(e2m1x2_raw(ev, od, (int)jj), u < 8 ? fb0 : fb1);
     }
 }
 /* the head dim of K-step ks, lane t, half b (b = 0: k = 2t, 2t+1; b = 1: k = 2t+8, 2t+9) —
