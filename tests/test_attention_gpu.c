@@ -954,6 +954,36 @@ NIB_TEST(attn_gpu_nvfp4_subnormal_block_scales) {
     nib_free(kx), nib_free(vx), nib_free(hq), nib_free(og), nib_free(orf);
 }
 
+/* Q far outside f16's range. The decode kernel multiplies an FP8 cache's K by Q in f16, each Q row
+ * scaled by a power of two first (attn_dec.cuh): q ~ 2^20 (f16 overflows past 65504) and q ~ 2^-34
+ * (f16 flushes below 2^-24), with K scaled the other way so that the logits are ordinary. Without
+ * the row scaling the first gives Inf / NaN and the second uniform attention; every cache dtype
+ * must match the reference. */
+NIB_TEST(attn_gpu_decode_q_range) {
+    NIB_REQUIRE_GPU();
+    nib_rng rng;
+    nib_test_rng(t, &rng);
+    const int D = 256, H = 8;
+    const ccase c = {1000, 777, 1, 1, H, 1};
+    const int64_t q_tok = (int64_t)H * D + 8, nkv = (int64_t)c.tv * D;
+    float *hq = nib_malloc((size_t)q_tok * 4), *kx = nib_malloc((size_t)nkv * 4), *vx = nib_malloc((size_t)nkv * 4);
+    REQUIRE(hq && kx && vx);
+    const int shifts[] = {20, -34};
+    for (size_t si = 0; si < NIB_ARRAY_LEN(shifts); si++) {
+        const float up = ldexpf(1.f, shifts[si]), down = ldexpf(1.f, -shifts[si]);
+        for (int64_t i = 0; i < q_tok; i++) hq[i] = bfr((float)(nib_rng_normal(&rng) / 4.0) * up);
+        for (int64_t i = 0; i < nkv; i++) {
+            kx[i] = (float)nib_rng_normal(&rng) * down;
+            vx[i] = (float)nib_rng_normal(&rng);
+        }
+        for (int d = 0; d < NIB_KV_COUNT; d++) {
+            printf("  q scaled by 2^%d, K by 2^%d:\n", shifts[si], -shifts[si]);
+            run_cache(t, (nib_kv_dtype)d, &c, hq, kx, vx, NULL, NULL);
+        }
+    }
+    nib_free(hq), nib_free(kx), nib_free(vx);
+}
+
 /* The bf16 cache path prefetches each split's K / V rows into L2 before the PDL wait (a hint:
  * attn_prefetch_kv). With it off (NIB_ATTN_PREFETCH=0) the output must be bitwise the same, and
  * both must pass the reference check: decode (rk) and the suffix (the wgmma kernel), with lengths

@@ -19,7 +19,9 @@
  * tile are a permutation of the head dims chosen so that a lane's V chunk (its 8 / 16 / 32
  * dims of one key) holds all its rows; two keys' words are paired into a fragment register by
  * one prmt. Low-bit caches are decoded in registers: K and V words exactly into bf16 (e4m3, or
- * e2m1 x its e4m3 block scale, as in k_attn); the per-key K scale multiplies the logits, the
+ * e2m1 x its e4m3 block scale, as in k_attn), except an FP8 cache's K, which one cvt per pair
+ * turns into f16 exactly, multiplied by Q staged in f16 (each row scaled by a power of two into
+ * f16's range, the logits scaled back); the per-key K scale multiplies the logits, the
  * per-key V scale is folded into P: p * v_scale as a bf16 pair hi + lo and a second MMA for lo
  * (with P alone in bf16, a single visible key measured 2x the rms error of the naive reference:
  * the scale's own bf16 rounding; k_attn rounds bf16(v * v_scale) per element instead).
@@ -63,6 +65,22 @@ __device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
 __device__ __forceinline__ uint32_t fp4_block_factor(uint32_t e4m3) {
     uint32_t fb = (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(e4m3_to_f32(e4m3) * 0x1p118f));
     return fb | (fb << 16);
+}
+/* FP8 K: the e4m3 pair of half h of w (low byte -> low half) as f16x2, exactly (cvt, one instruction);
+ * the S = K Q^T products of an FP8 cache run in f16 (see the Q staging in k_attn_dec) */
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t w, int h) {
+    uint32_t r;
+    if (h == 0)
+        asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %1;\ncvt.rn.f16x2.e4m3x2 %0, lo;\n}" : "=r"(r) : "r"(w));
+    else
+        asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %1;\ncvt.rn.f16x2.e4m3x2 %0, hi;\n}" : "=r"(r) : "r"(w));
+    return r;
+}
+__device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 /* word u (dims 2u, 2u + 1 of the chunk) of a 16-byte chunk as bf16x2; fb: NVFP4 block factors
  * (block 0 for words 0..7, block 1 for 8..15) */
@@ -156,6 +174,7 @@ __global__ void __launch_bounds__(DEC_NT, 2) k_attn_dec(AttnParams p) {
     __shared__ __align__(16) uint32_t qf[16][4][8][2];      /* [k-step][t][row g][b] bf16x2 */
     __shared__ __align__(16) float red_o[DEC_NW][8][DEC_RED_LD];
     __shared__ float red_m[DEC_NW][8], red_l[DEC_NW][8];
+    __shared__ float qinv_s[8]; /* FP8: 2^-k of each Q row (the f16 staging's scale) */
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int z = blockIdx.z, seq = z / p.n_kv, hkv = z % p.n_kv, split = blockIdx.y;
@@ -239,14 +258,46 @@ __global__ void __launch_bounds__(DEC_NT, 2) k_attn_dec(AttnParams p) {
         const __nv_bfloat16 *q = r < rows_valid ? p.q + seq * p.q_seq + (long long)(r / p.group) * p.q_tok +
                                                       (long long)(hkv * p.group + r % p.group) * p.d
                                                 : nullptr;
+        if constexpr (FMT == F_FP8) {
+            /* FP8 cache: Q in f16 for the f16 S products (K decodes to f16 in one instruction). Each row
+             * is scaled by 2^k so that its largest |q| lies in [2^14, 2^15): a bf16 value converts
+             * exactly unless it is below 2^-31 of that largest one (then within 2^-39 of it); the
+             * logits are scaled back by 2^-k (exact). The row's 16 threads: lanes ^1, ^16, 4 warps. */
+            uint32_t qw[8];
+            float amax = 0.f;
 #pragma unroll
-        for (int k = 0; k < 8; k++) {
-            const int ks = ks0 + 2 * k;
-            qf[ks][tq][r][b] = q ? *(const uint32_t *)(q + dec_kdim<FMT>(ks, tq, b)) : 0u;
+            for (int k = 0; k < 8; k++) {
+                qw[k] = q ? *(const uint32_t *)(q + dec_kdim<FMT>(ks0 + 2 * k, tq, b)) : 0u;
+                amax = fmaxf(amax, fmaxf(fabsf(__uint_as_float(qw[k] << 16)), fabsf(__uint_as_float(qw[k] & 0xFFFF0000u))));
+            }
+            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 16));
+            if ((lane & 17) == 0) red_m[warp][r] = amax;
+            __syncthreads();
+            amax = fmaxf(fmaxf(red_m[0][r], red_m[1][r]), fmaxf(red_m[2][r], red_m[3][r]));
+            int e = 0;
+            frexpf(amax, &e); /* amax < 2^e (e = 0 for 0; NaN / Inf: clamped below) */
+            const int k2 = min(max(15 - e, -120), 120);
+            const float sc = ldexpf(1.f, k2);
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                const __half2 h = __floats2half2_rn(__uint_as_float(qw[k] << 16) * sc, __uint_as_float(qw[k] & 0xFFFF0000u) * sc);
+                qf[ks0 + 2 * k][tq][r][b] = *(const uint32_t *)&h;
+            }
+            if ((tid & 0x71) == 0) qinv_s[r] = ldexpf(1.f, -k2); /* one thread per row: tq = 0, b = 0, ks0 = 0 */
+        } else {
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                const int ks = ks0 + 2 * k;
+                qf[ks][tq][r][b] = q ? *(const uint32_t *)(q + dec_kdim<FMT>(ks, tq, b)) : 0u;
+            }
         }
     }
     __syncthreads();
 
+    /* logits to log2 units (FP8: also undo the Q rows' 2^k) for rows 2t, 2t + 1 */
+    float lsc[2] = {LOG2E_F, LOG2E_F};
+    if constexpr (FMT == F_FP8) lsc[0] = qinv_s[2 * t] * LOG2E_F, lsc[1] = qinv_s[2 * t + 1] * LOG2E_F;
 #pragma unroll 1
     for (int step = warp; step < n_steps; step += DEC_NW) {
         /* S^T = K Q^T: two accumulator chains (even / odd k-steps) */
@@ -265,12 +316,20 @@ __global__ void __launch_bounds__(DEC_NT, 2) k_attn_dec(AttnParams p) {
         for (int ks = 0; ks < 16; ks++) {
             const int j = ks / (WPC / 2), h = ks % (WPC / 2);
             uint32_t a[4];
-            a[0] = dec_word<FMT>(kr[0][j], 2 * h, kfb[0][j][0], kfb[0][j][1]);
-            a[1] = dec_word<FMT>(kr[1][j], 2 * h, kfb[1][j][0], kfb[1][j][1]);
-            a[2] = dec_word<FMT>(kr[0][j], 2 * h + 1, kfb[0][j][0], kfb[0][j][1]);
-            a[3] = dec_word<FMT>(kr[1][j], 2 * h + 1, kfb[1][j][0], kfb[1][j][1]);
             const uint2 qb = *(const uint2 *)&qf[ks][t][g][0];
-            mma_bf16(ks & 1 ? s2 : s, a, qb.x, qb.y);
+            if constexpr (FMT == F_FP8) { /* words 2h, 2h + 1: halves 0 and 1 of 32-bit word h */
+                a[0] = e4m3x2_to_f16x2(u4get(kr[0][j], h), 0);
+                a[1] = e4m3x2_to_f16x2(u4get(kr[1][j], h), 0);
+                a[2] = e4m3x2_to_f16x2(u4get(kr[0][j], h), 1);
+                a[3] = e4m3x2_to_f16x2(u4get(kr[1][j], h), 1);
+                mma_f16(ks & 1 ? s2 : s, a, qb.x, qb.y);
+            } else {
+                a[0] = dec_word<FMT>(kr[0][j], 2 * h, kfb[0][j][0], kfb[0][j][1]);
+                a[1] = dec_word<FMT>(kr[1][j], 2 * h, kfb[1][j][0], kfb[1][j][1]);
+                a[2] = dec_word<FMT>(kr[0][j], 2 * h + 1, kfb[0][j][0], kfb[0][j][1]);
+                a[3] = dec_word<FMT>(kr[1][j], 2 * h + 1, kfb[1][j][0], kfb[1][j][1]);
+                mma_bf16(ks & 1 ? s2 : s, a, qb.x, qb.y);
+            }
         }
         float sk[2] = {ksc[0] * SC, ksc[1] * SC}, sv[2] = {vsc[0] * SC, vsc[1] * SC};
         if (step + DEC_NW < n_steps) load_k(step + DEC_NW); /* kr, ksc, vsc are free now */
@@ -282,7 +341,7 @@ __global__ void __launch_bounds__(DEC_NT, 2) k_attn_dec(AttnParams p) {
             const int e = c >> 1; /* key g + 8e */
             float v = s[c] + s2[c];
             if constexpr (FMT != F_BF16) v *= sk[e];
-            x[c] = key0 + g + 8 * e < t1 ? v * LOG2E_F : -INFINITY;
+            x[c] = key0 + g + 8 * e < t1 ? v * lsc[c & 1] : -INFINITY;
         }
         float mx[2] = {fmaxf(x[0], x[2]), fmaxf(x[1], x[3])}, alpha[2], mu[2];
 #pragma unroll
