@@ -130,6 +130,7 @@ static KInfo g_kinfo[] = {
 #define K_WG (K_T2 + 2)      /* the wgmma kernel: wg, wg1, wk2; bf16, head_dim 256 */
 #define K_WGT (K_WG + 3)     /* the same with TMA copies */
 #define K_D80X (K_WGT + 3)   /* head_dim 80, four token groups: t4, t4h, r2t4 */
+static int is_rk(int ki) { return ki >= K_RK && ki < K_RK + 3; }
 
 /* The TMA form of a wgmma plan where the layout allows it: a 64-row operand must be whole tokens of
  * one KV group (64 % group == 0), the key range non-empty (a map has no empty dimension) and each
@@ -471,8 +472,12 @@ static nib_status launch(AttnParams p, const Plan &pl, void *ws, cudaStream_t st
         if (threads > 0x7FFFFFFFLL) /* the merge kernel indexes threads in 32 bits */
             return NIB_ERR(NIB_ERR_UNSUPPORTED, "attention merge: %lld threads (rows x head_dim / 4 x split lanes)",
                            threads);
-        NIB_CUDA_CHECK(nib::launch(pl.merge_per == 16 ? k_attn_merge<16> : pl.merge_per == 8 ? k_attn_merge<8> : k_attn_merge<4>,
-                                   dim3((unsigned)blocks, (unsigned)pl.z), dim3(256), 0, stream, m));
+        /* rk writes every workspace entry (attn_dec.cuh): its merge loads them before reading a length */
+        const bool all = is_rk(pl.ki) && !(getenv("NIB_ATTN_MERGE_ALL") && !strcmp(getenv("NIB_ATTN_MERGE_ALL"), "0"));
+        void (*mk)(MergeParams) = pl.merge_per == 16 ? (all ? k_attn_merge<16, true> : k_attn_merge<16>)
+                                  : pl.merge_per == 8 ? (all ? k_attn_merge<8, true> : k_attn_merge<8>)
+                                                      : (all ? k_attn_merge<4, true> : k_attn_merge<4>);
+        NIB_CUDA_CHECK(nib::launch(mk, dim3((unsigned)blocks, (unsigned)pl.z), dim3(256), 0, stream, m));
         NIB_LAUNCH_CHECK("k_attn_merge");
     }
     return NIB_OK;

@@ -717,7 +717,9 @@ struct MergeParams {
     int t_max, nq_max, n_seq, n_kv, group, d, rows_max, n_splits, tk, sl_log2;
 };
 
-template <int PER> __global__ void __launch_bounds__(256) k_attn_merge(MergeParams p) {
+/* ALL: the producer wrote every entry of the grid (k_attn_dec: idle splits as (-inf, 0, 0), rows past
+ * the valid ones too), so the partials are loaded before, not after, the lengths are read */
+template <int PER, bool ALL = false> __global__ void __launch_bounds__(256) k_attn_merge(MergeParams p) {
     nib::pdl_enter(); /* runtime/launch.cuh: first, before any access or return */
     const int SL = 1 << p.sl_log2, c4 = p.d / 4;
     /* 32-bit index math: the host caps blocks x 256 below 2^31 (unsigned division, no 64-bit) */
@@ -726,25 +728,29 @@ template <int PER> __global__ void __launch_bounds__(256) k_attn_merge(MergePara
     const unsigned rc = gid >> p.sl_log2;
     const int r = (int)(rc / (unsigned)c4), c = (int)(rc - (unsigned)r * (unsigned)c4);
     const int z = blockIdx.y, seq = z / p.n_kv, hkv = z % p.n_kv;
+    const size_t zb = (size_t)z * p.n_splits;
+    float mv[PER], lv[PER];
+    float4 ov[PER];
+    auto load = [&](int na) {
+#pragma unroll
+        for (int i = 0; i < PER; i++) {
+            const int s = sl + i * SL;
+            const size_t e = (zb + s) * p.rows_max + r;
+            const bool ok = s < na && r < p.rows_max;
+            mv[i] = ok ? __ldcg(p.ws_m + e) : -INFINITY;
+            lv[i] = ok ? __ldcg(p.ws_l + e) : 0.f;
+            ov[i] = ok ? __ldcg((const float4 *)p.ws_o + e * c4 + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+    };
+    if constexpr (ALL) load(p.n_splits);
     /* exits are uniform over the SL lanes of a group (they share r and z) */
     if (seq >= read_len(p.nseq_valid, p.n_seq)) return;
     if (r >= read_len(p.nq_valid, p.nq_max) * p.group) return;
     int t0, t1;
-    const int na = nib_attn_split_range(read_len(p.t_valid, p.t_max), p.n_splits, p.tk, 0, &t0, &t1);
+    const int na = ALL ? p.n_splits : nib_attn_split_range(read_len(p.t_valid, p.t_max), p.n_splits, p.tk, 0, &t0, &t1);
     const unsigned lane = threadIdx.x & 31;
     const unsigned gmask = SL == 32 ? 0xffffffffu : ((1u << SL) - 1u) << (lane & ~(unsigned)(SL - 1));
-    const size_t zb = (size_t)z * p.n_splits;
-    float mv[PER], lv[PER];
-    float4 ov[PER];
-#pragma unroll
-    for (int i = 0; i < PER; i++) {
-        const int s = sl + i * SL;
-        const size_t e = (zb + s) * p.rows_max + r;
-        const bool ok = s < na;
-        mv[i] = ok ? __ldcg(p.ws_m + e) : -INFINITY;
-        lv[i] = ok ? __ldcg(p.ws_l + e) : 0.f;
-        ov[i] = ok ? __ldcg((const float4 *)p.ws_o + e * c4 + c) : make_float4(0.f, 0.f, 0.f, 0.f);
-    }
+    if constexpr (!ALL) load(na);
     float m = -INFINITY;
 #pragma unroll
     for (int i = 0; i < PER; i++) m = fmaxf(m, mv[i]);

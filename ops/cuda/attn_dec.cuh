@@ -178,12 +178,29 @@ __global__ void __launch_bounds__(DEC_NT, 2) k_attn_dec(AttnParams p) {
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int z = blockIdx.z, seq = z / p.n_kv, hkv = z % p.n_kv, split = blockIdx.y;
-    if (seq >= read_len(p.nseq_valid, p.n_seq)) return;
     const int T = read_len(p.t_valid, p.t_max);
     const int rows_valid = read_len(p.nq_valid, p.nq_max) * p.group;
     int t0, t1;
     const int n_active = nib_attn_split_range(T, p.n_splits, DEC_TK, split, &t0, &t1);
-    if (split >= n_active) return;
+    if (seq >= read_len(p.nseq_valid, p.n_seq) || split >= n_active) {
+        /* With splits, EVERY workspace entry of the grid is written, an idle split's as (m, l, o) =
+         * (-inf, 0, 0), so that k_attn_merge<.., true> can load them all before it reads a length
+         * (one L2 round trip instead of two; the workspace still needs no initialization) */
+        if (p.n_splits > 1) {
+            const int r = tid >> 4, d0 = (tid & 15) * 16;
+            if (r < p.rows_max) {
+                const size_t row = ((size_t)z * p.n_splits + split) * p.rows_max + r;
+                float *dst = p.ws_o + row * p.d + d0;
+#pragma unroll
+                for (int k = 0; k < 16; k += 4) *(float4 *)(dst + k) = make_float4(0.f, 0.f, 0.f, 0.f);
+                if (d0 == 0) {
+                    p.ws_m[row] = -INFINITY;
+                    p.ws_l[row] = 0.f;
+                }
+            }
+        }
+        return;
+    }
 
     const uint8_t *const kbase = p.k + seq * p.k_seq + hkv * p.kv_head;
     const uint8_t *const vbase = p.v + seq * p.v_seq + hkv * p.kv_head;
@@ -430,7 +447,7 @@ __global__ void __launch_bounds__(DEC_NT, 2) k_attn_dec(AttnParams p) {
     __syncthreads();
     /* thread -> row r = tid / 16, dims 16 (tid % 16) .. + 15 */
     const int r = tid >> 4, d0 = (tid & 15) * 16;
-    if (r >= rows_valid) return;
+    if (r >= (p.n_splits > 1 ? p.rows_max : rows_valid)) return; /* with splits every row: see the top */
     float M = -INFINITY;
 #pragma unroll
     for (int w = 0; w < DEC_NW; w++) M = fmaxf(M, red_m[w][r]);
