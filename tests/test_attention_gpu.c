@@ -776,11 +776,17 @@ NIB_TEST(attn_gpu_cache_suffix) {
     nib_rng rng;
     nib_test_rng(t, &rng);
     const int32_t Ps[] = {1, 100, 532, 1024}, Hs[] = {10, 15, 50};
-    for (size_t i = 0; i < NIB_ARRAY_LEN(Ps); i++)
-        for (size_t j = 0; j < NIB_ARRAY_LEN(Hs); j++) {
-            ccase c = {Ps[i] + Hs[j] + 37, Ps[i] + Hs[j], Hs[j], Hs[j], 8, 1};
-            cache_all_dtypes(t, &rng, &c);
-        }
+    /* the planner's choice, then each token as its own decode (rk per token) forced on and off */
+    const char *per_token[] = {NULL, "1", "0"};
+    for (size_t k = 0; k < NIB_ARRAY_LEN(per_token); k++) {
+        if (per_token[k]) setenv("NIB_ATTN_PER_TOKEN", per_token[k], 1);
+        for (size_t i = 0; i < NIB_ARRAY_LEN(Ps); i++)
+            for (size_t j = 0; j < NIB_ARRAY_LEN(Hs); j++) {
+                ccase c = {Ps[i] + Hs[j] + 37, Ps[i] + Hs[j], Hs[j], Hs[j], 8, 1};
+                cache_all_dtypes(t, &rng, &c);
+            }
+    }
+    unsetenv("NIB_ATTN_PER_TOKEN");
 }
 
 /* nq_valid < nq (rows past it untouched), GQA with 2 KV heads, t_valid = 0 (o = 0). */

@@ -589,12 +589,56 @@ static nib_status cache_check(const nib_attn_cache_args *a) {
     return NIB_OK;
 }
 
+/* Several query tokens that all see the same keys (the Pi0.5 suffix: H tokens over P + H slots) as
+ * that many independent decodes: the decode kernel rk with one token per "sequence" (the tokens'
+ * rows as sequences of one token, the cache shared: k_seq = v_seq = 0, nseq_valid = nq_valid). Each
+ * token reads the whole cache, from L2 after the first, so it pays while its CTAs are few: where
+ * work = tokens x KV heads x 64-key tiles of t_max is at most 4 waves of SMs for an FP8 / NVFP4 cache
+ * (against the tile kernel dec) and 1 wave for bf16 (against the wgmma kernel wg1). H100, `nib bench
+ * attn --sections cache`, cold (bench/results/attn-cache-per-token-h100.json), us, default -> per token:
+ *   H = 10: P = 532 (work 90) bf16 7.77 -> 7.05, fp8 11.57 -> 7.25, nvfp4 11.45 -> 6.99; P = 768 (130)
+ *           bf16 7.57 -> 7.33, fp8 11.51 -> 7.54; P = 1024 (170) bf16 8.17 -> 8.38, fp8 13.25 -> 8.46;
+ *   H = 50: P = 532 (500) bf16 8.97 -> 11.19, fp8 16.46 -> 11.00; P = 768 (650) fp8 17.18 -> 18.53.
+ * NIB_ATTN_PER_TOKEN=0 / 1 forces it off / on (where rk can take one token: group <= 8); a forced
+ * NIB_ATTN_VARIANT turns it off. */
+static int cache_per_token(const nib_attn_cache_args *a) {
+    const char *e = getenv("NIB_ATTN_PER_TOKEN");
+    const int group = a->n_heads / a->kv.n_kv_heads;
+    if (a->nq < 2 || group > 8 || getenv_set("NIB_ATTN_VARIANT") || (e && !strcmp(e, "0"))) return 0;
+    if (e && !strcmp(e, "1")) return 1;
+    if (!g_sms) {
+        nib_device_info d;
+        if (nib_device_require(&d) != NIB_OK) {
+            nib_clear_error();
+            return 0;
+        }
+        g_sms = d.sm_count;
+    }
+    const int64_t work = (int64_t)a->nq * a->kv.n_kv_heads * (((int64_t)a->kv.t_max + 63) / 64);
+    return work <= (int64_t)g_sms * (a->kv.dtype == NIB_KV_BF16 ? 1 : 4);
+}
+
+static nib_status cache_plan(const nib_attn_cache_args *a, Plan *pl, int *per_token) {
+    const int group = a->n_heads / a->kv.n_kv_heads;
+    *per_token = cache_per_token(a);
+    if (*per_token)
+        return make_plan((int)a->kv.dtype, 256, group, a->kv.t_max, (int64_t)a->nq * a->kv.n_kv_heads, 256, 1, group, 1,
+                         pl);
+    return make_plan((int)a->kv.dtype, 256, (int64_t)a->nq * group, a->kv.t_max, a->kv.n_kv_heads, 256, 1, group, 1, pl);
+}
+
 nib_status nib_cuda_attn_cache_plan(const nib_attn_cache_args *a, nib_attn_plan *out) {
     NIB_RETURN_IF_ERR(cache_check(a));
     Plan pl;
-    NIB_RETURN_IF_ERR(make_plan((int)a->kv.dtype, 256, (int64_t)a->nq * (a->n_heads / a->kv.n_kv_heads), a->kv.t_max,
-                                a->kv.n_kv_heads, 256, 1, a->n_heads / a->kv.n_kv_heads, 1, &pl));
-    if (out) fill_plan_out(pl, out);
+    int per_token = 0;
+    NIB_RETURN_IF_ERR(cache_plan(a, &pl, &per_token));
+    if (out) {
+        fill_plan_out(pl, out);
+        if (per_token) {
+            const size_t n = strlen(out->kernel);
+            snprintf(out->kernel + n, sizeof out->kernel - n, " per token");
+        }
+    }
     return NIB_OK;
 }
 
@@ -619,8 +663,8 @@ nib_status nib_cuda_attn_cache(const nib_attn_cache_args *a, void *ws, void *str
                        "(nib_kv_layer_map aligns planes to 256)");
     const int group = a->n_heads / kv->n_kv_heads;
     Plan pl;
-    NIB_RETURN_IF_ERR(make_plan((int)kv->dtype, 256, (int64_t)a->nq * group, kv->t_max, kv->n_kv_heads, 256, 1, group, 1,
-                                &pl));
+    int per_token = 0;
+    NIB_RETURN_IF_ERR(cache_plan(a, &pl, &per_token));
     const long long rowb = kv->dtype == NIB_KV_BF16 ? 512 : kv->dtype == NIB_KV_FP8 ? 256 : 128;
     AttnParams p;
     memset(&p, 0, sizeof p);
@@ -646,6 +690,15 @@ nib_status nib_cuda_attn_cache(const nib_attn_cache_args *a, void *ws, void *str
     p.group = group;
     p.d = 256;
     p.rows_max = a->nq * group;
+    if (per_token) { /* each token a sequence of one, the cache shared (k_seq = v_seq = 0) */
+        p.nseq_valid = a->nq_valid;
+        p.nq_valid = NULL;
+        p.n_seq = a->nq;
+        p.nq_max = 1;
+        p.q_seq = a->q_tok;
+        p.o_seq = a->o_tok;
+        p.rows_max = group;
+    }
     /* bf16 caches: the split's K / V rows prefetched into L2 before the PDL wait (attn_prefetch_kv; in the
      * wgmma kernels and rk). H100, NIB_ATTN_PREFETCH=0 against on (bench/results/attn-prefetch-ab-h100.json):
      * `nib bench pi05 --preset bf16` (2 cameras, H = 10, per-op expert: 180 cache attentions a call), four

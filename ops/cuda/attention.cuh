@@ -116,6 +116,7 @@ __device__ __forceinline__ void attn_prefetch_range(const void *a, long long byt
  * token (a split's rows are then one contiguous range): see nib_cuda_attn_cache for what it measured. */
 __device__ __forceinline__ void attn_prefetch_kv(const AttnParams &p, int tk) {
     if (!p.pf_kv || blockIdx.x != 0 || threadIdx.x >= 32 || p.n_kv != 1) return;
+    if (p.k_seq == 0 && p.n_seq > 1 && blockIdx.z != 0) return; /* sequences sharing one cache: once */
     const int seq = blockIdx.z, split = blockIdx.y, lane = threadIdx.x;
     const int T = read_len(p.t_valid, p.t_max);
     int t0, t1;
