@@ -950,8 +950,12 @@ static nib_status expert_ws_bytes(const nib_pi05 *m, uint64_t *out) {
     return st;
 }
 
-/* Decide the expert path once at load: the persistent kernel when it supports this model
- * (unless NIB_FUSED_STEP=0); otherwise the per-op path, with the reason in m->xpath. */
+/* Decide the expert path once at load: the per-op path (the default), or with NIB_FUSED_STEP=1 the
+ * persistent kernel where it supports this model (else the per-op path, the reason in m->xpath).
+ * The per-op path is the default since the fortieth session: with the GEMM and attention work of the
+ * sessions before it, fast at H = 10 takes 0.683 ms per step against the kernel's 0.742 (H100, one
+ * build, runs alternated: 2 cameras 11.37 -> 10.78 ms, 1 camera 10.61 -> 9.87, 3 cameras
+ * 12.88 -> 12.14; bench/results/pi05-expert-path-h100.json). */
 static nib_status expert_setup(nib_pi05 *m) {
     const nib_pi05_config *c = &m->c;
     m->fused = 0;
@@ -959,10 +963,12 @@ static nib_status expert_setup(nib_pi05 *m) {
         snprintf(m->xpath, sizeof m->xpath, "per-op (reference backend)");
         return NIB_OK;
     }
-    /* the default since the CTA-pair K split (0.82 vs 0.86 ms per step, docs/design.md) */
     const char *e = getenv("NIB_FUSED_STEP");
-    if (e && !strcmp(e, "0")) {
-        snprintf(m->xpath, sizeof m->xpath, "per-op (NIB_FUSED_STEP=0)");
+    if (e && *e && strcmp(e, "0") && strcmp(e, "1"))
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_FUSED_STEP=%s: 0 (the per-op expert, the default) or 1 (the "
+                                            "persistent kernel where it applies)", e);
+    if (!e || strcmp(e, "1")) {
+        snprintf(m->xpath, sizeof m->xpath, "per-op (the default; NIB_FUSED_STEP=1: the persistent kernel)");
         return NIB_OK;
     }
     m->xl = nib_calloc((size_t)c->e_layers, sizeof *m->xl);

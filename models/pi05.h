@@ -131,8 +131,9 @@ double nib_pi05_step_mean_ms(const nib_pi05_timing *t);
  * and the first bad element (flat index, row, column, NaN or which Inf). Without faults the
  * actions are bitwise those of a normal call. timing then has total_ms only (host time). */
 void nib_pi05_set_check_numerics(nib_pi05 *m, int on);
-/* Which action-expert path this model runs on its backend, and why: "persistent kernel for H <= 16,
- * per-op above" (ops/expert.h; the default, NIB_FUSED_STEP=0 at load turns it off), or "per-op (<why>)". Check-numerics
+/* Which action-expert path this model runs on its backend, and why: "per-op (<why>)" (the default),
+ * or with NIB_FUSED_STEP=1 at load "persistent kernel for H <= 16, per-op above" (ops/expert.h)
+ * where the kernel applies. Both may go on with how the first step runs ("; the first step ..."). Check-numerics
  * calls always run the per-op path (it scans every layer's output). */
 const char *nib_pi05_expert_path(const nib_pi05 *m);
 /* How the prefix applies RoPE and writes the KV cache, decided at load: "fused RoPE + cache write ..."

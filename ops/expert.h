@@ -7,7 +7,9 @@
  * for ~0.5 MB of NVFP4 weights; the step is launch- and latency-bound (docs/design.md). Here one
  * CTA per SM (in pairs that split each GEMM's K) runs the layers as phases separated by
  * grid-wide barriers, and the next layer's weights are prefetched into L2 while the current
- * layer runs. models/pi05.c uses it by default where it applies (NIB_FUSED_STEP=0: per-op).
+ * layer runs. models/pi05.c uses it with NIB_FUSED_STEP=1 at load, where it applies; the per-op path
+ * is the default since the fortieth session, faster by then (0.683 against 0.742 ms per step at
+ * fast H = 10 on an H100, bench/results/pi05-expert-path-h100.json).
  *
  * Semantics: exactly the per-op sequence of models/pi05.c (fwd_step, one layer):
  *   y = adaRMS(x; scale_a, shift_a)                         (fp64 sum of squares, as ops/norm.h)

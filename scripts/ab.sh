@@ -15,6 +15,11 @@
 #                                      --pi05 fast`, this tree's build) and pass it as --checkpoint,
 #                                      so each run loads in ~3 s instead of quantizing for ~18 s
 #                                      (the fast preset's rows only: the file decides the formats)
+#   scripts/ab.sh env [-n N] [-q] -e 'VAR=V ...' [-e ...] [-- BENCH ARGS]
+#                                      (on the GPU machine) one build of this tree, then
+#                                      `nib bench BENCH ARGS` N times under each environment given
+#                                      with -e (an empty one is the default), alternating; labels
+#                                      "== env '<VARS>' (run i)"; -q and the default args as for run
 #
 # The device copy's git metadata may lack your latest commits, so the base version travels as
 # files, not as a revision. Output: one block per run, labelled "== base" / "== new".
@@ -39,6 +44,36 @@ prepare)
         n=$((n + 1))
     done < <(git diff --name-only "$rev" -- . ":(exclude)$dir")
     echo "ab.sh: $n file(s) of $rev in $dir/"
+    ;;
+env)
+    reps=2 quant=0 envs=()
+    while [ $# -gt 0 ]; do
+        case "$1" in
+        -n) reps=$2; shift 2 ;;
+        -q) quant=1; shift ;;
+        -e) envs+=("$2"); shift 2 ;;
+        --) shift; break ;;
+        *) break ;;
+        esac
+    done
+    args=("$@")
+    [ ${#args[@]} -gt 0 ] || args=(pi05 --preset fast --cams 2 --reps 200)
+    [ ${#envs[@]} -ge 1 ] || { echo "ab.sh env: give at least one -e 'VAR=V ...'" >&2; exit 1; }
+    make -j"$(nproc)" >/dev/null
+    if [ "$quant" = 1 ]; then
+        ckpt=${TMPDIR:-/tmp}/nib-demo-pi05.safetensors q=${TMPDIR:-/tmp}/nib-ab-fast.safetensors
+        [ -f "$ckpt" ] || ./build/nib demo >/dev/null
+        ./build/nib quantize "$ckpt" "$q" --pi05 fast --force -q
+        args+=(--checkpoint "$q")
+    fi
+    for i in $(seq "$reps"); do
+        for e in "${envs[@]}"; do
+            echo "== env '$e' (run $i)"
+            # word splitting of $e is the point: each VAR=V becomes one argument of env
+            # shellcheck disable=SC2086
+            env $e ./build/nib bench "${args[@]}"
+        done
+    done
     ;;
 run)
     dir=ab-base

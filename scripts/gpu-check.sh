@@ -29,19 +29,20 @@
 #             runs clean, and so does compute-sanitizer. Use experttrace (clock64 segments) meanwhile.
 #   pi05prof  Nsight Compute's duration of every kernel of one `nib run pi05` call (PI05PROF_PRESET,
 #             default fast; 2 cameras, 20 text tokens; kernels serialized, caches not flushed;
-#             NIB_FUSED_STEP=0 unless PI05PROF_FUSED=1, since kernel profiling cannot relaunch the
-#             persistent expert kernel), summed per kernel name and stage by scripts/ncu_timeline.py
+#             the per-op expert, the default; PI05PROF_FUSED=1 sets NIB_FUSED_STEP=1, which kernel
+#             profiling cannot relaunch: the persistent expert kernel), summed per kernel name and stage by scripts/ncu_timeline.py
 #             (ncu-pi05.csv, ncu-pi05.txt, with the first PI05PROF_LIST (40) prefix kernels in order);
 #             PI05PROF_PRESET, PI05PROF_HORIZON (default 10) and PI05PROF_CAMS (default 2) take comma
 #             lists, each triple other than fast / 10 / 2 writing ncu-pi05-<preset>-h<H>-c<cams>.*
-#   experttrace  NIB_EXPERT_TRACE=1 nib bench pi05 --preset fast --cams 2 --horizon 10 (experttrace.log):
+#   experttrace  NIB_FUSED_STEP=1 NIB_EXPERT_TRACE=1 nib bench pi05 --preset fast --cams 2 --horizon 10 (experttrace.log):
 #             the persistent expert kernel's per-phase times and per-CTA segments
 #   load      nib quantize --pi05 fast of the synthetic checkpoint, then nib run --timing on it:
 #             time from file to the first call done
 #   overlap   A/B of the first flow step beside the prefix (overlap.log, overlap-ab.txt), each row
 #             OVERLAP_REPS (2) times alternated: bf16 2 cameras H = 10 and fast 3 cameras H = 50 with
 #             NIB_OVERLAP_OPS=0 / default; fast H = 10 at 1 / 2 / 3 cameras with NIB_OVERLAP_FIRST_OPS=0
-#             (the persistent kernel's first layers beside the prefix) against the default (the per-op step)
+#             (the persistent kernel's first layers beside the prefix) against the per-op step, both with
+#             NIB_FUSED_STEP=1 (the persistent kernel runs the other steps)
 # Environment: NIB_GIT_COMMIT (recorded in the JSON; pass the commit from the machine you commit on:
 #              the device copy's git metadata may not have your latest commits), JOBS (make -j, default nproc),
 #              GEMM_ARGS / ATTN_ARGS / PI05_ARGS (extra args for nib bench gemm / attn / pi05), SAN_ARGS (extra args for
@@ -208,8 +209,8 @@ if has pi05prof; then
 fi
 if has experttrace; then
     # the persistent expert kernel's own clock: per phase of a layer, work and barrier time, and
-    # per-CTA segments (NIB_EXPERT_TRACE=1; fast, 2 cameras, H = 10)
-    NIB_EXPERT_TRACE=1 ./build/nib bench pi05 --preset fast --cams 2 --horizon 10 --reps 50 \
+    # per-CTA segments (NIB_FUSED_STEP=1 NIB_EXPERT_TRACE=1; fast, 2 cameras, H = 10)
+    NIB_FUSED_STEP=1 NIB_EXPERT_TRACE=1 ./build/nib bench pi05 --preset fast --cams 2 --horizon 10 --reps 50 \
         >"$OUT/experttrace.log" 2>&1
     note "experttrace (rc $?): experttrace.log"
     grep -iE 'phase|barrier|segment|qkv|attn|merge|gate|down' "$OUT/experttrace.log" | head -40 | tee -a "$LOG"
@@ -241,8 +242,8 @@ if has overlap; then
             ab_row "per-op on" NIB_OVERLAP_OPS=1 $row
         done
         for row in "fast 1 10" "fast 2 10" "fast 3 10"; do
-            ab_row "kernel beside" NIB_OVERLAP_FIRST_OPS=0 $row
-            ab_row "per-op beside" NIB_OVERLAP_FIRST_OPS=1 $row
+            ab_row "kernel beside" "NIB_FUSED_STEP=1 NIB_OVERLAP_FIRST_OPS=0" $row
+            ab_row "per-op beside" "NIB_FUSED_STEP=1 NIB_OVERLAP_FIRST_OPS=1" $row
         done
     done
     note "overlap A/B: overlap-ab.txt ($(wc -l <"$OUT/overlap-ab.txt") rows)"

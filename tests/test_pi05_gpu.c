@@ -249,7 +249,7 @@ NIB_TEST(pi05_gpu_policy_api_matches_internal) {
 }
 
 /* ---- the persistent expert kernel (ops/expert.h) ------------------------------------------
- * The same NVFP4 expert through the per-op path (NIB_FUSED_STEP=0) and the persistent kernel (the default),
+ * The same NVFP4 expert through the per-op path (the default) and the persistent kernel (NIB_FUSED_STEP=1),
  * on the tiny config and on one with awkward expert sizes (width 80, 3 heads, MLP 176), for
  * H = 1, 7, 10, 16 and 1-3 cameras, and on one with 8 expert heads and ~500 text tokens, where the
  * attention has more (row block, key split) tasks than the kernel has CTAs (144 at H = 16 on 132
@@ -280,16 +280,18 @@ static nib_status load_from(const char *file, const char *preset, const char *ov
 static void expert_paths(nib_test_ctx *t, const char *file, int ncase, const int *Hs, const int *cams, const int *Ls) {
     nib_st_file *f0 = NULL, *f1 = NULL, *fr = NULL;
     nib_pi05 *per_op = NULL, *fused = NULL, *ref = NULL;
-    setenv("NIB_FUSED_STEP", "0", 1);
-    CHECK_OK(load_from(file, "bf16", "expert=nvfp4", &f0, &per_op));
     unsetenv("NIB_FUSED_STEP");
+    CHECK_OK(load_from(file, "bf16", "expert=nvfp4", &f0, &per_op));
+    setenv("NIB_FUSED_STEP", "1", 1);
     CHECK_OK(load_from(file, "bf16", "expert=nvfp4", &f1, &fused));
+    unsetenv("NIB_FUSED_STEP");
     CHECK_OK(load_from(file, "bf16", "expert=nvfp4,backend=ref", &fr, &ref));
     if (!per_op || !fused || !ref) goto done;
     printf("  paths: \"%s\" vs \"%s\"\n", nib_pi05_expert_path(per_op), nib_pi05_expert_path(fused));
-    CHECK_MSG(!strncmp(nib_pi05_expert_path(fused), "persistent", 10), "the persistent kernel was not selected: %s",
-              nib_pi05_expert_path(fused));
-    CHECK_MSG(!strncmp(nib_pi05_expert_path(per_op), "per-op", 6), "NIB_FUSED_STEP=0 did not select the per-op path");
+    CHECK_MSG(!strncmp(nib_pi05_expert_path(fused), "persistent", 10),
+              "NIB_FUSED_STEP=1 did not select the persistent kernel: %s", nib_pi05_expert_path(fused));
+    CHECK_MSG(!strncmp(nib_pi05_expert_path(per_op), "per-op (the default", 19), "the default is not the per-op path: %s",
+              nib_pi05_expert_path(per_op));
     nib_rng rng;
     nib_test_rng(t, &rng);
     for (int i = 0; i < ncase; i++) {
@@ -450,12 +452,13 @@ static nib_status load_envs(const char *preset, const char *over, const char *co
  * default model, which keeps the step after these short prefixes (the rule starts at 256 tokens)
  * and runs it on every SM: only the sums' order differs, the 0.04 bound of the kernel-vs-per-op
  * test. The timings say which ran beside. The per-op first step is the default beside the prefix
- * (pi05_gpu_fast_first_step_per_op_beside): NIB_OVERLAP_FIRST_OPS=0 gives the kernel's overlap. */
+ * (pi05_gpu_fast_first_step_per_op_beside): NIB_OVERLAP_FIRST_OPS=0 gives the kernel's overlap. Every
+ * model here runs the kernel (NIB_FUSED_STEP=1; the per-op expert is the default). */
 static nib_status load_env(const char *preset, const char *overlap, const char *octas, const char *xctas,
                            const char *olayers, nib_st_file **f, nib_pi05 **m) {
-    const char *kv[10] = {"NIB_OVERLAP", overlap, "NIB_OVERLAP_CTAS", octas, "NIB_EXPERT_CTAS", xctas,
-                          "NIB_OVERLAP_LAYERS", olayers, "NIB_OVERLAP_FIRST_OPS", "0"};
-    return load_envs(preset, NULL, kv, 5, f, m);
+    const char *kv[12] = {"NIB_OVERLAP",        overlap, "NIB_OVERLAP_CTAS",      octas, "NIB_EXPERT_CTAS", xctas,
+                          "NIB_OVERLAP_LAYERS", olayers, "NIB_OVERLAP_FIRST_OPS", "0",   "NIB_FUSED_STEP",  "1"};
+    return load_envs(preset, NULL, kv, 6, f, m);
 }
 
 /* A part of a step names layers inside the table; anything else is refused before any device work. */
@@ -629,8 +632,8 @@ NIB_TEST(pi05_gpu_per_op_first_step_beside_prefix) {
     }
 }
 
-/* The default where the persistent kernel runs the steps (fast, H <= its rows): the first step op by
- * op beside the prefix, the other steps on the kernel. Not bitwise the kernel's first step (the sums'
+/* The default where the persistent kernel runs the steps (NIB_FUSED_STEP=1, fast, H <= its rows): the
+ * first step op by op beside the prefix, the other steps on the kernel. Not bitwise the kernel's first step (the sums'
  * order differs), so against the whole call after the prefix on the kernel (NIB_OVERLAP=0) within the
  * kernel-vs-per-op bound (0.04); calls x, y, x: the two x calls (a capture, then a replay) are bitwise
  * equal. NIB_OVERLAP_FIRST_OPS=0 gives the kernel's first layers beside the prefix instead. */
@@ -639,12 +642,12 @@ NIB_TEST(pi05_gpu_fast_first_step_per_op_beside) {
     REQUIRE(ckpt());
     nib_st_file *f[3] = {NULL, NULL, NULL};
     nib_pi05 *m[3] = {NULL, NULL, NULL};
-    const char *on[4] = {"NIB_OVERLAP", NULL, "NIB_OVERLAP_FIRST_OPS", NULL};
-    const char *off[4] = {"NIB_OVERLAP", "0", "NIB_OVERLAP_FIRST_OPS", NULL};
-    const char *kern[4] = {"NIB_OVERLAP", NULL, "NIB_OVERLAP_FIRST_OPS", "0"};
-    CHECK_OK(load_envs("fast", NULL, on, 2, &f[0], &m[0]));
-    CHECK_OK(load_envs("fast", NULL, off, 2, &f[1], &m[1]));
-    CHECK_OK(load_envs("fast", NULL, kern, 2, &f[2], &m[2]));
+    const char *on[6] = {"NIB_OVERLAP", NULL, "NIB_OVERLAP_FIRST_OPS", NULL, "NIB_FUSED_STEP", "1"};
+    const char *off[6] = {"NIB_OVERLAP", "0", "NIB_OVERLAP_FIRST_OPS", NULL, "NIB_FUSED_STEP", "1"};
+    const char *kern[6] = {"NIB_OVERLAP", NULL, "NIB_OVERLAP_FIRST_OPS", "0", "NIB_FUSED_STEP", "1"};
+    CHECK_OK(load_envs("fast", NULL, on, 3, &f[0], &m[0]));
+    CHECK_OK(load_envs("fast", NULL, off, 3, &f[1], &m[1]));
+    CHECK_OK(load_envs("fast", NULL, kern, 3, &f[2], &m[2]));
     if (m[0] && m[1] && m[2]) {
         CHECK_MSG(strstr(nib_pi05_expert_path(m[0]), "at every H, op by op: the first step beside the prefix") != NULL,
                   "the per-op first step is not the default: %s", nib_pi05_expert_path(m[0]));
