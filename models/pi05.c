@@ -867,19 +867,27 @@ static void plan_sizes(const nib_pi05 *m, nib_be_sizes *sz) {
     sz->attn_ws_bytes = 0;
 }
 
-/* workspace for the expert's cache attention (per-op path) at every horizon (CUDA) */
+/* workspace for the expert's cache attention (per-op path) at every horizon and every view length
+ * op_layer may pass (S + H, up to the cache's slots). The plan depends on the length only through
+ * its count of key tiles (16, 32, 64 or 128 keys) and the per-token rule's 64-key tiles, so the
+ * multiples of 16 and the full length cover every plan a call can make (CUDA). */
 static nib_status cache_ws_bytes(const nib_pi05 *m, uint64_t *out) {
     const nib_pi05_config *c = &m->c;
     uint64_t best = 0, b = 0;
     nib_attn_cache_args ca;
     memset(&ca, 0, sizeof ca);
     ca.n_heads = c->e_heads, ca.q_tok = ca.o_tok = (int64_t)c->e_heads * c->head_dim;
-    ca.kv.dtype = m->prec.kv, ca.kv.t_max = (int32_t)c->max_cameras * c->v_tokens + c->max_text + c->max_horizon;
+    const int32_t tmax = (int32_t)c->max_cameras * c->v_tokens + c->max_text + c->max_horizon;
+    ca.kv.dtype = m->prec.kv;
     ca.kv.n_kv_heads = c->kv_heads, ca.kv.head_dim = c->head_dim;
-    for (int h = 1; h <= c->max_horizon; h++) {
-        ca.nq = h;
-        NIB_RETURN_IF_ERR(nib_cuda_attn_cache_ws_bytes(&ca, &b));
-        if (b > best) best = b;
+    for (int32_t t = 16;; t += 16) {
+        ca.kv.t_max = t < tmax ? t : tmax;
+        for (int h = 1; h <= c->max_horizon; h++) {
+            ca.nq = h;
+            NIB_RETURN_IF_ERR(nib_cuda_attn_cache_ws_bytes(&ca, &b));
+            if (b > best) best = b;
+        }
+        if (t >= tmax) break;
     }
     *out = best;
     return NIB_OK;
@@ -1605,6 +1613,12 @@ static nib_status op_layer(nib_pi05 *m, const call_shape *cs, op_step *o, int l)
     memset(&ca, 0, sizeof ca);
     ca.q = m->eq, ca.o = m->eattn, ca.q_tok = ca.o_tok = nh * hd, ca.nq = (int32_t)H, ca.n_heads = (int32_t)nh;
     ca.kv = m->kv[l], ca.t_valid = m->ints + 1;
+    /* The cache holds max_cameras x 256 + max_text + max_horizon slots, but this call's keys are its
+     * S + H (a graph is captured per V, L, H): a view of that length (token-major planes: the same
+     * pointers) plans the splits over the keys there are. 2 cameras, H = 10: 9 tiles of 64 instead of
+     * 16, which also brings the suffix under the per-token rule (docs/design.md, "Fortieth session").
+     * cache_ws_bytes sizes the workspace for every view. */
+    if (cs->H <= 16 && cs->S + cs->H < ca.kv.t_max) ca.kv.t_max = cs->S + cs->H;
     NIB_RETURN_IF_ERR(nib_be_attn_cache(be, &ca));
     nib_norm_args n2 = {.kind = NIB_NORM_ADARMS, .rows = H, .dim = We, .eps = NIB_NORM_EPS, .x = m->ex, .ldx = We,
                         .scale = mf, .shift = mf + We, .y = m->ey, .ldy = We};

@@ -594,11 +594,14 @@ static nib_status cache_check(const nib_attn_cache_args *a) {
  * rows as sequences of one token, the cache shared: k_seq = v_seq = 0, nseq_valid = nq_valid). Each
  * token reads the whole cache, from L2 after the first, so it pays while its CTAs are few: where
  * work = tokens x KV heads x 64-key tiles of t_max is at most 4 waves of SMs for an FP8 / NVFP4 cache
- * (against the tile kernel dec) and 1 wave for bf16 (against the wgmma kernel wg1). H100, `nib bench
- * attn --sections cache`, cold (bench/results/attn-cache-per-token-h100.json), us, default -> per token:
+ * (against the tile kernel dec) and 3/4 of a wave for bf16 (against the wgmma kernel wg1). H100, `nib
+ * bench attn --sections cache`, cold (bench/results/attn-cache-per-token-h100.json), us, default -> per token:
  *   H = 10: P = 532 (work 90) bf16 7.77 -> 7.05, fp8 11.57 -> 7.25, nvfp4 11.45 -> 6.99; P = 768 (130)
  *           bf16 7.57 -> 7.33, fp8 11.51 -> 7.54; P = 1024 (170) bf16 8.17 -> 8.38, fp8 13.25 -> 8.46;
  *   H = 50: P = 532 (500) bf16 8.97 -> 11.19, fp8 16.46 -> 11.00; P = 768 (650) fp8 17.18 -> 18.53.
+ * The bf16 bound was one wave until Pi0.5's calls (fast, H = 10, the cache viewed at S + H keys;
+ * bench/results/pi05-cache-view-h100.json) put it lower: work 50 / 90 / 130 at 1 / 2 / 3 cameras,
+ * per token 9.55 / 10.59 / 12.21 against wg1's 10.37 / 10.71 / 12.05 ms per call.
  * NIB_ATTN_PER_TOKEN=0 / 1 forces it off / on (where rk can take one token: group <= 8); a forced
  * NIB_ATTN_VARIANT turns it off. */
 static int cache_per_token(const nib_attn_cache_args *a) {
@@ -615,7 +618,7 @@ static int cache_per_token(const nib_attn_cache_args *a) {
         g_sms = d.sm_count;
     }
     const int64_t work = (int64_t)a->nq * a->kv.n_kv_heads * (((int64_t)a->kv.t_max + 63) / 64);
-    return work <= (int64_t)g_sms * (a->kv.dtype == NIB_KV_BF16 ? 1 : 4);
+    return a->kv.dtype == NIB_KV_BF16 ? 4 * work <= 3 * (int64_t)g_sms : work <= 4 * (int64_t)g_sms;
 }
 
 static nib_status cache_plan(const nib_attn_cache_args *a, Plan *pl, int *per_token) {
