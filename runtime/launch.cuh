@@ -54,6 +54,13 @@ __device__ __forceinline__ void pdl_trigger() {
 #endif
 }
 
+/* An L2 prefetch hint of the 128-byte line at a: allowed before pdl_wait (rule 1's exception). */
+__device__ __forceinline__ void prefetch_l2(const void *a) {
+#if defined(__CUDA_ARCH__)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+#endif
+}
+
 /* Both, in protocol order: the first statement of every kernel without a pre-wait phase. */
 __device__ __forceinline__ void pdl_enter() {
     pdl_wait();

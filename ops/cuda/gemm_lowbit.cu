@@ -339,9 +339,7 @@ template <int FMT, int MT, int REG> struct IssueState {
     }
 };
 
-__device__ __forceinline__ void prefetch_l2(const void *a) {
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
-}
+using nib::prefetch_l2;
 
 /* One step's weight chunks of this lane straight into registers (REG plans): the same bytes the
  * ring would hold, zeros where the chunk is past the CTA's range or the row group past N. */
@@ -406,6 +404,13 @@ __global__ void __launch_bounds__(WARPS * 32, OCC) k_gemm_lowbit(GemmParams p) {
             if (SBB) {
                 const uint8_t *sb = p.s + ((size_t)(rg0 + r) * p.nchunks + c_begin) * SBB;
                 for (int l = wkk * 32 + lane; l < spr; l += p.wk * 32) prefetch_l2(sb + (size_t)l * 128);
+            }
+            /* the epilogue's per-row vectors (column scales, bias, Pi0.5's per-step gates: often out
+             * of L2 by the time the epilogue reads them) */
+            if (wkk == 0 && lane == 0) {
+                prefetch_l2(p.colscale + (rg0 + r) * 16);
+                if (p.bias) prefetch_l2(p.bias + (rg0 + r) * 16);
+                if (p.gate) prefetch_l2(p.gate + (rg0 + r) * (p.geglu ? 8 : 16));
             }
         }
     }

@@ -70,7 +70,18 @@ static __device__ __forceinline__ double block_sum(double v, double *sh, int nw)
 
 template <int V>
 __global__ void __launch_bounds__(256) k_norm(const NormParams p) {
-    nib::pdl_enter(); /* runtime/launch.cuh: first, before any access or return */
+    /* The per-column vectors (weights, or Pi0.5's per-step modulations: megabytes in all, so often
+     * out of L2 when the call reaches them) into L2 while the previous kernel finishes: hints only,
+     * allowed before the wait (runtime/launch.cuh); the first CTA's hints serve every row */
+    if (blockIdx.x == 0) {
+        const int c = threadIdx.x * 4; /* one 128-byte line = 4 chunks of 8 columns */
+        for (int cc = c; cc < p.nch; cc += blockDim.x * 4) {
+            if (p.pa) nib::prefetch_l2(p.pa + 8 * cc);
+            if (p.pb) nib::prefetch_l2(p.pb + 8 * cc);
+            if (p.rg) nib::prefetch_l2(p.rg + 8 * cc);
+        }
+    }
+    nib::pdl_enter(); /* runtime/launch.cuh: before any access or return */
     const long long row = blockIdx.x;
     if (p.n_valid && row >= *p.n_valid) return; /* uniform per CTA: before any barrier */
     __shared__ double s_sum[8], s_sq[8];
