@@ -191,6 +191,9 @@ typedef struct nib_gemm_shape {
     nib_wfmt fmt;
     int64_t np, kp;
 } nib_gemm_shape;
+/* NIB_GEMM_FORCE=K:N:M:mt:wk:ks[,...] in the environment (a lab knob: other plans timed inside a
+ * model) replaces the pick for a padded kp x np shape at M rows by the mma.sync plan with those
+ * fields (register weights, occupancy 2); a malformed entry or one that does not fit is an error. */
 nib_status nib_gemm_plan_for(const nib_gemm_shape *w, int64_t m, uint64_t ws_elems, int sms, nib_gemm_plan *plan);
 /* Every plan that fits, in a fixed order; returns how many were written to out (at most max),
  * or -1 (with the error set) for a bad shape. */

@@ -213,8 +213,38 @@ typedef struct plan_cache_entry {
 } plan_cache_entry;
 static _Thread_local plan_cache_entry t_plan_cache[64];
 
+/* NIB_GEMM_FORCE=K:N:M:mt:wk:ks[,...] (a lab knob, for timing other plans inside a model): the
+ * mma.sync plan with register weights, occupancy 2, mt / wk / ks for the padded shape kp x np at M
+ * rows. NIB_OK with *hit = 1 when an entry matches (pl set), *hit = 0 when none does; an error when
+ * an entry is malformed or its plan does not fit. */
+static nib_status forced_plan(const nib_gemm_shape *w, int64_t m, uint64_t ws_elems, int sms, nib_gemm_plan *pl,
+                              int *hit) {
+    *hit = 0;
+    const char *e = getenv("NIB_GEMM_FORCE");
+    if (!e || !*e) return NIB_OK;
+    for (const char *s = e; *s;) {
+        long long k, n, mm;
+        int mt, wk, ks, used = 0;
+        if (sscanf(s, "%lld:%lld:%lld:%d:%d:%d%n", &k, &n, &mm, &mt, &wk, &ks, &used) != 6)
+            return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_GEMM_FORCE=%s: entries K:N:M:mt:wk:ks, comma-separated", e);
+        s += used;
+        if (*s == ',') s++;
+        if (k != w->kp || n != w->np || mm != m) continue;
+        double cost;
+        if (mt < 1 || !mt_allowed(m, mt) || !plan_eval(w, m, ws_elems, sms, mt, wk, 2, ks, 1, pl, &cost))
+            return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_GEMM_FORCE: mt%d wk%d ks%d does not fit K=%lld N=%lld M=%lld", mt, wk,
+                           ks, k, n, mm);
+        *hit = 1;
+        return NIB_OK;
+    }
+    return NIB_OK;
+}
+
 nib_status nib_gemm_plan_for(const nib_gemm_shape *w, int64_t m, uint64_t ws_elems, int sms, nib_gemm_plan *pl) {
     NIB_RETURN_IF_ERR(shape_check(w, m, sms));
+    int hit = 0;
+    NIB_RETURN_IF_ERR(forced_plan(w, m, ws_elems, sms, pl, &hit));
+    if (hit) return NIB_OK;
     plan_key key;
     memset(&key, 0, sizeof key); /* padding too: the key is compared with memcmp */
     key.np = w->np;

@@ -225,6 +225,37 @@ NIB_TEST(gemm_wg_int4_tile_matches_recorded) {
     regret_check(t, &rs, "the INT4 tiles picked are", 21 /* 7 INT4 shapes x 3 M */, 1.007, 1.083);
 }
 
+/* NIB_GEMM_FORCE (the lab knob for timing other plans inside a model): a matching entry gives
+ * exactly its plan, other shapes and M keep the planner's pick (the plan cache included: the knob
+ * is read before it), and a malformed entry or a plan that does not fit is an error naming the
+ * knob, never a silent fallback. */
+NIB_TEST(gemm_plan_force_knob) {
+    const nib_gemm_shape o = {NIB_WFMT_NVFP4, 1024, 2048}, down = {NIB_WFMT_NVFP4, 1024, 4096};
+    nib_gemm_plan p0, p16, p, q;
+    unsetenv("NIB_GEMM_FORCE");
+    CHECK_OK(nib_gemm_plan_for(&o, 10, SWEEP_WS_ELEMS, SWEEP_SMS, &p0));
+    CHECK_OK(nib_gemm_plan_for(&o, 16, SWEEP_WS_ELEMS, SWEEP_SMS, &p16));
+    CHECK_MSG(!(p0.mt == 2 && p0.wk == 4 && p0.ksplit == 2), "the planner already picks the forced plan: pick another");
+    setenv("NIB_GEMM_FORCE", "4096:1024:10:2:4:4,2048:1024:10:2:4:2", 1);
+    CHECK_OK(nib_gemm_plan_for(&o, 10, SWEEP_WS_ELEMS, SWEEP_SMS, &p));
+    CHECK_MSG(p.mt == 2 && p.wk == 4 && p.ksplit == 2 && p.reg == 1 && p.occ == 2 && p.m_chunks == 1 && !p.wgt,
+              "forced o plan: mt%d wk%d ks%d reg%d occ%d chunks %d", p.mt, p.wk, p.ksplit, p.reg, p.occ, p.m_chunks);
+    CHECK_OK(nib_gemm_plan_for(&down, 10, SWEEP_WS_ELEMS, SWEEP_SMS, &q));
+    CHECK_MSG(q.mt == 2 && q.wk == 4 && q.ksplit == 4, "forced down plan: mt%d wk%d ks%d", q.mt, q.wk, q.ksplit);
+    CHECK_OK(nib_gemm_plan_for(&o, 16, SWEEP_WS_ELEMS, SWEEP_SMS, &p)); /* M = 16: no entry */
+    CHECK_MSG(!memcmp(&p, &p16, sizeof p), "an entry for M = 10 changed the plan at M = 16");
+    setenv("NIB_GEMM_FORCE", "2048:1024", 1);
+    CHECK_ST(nib_gemm_plan_for(&o, 10, SWEEP_WS_ELEMS, SWEEP_SMS, &p), NIB_ERR_INVALID_ARG);
+    CHECK_MSG(strstr(nib_last_error(), "NIB_GEMM_FORCE") != NULL, "malformed: %s", nib_last_error());
+    setenv("NIB_GEMM_FORCE", "2048:1024:10:2:4:99", 1); /* 16 chunks of K: no 99 splits */
+    CHECK_ST(nib_gemm_plan_for(&o, 10, SWEEP_WS_ELEMS, SWEEP_SMS, &p), NIB_ERR_INVALID_ARG);
+    CHECK_MSG(strstr(nib_last_error(), "does not fit") != NULL, "unfit: %s", nib_last_error());
+    nib_clear_error();
+    unsetenv("NIB_GEMM_FORCE");
+    CHECK_OK(nib_gemm_plan_for(&o, 10, SWEEP_WS_ELEMS, SWEEP_SMS, &p));
+    CHECK_MSG(!memcmp(&p, &p0, sizeof p), "after the knob is unset the planner's pick does not come back");
+}
+
 /* Every enumerated plan is self-consistent and fits; the pick is one of them; cached and fresh
  * answers agree; bad shapes are errors, not plans. */
 NIB_TEST(gemm_plan_invariants) {
