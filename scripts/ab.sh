@@ -26,6 +26,13 @@
 set -euo pipefail
 cmd=${1:-}
 shift || true
+# -q: the synthetic checkpoint quantized once with this tree's build, passed as --checkpoint
+quantized_args() {
+    local ckpt=${TMPDIR:-/tmp}/nib-demo-pi05.safetensors q=${TMPDIR:-/tmp}/nib-ab-fast.safetensors
+    [ -f "$ckpt" ] || ./build/nib demo >/dev/null
+    ./build/nib quantize "$ckpt" "$q" --pi05 fast --force -q
+    args+=(--checkpoint "$q")
+}
 case "$cmd" in
 prepare)
     rev=${1:?usage: scripts/ab.sh prepare REV [DIR]}
@@ -60,12 +67,7 @@ env)
     [ ${#args[@]} -gt 0 ] || args=(pi05 --preset fast --cams 2 --reps 200)
     [ ${#envs[@]} -ge 1 ] || { echo "ab.sh env: give at least one -e 'VAR=V ...'" >&2; exit 1; }
     make -j"$(nproc)" >/dev/null
-    if [ "$quant" = 1 ]; then
-        ckpt=${TMPDIR:-/tmp}/nib-demo-pi05.safetensors q=${TMPDIR:-/tmp}/nib-ab-fast.safetensors
-        [ -f "$ckpt" ] || ./build/nib demo >/dev/null
-        ./build/nib quantize "$ckpt" "$q" --pi05 fast --force -q
-        args+=(--checkpoint "$q")
-    fi
+    [ "$quant" = 1 ] && quantized_args
     for i in $(seq "$reps"); do
         for e in "${envs[@]}"; do
             echo "== env '$e' (run $i)"
@@ -99,12 +101,7 @@ run)
     tar --exclude=./build --exclude="./build-*" --exclude="./$dir" --exclude=./.git -cf - . | tar -xf - -C "$base"
     cp -a "$dir/." "$base/"
     make -C "$base" -j"$jobs" >/dev/null
-    if [ "$quant" = 1 ]; then
-        ckpt=${TMPDIR:-/tmp}/nib-demo-pi05.safetensors q=${TMPDIR:-/tmp}/nib-ab-fast.safetensors
-        [ -f "$ckpt" ] || ./build/nib demo >/dev/null
-        ./build/nib quantize "$ckpt" "$q" --pi05 fast --force -q
-        args+=(--checkpoint "$q")
-    fi
+    [ "$quant" = 1 ] && quantized_args
     for i in $(seq "$reps"); do
         for v in base new; do
             bin=./build/nib
