@@ -231,7 +231,8 @@ static nib_status forced_plan(const nib_gemm_shape *w, int64_t m, uint64_t ws_el
         if (*s == ',') s++;
         if (k != w->kp || n != w->np || mm != m) continue;
         double cost;
-        if (mt < 1 || !mt_allowed(m, mt) || !plan_eval(w, m, ws_elems, sms, mt, wk, 2, ks, 1, pl, &cost))
+        if ((mt != 1 && mt != 2 && mt != 4) || (wk != 1 && wk != 2 && wk != 4 && wk != 8) || !mt_allowed(m, mt) ||
+            !plan_eval(w, m, ws_elems, sms, mt, wk, 2, ks, 1, pl, &cost))
             return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_GEMM_FORCE: mt%d wk%d ks%d does not fit K=%lld N=%lld M=%lld", mt, wk,
                            ks, k, n, mm);
         *hit = 1;

@@ -250,6 +250,11 @@ NIB_TEST(gemm_plan_force_knob) {
     setenv("NIB_GEMM_FORCE", "2048:1024:10:2:4:99", 1); /* 16 chunks of K: no 99 splits */
     CHECK_ST(nib_gemm_plan_for(&o, 10, SWEEP_WS_ELEMS, SWEEP_SMS, &p), NIB_ERR_INVALID_ARG);
     CHECK_MSG(strstr(nib_last_error(), "does not fit") != NULL, "unfit: %s", nib_last_error());
+    const char *bad[] = {"2048:1024:10:2:0:2", "2048:1024:10:2:3:2", "2048:1024:10:3:4:2", "2048:1024:10:8:4:2"};
+    for (size_t i = 0; i < NIB_ARRAY_LEN(bad); i++) { /* no kernel for these: errors, not a division by zero */
+        setenv("NIB_GEMM_FORCE", bad[i], 1);
+        CHECK_ST(nib_gemm_plan_for(&o, 10, SWEEP_WS_ELEMS, SWEEP_SMS, &p), NIB_ERR_INVALID_ARG);
+    }
     nib_clear_error();
     unsetenv("NIB_GEMM_FORCE");
     CHECK_OK(nib_gemm_plan_for(&o, 10, SWEEP_WS_ELEMS, SWEEP_SMS, &p));
