@@ -98,6 +98,8 @@ typedef struct nib_qweight {
     uint64_t w_bytes, s_bytes;
     uint64_t src_bytes;     /* canonical bytes (what effective GB/s counts) */
     void *bf16_w;           /* NIB_WFMT_BF16: the bf16 matrix itself (cuBLAS) */
+    int plan_rule;          /* NIB_GEMM_RULE_*: a fixed launch plan where the model that owns the weight
+                             * measured one better than the planner's (0: the planner) */
 } nib_qweight;
 
 /* Bytes the repacked weight needs on the device (so a loader can size one slab). */
@@ -195,6 +197,19 @@ typedef struct nib_gemm_shape {
  * model) replaces the pick for a padded kp x np shape at M rows by the mma.sync plan with those
  * fields (register weights, occupancy 2); a malformed entry or one that does not fit is an error. */
 nib_status nib_gemm_plan_for(const nib_gemm_shape *w, int64_t m, uint64_t ws_elems, int sms, nib_gemm_plan *plan);
+/* Fixed plan rules a model may set on a weight (nib_qweight.plan_rule), for shapes where the plan
+ * timed inside that model beats the planner's pick (the planner is fitted to the lab, which replays
+ * one kernel back to back; inside a model each product follows other kernels under PDL).
+ * NIB_GEMM_RULE_K1024: at 8 < M <= 16 and K a multiple of 1024, one M chunk (MT 2), 4 warps along K
+ * and K / 1024 CTAs along K: every warp one pipeline step. Pi0.5's action expert at H = 10 (H100,
+ * bench/results/pi05-expert-gemm-plans-h100.json): o and down on this rule instead of two M chunks,
+ * fast 10.565 -> 10.19 ms per call. */
+#define NIB_GEMM_RULE_K1024 1
+/* The rule's plan into *pl with *hit = 1, or *hit = 0 where the rule does not apply (rule 0, M or K
+ * outside it, a workspace too small for its K split, or NIB_GEMM_RULE=0 in the environment: the A/B
+ * switch). NIB_GEMM_FORCE wins over a rule; NIB_GEMM_RULE other than 0 or 1 is an error. */
+nib_status nib_gemm_plan_rule(const nib_gemm_shape *w, int rule, int64_t m, uint64_t ws_elems, int sms,
+                              nib_gemm_plan *pl, int *hit);
 /* Every plan that fits, in a fixed order; returns how many were written to out (at most max),
  * or -1 (with the error set) for a bad shape. */
 int nib_gemm_plans_for(const nib_gemm_shape *w, int64_t m, uint64_t ws_elems, int sms, nib_gemm_plan *out, int max);

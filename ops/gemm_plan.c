@@ -268,6 +268,24 @@ nib_status nib_gemm_plan_for(const nib_gemm_shape *w, int64_t m, uint64_t ws_ele
     return NIB_OK;
 }
 
+nib_status nib_gemm_plan_rule(const nib_gemm_shape *w, int rule, int64_t m, uint64_t ws_elems, int sms,
+                              nib_gemm_plan *pl, int *hit) {
+    *hit = 0;
+    if (!rule) return NIB_OK;
+    const char *e = getenv("NIB_GEMM_RULE");
+    if (e && *e && strcmp(e, "0") && strcmp(e, "1"))
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_GEMM_RULE=%s: 0 (the planner only) or 1 (the default)", e);
+    if (e && !strcmp(e, "0")) return NIB_OK;
+    if (rule != NIB_GEMM_RULE_K1024) return NIB_ERR(NIB_ERR_INVALID_ARG, "gemm: unknown plan rule %d", rule);
+    NIB_RETURN_IF_ERR(shape_check(w, m, sms));
+    NIB_RETURN_IF_ERR(forced_plan(w, m, ws_elems, sms, pl, hit));
+    if (*hit) return NIB_OK;
+    if (m <= 8 || m > 16 || w->kp % 1024) return NIB_OK;
+    double cost;
+    *hit = plan_eval(w, m, ws_elems, sms, NIB_GEMM_MT(m), 4, 2, (int)(w->kp / 1024), 1, pl, &cost);
+    return NIB_OK;
+}
+
 int nib_gemm_plans_for(const nib_gemm_shape *w, int64_t m, uint64_t ws_elems, int sms, nib_gemm_plan *out, int max) {
     if (shape_check(w, m, sms)) return -1;
     int n = 0;

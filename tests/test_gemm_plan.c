@@ -261,6 +261,60 @@ NIB_TEST(gemm_plan_force_knob) {
     CHECK_MSG(!memcmp(&p, &p0, sizeof p), "after the knob is unset the planner's pick does not come back");
 }
 
+/* NIB_GEMM_RULE_K1024 (a weight's fixed plan, set by Pi0.5 for its action expert): at 8 < M <= 16
+ * and K a multiple of 1024 one M chunk, 4 warps along K, K / 1024 K splits, the plans timed in the
+ * model; elsewhere (M, K, rule 0, a workspace too small for the split) no hit, and the planner
+ * decides. NIB_GEMM_FORCE wins; NIB_GEMM_RULE=0 turns it off; other values are errors. */
+NIB_TEST(gemm_plan_rule_k1024) {
+    const nib_gemm_shape qkv = {NIB_WFMT_NVFP4, 2560, 1024}, o = {NIB_WFMT_NVFP4, 1024, 2048},
+                         gu = {NIB_WFMT_NVFP4, 8192, 1024}, down = {NIB_WFMT_NVFP4, 1024, 4096},
+                         odd = {NIB_WFMT_NVFP4, 1024, 1152};
+    const struct {
+        const nib_gemm_shape *w;
+        int ks;
+    } want[] = {{&qkv, 1}, {&o, 2}, {&gu, 1}, {&down, 4}};
+    nib_gemm_plan p, q;
+    int hit;
+    unsetenv("NIB_GEMM_FORCE");
+    unsetenv("NIB_GEMM_RULE");
+    for (size_t i = 0; i < NIB_ARRAY_LEN(want); i++)
+        for (int64_t m = 9; m <= 16; m++) {
+            hit = 0;
+            CHECK_OK(nib_gemm_plan_rule(want[i].w, NIB_GEMM_RULE_K1024, m, SWEEP_WS_ELEMS, SWEEP_SMS, &p, &hit));
+            CHECK_MSG(hit && p.mt == 2 && p.m_chunks == 1 && p.wk == 4 && p.ksplit == want[i].ks && p.reg == 1 &&
+                          p.occ == 2 && !p.wgt,
+                      "K=%lld N=%lld M=%lld: hit %d mt%d chunks %d wk%d ks%d reg%d", (long long)want[i].w->kp,
+                      (long long)want[i].w->np, (long long)m, hit, p.mt, p.m_chunks, p.wk, p.ksplit, p.reg);
+        }
+    /* the rule differs from the planner where it matters (else this test checks nothing) */
+    CHECK_OK(nib_gemm_plan_for(&o, 10, SWEEP_WS_ELEMS, SWEEP_SMS, &q));
+    CHECK_MSG(q.m_chunks == 2, "the planner no longer splits o at M = 10 (chunks %d): revisit the rule", q.m_chunks);
+    const int64_t outside[] = {1, 8, 17, 50};
+    for (size_t i = 0; i < NIB_ARRAY_LEN(outside); i++) {
+        CHECK_OK(nib_gemm_plan_rule(&o, NIB_GEMM_RULE_K1024, outside[i], SWEEP_WS_ELEMS, SWEEP_SMS, &p, &hit));
+        CHECK_MSG(!hit, "the rule applied at M = %lld", (long long)outside[i]);
+    }
+    CHECK_OK(nib_gemm_plan_rule(&odd, NIB_GEMM_RULE_K1024, 10, SWEEP_WS_ELEMS, SWEEP_SMS, &p, &hit));
+    CHECK_MSG(!hit, "the rule applied at K = 1152");
+    CHECK_OK(nib_gemm_plan_rule(&o, 0, 10, SWEEP_WS_ELEMS, SWEEP_SMS, &p, &hit));
+    CHECK_MSG(!hit, "rule 0 gave a plan");
+    CHECK_OK(nib_gemm_plan_rule(&down, NIB_GEMM_RULE_K1024, 10, 0, SWEEP_SMS, &p, &hit)); /* no workspace: ks 1 only */
+    CHECK_MSG(!hit, "a K split without a workspace");
+    setenv("NIB_GEMM_RULE", "0", 1);
+    CHECK_OK(nib_gemm_plan_rule(&o, NIB_GEMM_RULE_K1024, 10, SWEEP_WS_ELEMS, SWEEP_SMS, &p, &hit));
+    CHECK_MSG(!hit, "NIB_GEMM_RULE=0 did not turn the rule off");
+    setenv("NIB_GEMM_RULE", "yes", 1);
+    CHECK_ST(nib_gemm_plan_rule(&o, NIB_GEMM_RULE_K1024, 10, SWEEP_WS_ELEMS, SWEEP_SMS, &p, &hit), NIB_ERR_INVALID_ARG);
+    CHECK_MSG(strstr(nib_last_error(), "NIB_GEMM_RULE") != NULL, "bad value: %s", nib_last_error());
+    unsetenv("NIB_GEMM_RULE");
+    setenv("NIB_GEMM_FORCE", "2048:1024:10:1:8:1", 1);
+    CHECK_OK(nib_gemm_plan_rule(&o, NIB_GEMM_RULE_K1024, 10, SWEEP_WS_ELEMS, SWEEP_SMS, &p, &hit));
+    CHECK_MSG(hit && p.mt == 1 && p.wk == 8 && p.ksplit == 1, "NIB_GEMM_FORCE did not win: mt%d wk%d ks%d", p.mt, p.wk,
+              p.ksplit);
+    unsetenv("NIB_GEMM_FORCE");
+    nib_clear_error();
+}
+
 /* Every enumerated plan is self-consistent and fits; the pick is one of them; cached and fresh
  * answers agree; bad shapes are errors, not plans. */
 NIB_TEST(gemm_plan_invariants) {

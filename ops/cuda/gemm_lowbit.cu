@@ -1169,6 +1169,9 @@ nib_status nib_cuda_gemm_wg_plan(const nib_qweight *w, int64_t m, int bt, int ks
 nib_status nib_cuda_gemm_plan(const nib_qweight *w, int64_t m, uint64_t ws_elems, nib_gemm_plan *pl) {
     nib_gemm_shape sh;
     NIB_RETURN_IF_ERR(weight_shape(w, m, &sh));
+    int hit = 0;
+    NIB_RETURN_IF_ERR(nib_gemm_plan_rule(&sh, w->plan_rule, m, ws_elems, g_num_sms, pl, &hit));
+    if (hit) return NIB_OK;
     int ks = 1, cm = 1;
     const int bt = nib_gemm_wg_tile(w->fmt, w->perm != NULL, m, w->np, w->kp, ws_elems, g_num_sms, &ks, &cm);
     if (bt) return nib_cuda_gemm_wg_plan(w, m, bt, ks, cm, pl);
