@@ -22,6 +22,7 @@
 #include "formats/formats.h"
 #include "harness.h"
 #include "ops/gemm.h"
+#include "ops/norm.h"
 #include "runtime/device.h"
 
 #define POISON 0x7FC1u /* bf16 NaN with a payload: unwritten outputs and guards */
@@ -596,6 +597,155 @@ NIB_TEST(gemm_gpu_epilogues) {
         run_case(t, &rng, &rw.w, 3, &og, &ws, 1);
         rand_w_free(&rw);
     }
+    nib_cuda_gemm_ws_free(&ws);
+}
+
+/* One case of the X prologue's norm: norm then GEMM (two kernels) against nib_cuda_gemm_norm (one),
+ * the same plan; returns 1 when the outputs are bitwise equal, finite and not all zero. */
+typedef struct xnorm_case {
+    nib_wfmt f;
+    int64_t n, k, m;
+    int geglu, kind, with_w, gated_res;
+    int rule;          /* the weight's plan_rule */
+    const char *force; /* NIB_GEMM_FORCE or NULL */
+} xnorm_case;
+
+static void xnorm_run(nib_test_ctx *t, nib_rng *rng, nib_gemm_ws *ws, const xnorm_case *c) {
+    rand_w rw;
+    REQUIRE(make_rand_w(rng, c->f, c->n, c->k, 0, 0, 1, 1, &rw));
+    nib_dev_arena a;
+    nib_qweight q;
+    load_probe(t, &rw.w, c->geglu, &a, &q);
+    q.plan_rule = c->rule;
+    if (c->force)
+        setenv("NIB_GEMM_FORCE", c->force, 1);
+    else
+        unsetenv("NIB_GEMM_FORCE");
+    const int64_t m = c->m, k = c->k, no = q.n_out, ldy = no + 8;
+    const size_t xb = (size_t)m * k * 2, yb = (size_t)m * ldy * 2, vb = (size_t)k * 4;
+    uint16_t *hx = nib_malloc(xb), *hy1 = nib_malloc(yb), *hy2 = nib_malloc(yb), *hr = nib_malloc(yb);
+    float *ha = nib_malloc(vb), *hb = nib_malloc(vb), *hg = nib_malloc((size_t)no * 4);
+    REQUIRE(hx && hy1 && hy2 && hr && ha && hb && hg);
+    for (int64_t r = 0; r < m; r++) /* rows of different scales: 2^-3 .. 2^3 */
+        for (int64_t j = 0; j < k; j++)
+            hx[r * k + j] = nib_f32_to_bf16((float)(nib_rng_normal(rng) * ldexp(1.0, (int)(r % 7) - 3)));
+    for (int64_t j = 0; j < k; j++) ha[j] = (float)(0.2 * nib_rng_normal(rng)), hb[j] = (float)(0.1 * nib_rng_normal(rng));
+    for (int64_t j = 0; j < no; j++) hg[j] = (float)(0.5 * nib_rng_normal(rng));
+    for (size_t i = 0; i < yb / 2; i++) hr[i] = nib_f32_to_bf16((float)nib_rng_normal(rng));
+    void *dx = NULL, *dxn = NULL, *dy1 = NULL, *dy2 = NULL, *dr = NULL;
+    float *da = NULL, *db = NULL, *dg = NULL;
+    CHECK_OK(nib_dev_malloc(&dx, xb, "x"));
+    CHECK_OK(nib_dev_malloc(&dxn, xb, "normed x"));
+    CHECK_OK(nib_dev_malloc(&dy1, yb, "y1"));
+    CHECK_OK(nib_dev_malloc(&dy2, yb, "y2"));
+    CHECK_OK(nib_dev_malloc(&dr, yb, "residual"));
+    CHECK_OK(nib_dev_malloc((void **)&da, vb, "scale"));
+    CHECK_OK(nib_dev_malloc((void **)&db, vb, "shift"));
+    CHECK_OK(nib_dev_malloc((void **)&dg, (size_t)no * 4, "gate"));
+    CHECK_OK(nib_dev_upload(dx, hx, xb));
+    CHECK_OK(nib_dev_upload(da, ha, vb));
+    CHECK_OK(nib_dev_upload(db, hb, vb));
+    CHECK_OK(nib_dev_upload(dg, hg, (size_t)no * 4));
+    CHECK_OK(nib_dev_upload(dr, hr, yb));
+    CHECK_OK(nib_dev_memset(dy1, 0xFF, yb)); /* different poisons: unwritten values cannot agree */
+    CHECK_OK(nib_dev_memset(dy2, 0x7F, yb));
+    nib_norm_args n = {.kind = (nib_norm_kind)c->kind, .rows = m, .dim = k, .eps = NIB_NORM_EPS, .x = dx, .ldx = k,
+                       .y = dxn, .ldy = k};
+    if (c->kind == NIB_NORM_ADARMS)
+        n.scale = da, n.shift = db;
+    else if (c->with_w)
+        n.w = da;
+    nib_gemm_epi e = {c->geglu, c->gated_res ? dg : NULL, c->gated_res ? dr : NULL, ldy};
+    const int fits = nib_cuda_gemm_norm_fits(&q, &n, ws->acc_elems);
+    nib_gemm_plan pl;
+    CHECK_OK(nib_cuda_gemm_plan(&q, m, ws->acc_elems, &pl));
+    CHECK_MSG(fits, "%s K=%lld N=%lld M=%lld: the plan (mt%d wk%d ks%d reg%d, %d X buffers of %d steps) does not stage "
+              "all of K: the case tests nothing", nib_wfmt_name(c->f), (long long)k, (long long)c->n, (long long)m, pl.mt,
+              pl.wk, pl.ksplit, pl.reg, pl.nxb, pl.xw);
+    CHECK_OK(nib_cuda_norm(&n, NULL));
+    CHECK_OK(nib_cuda_gemm(&q, dxn, m, k, dy1, ldy, &e, ws, NULL));
+    CHECK_OK(nib_cuda_gemm_norm(&q, &n, dy2, ldy, &e, ws, NULL));
+    CHECK_OK(nib_dev_sync());
+    CHECK_OK(nib_dev_download(hy1, dy1, yb));
+    CHECK_OK(nib_dev_download(hy2, dy2, yb));
+    int64_t diff = 0, bad = 0, nz = 0;
+    for (int64_t r = 0; r < m; r++)
+        for (int64_t j = 0; j < no; j++) {
+            const uint16_t a1 = hy1[r * ldy + j], a2 = hy2[r * ldy + j];
+            diff += a1 != a2;
+            bad += !isfinite(nib_bf16_to_f32(a1));
+            nz += (a1 & 0x7FFF) != 0;
+        }
+    CHECK_MSG(diff == 0 && bad == 0 && nz > no * m / 2,
+              "%s K=%lld N=%lld M=%lld kind %d geglu %d gated %d (mt%d wk%d ks%d): %lld of %lld outputs differ from norm + "
+              "GEMM, %lld not finite, %lld nonzero",
+              nib_wfmt_name(c->f), (long long)k, (long long)c->n, (long long)m, c->kind, c->geglu, c->gated_res, pl.mt,
+              pl.wk, pl.ksplit, (long long)diff, (long long)(m * no), (long long)bad, (long long)nz);
+    unsetenv("NIB_GEMM_FORCE");
+    nib_dev_free(dx, xb), nib_dev_free(dxn, xb), nib_dev_free(dy1, yb), nib_dev_free(dy2, yb), nib_dev_free(dr, yb);
+    nib_dev_free(da, vb), nib_dev_free(db, vb), nib_dev_free(dg, (size_t)no * 4);
+    nib_free(hx), nib_free(hy1), nib_free(hy2), nib_free(hr), nib_free(ha), nib_free(hb), nib_free(hg);
+    nib_dev_arena_free(&a);
+    rand_w_free(&rw);
+}
+
+/* The X prologue's norm (nib_cuda_gemm_norm) is bitwise nib_cuda_norm followed by nib_cuda_gemm on the
+ * same plan: every format; adaRMS and RMS with and without w; K = 1024 (Pi0.5's expert q|k|v and
+ * gate|up on NIB_GEMM_RULE_K1024 at M = 9..16), K = 1152 (144 chunks on k_norm's 160 threads) and
+ * K = 3072 (two chunks on some of 256 threads) on plans NIB_GEMM_FORCE pins to one X window; GeGLU
+ * and gated-residual epilogues. Arguments and plans outside the prologue are errors, not fallbacks. */
+NIB_TEST(gemm_gpu_xnorm_bitwise) {
+    NIB_REQUIRE_GPU();
+    nib_rng rng;
+    nib_gemm_ws ws;
+    gemm_test_begin(t, &rng, &ws, 64, 4096);
+    const nib_wfmt fs[] = {NIB_WFMT_NVFP4, NIB_WFMT_MXFP4, NIB_WFMT_INT4, NIB_WFMT_FP8};
+    int runs = 0;
+    for (size_t i = 0; i < NIB_ARRAY_LEN(fs); i++) {
+        const xnorm_case cs[] = {
+            {fs[i], 2560, 1024, 10, 0, NIB_NORM_ADARMS, 0, 0, NIB_GEMM_RULE_K1024, NULL},
+            {fs[i], 2560, 1024, 16, 0, NIB_NORM_ADARMS, 0, 0, NIB_GEMM_RULE_K1024, NULL},
+            {fs[i], 2 * 1024, 1024, 9, 1, NIB_NORM_ADARMS, 0, 0, NIB_GEMM_RULE_K1024, NULL},
+            {fs[i], 2 * 1024, 1024, 13, 1, NIB_NORM_RMS, 1, 1, NIB_GEMM_RULE_K1024, NULL},
+            {fs[i], 400, 1152, 1, 0, NIB_NORM_RMS, 0, 0, 0, "1152:400:1:1:8:1"},
+            {fs[i], 400, 1152, 3, 0, NIB_NORM_ADARMS, 0, 1, 0, "1152:400:3:1:8:1"},
+            {fs[i], 64, 3072, 2, 0, NIB_NORM_ADARMS, 0, 1, 0, "3072:64:2:1:8:1"},
+        };
+        for (size_t j = 0; j < NIB_ARRAY_LEN(cs); j++, runs++) {
+            if (fs[i] == NIB_WFMT_INT4 && cs[j].k % 128) continue; /* INT4 groups of 128 */
+            xnorm_run(t, &rng, &ws, &cs[j]);
+        }
+    }
+    printf("  %d cases bitwise equal to norm + GEMM\n", runs);
+    /* outside the prologue: errors naming why */
+    rand_w rw;
+    REQUIRE(make_rand_w(&rng, NIB_WFMT_NVFP4, 256, 1024, 0, 0, 0, 0, &rw));
+    nib_dev_arena a;
+    nib_qweight q;
+    load_probe(t, &rw.w, 0, &a, &q);
+    q.plan_rule = NIB_GEMM_RULE_K1024;
+    void *dx = NULL, *dy = NULL;
+    CHECK_OK(nib_dev_malloc(&dx, 10 * 1024 * 2, "x"));
+    CHECK_OK(nib_dev_malloc(&dy, 10 * 256 * 2, "y"));
+    CHECK_OK(nib_dev_memset(dx, 0, 10 * 1024 * 2));
+    nib_norm_args n = {.kind = NIB_NORM_RMS, .rows = 10, .dim = 1024, .eps = NIB_NORM_EPS, .x = dx, .ldx = 1024};
+    CHECK_MSG(nib_cuda_gemm_norm_fits(&q, &n, ws.acc_elems), "the base case should fit");
+    nib_norm_args bad = n;
+    bad.residual = dy, bad.ldr = 1024;
+    CHECK_MSG(!nib_cuda_gemm_norm_fits(&q, &bad, ws.acc_elems), "a residual fits the prologue");
+    CHECK_ST(nib_cuda_gemm_norm(&q, &bad, dy, 256, NULL, &ws, NULL), NIB_ERR_UNSUPPORTED);
+    bad = n;
+    bad.kind = NIB_NORM_LAYER;
+    CHECK_ST(nib_cuda_gemm_norm(&q, &bad, dy, 256, NULL, &ws, NULL), NIB_ERR_UNSUPPORTED);
+    setenv("NIB_GEMM_FORCE", "1024:256:10:2:4:2", 1); /* two K splits: no single window of all K */
+    CHECK_MSG(!nib_cuda_gemm_norm_fits(&q, &n, ws.acc_elems), "a K-split plan fits the prologue");
+    CHECK_ST(nib_cuda_gemm_norm(&q, &n, dy, 256, NULL, &ws, NULL), NIB_ERR_UNSUPPORTED);
+    CHECK_MSG(strstr(nib_last_error(), "stage all of K") != NULL, "unfit plan: %s", nib_last_error());
+    unsetenv("NIB_GEMM_FORCE");
+    nib_clear_error();
+    nib_dev_free(dx, 10 * 1024 * 2), nib_dev_free(dy, 10 * 256 * 2);
+    nib_dev_arena_free(&a);
+    rand_w_free(&rw);
     nib_cuda_gemm_ws_free(&ws);
 }
 
