@@ -737,7 +737,7 @@ NIB_TEST(gemm_gpu_xnorm_bitwise) {
     bad = n;
     bad.kind = NIB_NORM_LAYER;
     CHECK_ST(nib_cuda_gemm_norm(&q, &bad, dy, 256, NULL, &ws, NULL), NIB_ERR_UNSUPPORTED);
-    setenv("NIB_GEMM_FORCE", "1024:256:10:2:1:2", 1); /* two K splits: no single window of all K */
+    setenv("NIB_GEMM_FORCE", "1024:256:10:2:4:2", 1); /* two K splits: no single window of all K */
     CHECK_MSG(!nib_cuda_gemm_norm_fits(&q, &n, ws.acc_elems), "a K-split plan fits the prologue");
     CHECK_ST(nib_cuda_gemm_norm(&q, &n, dy, 256, NULL, &ws, NULL), NIB_ERR_UNSUPPORTED);
     CHECK_MSG(strstr(nib_last_error(), "stage all of K") != NULL, "unfit plan: %s", nib_last_error());

@@ -385,89 +385,67 @@ __device__ __forceinline__ void load_chunks_reg(Chunk<FMT> (&dst)[CPS], const ui
  * of K, nib_gemm_plan_xnorm) replaced in shared memory by RMS / adaRMS of themselves, bitwise k_norm's
  * y (ops/cuda/norm.cu). k_norm runs a row on T threads (dim / 8 chunks rounded up to 32, at most 256),
  * thread t summing the fp64 squares of its chunks t, t + T, ... in order, then per warp an xor tree,
- * then the T / 32 warp sums in order. Here the CTA shares the work of its <= 16 rows: (A) thread t of
- * k_norm's row for several rows at once (independent chains), its sums stored lane-major; (B) each
- * (row, warp)'s xor tree as lane 0 of k_norm's warp adds it (16 + 8 + 4 + 2 + 1 pairs); (C) each row's
- * warp sums in order; (D) per 8-column chunk, the norm vectors read once and every row normalized with
- * k_norm's fp32 operations and bf16 rounding. nsm: the norm vectors (a, then b: k fp32 each, copied in
- * with X), the partial sums ((16 T / 32 + 1) x 32 fp64: odd row length, so neither (A)'s stores nor
- * (B)'s loads conflict) and the rows' 1 / rms (16 fp32). */
+ * then the T / 32 warp sums in order. Here the whole CTA shares the work of its <= 16 rows: (A) each
+ * (row, t) chain into nsm's partial sums, (B) each (row, warp)'s xor tree as lane 0 of k_norm's warp
+ * adds it (16 + 8 + 4 + 2 + 1 pairs), (C) each row's sum of its warp sums, (D) the same fp32
+ * operations and bf16 rounding as k_norm on every (row, chunk). nsm: the norm vectors (a, then b: k
+ * fp32 each, copied in with X), the partial sums (16 x T fp64) and the rows' 1 / rms (16 fp32). */
 static __device__ __forceinline__ void x_norm_rows(const GemmParams &p, __nv_bfloat16 *xs, int xrows, unsigned char *nsm) {
-    const int nch = p.k >> 3, T = min(256, (nch + 31) & ~31), nvw = T >> 5, ni = 16 * nvw + 1;
-    const int tid = threadIdx.x, nth = blockDim.x;
+    const int nch = p.k >> 3, T = min(256, (nch + 31) & ~31), nvw = T >> 5;
     const float *sa = (const float *)nsm, *sb = sa + p.k;
-    double *part = (double *)(nsm + (size_t)p.k * 8); /* part[j * ni + r * nvw + w]: row r, k_norm thread 32 w + j */
-    float *sinv = (float *)(part + 32 * ni);
-    /* (A) k_norm thread t of rows g, g + G, ... (G = threads / T row groups) */
-    {
-        const int G = max(1, nth / T), g = tid / T, t = tid - g * T;
-        if (g < G)
-            for (int t0 = t; t0 < T; t0 += nth) { /* one pass unless T > threads (never: T <= 256) */
-                const int w = t0 >> 5, j = t0 & 31;
+    double *part = (double *)(nsm + (size_t)p.k * 8);
+    float *sinv = (float *)(part + 16 * T);
 #pragma unroll 2
-                for (int r = g; r < xrows; r += G) {
-                    const __nv_bfloat16 *row = xs + r * p.lds;
-                    double acc = 0.0;
-                    for (int c = t0; c < nch; c += T) {
-                        float v[8];
-                        unpack8(*(const uint4 *)(row + 8 * c), v);
+    for (int it = threadIdx.x; it < xrows * T; it += blockDim.x) { /* (A) */
+        const int r = it / T, t = it - r * T;
+        const __nv_bfloat16 *row = xs + r * p.lds;
+        double acc = 0.0;
+        for (int c = t; c < nch; c += T) {
+            float v[8];
+            unpack8(*(const uint4 *)(row + 8 * c), v);
 #pragma unroll
-                        for (int k = 0; k < 8; k++) acc += (double)v[k] * (double)v[k];
-                    }
-                    part[j * ni + r * nvw + w] = acc;
-                }
-            }
+            for (int k = 0; k < 8; k++) acc += (double)v[k] * (double)v[k];
+        }
+        part[r * T + t] = acc;
     }
     __syncthreads();
-    if (tid < xrows * nvw) { /* (B): lane 0's value after k_norm's xor rounds 16, 8, 4, 2, 1 */
+    if ((int)threadIdx.x < xrows * nvw) { /* (B): lane 0's value after k_norm's xor rounds 16, 8, 4, 2, 1 */
+        double *v = part + threadIdx.x * 32; /* row r, warp w: part[r * T + 32 w ..] */
         double b[16];
 #pragma unroll
-        for (int j = 0; j < 16; j++) b[j] = part[j * ni + tid] + part[(j + 16) * ni + tid];
+        for (int j = 0; j < 16; j++) b[j] = v[j] + v[j + 16];
 #pragma unroll
         for (int j = 0; j < 8; j++) b[j] = b[j] + b[j + 8];
 #pragma unroll
         for (int j = 0; j < 4; j++) b[j] = b[j] + b[j + 4];
         b[0] = b[0] + b[2];
         b[1] = b[1] + b[3];
-        part[tid] = b[0] + b[1]; /* j = 0 of its own column: read by (C) after the barrier */
+        v[0] = b[0] + b[1]; /* this item's own slot, read by (C) after the barrier */
     }
     __syncthreads();
-    if (tid < xrows) { /* (C) */
+    if ((int)threadIdx.x < xrows) { /* (C) */
+        const double *w = part + threadIdx.x * T;
         double s = 0.0;
-        for (int w = 0; w < nvw; w++) s += part[tid * nvw + w];
+        for (int i = 0; i < nvw; i++) s += w[32 * i];
         const float ms = __double2float_rn(p.xn_inv_dim != 0.0 ? s * p.xn_inv_dim : s / (double)p.k);
-        sinv[tid] = __frcp_rn(__fsqrt_rn(__fadd_rn(ms, p.xn_eps)));
+        sinv[threadIdx.x] = __frcp_rn(__fsqrt_rn(__fadd_rn(ms, p.xn_eps)));
     }
     __syncthreads();
-    /* (D) chunk c's vectors once, then rows g, g + G, ... */
-    const int G = max(1, nth / nch), g = tid / nch, c0 = tid - g * nch;
-    if (g >= G) return;
-    for (int c = G > 1 ? c0 : tid; c < nch; c += G > 1 ? nch : nth) {
-        float a[8], b[8];
-        if (p.xn_a) {
-            const float4 a0 = *(const float4 *)(sa + 8 * c), a1 = *(const float4 *)(sa + 8 * c + 4);
-            a[0] = __fadd_rn(1.0f, a0.x), a[1] = __fadd_rn(1.0f, a0.y), a[2] = __fadd_rn(1.0f, a0.z), a[3] = __fadd_rn(1.0f, a0.w);
-            a[4] = __fadd_rn(1.0f, a1.x), a[5] = __fadd_rn(1.0f, a1.y), a[6] = __fadd_rn(1.0f, a1.z), a[7] = __fadd_rn(1.0f, a1.w);
-        }
-        if (p.xn_b) {
-            const float4 b0 = *(const float4 *)(sb + 8 * c), b1 = *(const float4 *)(sb + 8 * c + 4);
-            b[0] = b0.x, b[1] = b0.y, b[2] = b0.z, b[3] = b0.w, b[4] = b1.x, b[5] = b1.y, b[6] = b1.z, b[7] = b1.w;
-        }
 #pragma unroll 2
-        for (int r = g; r < xrows; r += G) {
-            __nv_bfloat16 *row = xs + r * p.lds;
-            const float inv = sinv[r];
-            float v[8];
-            unpack8(*(const uint4 *)(row + 8 * c), v);
+    for (int it = threadIdx.x; it < xrows * nch; it += blockDim.x) { /* (D) */
+        const int r = it / nch, c = it - r * nch;
+        __nv_bfloat16 *row = xs + r * p.lds;
+        const float inv = sinv[r];
+        float v[8];
+        unpack8(*(const uint4 *)(row + 8 * c), v);
 #pragma unroll
-            for (int k = 0; k < 8; k++) {
-                float t = __fmul_rn(v[k], inv);
-                if (p.xn_a) t = __fmul_rn(t, a[k]);
-                if (p.xn_b) t = __fadd_rn(t, b[k]);
-                v[k] = t;
-            }
-            *(uint4 *)(row + 8 * c) = pack8(v);
+        for (int k = 0; k < 8; k++) {
+            float t = __fmul_rn(v[k], inv);
+            if (p.xn_a) t = __fmul_rn(t, __fadd_rn(1.0f, sa[8 * c + k]));
+            if (p.xn_b) t = __fadd_rn(t, sb[8 * c + k]);
+            v[k] = t;
         }
+        *(uint4 *)(row + 8 * c) = pack8(v);
     }
 }
 
