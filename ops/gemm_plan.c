@@ -286,22 +286,9 @@ nib_status nib_gemm_plan_rule(const nib_gemm_shape *w, int rule, int64_t m, uint
     return NIB_OK;
 }
 
-int nib_gemm_plan_xnorm(const nib_gemm_plan *pl, int64_t m, int64_t k, int64_t kp, size_t *off, size_t *smem) {
-    if (!pl || pl->wgt || pl->reg != 1 || pl->mt > 2 || pl->occ != 2 || pl->wk < 1 || pl->ksplit != 1 || pl->nxb != 1 ||
-        (int64_t)pl->xw * pl->wk * NIB_GEMM_CPS(pl->mt) * NIB_GEMM_KCH < kp || k < 8 || k % 8 || k > kp || m < 1)
-        return 0;
-    /* after the ring and the X buffer: the norm vectors (2 x k fp32), the per-thread partial sums
-     * (16 rows x T fp64, T = k_norm's threads) and the rows' reciprocal RMS (16 fp32) */
-    const int64_t nch = k / 8, T = (nch + 31) / 32 * 32 > 256 ? 256 : (nch + 31) / 32 * 32;
-    const int64_t rows = m < 8 * pl->mt ? m : 8 * pl->mt;
-    const size_t xs = (size_t)pl->nxb * (size_t)(rows + 1) * (size_t)pl->lds * 2;
-    const size_t o = ((size_t)pl->ring_bytes + xs + 15) / 16 * 16;
-    const size_t need = o + (size_t)k * 8 + 16 * (size_t)T * 8 + 16 * 4;
-    const size_t total = need > pl->smem ? need : pl->smem;
-    if (total > NIB_GEMM_MAX_SMEM) return 0;
-    if (off) *off = o;
-    if (smem) *smem = total;
-    return 1;
+int nib_gemm_plan_stages_all_k(const nib_gemm_plan *pl, int64_t kp) {
+    return pl && !pl->wgt && pl->reg == 1 && pl->mt <= 2 && pl->occ == 2 && pl->wk >= 1 && pl->ksplit == 1 && pl->nxb == 1 &&
+           (int64_t)pl->xw * pl->wk * NIB_GEMM_CPS(pl->mt) * NIB_GEMM_KCH >= kp;
 }
 
 int nib_gemm_plans_for(const nib_gemm_shape *w, int64_t m, uint64_t ws_elems, int sms, nib_gemm_plan *out, int max) {

@@ -67,13 +67,12 @@ struct GemmParams {
     int nsteps_full, nsteps_last; /* pipeline steps of a CTA with chunks_per_cta chunks / the last K split */
     int x_drow, x_dpc;            /* X walk: (row, piece) advance per copy (256 / ppr, 256 % ppr) */
     uint32_t x_magic;             /* ceil(2^32 / ppr): threadIdx.x / ppr as one multiply-high */
-    /* the X prologue's norm (nib_cuda_gemm_norm): xn_on 1 = RMS / adaRMS of the staged rows (xn_a: RMS w
-     * or adaRMS scale, may be NULL for RMS; xn_b: adaRMS shift, NULL for RMS) */
-    int xn_on;
+    /* the X prologue's norm (nib_cuda_gemm_norm): 0 none, else NIB_NORM_RMS / NIB_NORM_ADARMS of the
+     * staged rows (xn_a: RMS w or adaRMS scale, may be NULL for RMS; xn_b: adaRMS shift) */
+    int xn_kind;
     float xn_eps;
     double xn_inv_dim; /* 1 / k when k is a power of two, else 0 (k_norm's inv_dim) */
     const float *xn_a, *xn_b;
-    int xn_off; /* byte offset of the norm's shared memory (nib_gemm_plan_xnorm) */
 };
 
 /* ---- the per-thread cp.async ring -------------------------------------------------------
@@ -381,71 +380,52 @@ __device__ __forceinline__ void load_chunks_reg(Chunk<FMT> (&dst)[CPS], const ui
  * no spills, 2 spills a few prologue values but doubles the resident CTAs; the planner picks).
  * REG (MT <= 4): weights loaded straight into registers one pipeline step ahead instead of
  * through the per-thread cp.async ring (no shared-memory round trip for them). */
-/* The X prologue's norm (GemmParams.xn_on): the staged rows of this M chunk (one X window over all
- * of K, nib_gemm_plan_xnorm) replaced in shared memory by RMS / adaRMS of themselves, bitwise k_norm's
- * y (ops/cuda/norm.cu). k_norm runs a row on T threads (dim / 8 chunks rounded up to 32, at most 256),
- * thread t summing the fp64 squares of its chunks t, t + T, ... in order, then per warp an xor tree,
- * then the T / 32 warp sums in order. Here the whole CTA shares the work of its <= 16 rows: (A) each
- * (row, t) chain into nsm's partial sums, (B) each (row, warp)'s xor tree as lane 0 of k_norm's warp
- * adds it (16 + 8 + 4 + 2 + 1 pairs), (C) each row's sum of its warp sums, (D) the same fp32
- * operations and bf16 rounding as k_norm on every (row, chunk). nsm: the norm vectors (a, then b: k
- * fp32 each, copied in with X), the partial sums (16 x T fp64) and the rows' 1 / rms (16 fp32). */
-static __device__ __forceinline__ void x_norm_rows(const GemmParams &p, __nv_bfloat16 *xs, int xrows, unsigned char *nsm) {
+/* The X prologue's norm (GemmParams.xn_kind): the staged rows of this M chunk (one X window over all
+ * of K, ops/gemm_plan.c) replaced in shared memory by RMS / adaRMS of themselves, bitwise k_norm's y
+ * (ops/cuda/norm.cu): k_norm's T threads per row (dim / 8 chunks rounded up to 32, at most 256),
+ * chunk c on thread c % T, fp64 squares in the same order, the same xor tree per warp and the same
+ * fixed-order sum of the T / 32 warp partials, then the same fp32 operations and bf16 rounding.
+ * One warp per row here: virtual warp vw of k_norm's row is this warp's pass vw. */
+static __device__ __forceinline__ void x_norm_rows(const GemmParams &p, __nv_bfloat16 *xs, int xrows) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int nch = p.k >> 3, T = min(256, (nch + 31) & ~31), nvw = T >> 5;
-    const float *sa = (const float *)nsm, *sb = sa + p.k;
-    double *part = (double *)(nsm + (size_t)p.k * 8);
-    float *sinv = (float *)(part + 16 * T);
-#pragma unroll 2
-    for (int it = threadIdx.x; it < xrows * T; it += blockDim.x) { /* (A) */
-        const int r = it / T, t = it - r * T;
-        const __nv_bfloat16 *row = xs + r * p.lds;
-        double acc = 0.0;
-        for (int c = t; c < nch; c += T) {
-            float v[8];
-            unpack8(*(const uint4 *)(row + 8 * c), v);
-#pragma unroll
-            for (int k = 0; k < 8; k++) acc += (double)v[k] * (double)v[k];
-        }
-        part[r * T + t] = acc;
-    }
-    __syncthreads();
-    if ((int)threadIdx.x < xrows * nvw) { /* (B): lane 0's value after k_norm's xor rounds 16, 8, 4, 2, 1 */
-        double *v = part + threadIdx.x * 32; /* row r, warp w: part[r * T + 32 w ..] */
-        double b[16];
-#pragma unroll
-        for (int j = 0; j < 16; j++) b[j] = v[j] + v[j + 16];
-#pragma unroll
-        for (int j = 0; j < 8; j++) b[j] = b[j] + b[j + 8];
-#pragma unroll
-        for (int j = 0; j < 4; j++) b[j] = b[j] + b[j + 4];
-        b[0] = b[0] + b[2];
-        b[1] = b[1] + b[3];
-        v[0] = b[0] + b[1]; /* this item's own slot, read by (C) after the barrier */
-    }
-    __syncthreads();
-    if ((int)threadIdx.x < xrows) { /* (C) */
-        const double *w = part + threadIdx.x * T;
-        double s = 0.0;
-        for (int i = 0; i < nvw; i++) s += w[32 * i];
-        const float ms = __double2float_rn(p.xn_inv_dim != 0.0 ? s * p.xn_inv_dim : s / (double)p.k);
-        sinv[threadIdx.x] = __frcp_rn(__fsqrt_rn(__fadd_rn(ms, p.xn_eps)));
-    }
-    __syncthreads();
-#pragma unroll 2
-    for (int it = threadIdx.x; it < xrows * nch; it += blockDim.x) { /* (D) */
-        const int r = it / nch, c = it - r * nch;
+    for (int r = warp; r < xrows; r += WARPS) {
         __nv_bfloat16 *row = xs + r * p.lds;
-        const float inv = sinv[r];
-        float v[8];
-        unpack8(*(const uint4 *)(row + 8 * c), v);
+        double s = 0.0;
+        for (int vw = 0; vw < nvw; vw++) {
+            double acc = 0.0;
+            for (int c = vw * 32 + lane; c < nch; c += T) {
+                float v[8];
+                unpack8(*(const uint4 *)(row + 8 * c), v);
 #pragma unroll
-        for (int k = 0; k < 8; k++) {
-            float t = __fmul_rn(v[k], inv);
-            if (p.xn_a) t = __fmul_rn(t, __fadd_rn(1.0f, sa[8 * c + k]));
-            if (p.xn_b) t = __fadd_rn(t, sb[8 * c + k]);
-            v[k] = t;
+                for (int k = 0; k < 8; k++) acc += (double)v[k] * (double)v[k];
+            }
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+            s += __shfl_sync(0xffffffffu, acc, 0); /* k_norm keeps lane 0's sum */
         }
-        *(uint4 *)(row + 8 * c) = pack8(v);
+        const float ms = __double2float_rn(p.xn_inv_dim != 0.0 ? s * p.xn_inv_dim : s / (double)p.k);
+        const float inv = __frcp_rn(__fsqrt_rn(__fadd_rn(ms, p.xn_eps)));
+        for (int c = lane; c < nch; c += 32) {
+            float v[8], a[8], b[8];
+            unpack8(*(const uint4 *)(row + 8 * c), v);
+            if (p.xn_a) {
+                const float4 a0 = *(const float4 *)(p.xn_a + 8 * c), a1 = *(const float4 *)(p.xn_a + 8 * c + 4);
+                a[0] = a0.x, a[1] = a0.y, a[2] = a0.z, a[3] = a0.w, a[4] = a1.x, a[5] = a1.y, a[6] = a1.z, a[7] = a1.w;
+            }
+            if (p.xn_b) {
+                const float4 b0 = *(const float4 *)(p.xn_b + 8 * c), b1 = *(const float4 *)(p.xn_b + 8 * c + 4);
+                b[0] = b0.x, b[1] = b0.y, b[2] = b0.z, b[3] = b0.w, b[4] = b1.x, b[5] = b1.y, b[6] = b1.z, b[7] = b1.w;
+            }
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                float t = __fmul_rn(v[k], inv);
+                if (p.xn_a) t = __fmul_rn(t, __fadd_rn(1.0f, a[k]));
+                if (p.xn_b) t = __fadd_rn(t, b[k]);
+                v[k] = t;
+            }
+            *(uint4 *)(row + 8 * c) = pack8(v);
+        }
     }
 }
 
@@ -491,6 +471,11 @@ __global__ void __launch_bounds__(WARPS * 32, OCC) k_gemm_lowbit(GemmParams p) {
             }
         }
     }
+    if (XN && blockIdx.x == 0) /* the X prologue's norm vectors (one CTA per M chunk and K split) */
+        for (int l = threadIdx.x; l < (p.k + 31) / 32; l += blockDim.x) {
+            if (p.xn_a) prefetch_l2(p.xn_a + l * 32);
+            if (p.xn_b) prefetch_l2(p.xn_b + l * 32);
+        }
     /* (the PDL wait comes after the setup below, which reads nothing the previous kernel writes:
      * the bulk rings' first steps and REG = 1's first weights overlap that kernel's tail) */
     const uint32_t ring = smem_u32(smem);
@@ -556,14 +541,6 @@ __global__ void __launch_bounds__(WARPS * 32, OCC) k_gemm_lowbit(GemmParams p) {
         if (nsteps > 0) load_chunks_reg<FMT, CPS>(nxt, rwp, rsp, rg_ok[0], rc, c_end, g, pol);
     }
     nib::pdl_enter(); /* X comes from the previous kernel */
-    if constexpr (XN) { /* the norm vectors into shared memory with the first X window (cp.async group 0) */
-        const uint32_t dst = smem_u32(smem + p.xn_off);
-        const int n16 = p.k / 4; /* 16-byte pieces of one vector */
-        for (int i = threadIdx.x; i < 2 * n16; i += blockDim.x) {
-            const float *src = i < n16 ? p.xn_a : p.xn_b;
-            if (src) cp_async16(dst + i * 16, src + (i < n16 ? i : i - n16) * 4, 16);
-        }
-    }
 #pragma unroll
     for (int j = 0; j < S - 1; j++) is.step(p, ring);
 
@@ -574,7 +551,7 @@ __global__ void __launch_bounds__(WARPS * 32, OCC) k_gemm_lowbit(GemmParams p) {
         if (use_in == 0) __syncthreads(); /* X window complete in every thread */
         if constexpr (XN) { /* the plan's one X window holds all of K (nib_cuda_gemm_norm) */
             if (i == 0) {
-                x_norm_rows(p, xs0, xrows, smem + p.xn_off);
+                x_norm_rows(p, xs0, xrows);
                 __syncthreads();
             }
         }
@@ -1354,7 +1331,7 @@ static nib_status launch_wg(const nib_qweight *w, const GemmParams &p, const voi
 
 template <int FMT>
 static nib_status launch_mt(int mt, int occ, int reg, const GemmParams &p, dim3 g, size_t smem, cudaStream_t s) {
-    if (p.xn_on) { /* the X prologue's norm: register weights at MT 1 and 2 (nib_gemm_plan_xnorm) */
+    if (p.xn_kind) { /* the X prologue's norm: register weights at MT 1 and 2 (nib_gemm_plan_stages_all_k) */
         if (mt == 1 && reg == 1) return launch_t<FMT, 1, 1, 2, 1, true>(p, g, smem, s);
         if (mt == 2 && reg == 1) return launch_t<FMT, 2, 1, 2, 1, true>(p, g, smem, s);
         return NIB_ERR(NIB_ERR_INTERNAL, "gemm + norm: no kernel for mt %d weight path %d", mt, reg);
@@ -1398,20 +1375,18 @@ int nib_cuda_gemm_norm_fits(const nib_qweight *w, const struct nib_norm_args *n,
         nib_clear_error();
         return 0;
     }
-    return nib_gemm_plan_xnorm(&pl, n->rows, w->k, w->kp, NULL, NULL);
+    return nib_gemm_plan_stages_all_k(&pl, w->kp);
 }
 
 nib_status nib_cuda_gemm_norm(const nib_qweight *w, const struct nib_norm_args *n, void *y, int64_t ldy,
                               const nib_gemm_epi *epi, nib_gemm_ws *ws, void *stream) {
     static const char *who = "gemm + norm (cuda)";
+    NIB_RETURN_IF_ERR(nib_norm_validate(n, who));
     if (!xnorm_args_ok(w, n))
         return NIB_ERR(NIB_ERR_UNSUPPORTED,
                        "%s: the X prologue normalizes RMS / adaRMS rows of width K without a residual, FP8 output or "
                        "valid-row count, for a low-bit weight without act-order (norm kind %d, dim %lld, K %lld)",
                        who, n ? (int)n->kind : -1, n ? (long long)n->dim : 0LL, w ? (long long)w->k : 0LL);
-    nib_norm_args v = *n; /* the norm's own checks; its output is X in shared memory (n->y is not written) */
-    if (!v.y) v.y = (void *)n->x, v.ldy = n->ldx;
-    NIB_RETURN_IF_ERR(nib_norm_validate(&v, who));
     const float *a = n->kind == NIB_NORM_ADARMS ? n->scale : n->w, *b = n->kind == NIB_NORM_ADARMS ? n->shift : NULL;
     if ((a && ((uintptr_t)a & 15u)) || (b && ((uintptr_t)b & 15u)))
         return NIB_ERR(NIB_ERR_SHAPE, "%s: fp32 parameter vectors must be 16-byte aligned", who);
@@ -1491,16 +1466,14 @@ static nib_status gemm_run(const nib_qweight *w, const void *x, int64_t m, int64
     p.scale_add = w->scale_add;
     p.kcl = pl.wgt ? pl.wkcl : 0;
     if (p.res && p.ldr < p.n_out) return NIB_ERR(NIB_ERR_SHAPE, "gemm: residual ldr %lld < N_out %d", (long long)p.ldr, p.n_out);
-    size_t xn_off = 0, xn_smem = 0;
     if (xn) {
-        if (!nib_gemm_plan_xnorm(&pl, m, w->k, w->kp, &xn_off, &xn_smem))
+        if (!nib_gemm_plan_stages_all_k(&pl, w->kp))
             return NIB_ERR(NIB_ERR_UNSUPPORTED,
-                           "gemm + norm: the plan at M = %lld (mt %d wk %d ks %d reg %d, %d X buffers of %d steps%s) does "
-                           "not stage all of K = %lld in one window with the norm's shared memory: run the norm first",
-                           (long long)m, pl.mt, pl.wk, pl.ksplit, pl.reg, pl.nxb, pl.xw, pl.wgt ? ", wgmma" : "",
+                           "gemm + norm: the plan at M = %lld (mt %d wk %d ks %d, %d X buffers of %d steps%s) does not "
+                           "stage all of K = %lld in one window: run the norm first",
+                           (long long)m, pl.mt, pl.wk, pl.ksplit, pl.nxb, pl.xw, pl.wgt ? ", wgmma" : "",
                            (long long)w->kp);
-        p.xn_off = (int)xn_off;
-        p.xn_on = 1;
+        p.xn_kind = (int)xn->kind;
         p.xn_eps = xn->eps;
         p.xn_inv_dim = (xn->dim & (xn->dim - 1)) == 0 ? 1.0 / (double)xn->dim : 0.0;
         p.xn_a = xn->kind == NIB_NORM_ADARMS ? xn->scale : xn->w;
@@ -1523,7 +1496,7 @@ static nib_status gemm_run(const nib_qweight *w, const void *x, int64_t m, int64
         p.x_magic = (uint32_t)(((1ull << 32) + (uint64_t)ppr - 1) / (uint64_t)ppr);
     }
     dim3 grid(pl.row_blocks, pl.ksplit, pl.m_chunks);
-    size_t smem = xn ? xn_smem : pl.smem;
+    size_t smem = pl.smem;
     cudaStream_t s = (cudaStream_t)stream;
     switch (w->fmt) {
     case NIB_WFMT_NVFP4: return launch_mt<NIB_WFMT_NVFP4>(pl.mt, pl.occ, pl.reg, p, grid, smem, s);
