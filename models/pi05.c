@@ -1605,8 +1605,8 @@ static nib_status op_layer(nib_pi05 *m, const call_shape *cs, op_step *o, int l)
     nib_norm_args n1 = {.kind = NIB_NORM_ADARMS, .rows = H, .dim = We, .eps = NIB_NORM_EPS, .x = m->ex, .ldx = We,
                         .scale = ma, .shift = ma + We, .y = m->ey, .ldy = We};
     if (o->pend) n1.x = m->ey, n1.residual = m->ex, n1.ldr = We, n1.res_gate = o->pend, o->pend = NULL;
-    /* the norm in the GEMM's X staging where its plan allows (nib_be_norm_gemm; ey is then not written) */
-    NIB_RETURN_IF_ERR(nib_be_norm_gemm(be, &n1, &L->qkv, m->eqkv, ld, NULL));
+    NIB_RETURN_IF_ERR(nib_be_norm(be, &n1));
+    NIB_RETURN_IF_ERR(nib_be_gemm(be, &L->qkv, m->ey, H, We, m->eqkv, ld, NULL));
     /* RoPE at positions P + j, q out, K/V into cache slots P .. P + H - 1 */
     nib_qkv_args qa = {H, NULL, (int32_t)nh, (int32_t)nkv, (int32_t)hd, m->eqkv, ld, m->pos_suffix, m->inv_freq,
                        1.0f / sqrtf((float)hd), m->eq, nh * hd, &m->kv[l], 0, m->ints + 2, NULL};
@@ -1631,8 +1631,9 @@ static nib_status op_layer(nib_pi05 *m, const call_shape *cs, op_step *o, int l)
         nib_gemm_epi ga = {0, ma + 2 * We, m->ex, We}; /* gated residual */
         NIB_RETURN_IF_ERR(nib_be_gemm(be, &L->o, m->eattn, H, nh * hd, m->ex, We, &ga));
     }
+    NIB_RETURN_IF_ERR(nib_be_norm(be, &n2));
     nib_gemm_epi gg = {1, NULL, NULL, 0};
-    NIB_RETURN_IF_ERR(nib_be_norm_gemm(be, &n2, &L->gu, m->emlp, c->e_mlp, &gg));
+    NIB_RETURN_IF_ERR(nib_be_gemm(be, &L->gu, m->ey, H, We, m->emlp, c->e_mlp, &gg));
     if (o->defer && !nib_be_gemm_fuses_gate(be, &L->down)) {
         NIB_RETURN_IF_ERR(nib_be_gemm(be, &L->down, m->emlp, H, c->e_mlp, m->ey, We, NULL));
         o->pend = mf + 2 * We;

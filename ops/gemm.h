@@ -226,21 +226,6 @@ nib_status nib_cuda_gemm_planned(const nib_qweight *w, const void *x, int64_t m,
                                  int64_t ldy, const nib_gemm_epi *epi, nib_gemm_ws *ws,
                                  const nib_gemm_plan *plan, void *stream);
 
-/* y = epilogue(norm(x) · Wᵀ) with the norm computed in the kernel's X staging: RMS (n->w, may be NULL) or
- * adaRMS (n->scale, n->shift) of n->x (n->rows x n->dim bf16, dim = K), bitwise what nib_cuda_norm writes
- * to n->y followed by nib_cuda_gemm on it; n->y is not written. For plans that stage all of K in one X
- * window of one K split (nib_gemm_plan_stages_all_k: Pi0.5's expert q|k|v and gate|up at M <= 16 on
- * NIB_GEMM_RULE_K1024), without a residual, FP8 output or valid-row count in n, and weights without
- * act-order; NIB_ERR_UNSUPPORTED otherwise (nib_cuda_gemm_norm_fits says which, with the plan the
- * launch will use). One kernel instead of two on the expert's critical path. */
-struct nib_norm_args;
-int nib_cuda_gemm_norm_fits(const nib_qweight *w, const struct nib_norm_args *n, uint64_t ws_elems);
-nib_status nib_cuda_gemm_norm(const nib_qweight *w, const struct nib_norm_args *n, void *y, int64_t ldy,
-                              const nib_gemm_epi *epi, nib_gemm_ws *ws, void *stream);
-/* Whether a plan has a kernel with the X prologue's norm: mma.sync with register weights at MT 1 or 2,
- * staging X for all of kp columns in one window of one K split. Host code. */
-int nib_gemm_plan_stages_all_k(const nib_gemm_plan *pl, int64_t kp);
-
 /* ---- cuBLAS / cuBLASLt baselines and the FP8 W8A8 path ------------------------------ */
 typedef struct nib_blas nib_blas; /* opaque: cuBLASLt handle + workspace */
 nib_status nib_blas_create(nib_blas **out);

@@ -286,11 +286,6 @@ nib_status nib_gemm_plan_rule(const nib_gemm_shape *w, int rule, int64_t m, uint
     return NIB_OK;
 }
 
-int nib_gemm_plan_stages_all_k(const nib_gemm_plan *pl, int64_t kp) {
-    return pl && !pl->wgt && pl->reg == 1 && pl->mt <= 2 && pl->occ == 2 && pl->wk >= 1 && pl->ksplit == 1 && pl->nxb == 1 &&
-           (int64_t)pl->xw * pl->wk * NIB_GEMM_CPS(pl->mt) * NIB_GEMM_KCH >= kp;
-}
-
 int nib_gemm_plans_for(const nib_gemm_shape *w, int64_t m, uint64_t ws_elems, int sms, nib_gemm_plan *out, int max) {
     if (shape_check(w, m, sms)) return -1;
     int n = 0;

@@ -497,18 +497,6 @@ nib_status nib_be_norm_gemm(nib_be *be, const nib_norm_args *n, const nib_be_lin
         NIB_RETURN_IF_ERR(nib_cuda_norm(&q, be->stream));
         return nib_be_gemm(be, L, NULL, n->rows, L->k, y, ldy, epi);
     }
-#ifdef NIB_HAVE_CUDA
-    /* The low-bit GEMM normalizes in its X staging where its plan stages all of K at once (Pi0.5's
-     * expert q|k|v and gate|up at H <= 16): one kernel instead of two, the same bits.
-     * NIB_GEMM_XNORM=0: the norm kernel first (the A/B switch). */
-    if (be->kind == NIB_BE_CUDA && L->fmt != NIB_WFMT_BF16 && !L->w8a8) {
-        const char *e = getenv("NIB_GEMM_XNORM");
-        if (e && *e && strcmp(e, "0") && strcmp(e, "1"))
-            return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_GEMM_XNORM=%s: 0 (the norm kernel first) or 1 (the default)", e);
-        if (!(e && !strcmp(e, "0")) && nib_cuda_gemm_norm_fits(&L->q, n, be->sc.ws.acc_elems))
-            return nib_cuda_gemm_norm(&L->q, n, y, ldy, epi, &be->sc.ws, be->stream);
-    }
-#endif
     if (!n->y) return NIB_ERR(NIB_ERR_INVALID_ARG, "norm+linear: the norm needs an output buffer y");
     NIB_RETURN_IF_ERR(nib_be_norm(be, n));
     return nib_be_gemm(be, L, n->y, n->rows, n->ldy, y, ldy, epi);

@@ -129,9 +129,7 @@ nib_status nib_be_gemm(nib_be *be, const nib_be_linear *L, const void *x, int64_
 int nib_be_gemm_fuses_gate(const nib_be *be, const nib_be_linear *L);
 
 /* norm then y = epilogue(norm(x) · Wᵀ). For a CUDA W8A8 layer the norm emits the FP8 codes and
- * per-row scales directly; for a CUDA low-bit layer whose plan stages all of K at once the GEMM
- * normalizes in its X staging (nib_cuda_gemm_norm, the same bits; NIB_GEMM_XNORM=0 turns it off).
- * In those two cases n->y is not written; otherwise it holds the normed rows. */
+ * per-row scales directly (n->y is then not written); otherwise n->y holds the normed rows. */
 nib_status nib_be_norm_gemm(nib_be *be, const nib_norm_args *n, const nib_be_linear *L, void *y, int64_t ldy,
                             const nib_gemm_epi *epi);
 

@@ -55,15 +55,6 @@ nib_status nib_cuda_gemm_planned(const nib_qweight *w, const void *x, int64_t m,
     (void)w, (void)x, (void)m, (void)ldx, (void)y, (void)ldy, (void)epi, (void)ws, (void)plan, (void)stream;
     return NO_CUDA("nib_cuda_gemm_planned");
 }
-int nib_cuda_gemm_norm_fits(const nib_qweight *w, const struct nib_norm_args *n, uint64_t ws_elems) {
-    (void)w, (void)n, (void)ws_elems;
-    return 0;
-}
-nib_status nib_cuda_gemm_norm(const nib_qweight *w, const struct nib_norm_args *n, void *y, int64_t ldy,
-                              const nib_gemm_epi *epi, nib_gemm_ws *ws, void *stream) {
-    (void)w, (void)n, (void)y, (void)ldy, (void)epi, (void)ws, (void)stream;
-    return NO_CUDA("nib_cuda_gemm_norm");
-}
 nib_status nib_blas_create(nib_blas **out) {
     *out = NULL;
     return NO_CUDA("nib_blas_create");

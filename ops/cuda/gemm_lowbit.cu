@@ -24,12 +24,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ops/cuda/bf16x8.cuh"
 #include "ops/cuda/gemm_lowbit.cuh"
 #include "ops/cuda/tmap.h"
 #include "ops/cuda/wgmma.cuh" /* mbarriers (the bulk ring) */
 #include "ops/gemm.h"
-#include "ops/norm.h"
 #include "runtime/cuda_check.h"
 #include "runtime/device.h"
 #include "runtime/launch.cuh"
@@ -67,12 +65,6 @@ struct GemmParams {
     int nsteps_full, nsteps_last; /* pipeline steps of a CTA with chunks_per_cta chunks / the last K split */
     int x_drow, x_dpc;            /* X walk: (row, piece) advance per copy (256 / ppr, 256 % ppr) */
     uint32_t x_magic;             /* ceil(2^32 / ppr): threadIdx.x / ppr as one multiply-high */
-    /* the X prologue's norm (nib_cuda_gemm_norm): 0 none, else NIB_NORM_RMS / NIB_NORM_ADARMS of the
-     * staged rows (xn_a: RMS w or adaRMS scale, may be NULL for RMS; xn_b: adaRMS shift) */
-    int xn_kind;
-    float xn_eps;
-    double xn_inv_dim; /* 1 / k when k is a power of two, else 0 (k_norm's inv_dim) */
-    const float *xn_a, *xn_b;
 };
 
 /* ---- the per-thread cp.async ring -------------------------------------------------------
@@ -380,56 +372,7 @@ __device__ __forceinline__ void load_chunks_reg(Chunk<FMT> (&dst)[CPS], const ui
  * no spills, 2 spills a few prologue values but doubles the resident CTAs; the planner picks).
  * REG (MT <= 4): weights loaded straight into registers one pipeline step ahead instead of
  * through the per-thread cp.async ring (no shared-memory round trip for them). */
-/* The X prologue's norm (GemmParams.xn_kind): the staged rows of this M chunk (one X window over all
- * of K, ops/gemm_plan.c) replaced in shared memory by RMS / adaRMS of themselves, bitwise k_norm's y
- * (ops/cuda/norm.cu): k_norm's T threads per row (dim / 8 chunks rounded up to 32, at most 256),
- * chunk c on thread c % T, fp64 squares in the same order, the same xor tree per warp and the same
- * fixed-order sum of the T / 32 warp partials, then the same fp32 operations and bf16 rounding.
- * One warp per row here: virtual warp vw of k_norm's row is this warp's pass vw. */
-static __device__ __forceinline__ void x_norm_rows(const GemmParams &p, __nv_bfloat16 *xs, int xrows) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int nch = p.k >> 3, T = min(256, (nch + 31) & ~31), nvw = T >> 5;
-    for (int r = warp; r < xrows; r += WARPS) {
-        __nv_bfloat16 *row = xs + r * p.lds;
-        double s = 0.0;
-        for (int vw = 0; vw < nvw; vw++) {
-            double acc = 0.0;
-            for (int c = vw * 32 + lane; c < nch; c += T) {
-                float v[8];
-                unpack8(*(const uint4 *)(row + 8 * c), v);
-#pragma unroll
-                for (int k = 0; k < 8; k++) acc += (double)v[k] * (double)v[k];
-            }
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-            s += __shfl_sync(0xffffffffu, acc, 0); /* k_norm keeps lane 0's sum */
-        }
-        const float ms = __double2float_rn(p.xn_inv_dim != 0.0 ? s * p.xn_inv_dim : s / (double)p.k);
-        const float inv = __frcp_rn(__fsqrt_rn(__fadd_rn(ms, p.xn_eps)));
-        for (int c = lane; c < nch; c += 32) {
-            float v[8], a[8], b[8];
-            unpack8(*(const uint4 *)(row + 8 * c), v);
-            if (p.xn_a) {
-                const float4 a0 = *(const float4 *)(p.xn_a + 8 * c), a1 = *(const float4 *)(p.xn_a + 8 * c + 4);
-                a[0] = a0.x, a[1] = a0.y, a[2] = a0.z, a[3] = a0.w, a[4] = a1.x, a[5] = a1.y, a[6] = a1.z, a[7] = a1.w;
-            }
-            if (p.xn_b) {
-                const float4 b0 = *(const float4 *)(p.xn_b + 8 * c), b1 = *(const float4 *)(p.xn_b + 8 * c + 4);
-                b[0] = b0.x, b[1] = b0.y, b[2] = b0.z, b[3] = b0.w, b[4] = b1.x, b[5] = b1.y, b[6] = b1.z, b[7] = b1.w;
-            }
-#pragma unroll
-            for (int k = 0; k < 8; k++) {
-                float t = __fmul_rn(v[k], inv);
-                if (p.xn_a) t = __fmul_rn(t, __fadd_rn(1.0f, a[k]));
-                if (p.xn_b) t = __fadd_rn(t, b[k]);
-                v[k] = t;
-            }
-            *(uint4 *)(row + 8 * c) = pack8(v);
-        }
-    }
-}
-
-template <int FMT, int MT, int R, int OCC, int REG, bool XN = false>
+template <int FMT, int MT, int R, int OCC, int REG>
 __global__ void __launch_bounds__(WARPS * 32, OCC) k_gemm_lowbit(GemmParams p) {
     constexpr int S = Stages<MT>::S;
     extern __shared__ __align__(16) unsigned char smem[];
@@ -471,11 +414,6 @@ __global__ void __launch_bounds__(WARPS * 32, OCC) k_gemm_lowbit(GemmParams p) {
             }
         }
     }
-    if (XN && blockIdx.x == 0) /* the X prologue's norm vectors (one CTA per M chunk and K split) */
-        for (int l = threadIdx.x; l < (p.k + 31) / 32; l += blockDim.x) {
-            if (p.xn_a) prefetch_l2(p.xn_a + l * 32);
-            if (p.xn_b) prefetch_l2(p.xn_b + l * 32);
-        }
     /* (the PDL wait comes after the setup below, which reads nothing the previous kernel writes:
      * the bulk rings' first steps and REG = 1's first weights overlap that kernel's tail) */
     const uint32_t ring = smem_u32(smem);
@@ -549,12 +487,6 @@ __global__ void __launch_bounds__(WARPS * 32, OCC) k_gemm_lowbit(GemmParams p) {
     for (int i = 0; i < nsteps; i++) {
         cp_async_wait<S - 2>();
         if (use_in == 0) __syncthreads(); /* X window complete in every thread */
-        if constexpr (XN) { /* the plan's one X window holds all of K (nib_cuda_gemm_norm) */
-            if (i == 0) {
-                x_norm_rows(p, xs0, xrows);
-                __syncthreads();
-            }
-        }
         Chunk<FMT> ch[CPS][R];
         if (REG == 2) {
             /* the positions that copied something (IssueState::step: rg_ok and a chunk left) */
@@ -1252,15 +1184,15 @@ int nib_cuda_gemm_plans(const nib_qweight *w, int64_t m, uint64_t ws_elems, nib_
     return nib_gemm_plans_for(&sh, m, ws_elems, g_num_sms, out, max);
 }
 
-template <int FMT, int MT, int R, int OCC, int REG, bool XN = false>
+template <int FMT, int MT, int R, int OCC, int REG>
 static nib_status launch_t(const GemmParams &p, dim3 grid, size_t smem, cudaStream_t stream) {
     static int attr_set;
     if (!attr_set) {
-        NIB_CUDA_CHECK(cudaFuncSetAttribute(k_gemm_lowbit<FMT, MT, R, OCC, REG, XN>,
+        NIB_CUDA_CHECK(cudaFuncSetAttribute(k_gemm_lowbit<FMT, MT, R, OCC, REG>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, NIB_GEMM_MAX_SMEM));
         attr_set = 1;
     }
-    NIB_CUDA_CHECK(nib::launch(k_gemm_lowbit<FMT, MT, R, OCC, REG, XN>, grid, dim3(WARPS * 32), smem, stream, p));
+    NIB_CUDA_CHECK(nib::launch(k_gemm_lowbit<FMT, MT, R, OCC, REG>, grid, dim3(WARPS * 32), smem, stream, p));
     NIB_LAUNCH_CHECK("k_gemm_lowbit");
     return NIB_OK;
 }
@@ -1331,11 +1263,6 @@ static nib_status launch_wg(const nib_qweight *w, const GemmParams &p, const voi
 
 template <int FMT>
 static nib_status launch_mt(int mt, int occ, int reg, const GemmParams &p, dim3 g, size_t smem, cudaStream_t s) {
-    if (p.xn_kind) { /* the X prologue's norm: register weights at MT 1 and 2 (nib_gemm_plan_stages_all_k) */
-        if (mt == 1 && reg == 1) return launch_t<FMT, 1, 1, 2, 1, true>(p, g, smem, s);
-        if (mt == 2 && reg == 1) return launch_t<FMT, 2, 1, 2, 1, true>(p, g, smem, s);
-        return NIB_ERR(NIB_ERR_INTERNAL, "gemm + norm: no kernel for mt %d weight path %d", mt, reg);
-    }
     switch (mt) {
     case 1:
         return reg == 2 ? launch_t<FMT, 1, 1, 2, 2>(p, g, smem, s)
@@ -1353,49 +1280,9 @@ nib_status nib_cuda_gemm(const nib_qweight *w, const void *x, int64_t m, int64_t
     return nib_cuda_gemm_planned(w, x, m, ldx, y, ldy, epi, ws, NULL, stream);
 }
 
-static nib_status gemm_run(const nib_qweight *w, const void *x, int64_t m, int64_t ldx, void *y, int64_t ldy,
-                           const nib_gemm_epi *epi, nib_gemm_ws *ws, const nib_gemm_plan *plan,
-                           const nib_norm_args *xn, void *stream);
-
 nib_status nib_cuda_gemm_planned(const nib_qweight *w, const void *x, int64_t m, int64_t ldx, void *y,
                                  int64_t ldy, const nib_gemm_epi *epi, nib_gemm_ws *ws,
                                  const nib_gemm_plan *plan, void *stream) {
-    return gemm_run(w, x, m, ldx, y, ldy, epi, ws, plan, NULL, stream);
-}
-
-/* what the X prologue's norm needs of the arguments (the plan is checked at launch) */
-static int xnorm_args_ok(const nib_qweight *w, const nib_norm_args *n) {
-    return w && n && w->fmt != NIB_WFMT_BF16 && !w->perm && (n->kind == NIB_NORM_RMS || n->kind == NIB_NORM_ADARMS) &&
-           !n->residual && !n->y_q && !n->n_valid && n->dim == w->k && n->rows >= 1 && n->x;
-}
-
-int nib_cuda_gemm_norm_fits(const nib_qweight *w, const struct nib_norm_args *n, uint64_t ws_elems) {
-    nib_gemm_plan pl;
-    if (!xnorm_args_ok(w, n) || nib_cuda_gemm_plan(w, n->rows, ws_elems, &pl)) {
-        nib_clear_error();
-        return 0;
-    }
-    return nib_gemm_plan_stages_all_k(&pl, w->kp);
-}
-
-nib_status nib_cuda_gemm_norm(const nib_qweight *w, const struct nib_norm_args *n, void *y, int64_t ldy,
-                              const nib_gemm_epi *epi, nib_gemm_ws *ws, void *stream) {
-    static const char *who = "gemm + norm (cuda)";
-    NIB_RETURN_IF_ERR(nib_norm_validate(n, who));
-    if (!xnorm_args_ok(w, n))
-        return NIB_ERR(NIB_ERR_UNSUPPORTED,
-                       "%s: the X prologue normalizes RMS / adaRMS rows of width K without a residual, FP8 output or "
-                       "valid-row count, for a low-bit weight without act-order (norm kind %d, dim %lld, K %lld)",
-                       who, n ? (int)n->kind : -1, n ? (long long)n->dim : 0LL, w ? (long long)w->k : 0LL);
-    const float *a = n->kind == NIB_NORM_ADARMS ? n->scale : n->w, *b = n->kind == NIB_NORM_ADARMS ? n->shift : NULL;
-    if ((a && ((uintptr_t)a & 15u)) || (b && ((uintptr_t)b & 15u)))
-        return NIB_ERR(NIB_ERR_SHAPE, "%s: fp32 parameter vectors must be 16-byte aligned", who);
-    return gemm_run(w, n->x, n->rows, n->ldx, y, ldy, epi, ws, NULL, n, stream);
-}
-
-static nib_status gemm_run(const nib_qweight *w, const void *x, int64_t m, int64_t ldx, void *y, int64_t ldy,
-                           const nib_gemm_epi *epi, nib_gemm_ws *ws, const nib_gemm_plan *plan,
-                           const nib_norm_args *xn, void *stream) {
     if (!w || !x || !y) return NIB_ERR(NIB_ERR_INVALID_ARG, "gemm: NULL weight, x or y");
     if (w->fmt == NIB_WFMT_BF16)
         return NIB_ERR(NIB_ERR_UNSUPPORTED, "gemm: bf16 weights go through nib_blas_gemm_bf16");
@@ -1466,19 +1353,6 @@ static nib_status gemm_run(const nib_qweight *w, const void *x, int64_t m, int64
     p.scale_add = w->scale_add;
     p.kcl = pl.wgt ? pl.wkcl : 0;
     if (p.res && p.ldr < p.n_out) return NIB_ERR(NIB_ERR_SHAPE, "gemm: residual ldr %lld < N_out %d", (long long)p.ldr, p.n_out);
-    if (xn) {
-        if (!nib_gemm_plan_stages_all_k(&pl, w->kp))
-            return NIB_ERR(NIB_ERR_UNSUPPORTED,
-                           "gemm + norm: the plan at M = %lld (mt %d wk %d ks %d, %d X buffers of %d steps%s) does not "
-                           "stage all of K = %lld in one window: run the norm first",
-                           (long long)m, pl.mt, pl.wk, pl.ksplit, pl.nxb, pl.xw, pl.wgt ? ", wgmma" : "",
-                           (long long)w->kp);
-        p.xn_kind = (int)xn->kind;
-        p.xn_eps = xn->eps;
-        p.xn_inv_dim = (xn->dim & (xn->dim - 1)) == 0 ? 1.0 / (double)xn->dim : 0.0;
-        p.xn_a = xn->kind == NIB_NORM_ADARMS ? xn->scale : xn->w;
-        p.xn_b = xn->kind == NIB_NORM_ADARMS ? xn->shift : NULL;
-    }
     if (pl.wgt) return launch_wg(w, p, x, ldx, pl.wgt, pl.wgc ? pl.wgc : 1, ws, (cudaStream_t)stream);
     {
         const int wn = WARPS / pl.wk; /* warps along N: a power of two (wk is 1, 2, 4 or 8) */
