@@ -309,3 +309,132 @@ NIB_TEST(misc_gpu_epilogue) {
         epilogue_case(t, &r, shapes[s][0], shapes[s][1], 0, 0, 0, 0);
     }
 }
+
+/* ---- the step boundary's small bf16 products (velocity + Euler update; short-K linear) ---------
+ * Sums run in fp32 in an order of their own, so these are checked against fp64 sums with the GEMM
+ * tests' derived bound: |y - ref| <= 2^-8 |ref| + (K + 64) 2^-22 (sum_k |w_k x_k| + |b|) (bf16
+ * rounding of the result; one 2^-22 relative error per addition). The Euler update then is exact
+ * given the kernel's own v: xt' == xt + v in fp32 and xt_act == bf16(xt'), bit for bit. */
+static double small_bound(double ref, double mag, int64_t k) { return ldexp(fabs(ref), -8) + (double)(k + 64) * ldexp(mag, -22); }
+
+static void velocity_case(nib_test_ctx *t, nib_rng *r, int64_t rows, int64_t n, int64_t k, int bias) {
+    const int64_t ldx = k + 8, ldv = n + 3, ldt = n + 5, lda = n + 2, R = rows + 1; /* a guard row */
+    uint16_t *hx = malloc((size_t)(rows * ldx) * 2), *hw = malloc((size_t)(n * k) * 2), *gv = malloc((size_t)(R * ldv) * 2),
+             *ga = malloc((size_t)(R * lda) * 2);
+    float *hb = malloc((size_t)n * 4), *xt0 = malloc((size_t)(R * ldt) * 4), *gt = malloc((size_t)(R * ldt) * 4);
+    void *dx = NULL, *dw = NULL, *dv = NULL, *da = NULL, *db = NULL, *dt = NULL;
+    REQUIRE(hx && hw && gv && ga && hb && xt0 && gt);
+    for (int64_t i = 0; i < rows * ldx; i++) hx[i] = nib_f32_to_bf16((float)nib_rng_normal(r));
+    for (int64_t i = 0; i < n * k; i++) hw[i] = nib_f32_to_bf16((float)(0.03 * nib_rng_normal(r)));
+    for (int64_t i = 0; i < n; i++) hb[i] = (float)(0.1 * nib_rng_normal(r));
+    for (int64_t i = 0; i < R * ldt; i++) xt0[i] = (float)nib_rng_normal(r);
+    for (int64_t i = 0; i < R * ldv; i++) gv[i] = PBF16;
+    for (int64_t i = 0; i < R * lda; i++) ga[i] = PBF16;
+    if (!dup_dev(t, &dx, hx, (size_t)(rows * ldx) * 2) || !dup_dev(t, &dw, hw, (size_t)(n * k) * 2) ||
+        !dup_dev(t, &db, hb, (size_t)n * 4) || !dup_dev(t, &dt, xt0, (size_t)(R * ldt) * 4) ||
+        !dup_dev(t, &dv, gv, (size_t)(R * ldv) * 2) || !dup_dev(t, &da, ga, (size_t)(R * lda) * 2))
+        goto done;
+    nib_velocity_args a = {dx, rows, k, ldx, dw, bias ? (const float *)db : NULL, n, dv, ldv, (float *)dt, ldt, da, lda};
+    CHECK_OK(nib_cuda_velocity(&a, NULL));
+    if (!back(t, gv, dv, (size_t)(R * ldv) * 2) || !back(t, ga, da, (size_t)(R * lda) * 2) ||
+        !back(t, gt, dt, (size_t)(R * ldt) * 4))
+        goto done;
+    int64_t bad = 0;
+    double worst = 0;
+    for (int64_t i = 0; i < rows; i++)
+        for (int64_t j = 0; j < n; j++) {
+            double ref = bias ? hb[j] : 0.0, mag = bias ? fabs(hb[j]) : 0.0;
+            for (int64_t q = 0; q < k; q++) {
+                const double p = (double)nib_bf16_to_f32(hx[i * ldx + q]) * nib_bf16_to_f32(hw[j * k + q]);
+                ref += p, mag += fabs(p);
+            }
+            const float v = nib_bf16_to_f32(gv[i * ldv + j]);
+            const double e = fabs(v - ref) / small_bound(ref, mag, k);
+            worst = e > worst ? e : worst;
+            const float xt = xt0[i * ldt + j] + v;
+            const int ok = e <= 1.0 && f2u(gt[i * ldt + j]) == f2u(xt) && ga[i * lda + j] == nib_f32_to_bf16(xt);
+            if (!ok && bad++ < 3)
+                nib_test_fail(t, __FILE__, __LINE__, "velocity [%lld][%lld]: v %.7g (ref %.7g, err/bound %.2f), xt %.9g want %.9g",
+                              (long long)i, (long long)j, v, ref, e, gt[i * ldt + j], xt);
+        }
+    int64_t guards = 0; /* columns past n and the guard row: untouched */
+    for (int64_t i = 0; i < R; i++) {
+        for (int64_t j = i < rows ? n : 0; j < ldv; j++) guards += gv[i * ldv + j] != PBF16;
+        for (int64_t j = i < rows ? n : 0; j < lda; j++) guards += ga[i * lda + j] != PBF16;
+        for (int64_t j = i < rows ? n : 0; j < ldt; j++) guards += f2u(gt[i * ldt + j]) != f2u(xt0[i * ldt + j]);
+    }
+    CHECK_MSG(bad == 0 && guards == 0, "velocity rows %lld n %lld k %lld: %lld wrong, %lld guards written", (long long)rows,
+              (long long)n, (long long)k, (long long)bad, (long long)guards);
+    printf("  velocity rows %-3lld n %-3lld k %-5lld bias %d: worst err/bound %.3f\n", (long long)rows, (long long)n,
+           (long long)k, bias, worst);
+done:
+    nib_dev_free(dx, (size_t)(rows * ldx) * 2), nib_dev_free(dw, (size_t)(n * k) * 2), nib_dev_free(db, (size_t)n * 4);
+    nib_dev_free(dt, (size_t)(R * ldt) * 4), nib_dev_free(dv, (size_t)(R * ldv) * 2), nib_dev_free(da, (size_t)(R * lda) * 2);
+    free(hx), free(hw), free(gv), free(ga), free(hb), free(xt0), free(gt);
+}
+
+static void small_k_case(nib_test_ctx *t, nib_rng *r, int64_t rows, int64_t n, int64_t k, int bias) {
+    const int64_t ldx = k + 1, ldy = n + 7, R = rows + 1;
+    uint16_t *hx = malloc((size_t)(rows * ldx) * 2), *hw = malloc((size_t)(n * k) * 2), *gy = malloc((size_t)(R * ldy) * 2);
+    float *hb = malloc((size_t)n * 4);
+    void *dx = NULL, *dw = NULL, *dy = NULL, *db = NULL;
+    REQUIRE(hx && hw && gy && hb);
+    for (int64_t i = 0; i < rows * ldx; i++) hx[i] = nib_f32_to_bf16((float)nib_rng_normal(r));
+    for (int64_t i = 0; i < n * k; i++) hw[i] = nib_f32_to_bf16((float)(0.2 * nib_rng_normal(r)));
+    for (int64_t i = 0; i < n; i++) hb[i] = (float)(0.1 * nib_rng_normal(r));
+    for (int64_t i = 0; i < R * ldy; i++) gy[i] = PBF16;
+    if (!dup_dev(t, &dx, hx, (size_t)(rows * ldx) * 2) || !dup_dev(t, &dw, hw, (size_t)(n * k) * 2) ||
+        !dup_dev(t, &db, hb, (size_t)n * 4) || !dup_dev(t, &dy, gy, (size_t)(R * ldy) * 2))
+        goto done;
+    CHECK_OK(nib_cuda_linear_small_k(dx, rows, k, ldx, dw, bias ? (const float *)db : NULL, n, dy, ldy, NULL));
+    if (!back(t, gy, dy, (size_t)(R * ldy) * 2)) goto done;
+    int64_t bad = 0, guards = 0;
+    double worst = 0;
+    for (int64_t i = 0; i < R; i++)
+        for (int64_t j = 0; j < ldy; j++) {
+            if (i >= rows || j >= n) {
+                guards += gy[i * ldy + j] != PBF16;
+                continue;
+            }
+            double ref = bias ? hb[j] : 0.0, mag = bias ? fabs(hb[j]) : 0.0;
+            for (int64_t q = 0; q < k; q++) {
+                const double p = (double)nib_bf16_to_f32(hx[i * ldx + q]) * nib_bf16_to_f32(hw[j * k + q]);
+                ref += p, mag += fabs(p);
+            }
+            const double e = fabs(nib_bf16_to_f32(gy[i * ldy + j]) - ref) / small_bound(ref, mag, k);
+            worst = e > worst ? e : worst;
+            if (!(e <= 1.0) && bad++ < 3)
+                nib_test_fail(t, __FILE__, __LINE__, "small-K [%lld][%lld]: %.7g want %.7g", (long long)i, (long long)j,
+                              nib_bf16_to_f32(gy[i * ldy + j]), ref);
+        }
+    CHECK_MSG(bad == 0 && guards == 0, "small-K rows %lld n %lld k %lld: %lld wrong, %lld guards written", (long long)rows,
+              (long long)n, (long long)k, (long long)bad, (long long)guards);
+    printf("  small-K  rows %-3lld n %-5lld k %-3lld bias %d: worst err/bound %.3f\n", (long long)rows, (long long)n,
+           (long long)k, bias, worst);
+done:
+    nib_dev_free(dx, (size_t)(rows * ldx) * 2), nib_dev_free(dw, (size_t)(n * k) * 2), nib_dev_free(db, (size_t)n * 4);
+    nib_dev_free(dy, (size_t)(R * ldy) * 2);
+    free(hx), free(hw), free(gy), free(hb);
+}
+
+/* Pi0.5's shapes (H = 10 / 50 rows, 32 actions, width 1024) and awkward ones; bad shapes are errors */
+NIB_TEST(misc_gpu_step_boundary_products) {
+    NIB_REQUIRE_GPU();
+    nib_rng r;
+    nib_test_rng(t, &r);
+    velocity_case(t, &r, 10, 32, 1024, 1);
+    velocity_case(t, &r, 50, 32, 1024, 1);
+    velocity_case(t, &r, 1, 64, 2048, 0);
+    velocity_case(t, &r, 3, 7, 40, 1);
+    small_k_case(t, &r, 10, 1024, 32, 1);
+    small_k_case(t, &r, 50, 1024, 32, 1);
+    small_k_case(t, &r, 17, 300, 64, 0);
+    small_k_case(t, &r, 1, 5, 1, 1);
+    int dummy[16];
+    nib_velocity_args a = {dummy, 1, 2056, 2056, dummy, NULL, 32, dummy, 32, (float *)dummy, 32, dummy, 32};
+    CHECK_ST(nib_cuda_velocity(&a, NULL), NIB_ERR_SHAPE); /* k past 2048 */
+    a.k = 1024, a.ldx = 1024, a.n = 65;
+    CHECK_ST(nib_cuda_velocity(&a, NULL), NIB_ERR_SHAPE); /* n past 64 */
+    CHECK_ST(nib_cuda_linear_small_k(dummy, 1, 65, 65, dummy, NULL, 4, dummy, 4, NULL), NIB_ERR_SHAPE);
+    nib_clear_error();
+}

@@ -105,6 +105,114 @@ nib_status nib_cuda_axpy_f32(float *x, int64_t rows, int64_t cols, int64_t ldx, 
     return NIB_OK;
 }
 
+/* velocity: one CTA per row, warp w computes outputs w, w + 8, ...: each lane holds its 8-column
+ * chunks of the row (k / 8 / 32 per lane, loaded once), multiplies them with the same chunks of W's
+ * row j (16-byte loads, fp32 FMAs), the warp's xor tree sums, lane 0 finishes the element. The weights
+ * are read before the PDL wait (runtime/launch.cuh, rule 1: no kernel of the call writes them). */
+#define VEL_MAXC 8 /* chunks per lane: k <= 8 * 32 * VEL_MAXC = 2048 */
+__global__ void __launch_bounds__(256) k_velocity(const nib_velocity_args a) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nch = (int)(a.k >> 3);
+    const __nv_bfloat16 *w = (const __nv_bfloat16 *)a.w;
+    for (int j = warp; j < a.n; j += 8) /* W into L2 (hints) while the previous kernel finishes */
+        for (int c = lane * 8; c < nch; c += 256) nib::prefetch_l2(w + (int64_t)j * a.k + 8 * c);
+    nib::pdl_enter();
+    const int64_t r = blockIdx.x;
+    const __nv_bfloat16 *x = (const __nv_bfloat16 *)a.x + r * a.ldx;
+    float xf[VEL_MAXC][8];
+#pragma unroll
+    for (int i = 0; i < VEL_MAXC; i++) {
+        const int c = lane + 32 * i;
+        uint4 u = make_uint4(0u, 0u, 0u, 0u);
+        if (c < nch) u = *(const uint4 *)(x + 8 * c);
+        const uint32_t ww[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int q = 0; q < 4; q++) xf[i][2 * q] = __uint_as_float(ww[q] << 16), xf[i][2 * q + 1] = __uint_as_float(ww[q] & 0xFFFF0000u);
+    }
+    for (int j = warp; j < a.n; j += 8) {
+        const __nv_bfloat16 *wr = w + (int64_t)j * a.k;
+        float acc = 0.f;
+#pragma unroll
+        for (int i = 0; i < VEL_MAXC; i++) {
+            const int c = lane + 32 * i;
+            if (c >= nch) break;
+            const uint4 u = *(const uint4 *)(wr + 8 * c);
+            const uint32_t ww[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                acc = fmaf(xf[i][2 * q], __uint_as_float(ww[q] << 16), acc);
+                acc = fmaf(xf[i][2 * q + 1], __uint_as_float(ww[q] & 0xFFFF0000u), acc);
+            }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+        if (lane == 0) {
+            const __nv_bfloat16 v = __float2bfloat16(a.b ? acc + a.b[j] : acc);
+            ((__nv_bfloat16 *)a.v)[r * a.ldv + j] = v;
+            const float t = a.xt[r * a.ldt + j] + __bfloat162float(v);
+            a.xt[r * a.ldt + j] = t;
+            ((__nv_bfloat16 *)a.xt_act)[r * a.lda + j] = __float2bfloat16(t);
+        }
+    }
+}
+
+nib_status nib_cuda_velocity(const nib_velocity_args *a, void *stream) {
+    if (!a || !a->x || !a->w || !a->v || !a->xt || !a->xt_act)
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "velocity (cuda): NULL argument");
+    if (a->rows <= 0) return NIB_OK;
+    if (a->n < 1 || a->n > NIB_VELOCITY_MAX_N || a->k < 8 || a->k % 8 || a->k > 8 * 32 * VEL_MAXC || a->ldx < a->k ||
+        a->ldx % 8 || ((uintptr_t)a->x & 15u) || ((uintptr_t)a->w & 15u) || a->ldv < a->n || a->ldt < a->n || a->lda < a->n)
+        return NIB_ERR(NIB_ERR_SHAPE,
+                       "velocity (cuda): n %lld (1..%d), k %lld (multiple of 8, <= %d), ldx %lld (>= k, multiple of 8), "
+                       "16-byte aligned x and W, ldv / ldt / lda >= n",
+                       (long long)a->n, NIB_VELOCITY_MAX_N, (long long)a->k, 8 * 32 * VEL_MAXC, (long long)a->ldx);
+    NIB_CUDA_CHECK(nib::launch(k_velocity, dim3((unsigned)a->rows), dim3(256), 0, (cudaStream_t)stream, *a));
+    NIB_LAUNCH_CHECK("k_velocity");
+    return NIB_OK;
+}
+
+/* small-K product: thread = (row, output), x rows in shared memory, W's row from global (64 B at K = 32) */
+__global__ void __launch_bounds__(256) k_linear_small_k(const __nv_bfloat16 *x, int rows, int k, int64_t ldx,
+                                                        const __nv_bfloat16 *w, const float *b, int n, __nv_bfloat16 *y,
+                                                        int64_t ldy) {
+    __shared__ float xs[16][NIB_SMALL_K_MAX];
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    float wf[NIB_SMALL_K_MAX];
+#pragma unroll
+    for (int q = 0; q < NIB_SMALL_K_MAX; q++) /* the weights, before the wait (registers: fixed indices) */
+        wf[q] = j < n && q < k ? __bfloat162float(w[(int64_t)j * k + q]) : 0.f;
+    const float bj = j < n && b ? b[j] : 0.f;
+    nib::pdl_enter();
+    for (int r0 = 0; r0 < rows; r0 += 16) {
+        const int nr = min(16, rows - r0);
+        __syncthreads();
+        for (int i = threadIdx.x; i < nr * k; i += blockDim.x)
+            xs[i / k][i % k] = __bfloat162float(x[(int64_t)(r0 + i / k) * ldx + i % k]);
+        __syncthreads();
+        if (j < n)
+            for (int r = 0; r < nr; r++) {
+                float acc = 0.f;
+#pragma unroll
+                for (int q = 0; q < NIB_SMALL_K_MAX; q++)
+                    if (q < k) acc = fmaf(xs[r][q], wf[q], acc);
+                y[(int64_t)(r0 + r) * ldy + j] = __float2bfloat16(acc + bj);
+            }
+    }
+}
+
+nib_status nib_cuda_linear_small_k(const void *x, int64_t rows, int64_t k, int64_t ldx, const void *w, const float *b,
+                                   int64_t n, void *y, int64_t ldy, void *stream) {
+    if (!x || !w || !y) return NIB_ERR(NIB_ERR_INVALID_ARG, "small-K linear (cuda): NULL argument");
+    if (rows <= 0 || n <= 0) return NIB_OK;
+    if (k < 1 || k > NIB_SMALL_K_MAX || ldx < k || ldy < n || rows > INT32_MAX || n > INT32_MAX)
+        return NIB_ERR(NIB_ERR_SHAPE, "small-K linear (cuda): k %lld (1..%d), ldx %lld (>= k), ldy %lld (>= n %lld)",
+                       (long long)k, NIB_SMALL_K_MAX, (long long)ldx, (long long)ldy, (long long)n);
+    NIB_CUDA_CHECK(nib::launch(k_linear_small_k, dim3(blocks_for(n, 128)), dim3(128), 0, (cudaStream_t)stream,
+                               (const __nv_bfloat16 *)x, (int)rows, (int)k, ldx, (const __nv_bfloat16 *)w, b, (int)n,
+                               (__nv_bfloat16 *)y, ldy));
+    NIB_LAUNCH_CHECK("k_linear_small_k");
+    return NIB_OK;
+}
+
 /* (0.5 g) (1 + tanh(k0 (g + ((k1 g) g) g))), each fp32 operation rounded on its own (the
  * reference's order, ops/ref/misc.c) */
 __device__ __forceinline__ float gelu_tanh_dev(float g) {
