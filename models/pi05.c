@@ -1582,11 +1582,9 @@ static nib_status fwd_prefix(nib_pi05 *m, const call_shape *cs, int nsig, op_ste
 }
 
 /* x_t -> the expert's input rows (ex) */
-/* the step's input: x_t in the activation dtype (step 0 converts the noise; every later step's
- * velocity update, nib_be_velocity, wrote it), then the action-in product */
-static nib_status step_in(nib_pi05 *m, const call_shape *cs, int s) {
+static nib_status step_in(nib_pi05 *m, const call_shape *cs) {
     const int64_t A = m->c.action_dim;
-    if (s == 0) NIB_RETURN_IF_ERR(nib_be_f32_to_act(&m->be, m->xt, cs->H, A, A, m->xt_act, A));
+    NIB_RETURN_IF_ERR(nib_be_f32_to_act(&m->be, m->xt, cs->H, A, A, m->xt_act, A));
     return nib_be_gemm(&m->be, &m->ain, m->xt_act, cs->H, A, m->ex, m->c.e_width, NULL);
 }
 
@@ -1657,9 +1655,9 @@ static nib_status step_out(nib_pi05 *m, const call_shape *cs, int s, const op_st
                         .scale = mfin, .shift = mfin + We, .y = m->ey, .ldy = We};
     if (o && o->pend) nf.x = m->ey, nf.residual = m->ex, nf.ldr = We, nf.res_gate = o->pend;
     NIB_RETURN_IF_ERR(nib_be_norm(be, &nf));
-    /* velocity (dt folded into action_out_proj), x_t += it, and x_t for the next step's input */
-    NIB_RETURN_IF_ERR(nib_be_velocity(be, &m->aout, m->ey, H, We, m->eout, A, m->xt, A, m->xt_act, A));
+    NIB_RETURN_IF_ERR(nib_be_gemm(be, &m->aout, m->ey, H, We, m->eout, A, NULL)); /* dt folded */
     NIB_RETURN_IF_ERR(check_stage(m, m->eout, H, A, A, 0, "expert out (velocity x dt)", "step %d velocity", s));
+    NIB_RETURN_IF_ERR(nib_be_axpy_f32(be, m->xt, H, A, A, m->eout, A));
     return check_stage(m, m->xt, H, A, A, 1, "x_t (fp32)", "step %d x_t", s);
 }
 
@@ -1669,7 +1667,7 @@ static nib_status fwd_step(nib_pi05 *m, const call_shape *cs, int s, int body_do
     if (body_done == 2) return NIB_OK;
     const nib_pi05_config *c = &m->c;
     nib_be *be = &m->be;
-    if (!body_done) NIB_RETURN_IF_ERR(step_in(m, cs, s));
+    if (!body_done) NIB_RETURN_IF_ERR(step_in(m, cs));
     /* the first step op by op where it runs so beside the prefix: also in the eager first call of a
      * shape (get_graph), so every kernel the graph holds has run once before the capture */
     const int first_ops = s == 0 && m->oside && m->ofirst_ops;
@@ -1715,7 +1713,7 @@ static nib_status side_ops(nib_pi05 *m, const call_shape *cs, op_step *o, int l)
     nib_be *be = &m->be;
     NIB_RETURN_IF_ERR(nib_be_fork(be));
     nib_pdl_suspend(1);
-    nib_status st = l == 0 ? step_in(m, cs, 0) : NIB_OK;
+    nib_status st = l == 0 ? step_in(m, cs) : NIB_OK;
     if (!st) st = op_layer(m, cs, o, l);
     if (!st && l == m->c.e_layers - 1) st = step_out(m, cs, 0, o);
     nib_pdl_suspend(0);
@@ -1741,7 +1739,7 @@ static nib_status prefix_and_first_step(nib_pi05 *m, const call_shape *cs, int *
         const nib_status js = nib_be_join(be); /* on errors too: a capture ends with every fork joined */
         return st ? st : js;
     }
-    NIB_RETURN_IF_ERR(step_in(m, cs, 0)); /* on the main stream: it uses the shared GEMM scratch */
+    NIB_RETURN_IF_ERR(step_in(m, cs)); /* on the main stream: it uses the shared GEMM scratch */
     nib_expert_args xa;
     expert_args(m, cs->H, 0, &xa);
     const int32_t nb = beside_layers(m, cs->S);

@@ -60,34 +60,6 @@ nib_status nib_ref_axpy_f32(float *x, int64_t rows, int64_t cols, int64_t ldx, c
 nib_status nib_cuda_axpy_f32(float *x, int64_t rows, int64_t cols, int64_t ldx, const void *v, int64_t ldv,
                              void *stream);
 
-/* Small bf16 products of Pi0.5's step boundary, CUDA only (the reference composes its GEMM, axpy_f32 and
- * f32_to_act: runtime/backend.c), each one PDL kernel instead of cuBLAS plus elementwise kernels.
- * W is bf16 [n][k] (device), b fp32 [n] or NULL; sums in fp32 (error as for the low-bit GEMM:
- * tests/test_misc_gpu.c).
- *
- * velocity (the action-out product with dt folded into W and b, and the Euler update):
- *   v[r][j] = bf16(sum_k x[r][k] W[j][k] + b[j]);  xt[r][j] += v[r][j] (fp32);  xt_act[r][j] = bf16(xt[r][j])
- * for r < rows, j < n. n <= NIB_VELOCITY_MAX_N, k a multiple of 8, x rows 16-byte aligned (ldx % 8 == 0). */
-#define NIB_VELOCITY_MAX_N 64
-typedef struct nib_velocity_args {
-    const void *x;
-    int64_t rows, k, ldx;
-    const void *w;
-    const float *b;
-    int64_t n;
-    void *v; /* [rows][ldv] bf16 */
-    int64_t ldv;
-    float *xt; /* [rows][ldt] fp32, updated */
-    int64_t ldt;
-    void *xt_act; /* [rows][lda] bf16 */
-    int64_t lda;
-} nib_velocity_args;
-nib_status nib_cuda_velocity(const nib_velocity_args *a, void *stream);
-/* y[r][j] = bf16(sum_k x[r][k] W[j][k] + b[j]) for a short K (<= NIB_SMALL_K_MAX: the action-in product, K = 32). */
-#define NIB_SMALL_K_MAX 64
-nib_status nib_cuda_linear_small_k(const void *x, int64_t rows, int64_t k, int64_t ldx, const void *w, const float *b,
-                                   int64_t n, void *y, int64_t ldy, void *stream);
-
 /* Epilogue on a raw GEMM output acc [rows][n_in] (act dtype), in the order of ops/gemm.h:
  *   v = acc + bias;  GeGLU: v = gelu_tanh(v[:, j]) * v[:, H + j] with H = n_in / 2;
  *   v = gate ? gate * v : v;  y = residual ? residual + v : v.

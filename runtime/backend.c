@@ -415,12 +415,6 @@ nib_status nib_be_linear_load(nib_be *be, const nib_wsrc *src, int geglu, int w8
     return NIB_OK;
 }
 
-static int env01(const char *name) { /* 1 unless name=0 */
-    const char *e = getenv(name);
-    return !(e && !strcmp(e, "0"));
-}
-static int small_k_on(void) { return env01("NIB_SMALL_K"); }
-
 nib_status nib_be_gemm(nib_be *be, const nib_be_linear *L, const void *x, int64_t m, int64_t ldx, void *y,
                          int64_t ldy, const nib_gemm_epi *epi) {
     if (m <= 0) return NIB_OK;
@@ -443,10 +437,6 @@ nib_status nib_be_gemm(nib_be *be, const nib_be_linear *L, const void *x, int64_
     }
     if (L->fmt != NIB_WFMT_BF16 && !L->w8a8)
         return nib_cuda_gemm(&L->q, x, m, ldx, y, ldy, epi, &be->sc.ws, be->stream);
-    /* a short K (Pi0.5's action-in product, K = 32): one PDL kernel instead of cuBLAS (which does not
-     * trigger the next kernel early). NIB_SMALL_K=0: cuBLAS (the A/B switch). */
-    if (!L->w8a8 && L->k <= NIB_SMALL_K_MAX && !L->geglu && !epi->gate && !epi->residual && small_k_on())
-        return nib_cuda_linear_small_k(x, m, L->k, ldx, L->q.bf16_w, L->bias, L->n, y, ldy, be->stream);
     /* cuBLAS paths. Bias and residual (no gate, no GeGLU): one cuBLASLt call with its BIAS
      * epilogue and C = residual (beta = 1), straight into y. Otherwise, or where cuBLASLt has no
      * such algorithm: raw product into scratch, then the epilogue kernel. */
@@ -607,19 +597,6 @@ nib_status nib_be_axpy_f32(nib_be *be, float *x, int64_t rows, int64_t cols, int
                            int64_t ldv) {
     DISPATCH(nib_ref_axpy_f32(x, rows, cols, ldx, v, ldv), nib_cuda_axpy_f32(x, rows, cols, ldx, v, ldv, be->stream));
 }
-nib_status nib_be_velocity(nib_be *be, const nib_be_linear *L, const void *x, int64_t rows, int64_t ldx, void *v,
-                           int64_t ldv, float *xt, int64_t ldt, void *xt_act, int64_t lda) {
-    if (rows <= 0) return NIB_OK;
-    if (be->kind == NIB_BE_CUDA && L->fmt == NIB_WFMT_BF16 && !L->w8a8 && !L->geglu && L->n <= NIB_VELOCITY_MAX_N &&
-        L->k % 8 == 0 && ldx % 8 == 0 && ((uintptr_t)x & 15u) == 0 && env01("NIB_FUSED_VELOCITY")) {
-        nib_velocity_args a = {x, rows, L->k, ldx, L->q.bf16_w, L->bias, L->n, v, ldv, xt, ldt, xt_act, lda};
-        return nib_cuda_velocity(&a, be->stream);
-    }
-    NIB_RETURN_IF_ERR(nib_be_gemm(be, L, x, rows, ldx, v, ldv, NULL));
-    NIB_RETURN_IF_ERR(nib_be_axpy_f32(be, xt, rows, L->n, ldt, v, ldv));
-    return nib_be_f32_to_act(be, xt, rows, L->n, ldt, xt_act, lda);
-}
-
 nib_status nib_be_expert(nib_be *be, const nib_expert_args *a, void *ws, uint64_t ws_bytes) {
     if (be->kind == NIB_BE_REF)
         return NIB_ERR(NIB_ERR_UNSUPPORTED, "expert kernel: CUDA only (the reference runs the per-op sequence)");

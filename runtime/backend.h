@@ -152,12 +152,6 @@ nib_status nib_be_im2patch(nib_be *be, const nib_im2patch_args *a);
 nib_status nib_be_embed(nib_be *be, const nib_embed_args *a);
 nib_status nib_be_f32_to_act(nib_be *be, const float *x, int64_t rows, int64_t cols, int64_t ldx, void *y,
                              int64_t ldy);
-/* The flow-matching step's end: v = x · Wᵀ + b (L: the action-out product, dt folded), xt += v in fp32,
- * xt_act = act(xt) (the next step's input). CUDA with a bf16 weight of at most NIB_VELOCITY_MAX_N rows:
- * one kernel (nib_cuda_velocity); otherwise (and NIB_FUSED_VELOCITY=0) the GEMM, axpy_f32 and
- * f32_to_act. v [rows][ldv] act holds the velocity either way. */
-nib_status nib_be_velocity(nib_be *be, const nib_be_linear *L, const void *x, int64_t rows, int64_t ldx, void *v,
-                           int64_t ldv, float *xt, int64_t ldt, void *xt_act, int64_t lda);
 nib_status nib_be_axpy_f32(nib_be *be, float *x, int64_t rows, int64_t cols, int64_t ldx, const void *v,
                            int64_t ldv);
 /* All layers of one action-expert step in one persistent kernel (ops/expert.h). CUDA only: the

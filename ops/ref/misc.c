@@ -108,13 +108,4 @@ nib_status nib_cuda_epilogue(const nib_epilogue_args *a, void *stream) {
     (void)a, (void)stream;
     return NO_CUDA("nib_cuda_epilogue");
 }
-nib_status nib_cuda_velocity(const nib_velocity_args *a, void *stream) {
-    (void)a, (void)stream;
-    return NO_CUDA("nib_cuda_velocity");
-}
-nib_status nib_cuda_linear_small_k(const void *x, int64_t rows, int64_t k, int64_t ldx, const void *w, const float *b,
-                                   int64_t n, void *y, int64_t ldy, void *stream) {
-    (void)x, (void)rows, (void)k, (void)ldx, (void)w, (void)b, (void)n, (void)y, (void)ldy, (void)stream;
-    return NO_CUDA("nib_cuda_linear_small_k");
-}
 #endif
