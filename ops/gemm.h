@@ -203,7 +203,7 @@ nib_status nib_gemm_plan_for(const nib_gemm_shape *w, int64_t m, uint64_t ws_ele
  * NIB_GEMM_RULE_K1024: at 8 < M <= 16 and K a multiple of 1024, one M chunk (MT 2), 4 warps along K
  * and K / 1024 CTAs along K: every warp one pipeline step. Pi0.5's action expert at H = 10 (H100,
  * bench/results/pi05-expert-gemm-plans-h100.json): o and down on this rule instead of two M chunks,
- * fast 10.565 -> 10.19 ms per call. */
+ * fast 10.565 -> 10.19 ms per call; as made (pi05-gemm-rule-ab-h100.json) 10.53 -> 10.20. */
 #define NIB_GEMM_RULE_K1024 1
 /* The rule's plan into *pl with *hit = 1, or *hit = 0 where the rule does not apply (rule 0, M or K
  * outside it, a workspace too small for its K split, or NIB_GEMM_RULE=0 in the environment: the A/B
