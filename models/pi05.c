@@ -57,6 +57,9 @@ struct nib_pi05 {
     void *patches, *vx, *vy, *vqkv, *vattn, *vmlp;
     void *px, *py, *pqkv, *pattn, *pmlp;
     void *ex, *ey, *eqkv, *eq, *eattn, *emlp, *eout, *xt_act;
+    void *rope_cs; /* [Hmax][hd/2] float2: the suffix positions' (cos, sin) for the q|k|v product's
+                    * epilogue (nib_be_gemm_qkv), computed once per call (rope_table); NULL when the
+                    * expert's q|k|v is not in the pair layout */
     float *xt;
     int32_t *ints; /* [0] S valid, [1] T valid (P + H), [2] P (slot base of the expert tokens) */
     int32_t *pos_prefix, *pos_suffix, *ids;
@@ -227,11 +230,11 @@ static void *qworker(void *arg) {
 /* w: [n][k] fp32 (folded). Quantizes on all cores (rows are independent once the NVFP4 global
  * is fixed from the whole tensor), then loads into the backend. */
 static nib_status load_linear(nib_pi05 *m, const char *name, nib_wfmt fmt, const float *w, int64_t n, int64_t k,
-                              const float *bias, int geglu, int w8a8, nib_be_linear *out) {
+                              const float *bias, int geglu, int32_t rope_half, int w8a8, nib_be_linear *out) {
     nib_status st = NIB_OK;
     nib_wsrc src;
     memset(&src, 0, sizeof src);
-    src.n = n, src.k = k, src.bias = bias, src.group = 128;
+    src.n = n, src.k = k, src.bias = bias, src.group = 128, src.rope_half = rope_half;
     void *data = NULL, *scales = NULL;
     nib_int4_weight i4;
     memset(&i4, 0, sizeof i4);
@@ -331,6 +334,7 @@ typedef struct fused_spec {
     const float *fold;     /* float path: columns times (1 + fold[j]); NULL = none. A
                               pre-quantized set is not folded: the caller applies the norm weight */
     int bias, geglu, w8a8;
+    int32_t rope_half;     /* nib_wsrc.rope_half: the expert's q|k|v for nib_be_gemm_qkv (0 = none) */
 } fused_spec;
 
 /* Multiply the scales of rows [0, rows0) of an imported weight by s without requantizing:
@@ -458,7 +462,7 @@ static nib_status load_fused(nib_pi05 *m, const nib_st_file *f, const fused_spec
             a = NULL;
         }
         if (sp->fold) fold_cols(cat, n, sp->k, sp->fold);
-        NIB_TRY(load_linear(m, sp->name, fmt, cat, n, sp->k, bias, sp->geglu, sp->w8a8, out));
+        NIB_TRY(load_linear(m, sp->name, fmt, cat, n, sp->k, bias, sp->geglu, sp->rope_half, sp->w8a8, out));
     } else {
         for (int i = 0; i < sp->nparts; i++) {
             nib_pi05_lin li;
@@ -472,6 +476,7 @@ static nib_status load_fused(nib_pi05 *m, const nib_st_file *f, const fused_spec
         }
         nib_wsrc src = q->w;
         src.bias = bias;
+        src.rope_half = sp->rope_half;
         if (sp->qscale != 1.0f) NIB_TRY(scale_rows(&src, sp->rows[0], sp->qscale, sp->name, &owned));
         NIB_TRY(nib_be_linear_load(&m->be, &src, sp->geglu, sp->w8a8, sp->name, out));
     }
@@ -559,7 +564,7 @@ static nib_status load_vision(nib_pi05 *m, const nib_st_file *f) {
         goto fail;
     }
     for (int64_t r = 0; r < W; r++) memcpy(tmp + r * m->kpatch, a + r * kp, (size_t)kp * 4);
-    NIB_TRY(load_linear(m, "vision.patch_embedding", NIB_WFMT_BF16, tmp, W, m->kpatch, b, 0, 0, &m->patch));
+    NIB_TRY(load_linear(m, "vision.patch_embedding", NIB_WFMT_BF16, tmp, W, m->kpatch, b, 0, 0, 0, &m->patch));
     nib_free(a), nib_free(b), nib_free(tmp);
     a = b = tmp = NULL;
     s2[0] = c->v_tokens, s2[1] = W;
@@ -618,13 +623,23 @@ static nib_status load_vision(nib_pi05 *m, const nib_st_file *f) {
     int64_t ps[2] = {c->width, W}, pb[1] = {c->width};
     NIB_TRY(fetch(f, PI05_PROJ ".weight", 2, ps, &a));
     NIB_TRY(fetch(f, PI05_PROJ ".bias", 1, pb, &b));
-    NIB_TRY(load_linear(m, "multi_modal_projector", NIB_WFMT_BF16, a, c->width, W, b, 0, 0, &m->proj));
+    NIB_TRY(load_linear(m, "multi_modal_projector", NIB_WFMT_BF16, a, c->width, W, b, 0, 0, 0, &m->proj));
 fail:
     nib_free(a), nib_free(b), nib_free(tmp);
     return st;
 }
 
 /* Gemma-style layer weights of the prefix (expert == 0) or the action expert (expert == 1). */
+/* Whether the expert's q|k|v loads in the RoPE pair layout (ops/gemm.h rope_half) for
+ * nib_be_gemm_qkv: its epilogue then runs in the product's kernel (one kernel fewer per layer).
+ * Not for the persistent kernel (NIB_FUSED_STEP=1 reads the plain order) nor with NIB_GEMM_QKV=0
+ * (A/B: the product, then the qkv kernel, as before); nib_be_linear_load ignores it where the
+ * weight runs on cuBLAS. */
+static int expert_pairs_wanted(const nib_pi05 *m) {
+    const char *f = getenv("NIB_FUSED_STEP"), *q = getenv("NIB_GEMM_QKV");
+    return m->prec.backend == NIB_BE_CUDA && !(f && !strcmp(f, "1")) && !(q && !strcmp(q, "0"));
+}
+
 static nib_status load_lm(nib_pi05 *m, const nib_st_file *f, int expert) {
     nib_status st = NIB_OK;
     const nib_pi05_config *c = &m->c;
@@ -662,6 +677,7 @@ static nib_status load_lm(nib_pi05 *m, const nib_st_file *f, int expert) {
         sp.name = nm, sp.comp = expert ? COMP_EXPERT : COMP_PREFIX, sp.k = W, sp.w8a8 = w8a8;
         sp.qscale = expert || last_prefix ? 1.0f : 1.0f / sqrtf((float)hd);
         sp.fold = preq ? NULL : g;
+        sp.rope_half = expert && expert_pairs_wanted(m) ? (int32_t)(hd / 2) : 0;
         const char *pr[3] = {"q_proj", "k_proj", "v_proj"};
         for (int i = last_prefix ? 1 : 0; i < 3; i++) {
             snprintf(sp.bases[sp.nparts], sizeof sp.bases[0], "%s.layers.%d.self_attn.%s", P, l, pr[i]);
@@ -795,7 +811,7 @@ static nib_status load_expert_heads(nib_pi05 *m, const nib_st_file *f) {
         int64_t is[2] = {We, A}, ib[1] = {We}, os[2] = {A, We}, ob[1] = {A};
         NIB_TRY(fetch(f, "action_in_proj.weight", 2, is, &a));
         NIB_TRY(fetch(f, "action_in_proj.bias", 1, ib, &b));
-        NIB_TRY(load_linear(m, "action_in_proj", NIB_WFMT_BF16, a, We, A, b, 0, 0, &m->ain));
+        NIB_TRY(load_linear(m, "action_in_proj", NIB_WFMT_BF16, a, We, A, b, 0, 0, 0, &m->ain));
         nib_free(a), nib_free(b);
         a = b = NULL;
         NIB_TRY(fetch(f, "action_out_proj.weight", 2, os, &a));
@@ -803,7 +819,7 @@ static nib_status load_expert_heads(nib_pi05 *m, const nib_st_file *f) {
         const float dt = -1.0f / (float)c->steps;
         for (int64_t i = 0; i < A * We; i++) a[i] *= dt;
         for (int64_t i = 0; i < A; i++) b[i] *= dt;
-        NIB_TRY(load_linear(m, "action_out_proj", NIB_WFMT_BF16, a, A, We, b, 0, 0, &m->aout));
+        NIB_TRY(load_linear(m, "action_out_proj", NIB_WFMT_BF16, a, A, We, b, 0, 0, 0, &m->aout));
     }
 fail:
     nib_free(ti_w), nib_free(ti_b), nib_free(to_w), nib_free(to_b), nib_free(mw), nib_free(mb), nib_free(mods);
@@ -850,6 +866,7 @@ static void plan_sizes(const nib_pi05 *m, nib_be_sizes *sz) {
           al256(H * Fe * a) + 2 * al256(H * c->action_dim * a);
     for (int l = 0; l < c->layers; l++) ab += nib_kv_layer_bytes(m->prec.kv, (int32_t)(S + H), (int32_t)nkv, (int32_t)hd) + 256;
     ab += inputs_layout(c).total;
+    ab += al256((uint64_t)H * (uint64_t)(hd / 2) * 8); /* rope_cs, when the expert's q|k|v is in the pair layout */
     ab += al256(NIB_CHECK_FINITE_WS_BYTES);
     sz->act_bytes = ab + (1 << 20);
 
@@ -1208,6 +1225,9 @@ static nib_status alloc_buffers(nib_pi05 *m) {
     NIB_RETURN_IF_ERR(alloc_act(m, &m->emlp, H * c->e_mlp, "expert mlp"));
     NIB_RETURN_IF_ERR(alloc_act(m, &m->eout, H * A, "expert out"));
     NIB_RETURN_IF_ERR(alloc_act(m, &m->xt_act, H * A, "x_t act"));
+    if (m->el && m->el[0].qkv.q.rope_half)
+        NIB_RETURN_IF_ERR(nib_be_alloc_act(&m->be, (uint64_t)H * (uint64_t)(hd / 2) * 8, &m->rope_cs,
+                                           "expert RoPE table"));
     m->kv = nib_calloc((size_t)c->layers, sizeof *m->kv);
     if (!m->kv) return NIB_ERR_OUT_OF_MEMORY;
     for (int l = 0; l < c->layers; l++) {
@@ -1541,7 +1561,7 @@ static nib_status fwd_prefix(nib_pi05 *m, const call_shape *cs, int nsig, op_ste
              * values the unfused path leaves in pqkv) */
             nib_qkv_args qa = {S, NULL, (int32_t)qh, (int32_t)nkv, (int32_t)hd, m->pqkv, ld, m->pos_prefix, m->inv_freq,
                                1.0f, last ? NULL : pq, nh * hd, &m->kv[l], 0, NULL,
-                               l < nsig ? m->kv_sig + 32 * l : NULL};
+                               l < nsig ? m->kv_sig + 32 * l : NULL, 0, NULL};
             NIB_RETURN_IF_ERR(nib_be_qkv(be, &qa));
             at.q = pq, at.k = m->kv[l].k, at.v = m->kv[l].v;
             at.q_tok = nh * hd, at.k_tok = at.v_tok = nkv * hd;
@@ -1581,6 +1601,22 @@ static nib_status fwd_prefix(nib_pi05 *m, const call_shape *cs, int nsig, op_ste
     return NIB_OK;
 }
 
+/* The suffix positions' (cos, sin) for the fused q|k|v epilogue (m->rope_cs), once per call before
+ * the first op-by-op step, where layer 0's product fuses it at this H (the same positions for every
+ * step and layer). */
+static nib_status rope_table(nib_pi05 *m, const call_shape *cs) {
+    if (!m->rope_cs) return NIB_OK;
+    const nib_pi05_config *c = &m->c;
+    nib_qkv_args qa = {cs->H, NULL, (int32_t)c->e_heads, (int32_t)c->kv_heads, (int32_t)c->head_dim, m->eqkv,
+                       ((int64_t)c->e_heads + 2 * c->kv_heads) * c->head_dim, m->pos_suffix, m->inv_freq,
+                       1.0f, m->eq, (int64_t)c->e_heads * c->head_dim, &m->kv[0], 0, m->ints + 2, NULL, 1, m->rope_cs};
+    const int f = nib_cuda_gemm_qkv_fuses(&m->el[0].qkv.q, cs->H, &qa, &m->be.sc.ws, NULL);
+    if (f < 0) return NIB_ERR(NIB_ERR_INVALID_ARG, "pi05: the q|k|v epilogue cannot be planned at H = %d "
+                              "(NIB_GEMM_QKV must be 0 or 1)", (int)cs->H);
+    return f ? nib_cuda_rope_table(m->pos_suffix, m->inv_freq, cs->H, (int32_t)c->head_dim, m->rope_cs, m->be.stream)
+             : NIB_OK;
+}
+
 /* x_t -> the expert's input rows (ex) */
 static nib_status step_in(nib_pi05 *m, const call_shape *cs) {
     const int64_t A = m->c.action_dim;
@@ -1606,11 +1642,11 @@ static nib_status op_layer(nib_pi05 *m, const call_shape *cs, op_step *o, int l)
                         .scale = ma, .shift = ma + We, .y = m->ey, .ldy = We};
     if (o->pend) n1.x = m->ey, n1.residual = m->ex, n1.ldr = We, n1.res_gate = o->pend, o->pend = NULL;
     NIB_RETURN_IF_ERR(nib_be_norm(be, &n1));
-    NIB_RETURN_IF_ERR(nib_be_gemm(be, &L->qkv, m->ey, H, We, m->eqkv, ld, NULL));
-    /* RoPE at positions P + j, q out, K/V into cache slots P .. P + H - 1 */
+    /* the product, RoPE at positions P + j, q out, K/V into cache slots P .. P + H - 1: one kernel where
+     * nib_be_gemm_qkv fuses the epilogue (the pair layout, rope_cs from rope_table) */
     nib_qkv_args qa = {H, NULL, (int32_t)nh, (int32_t)nkv, (int32_t)hd, m->eqkv, ld, m->pos_suffix, m->inv_freq,
-                       1.0f / sqrtf((float)hd), m->eq, nh * hd, &m->kv[l], 0, m->ints + 2, NULL};
-    NIB_RETURN_IF_ERR(nib_be_qkv(be, &qa));
+                       1.0f / sqrtf((float)hd), m->eq, nh * hd, &m->kv[l], 0, m->ints + 2, NULL, 0, m->rope_cs};
+    NIB_RETURN_IF_ERR(nib_be_gemm_qkv(be, &L->qkv, m->ey, H, We, &qa));
     nib_attn_cache_args ca;
     memset(&ca, 0, sizeof ca);
     ca.q = m->eq, ca.o = m->eattn, ca.q_tok = ca.o_tok = nh * hd, ca.nq = (int32_t)H, ca.n_heads = (int32_t)nh;
@@ -1692,6 +1728,7 @@ static nib_status fwd_step(nib_pi05 *m, const call_shape *cs, int s, int body_do
     }
     op_step o;
     op_step_begin(m, s, &o);
+    if (s == 0) NIB_RETURN_IF_ERR(rope_table(m, cs)); /* (beside the prefix: side_ops) */
     for (int l = 0; l < c->e_layers; l++) NIB_RETURN_IF_ERR(op_layer(m, cs, &o, l));
     return step_out(m, cs, s, &o);
 }
@@ -1713,7 +1750,8 @@ static nib_status side_ops(nib_pi05 *m, const call_shape *cs, op_step *o, int l)
     nib_be *be = &m->be;
     NIB_RETURN_IF_ERR(nib_be_fork(be));
     nib_pdl_suspend(1);
-    nib_status st = l == 0 ? step_in(m, cs) : NIB_OK;
+    nib_status st = l == 0 ? rope_table(m, cs) : NIB_OK;
+    if (!st && l == 0) st = step_in(m, cs);
     if (!st) st = op_layer(m, cs, o, l);
     if (!st && l == m->c.e_layers - 1) st = step_out(m, cs, 0, o);
     nib_pdl_suspend(0);

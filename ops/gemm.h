@@ -52,6 +52,12 @@ typedef struct nib_wsrc {
     int group;              /* INT4 group size (128) */
     int fp8_per_channel;    /* FP8: scales has n entries (else 1) */
     const float *bias;      /* [n] fp32 or NULL */
+    int32_t rope_half;      /* low-bit CUDA kernel layout only (the reference ignores it): > 0 stores row r
+                             * beside row r + rope_half inside every block of 2 rope_half rows (a fused
+                             * q|k|v weight, rope_half = head_dim / 2: RoPE's rotate-half partners), so the
+                             * product's columns come out in ops/qkv.h's pair layout and the epilogue of
+                             * nib_cuda_gemm_qkv holds both partners of a rotation. n a multiple of
+                             * 2 rope_half, rope_half a multiple of 8; not with GeGLU. 0 = none */
 } nib_wsrc;
 
 typedef struct nib_gemm_epi {
@@ -100,6 +106,7 @@ typedef struct nib_qweight {
     void *bf16_w;           /* NIB_WFMT_BF16: the bf16 matrix itself (cuBLAS) */
     int plan_rule;          /* NIB_GEMM_RULE_*: a fixed launch plan where the model that owns the weight
                              * measured one better than the planner's (0: the planner) */
+    int rope_half;          /* nib_wsrc.rope_half: the output's columns are in ops/qkv.h's pair layout */
 } nib_qweight;
 
 /* Bytes the repacked weight needs on the device (so a loader can size one slab). */
@@ -124,6 +131,25 @@ void nib_cuda_gemm_ws_free(nib_gemm_ws *ws);
 /* Y = epilogue(X · Wᵀ) on `stream` (cudaStream_t or NULL). x, y, residual are device bf16. */
 nib_status nib_cuda_gemm(const nib_qweight *w, const void *x, int64_t m, int64_t ldx, void *y,
                          int64_t ldy, const nib_gemm_epi *epi, nib_gemm_ws *ws, void *stream);
+
+/* The q|k|v product and ops/qkv.h's epilogue (RoPE, q scaling, the KV-cache write) for a weight
+ * loaded with rope_half = qa->head_dim / 2: qkv = X · Wᵀ lands in qa->qkv (ld qa->ld_qkv, the pair
+ * layout), then nib_cuda_qkv reads it with qa->pairs = 1. Where the launch plan is the mma.sync
+ * kernel (M <= 64 tokens) and the epilogue allows it (a bf16 cache or none, no n_valid, no done
+ * counter, qa->rope_cs given), the rotation, q and the cache writes happen in the product's own
+ * epilogue instead (one kernel; qa->qkv is not written): bitwise the two-kernel result, since each
+ * output is rounded to bf16 first, then rotated with k_qkv's fp32 operations and the same (cos, sin).
+ * NIB_GEMM_QKV=0 keeps the two kernels (A/B). */
+struct nib_qkv_args;
+struct nib_gemm_plan;
+/* plan: NULL = the planner's (or the weight's rule); else one of nib_cuda_gemm_plans' (tests, lab) */
+nib_status nib_cuda_gemm_qkv(const nib_qweight *w, const void *x, int64_t m, int64_t ldx,
+                             const struct nib_qkv_args *qa, nib_gemm_ws *ws, const struct nib_gemm_plan *plan,
+                             void *stream);
+/* Whether nib_cuda_gemm_qkv would run in one kernel for these arguments (0 / 1; -1: an error, e.g.
+ * a bad NIB_GEMM_QKV or no plan). */
+int nib_cuda_gemm_qkv_fuses(const nib_qweight *w, int64_t m, const struct nib_qkv_args *qa, const nib_gemm_ws *ws,
+                            const struct nib_gemm_plan *plan);
 
 /* Geometry of the low-bit GEMM kernel, shared by the kernel (ops/cuda/gemm_lowbit.cu) and its
  * launch planner (ops/gemm_plan.c, host code compiled in every build). */

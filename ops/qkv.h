@@ -75,6 +75,16 @@ typedef struct nib_qkv_args {
                                  stream) that sees `tokens` there (and then fences) reads the
                                  cache rows. Pi0.5: the persistent expert's first step, overlapped
                                  with the prefix (ops/expert.h kv_sig). Whoever waits resets it. */
+    int32_t pairs;            /* 0: each head's dims in order. 1: the pair layout of a GEMM whose weight
+                                 rows were loaded with nib_wsrc.rope_half = head_dim / 2 (ops/gemm.h):
+                                 in every head, element 16j + i (i < 8) is dim 8j + i and element
+                                 16j + 8 + i is dim head_dim / 2 + 8j + i (rotate-half partners side by
+                                 side). Both backends read qkv in that order; q and the cache are
+                                 written in the plain order either way. */
+    const void *rope_cs;      /* optional, CUDA only: the (cos, sin) of every token's positions,
+                                 [tokens][head_dim / 2] float2 from nib_cuda_rope_table on the same
+                                 positions and inv_freq. The fused GEMM epilogue (nib_cuda_gemm_qkv)
+                                 needs it; nib_cuda_qkv computes its own. */
 } nib_qkv_args;
 
 /* Plain K/V write (no RoPE): k and v rows of n_kv_heads * head_dim values (the cache's shape). */
@@ -114,6 +124,11 @@ nib_status nib_ref_kv_read(const nib_kv_read_args *a);
 nib_status nib_cuda_qkv(const nib_qkv_args *a, void *stream);
 nib_status nib_cuda_kv_write(const nib_kv_write_args *a, void *stream);
 nib_status nib_cuda_kv_read(const nib_kv_read_args *a, void *stream);
+/* out[t][f] = (cos, sin) of the fp32 angle positions[t] * inv_freq[f], f < head_dim / 2, computed
+ * exactly as nib_cuda_qkv computes them (fp64 sincos rounded to fp32), so a GEMM epilogue that
+ * rotates with the table writes k_qkv's bits. out: device float2 [tokens][head_dim / 2]. */
+nib_status nib_cuda_rope_table(const int32_t *positions, const float *inv_freq, int64_t tokens, int32_t head_dim,
+                               void *out, void *stream);
 
 #ifdef __cplusplus
 }

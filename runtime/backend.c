@@ -390,7 +390,8 @@ nib_status nib_be_linear_load(nib_be *be, const nib_wsrc *src, int geglu, int w8
         if (st) return st;
     } else if (src->fmt == NIB_WFMT_BF16) {
         nib_wsrc nb = *src;
-        nb.bias = NULL; /* cuBLAS path: bias in the epilogue kernel */
+        nb.bias = NULL;      /* cuBLAS path: bias in the epilogue kernel */
+        nb.rope_half = 0;    /* and no pair layout: nib_be_gemm_qkv runs nib_be_gemm + nib_be_qkv */
         NIB_RETURN_IF_ERR(nib_cuda_weight_load(&nb, 0, name, &be->wslab, &out->q));
     } else {
         return nib_cuda_weight_load(src, geglu, name, &be->wslab, &out->q);
@@ -479,6 +480,15 @@ nib_status nib_be_gemm(nib_be *be, const nib_be_linear *L, const void *x, int64_
 
 int nib_be_gemm_fuses_gate(const nib_be *be, const nib_be_linear *L) {
     return be->kind == NIB_BE_REF || (L->fmt != NIB_WFMT_BF16 && !L->w8a8);
+}
+
+nib_status nib_be_gemm_qkv(nib_be *be, const nib_be_linear *L, const void *x, int64_t m, int64_t ldx,
+                           const nib_qkv_args *a) {
+    if (!a) return NIB_ERR(NIB_ERR_INVALID_ARG, "q|k|v linear: NULL qkv args");
+    if (be->kind == NIB_BE_CUDA && L->q.rope_half && L->fmt != NIB_WFMT_BF16 && !L->w8a8)
+        return nib_cuda_gemm_qkv(&L->q, x, m, ldx, a, &be->sc.ws, NULL, be->stream);
+    NIB_RETURN_IF_ERR(nib_be_gemm(be, L, x, m, ldx, (void *)a->qkv, a->ld_qkv, NULL));
+    return nib_be_qkv(be, a);
 }
 
 nib_status nib_be_norm_gemm(nib_be *be, const nib_norm_args *n, const nib_be_linear *L, void *y, int64_t ldy,

@@ -128,6 +128,13 @@ nib_status nib_be_gemm(nib_be *be, const nib_be_linear *L, const void *x, int64_
  * norm (nib_norm_args.res_gate), which computes the same values. */
 int nib_be_gemm_fuses_gate(const nib_be *be, const nib_be_linear *L);
 
+/* The q|k|v product into a->qkv (ld a->ld_qkv), then ops/qkv.h's epilogue a (RoPE, q scaling, the
+ * cache write). A CUDA low-bit weight loaded with rope_half = head_dim / 2 goes through
+ * nib_cuda_gemm_qkv (its output in the pair layout, the epilogue in the product's kernel where it
+ * can: a->qkv is then not written); anything else is nib_be_gemm, then nib_be_qkv. */
+nib_status nib_be_gemm_qkv(nib_be *be, const nib_be_linear *L, const void *x, int64_t m, int64_t ldx,
+                           const nib_qkv_args *a);
+
 /* norm then y = epilogue(norm(x) · Wᵀ). For a CUDA W8A8 layer the norm emits the FP8 codes and
  * per-row scales directly (n->y is then not written); otherwise n->y holds the normed rows. */
 nib_status nib_be_norm_gemm(nib_be *be, const nib_norm_args *n, const nib_be_linear *L, void *y, int64_t ldy,

@@ -35,6 +35,16 @@ nib_status nib_cuda_gemm(const nib_qweight *w, const void *x, int64_t m, int64_t
     (void)w, (void)x, (void)m, (void)ldx, (void)y, (void)ldy, (void)epi, (void)ws, (void)stream;
     return NO_CUDA("nib_cuda_gemm");
 }
+nib_status nib_cuda_gemm_qkv(const nib_qweight *w, const void *x, int64_t m, int64_t ldx, const struct nib_qkv_args *qa,
+                             nib_gemm_ws *ws, const struct nib_gemm_plan *plan, void *stream) {
+    (void)w, (void)x, (void)m, (void)ldx, (void)qa, (void)ws, (void)plan, (void)stream;
+    return NO_CUDA("nib_cuda_gemm_qkv");
+}
+int nib_cuda_gemm_qkv_fuses(const nib_qweight *w, int64_t m, const struct nib_qkv_args *qa, const nib_gemm_ws *ws,
+                            const struct nib_gemm_plan *plan) {
+    (void)w, (void)m, (void)qa, (void)ws, (void)plan;
+    return -1;
+}
 nib_status nib_cuda_gemm_plan(const nib_qweight *w, int64_t m, uint64_t ws_elems, nib_gemm_plan *plan) {
     (void)w, (void)m, (void)ws_elems;
     memset(plan, 0, sizeof *plan);

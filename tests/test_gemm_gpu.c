@@ -17,11 +17,15 @@
  * GeGLU propagates the gate and up errors through |gelu'| <= 1.13.
  */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "formats/formats.h"
 #include "harness.h"
 #include "ops/gemm.h"
+#include "ops/kvcache.h"
+#include "ops/qkv.h"
+#include "ops/rope.h"
 #include "runtime/device.h"
 
 #define POISON 0x7FC1u /* bf16 NaN with a payload: unwritten outputs and guards */
@@ -1652,4 +1656,231 @@ NIB_TEST(gemm_fp8_gpu_argument_errors) {
     a.fp8 = 0;
     CHECK_ST(nib_cuda_gemm_fp8(&a, NULL, NULL), NIB_ERR_INVALID_ARG);
     nib_dev_free(d, 1 << 16);
+}
+
+/* ---- the q|k|v product with ops/qkv.h's epilogue (nib_cuda_gemm_qkv) ------------------------------
+ * A weight loaded with rope_half = head_dim / 2 (the RoPE pair layout) through nib_cuda_gemm_qkv,
+ * against the two kernels it replaces: the same weight loaded plainly, its product (the same plan),
+ * then nib_cuda_qkv. The fused epilogue rounds each product to bf16 first and rotates with k_qkv's
+ * fp32 operations and the same (cos, sin) (nib_cuda_rope_table), so q, the cache and every guard
+ * around them must be bitwise equal; so must the pair layout's two-kernel form (NIB_GEMM_QKV=0: the
+ * pair-layout product, then nib_cuda_qkv with pairs = 1). Cases: every low-bit format, the Pi0.5
+ * expert's heads (8 + 1 + 1 of 256, K = 1024) and awkward ones (3 + 2 + 2 of 64 with a bias, 1 + 1 + 1
+ * of 32), M from 1 to 100 (above 64 the product runs on the wgmma kernel: two kernels), every mma.sync
+ * plan of the expert's shape at M = 10, 16 and 50 (K splits: the fused split-K finish), q only, the
+ * cache only, and slots past the cache's end (skipped). */
+typedef struct qkv_dev {
+    void *x, *q0, *q1, *c0, *c1, *y, *pos, *inv, *cs, *base;
+    size_t xb, qb, cb, yb;
+} qkv_dev;
+
+static void qkv_dev_free(qkv_dev *d) {
+    nib_dev_free(d->x, d->xb);
+    nib_dev_free(d->q0, d->qb);
+    nib_dev_free(d->q1, d->qb);
+    nib_dev_free(d->c0, d->cb);
+    nib_dev_free(d->c1, d->cb);
+    nib_dev_free(d->y, d->yb);
+    nib_dev_free(d->pos, 4096);
+    nib_dev_free(d->inv, 4096);
+    nib_dev_free(d->cs, 1 << 20);
+    nib_dev_free(d->base, 256);
+    memset(d, 0, sizeof *d);
+}
+
+typedef struct qkv_case {
+    int32_t nh, nkv, hd;
+    int64_t k;
+    int bias;
+} qkv_case;
+
+/* one M through both paths (plan: NULL or one of nib_cuda_gemm_plans'); outputs: q only (1), cache
+ * only (2), both (3); returns 1 where the product fused its epilogue */
+static int qkv_run(nib_test_ctx *t, nib_rng *rng, const qkv_case *c, const nib_qweight *w0, const nib_qweight *w1,
+                   int64_t m, const nib_gemm_plan *plan, int outs, int slot_base, nib_gemm_ws *ws, const char *fmt) {
+    const int64_t width = ((int64_t)c->nh + 2 * c->nkv) * c->hd, ldq = (int64_t)c->nh * c->hd + 8, ldy = width + 16;
+    const int32_t t_max = (int32_t)m + 7, slot_off = 3;
+    qkv_dev d;
+    memset(&d, 0, sizeof d);
+    d.xb = (size_t)(m * c->k) * 2, d.qb = (size_t)(m * ldq) * 2, d.yb = (size_t)(m * ldy) * 2;
+    d.cb = (size_t)nib_kv_layer_bytes(NIB_KV_BF16, t_max, c->nkv, c->hd);
+    int fused = -1;
+    uint16_t *hx = nib_malloc(d.xb), *hq0 = nib_malloc(d.qb), *hq1 = nib_malloc(d.qb);
+    uint8_t *hc0 = nib_malloc(d.cb), *hc1 = nib_malloc(d.cb);
+    int32_t pos[128], basev = slot_base;
+    float inv[256];
+    if (!hx || !hq0 || !hq1 || !hc0 || !hc1 || m > 128) {
+        CHECK_MSG(0, "host buffers");
+        goto done;
+    }
+    for (int64_t i = 0; i < m * c->k; i++) hx[i] = nib_f32_to_bf16((float)nib_rng_normal(rng));
+    for (int64_t i = 0; i < m; i++) pos[i] = (int32_t)nib_rng_below(rng, 5000);
+    CHECK_OK(nib_rope_inv_freq(NIB_ROPE_THETA, c->hd, inv));
+    CHECK_OK(nib_dev_malloc(&d.x, d.xb, "x"));
+    CHECK_OK(nib_dev_malloc(&d.q0, d.qb, "q0"));
+    CHECK_OK(nib_dev_malloc(&d.q1, d.qb, "q1"));
+    CHECK_OK(nib_dev_malloc(&d.c0, d.cb, "cache0"));
+    CHECK_OK(nib_dev_malloc(&d.c1, d.cb, "cache1"));
+    CHECK_OK(nib_dev_malloc(&d.y, d.yb, "qkv"));
+    CHECK_OK(nib_dev_malloc(&d.pos, 4096, "pos"));
+    CHECK_OK(nib_dev_malloc(&d.inv, 4096, "inv_freq"));
+    CHECK_OK(nib_dev_malloc(&d.cs, 1 << 20, "rope table"));
+    CHECK_OK(nib_dev_malloc(&d.base, 256, "slot base"));
+    CHECK_OK(nib_dev_upload(d.x, hx, d.xb));
+    CHECK_OK(nib_dev_upload(d.pos, pos, (size_t)m * 4));
+    CHECK_OK(nib_dev_upload(d.inv, inv, (size_t)c->hd / 2 * 4));
+    CHECK_OK(nib_dev_upload(d.base, &basev, 4));
+    CHECK_OK(nib_cuda_rope_table((const int32_t *)d.pos, (const float *)d.inv, m, c->hd, d.cs, NULL));
+    for (int path = 0; path < 3; path++) { /* 0 the plain two kernels, 1 nib_cuda_gemm_qkv, 2 the same, NIB_GEMM_QKV=0 */
+        void *q = path ? d.q1 : d.q0, *cm = path ? d.c1 : d.c0;
+        uint16_t *hq = path ? hq1 : hq0;
+        uint8_t *hc = path ? hc1 : hc0;
+        for (size_t i = 0; i < d.qb / 2; i++) hq[i] = POISON;
+        for (size_t i = 0; i < d.cb / 2; i++) ((uint16_t *)hc)[i] = POISON;
+        CHECK_OK(nib_dev_upload(q, hq, d.qb));
+        CHECK_OK(nib_dev_upload(cm, hc, d.cb));
+        nib_kv_layer kv;
+        CHECK_OK(nib_kv_layer_map(&kv, NIB_KV_BF16, t_max, c->nkv, c->hd, cm));
+        nib_qkv_args a;
+        memset(&a, 0, sizeof a);
+        a.tokens = m, a.n_heads = c->nh, a.n_kv_heads = c->nkv, a.head_dim = c->hd, a.qkv = d.y, a.ld_qkv = ldy;
+        a.positions = (const int32_t *)d.pos, a.inv_freq = (const float *)d.inv, a.q_scale = 0.0625f;
+        a.q = (outs & 1) ? q : NULL, a.ld_q = ldq, a.cache = (outs & 2) ? &kv : NULL;
+        a.slot_offset = slot_off, a.slot_base = (const int32_t *)d.base;
+        if (path == 0) {
+            CHECK_OK(nib_cuda_gemm_planned(w0, d.x, m, c->k, d.y, ldy, NULL, ws, plan, NULL));
+            CHECK_OK(nib_cuda_qkv(&a, NULL));
+        } else {
+            a.rope_cs = d.cs;
+            if (path == 2) setenv("NIB_GEMM_QKV", "0", 1);
+            const int f = nib_cuda_gemm_qkv_fuses(w1, m, &a, ws, plan);
+            CHECK_OK(nib_cuda_gemm_qkv(w1, d.x, m, c->k, &a, ws, plan, NULL));
+            if (path == 2) {
+                unsetenv("NIB_GEMM_QKV");
+                CHECK_MSG(f == 0, "NIB_GEMM_QKV=0 still fuses");
+            } else {
+                fused = f;
+            }
+        }
+        CHECK_OK(nib_dev_sync());
+        CHECK_OK(nib_dev_download(hq, q, d.qb));
+        CHECK_OK(nib_dev_download(hc, cm, d.cb));
+        if (path) {
+            size_t bad_q = 0, bad_c = 0, first_q = 0;
+            for (size_t i = 0; i < d.qb / 2; i++)
+                if (hq1[i] != hq0[i] && !bad_q++) first_q = i;
+            for (size_t i = 0; i < d.cb; i++) bad_c += hc1[i] != hc0[i];
+            CHECK_MSG(!bad_q && !bad_c,
+                      "%s %d+%d+%d heads of %d, K=%lld, M=%lld%s%s%s outs %d, base %d, path %d (fused %d): %zu q values "
+                      "differ (first at %zu: %04x vs %04x), %zu cache bytes", fmt, c->nh, c->nkv, c->nkv, c->hd,
+                      (long long)c->k, (long long)m, plan ? " plan" : "", plan && plan->ksplit > 1 ? " split-K" : "",
+                      plan && plan->m_chunks > 1 ? " M-split" : "", outs, slot_base, path, fused, bad_q, first_q,
+                      hq1[first_q], hq0[first_q], bad_c);
+        }
+    }
+    /* the composition wrote something (a poisoned output left poisoned would pass the comparison) */
+    if (outs & 1) CHECK_MSG(hq0[0] != POISON && hq0[(m - 1) * ldq + c->nh * c->hd - 1] != POISON, "q not written");
+    if (outs & 2) {
+        const int64_t s = slot_off + slot_base; /* token 0's slot: in range in every case here */
+        CHECK_MSG(((uint16_t *)hc0)[s * c->nkv * c->hd] != POISON, "cache not written");
+    }
+done:
+    qkv_dev_free(&d);
+    nib_free(hx), nib_free(hq0), nib_free(hq1), nib_free(hc0), nib_free(hc1);
+    return fused;
+}
+
+NIB_TEST(gemm_gpu_qkv_epilogue) {
+    NIB_REQUIRE_GPU();
+    nib_rng rng;
+    nib_gemm_ws ws;
+    gemm_test_begin(t, &rng, &ws, 128, 4096);
+    const qkv_case cases[] = {{8, 1, 256, 1024, 0}, {3, 2, 64, 336, 1}, {1, 1, 32, 160, 0}};
+    const nib_wfmt fs[] = {NIB_WFMT_NVFP4, NIB_WFMT_MXFP4, NIB_WFMT_INT4, NIB_WFMT_FP8};
+    const int64_t ms[] = {1, 7, 10, 16, 33, 64, 100};
+    int runs = 0, fused = 0, fused_split = 0;
+    for (size_t ci = 0; ci < NIB_ARRAY_LEN(cases); ci++)
+        for (size_t fi = 0; fi < NIB_ARRAY_LEN(fs); fi++) {
+            const qkv_case *c = &cases[ci];
+            const int64_t blk = fs[fi] == NIB_WFMT_INT4 ? 128 : fs[fi] == NIB_WFMT_MXFP4 ? 32 : 16;
+            qkv_case cc = *c;
+            cc.k = (c->k + blk - 1) / blk * blk;
+            rand_w rw;
+            REQUIRE(make_rand_w(&rng, fs[fi], ((int64_t)c->nh + 2 * c->nkv) * c->hd, cc.k, 1, 0, 1, c->bias, &rw));
+            nib_dev_arena a0, a1;
+            nib_qweight w0, w1;
+            load_probe(t, &rw.w, 0, &a0, &w0);
+            rw.w.rope_half = c->hd / 2;
+            load_probe(t, &rw.w, 0, &a1, &w1);
+            CHECK(w1.rope_half == c->hd / 2 && w1.np == w0.np);
+            for (size_t mi = 0; mi < NIB_ARRAY_LEN(ms); mi++) {
+                const int outs = mi % 3 == 1 ? 1 : mi % 3 == 2 ? 2 : 3; /* q only, cache only, both */
+                const int base = ms[mi] == 16 ? 8 : 2; /* 16 tokens from slot 11 of 23: the last 4 skipped */
+                const int f = qkv_run(t, &rng, &cc, &w0, &w1, ms[mi], NULL, outs, base, &ws, nib_wfmt_name(fs[fi]));
+                CHECK_MSG(f == (ms[mi] <= 64), "%s M=%lld: fused %d", nib_wfmt_name(fs[fi]), (long long)ms[mi], f);
+                runs++;
+                fused += f == 1;
+            }
+            if (ci == 0 && fi == 0) { /* the expert's shape: every mma.sync plan at 10, 16, 50 tokens */
+                const int64_t pm[] = {10, 16, 50};
+                for (size_t mi = 0; mi < NIB_ARRAY_LEN(pm); mi++) {
+                    static nib_gemm_plan pls[1024];
+                    const int np = nib_cuda_gemm_plans(&w1, pm[mi], ws.acc_elems, pls, (int)NIB_ARRAY_LEN(pls));
+                    CHECK_MSG(np >= 2 && np < (int)NIB_ARRAY_LEN(pls), "M=%lld: %d plans", (long long)pm[mi], np);
+                    for (int p = 0; p < np; p++) {
+                        const int f = qkv_run(t, &rng, &cc, &w0, &w1, pm[mi], &pls[p], 3, 2, &ws, "nvfp4");
+                        CHECK_MSG(f == 1, "M=%lld plan %d did not fuse", (long long)pm[mi], p);
+                        runs++;
+                        fused += f == 1;
+                        fused_split += f == 1 && pls[p].ksplit > 1;
+                    }
+                }
+            }
+            nib_dev_arena_free(&a0);
+            nib_dev_arena_free(&a1);
+            rand_w_free(&rw);
+        }
+    printf("  %d cases bitwise equal to the product + nib_cuda_qkv (%d fused in the product's epilogue, %d of them "
+           "with a K split)\n", runs, fused, fused_split);
+    CHECK_MSG(fused_split > 0, "the split-K finish's q|k|v epilogue must be exercised");
+    nib_cuda_gemm_ws_free(&ws);
+}
+
+/* The pair layout is refused where it cannot apply, naming what. */
+NIB_TEST(gemm_gpu_qkv_rejects) {
+    NIB_REQUIRE_GPU();
+    nib_rng rng;
+    nib_test_rng(t, &rng);
+    rand_w rw;
+    REQUIRE(make_rand_w(&rng, NIB_WFMT_NVFP4, 96, 256, 0, 0, 0, 0, &rw));
+    nib_dev_arena a;
+    CHECK_OK(nib_dev_arena_init(&a, 1 << 20, "args"));
+    nib_qweight q;
+    rw.w.rope_half = 12; /* not a power of two */
+    CHECK_ST(nib_cuda_weight_load(&rw.w, 0, "w", &a, &q), NIB_ERR_SHAPE);
+    rw.w.rope_half = 64; /* 96 rows are not blocks of 128 */
+    CHECK_ST(nib_cuda_weight_load(&rw.w, 0, "w", &a, &q), NIB_ERR_SHAPE);
+    rw.w.rope_half = 16;
+    CHECK_ST(nib_cuda_weight_load(&rw.w, 1, "w", &a, &q), NIB_ERR_INVALID_ARG); /* with GeGLU */
+    CHECK_OK(nib_cuda_weight_load(&rw.w, 0, "w", &a, &q));
+    nib_qkv_args qa;
+    memset(&qa, 0, sizeof qa);
+    void *d = NULL;
+    CHECK_OK(nib_dev_malloc(&d, 1 << 16, "buf"));
+    qa.tokens = 1, qa.n_heads = 1, qa.n_kv_heads = 1, qa.head_dim = 32, qa.qkv = d, qa.ld_qkv = 96;
+    qa.positions = (const int32_t *)d, qa.inv_freq = (const float *)d, qa.q = d, qa.ld_q = 32, qa.q_scale = 1.0f;
+    CHECK_OK(nib_cuda_gemm_qkv(&q, d, 1, 256, &qa, NULL, NULL, NULL)); /* (no rope_cs: two kernels) */
+    qa.head_dim = 64; /* the weight's pairs are 16 apart */
+    CHECK_ST(nib_cuda_gemm_qkv(&q, d, 1, 256, &qa, NULL, NULL, NULL), NIB_ERR_INVALID_ARG);
+    qa.head_dim = 32, qa.n_heads = 2; /* 4 heads of 32 != 96 rows */
+    qa.ld_qkv = 128, qa.ld_q = 64;
+    CHECK_ST(nib_cuda_gemm_qkv(&q, d, 1, 256, &qa, NULL, NULL, NULL), NIB_ERR_SHAPE);
+    qa.n_heads = 1, qa.ld_qkv = 96, qa.ld_q = 32;
+    setenv("NIB_GEMM_QKV", "2", 1);
+    CHECK_ST(nib_cuda_gemm_qkv(&q, d, 1, 256, &qa, NULL, NULL, NULL), NIB_ERR_INVALID_ARG);
+    unsetenv("NIB_GEMM_QKV");
+    CHECK_OK(nib_dev_sync());
+    nib_dev_free(d, 1 << 16);
+    nib_dev_arena_free(&a);
+    rand_w_free(&rw);
 }

@@ -1177,3 +1177,45 @@ NIB_TEST(ops_ref_qkv_rejects) {
     CHECK_ST(nib_ref_qkv(&a), NIB_ERR_SHAPE); /* > 1024 threads per token */
     nib_free(c.mem);
 }
+
+/* ops/qkv.h's pair layout (pairs = 1, what a q|k|v weight loaded with rope_half produces): the same q
+ * and cache bytes as the plain order it permutes, for 2 + 1 + 1 heads of 64 and of 32, every cache
+ * dtype; and any other pairs value is refused. */
+NIB_TEST(ops_ref_qkv_pair_layout) {
+    nib_rng rng;
+    nib_test_rng(t, &rng);
+    const int32_t hds[] = {64, 32};
+    for (size_t hi = 0; hi < NIB_ARRAY_LEN(hds); hi++)
+        for (int dt = 0; dt < NIB_KV_COUNT; dt++) {
+            const int32_t nh = 2, nkv = 1, hd = hds[hi], T = 3;
+            const int64_t width = (int64_t)(nh + 2 * nkv) * hd, ld = width + 4;
+            float plain[3 * 260], paired[3 * 260], q0[3 * 128], q1[3 * 128], fr[32];
+            int32_t pos[3] = {0, 7, 1234};
+            for (int64_t i = 0; i < T * ld; i++) plain[i] = (float)nib_rng_normal(&rng);
+            for (int64_t tk = 0; tk < T; tk++)
+                for (int64_t h = 0; h < width / hd; h++)
+                    for (int32_t e = 0; e < hd; e++) { /* element 16j + i <- dim 8j + i, 16j + 8 + i <- half + 8j + i */
+                        const int32_t j = e / 16, i = e % 16, dim = i < 8 ? 8 * j + i : hd / 2 + 8 * j + i - 8;
+                        paired[tk * ld + h * hd + e] = plain[tk * ld + h * hd + dim];
+                    }
+            host_cache c0, c1;
+            REQUIRE(host_cache_init(&c0, (nib_kv_dtype)dt, 5, nkv, hd) && host_cache_init(&c1, (nib_kv_dtype)dt, 5, nkv, hd));
+            CHECK_OK(nib_rope_inv_freq(NIB_ROPE_THETA, hd, fr));
+            nib_qkv_args a;
+            memset(&a, 0, sizeof a);
+            a.tokens = T, a.n_heads = nh, a.n_kv_heads = nkv, a.head_dim = hd, a.qkv = plain, a.ld_qkv = ld;
+            a.positions = pos, a.inv_freq = fr, a.q_scale = 0.125f, a.q = q0, a.ld_q = nh * hd, a.cache = &c0.l;
+            a.slot_offset = 1;
+            CHECK_OK(nib_ref_qkv(&a));
+            a.qkv = paired, a.q = q1, a.cache = &c1.l, a.pairs = 1;
+            CHECK_OK(nib_ref_qkv(&a));
+            CHECK_MSG(!memcmp(q0, q1, (size_t)(T * nh * hd) * 4), "hd %d %s: q differs", hd, nib_kv_dtype_name((nib_kv_dtype)dt));
+            CHECK_MSG(!memcmp(c0.mem, c1.mem, (size_t)c0.bytes), "hd %d %s: cache differs", hd,
+                      nib_kv_dtype_name((nib_kv_dtype)dt));
+            a.pairs = 2;
+            CHECK_ST(nib_ref_qkv(&a), NIB_ERR_INVALID_ARG);
+            CHECK(strstr(nib_last_error(), "pairs 2") != NULL);
+            nib_free(c0.mem);
+            nib_free(c1.mem);
+        }
+}

@@ -1219,6 +1219,9 @@ extern "C" nib_status nib_cuda_expert_supported(const nib_expert_args *a) {
             if (!q[i] || q[i]->fmt != NIB_WFMT_NVFP4)
                 return NIB_ERR(NIB_ERR_UNSUPPORTED, "expert kernel: layer %d %s weight is not NVFP4 (the persistent kernel "
                                "reads NVFP4 only)", l, nm[i]);
+            if (q[i]->rope_half)
+                return NIB_ERR(NIB_ERR_UNSUPPORTED, "expert kernel: layer %d %s weight is in the RoPE pair layout (loaded "
+                               "for nib_cuda_gemm_qkv; the persistent kernel reads the plain row order)", l, nm[i]);
             if (q[i]->n != want_n[i] || q[i]->k != want_k[i] || (i == 2) != (q[i]->geglu != 0))
                 return NIB_ERR(NIB_ERR_SHAPE, "expert kernel: layer %d %s weight is %lldx%lld%s, expected %lldx%lld%s", l, nm[i],
                                (long long)q[i]->n, (long long)q[i]->k, q[i]->geglu ? " (geglu)" : "", (long long)want_n[i],

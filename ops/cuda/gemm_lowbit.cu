@@ -28,6 +28,7 @@
 #include "ops/cuda/tmap.h"
 #include "ops/cuda/wgmma.cuh" /* mbarriers (the bulk ring) */
 #include "ops/gemm.h"
+#include "ops/qkv.h"
 #include "runtime/cuda_check.h"
 #include "runtime/device.h"
 #include "runtime/launch.cuh"
@@ -65,6 +66,15 @@ struct GemmParams {
     int nsteps_full, nsteps_last; /* pipeline steps of a CTA with chunks_per_cta chunks / the last K split */
     int x_drow, x_dpc;            /* X walk: (row, piece) advance per copy (256 / ppr, 256 % ppr) */
     uint32_t x_magic;             /* ceil(2^32 / ppr): threadIdx.x / ppr as one multiply-high */
+    /* nib_cuda_gemm_qkv's epilogue (qkv = 1; the weight in the pair layout, rope_half = half):
+     * RoPE, q scaling and the bf16 cache write of ops/qkv.h, no y written */
+    int qkv, q_heads, kv_heads, half, half_shift, hd;
+    float q_scale;
+    const float2 *rope_cs;        /* [token][half] (cos, sin) */
+    __nv_bfloat16 *q, *kc, *vc;   /* q [M][ldq] (NULL: none), cache planes [slot][kv_heads][hd] (NULL: none) */
+    long long ldq;
+    int t_max, slot_off;
+    const int32_t *slot_base;
 };
 
 /* ---- the per-thread cp.async ring -------------------------------------------------------
@@ -214,11 +224,44 @@ __device__ __forceinline__ void epi_store(const GemmParams &p, int n, int mm, fl
     p.y[(long long)mm * p.ldy + n] = __float2bfloat16(v);
 }
 
+/* ops/qkv.h's epilogue for rotation pair n (rows (n / 8) * 16 + n % 8 and 8 rows later: dims d and
+ * half + d of head n / half) of token mm, from the two epilogue values: each rounded to bf16 as the
+ * product's output is, then k_qkv's fp32 operations (rotation, q scale) and bf16 stores. */
+__device__ __forceinline__ void qkv_pair(const GemmParams &p, int n, int mm, float va, float vb) {
+    const int blk = n >> p.half_shift, d = n & (p.half - 1); /* half = 2^half_shift */
+    if (blk >= p.q_heads + 2 * p.kv_heads) return;
+    float a = __bfloat162float(__float2bfloat16(va)), b = __bfloat162float(__float2bfloat16(vb));
+    if (blk < p.q_heads + p.kv_heads) {
+        const float2 e = p.rope_cs[(long long)mm * p.half + d];
+        const float ac = __fmul_rn(a, e.x), bs = __fmul_rn(b, e.y);
+        const float bc = __fmul_rn(b, e.x), as = __fmul_rn(a, e.y);
+        a = __fsub_rn(ac, bs);
+        b = __fadd_rn(bc, as);
+    }
+    __nv_bfloat16 *dst;
+    if (blk < p.q_heads) {
+        if (!p.q) return;
+        a = __fmul_rn(a, p.q_scale);
+        b = __fmul_rn(b, p.q_scale);
+        dst = p.q + (long long)mm * p.ldq + (long long)blk * p.hd + d;
+    } else {
+        if (!p.kc) return;
+        const int slot = p.slot_off + (p.slot_base ? *p.slot_base : 0) + mm;
+        if (slot < 0 || slot >= p.t_max) return;
+        const int kv = blk - p.q_heads, isv = kv >= p.kv_heads, hh = isv ? kv - p.kv_heads : kv;
+        dst = (isv ? p.vc : p.kc) + ((long long)slot * p.kv_heads + hh) * p.hd + d;
+    }
+    dst[0] = __float2bfloat16_rn(a);
+    dst[p.half] = __float2bfloat16_rn(b);
+}
+
 /* Epilogue of one (row pair g, g+8; token mm) from final sums. */
 __device__ __forceinline__ void epi_pair(const GemmParams &p, int rg, int g, int mm, float a_g, float a_g8) {
     int pr = rg * 16 + g;
     float vg = epi_val(p, pr, a_g), vg8 = epi_val(p, pr + 8, a_g8);
-    if (p.geglu) {
+    if (p.qkv) {
+        qkv_pair(p, rg * 8 + g, mm, vg, vg8);
+    } else if (p.geglu) {
         int n = rg * 8 + g;
         if (n < p.n_out) epi_store(p, n, mm, gelu_tanh(vg) * vg8);
     } else {
@@ -412,6 +455,9 @@ __global__ void __launch_bounds__(WARPS * 32, OCC) k_gemm_lowbit(GemmParams p) {
                 if (p.bias) prefetch_l2(p.bias + (rg0 + r) * 16);
                 if (p.gate) prefetch_l2(p.gate + (rg0 + r) * (p.geglu ? 8 : 16));
             }
+            /* the fused q|k|v epilogue's (cos, sin) of this row group's 8 pairs, one line per token */
+            if (p.qkv && wkk == 0 && lane < MC && m0 + lane < p.m)
+                prefetch_l2(p.rope_cs + (long long)(m0 + lane) * p.half + (((rg0 + r) * 8) & (p.half - 1)));
         }
     }
     /* (the PDL wait comes after the setup below, which reads nothing the previous kernel writes:
@@ -623,7 +669,19 @@ __global__ void __launch_bounds__(WARPS * 32, OCC) k_gemm_lowbit(GemmParams p) {
      * per CTA, not one per output) */
     XWalk ow;
     ow.init(toks);
-    if (p.geglu) {
+    if (p.qkv) {
+        for (int q = ow.row0, j = ow.pc0; q < rows / 2;) {
+            const int n = pb / 2 + q, pg = (n >> 3) * 16 + (n & 7);
+            if (2 * n < p.n_out)
+                qkv_pair(p, n, m0 + j, epi_val(p, pg, partial(pg, j)), epi_val(p, pg + 8, partial(pg + 8, j)));
+            q += ow.drow;
+            j += ow.dpc;
+            if (j >= toks) {
+                j -= toks;
+                q++;
+            }
+        }
+    } else if (p.geglu) {
         const int outs = rows / 2;
         for (int q = ow.row0, j = ow.pc0; q < outs;) {
             const int n = pb / 2 + q;
@@ -667,21 +725,23 @@ struct RepackParams {
     const float *bias;
     uint8_t *w, *s;
     float *colscale, *bias_out;
-    int n, k, np, ng, nchunks, group, geglu, fp8_per_channel, mx_j;
+    int n, k, np, ng, nchunks, group, pair_half, fp8_per_channel, mx_j;
     float global;
     int *bad;
 };
 
-/* logical row of repacked row pr (GeGLU interleaves 8 gate rows and their 8 up rows) */
+/* logical row of repacked row pr. With pairs (pair_half P > 0), a 16-row group holds 8 pairs
+ * n = rg * 8 + i, i < 8: row i is row d and row i + 8 row P + d of block n / P (d = n % P).
+ * GeGLU is one block, P = n / 2 (8 gate rows and their 8 up rows); a q|k|v weight loaded with
+ * rope_half has a block per head, P = head_dim / 2 (RoPE's rotate-half partners). */
 __device__ __forceinline__ int logical_row(const RepackParams &q, int pr) {
-    if (!q.geglu) return pr;
-    int rg = pr >> 4, i = pr & 15, h = q.n / 2;
-    return i < 8 ? rg * 8 + i : h + rg * 8 + (i - 8);
+    if (!q.pair_half) return pr;
+    const int n = (pr >> 4) * 8 + (pr & 7), blk = n / q.pair_half, d = n - blk * q.pair_half;
+    return blk * 2 * q.pair_half + ((pr & 15) < 8 ? d : q.pair_half + d);
 }
 __device__ __forceinline__ bool row_valid(const RepackParams &q, int pr) {
-    if (!q.geglu) return pr < q.n;
-    int rg = pr >> 4, i = pr & 15;
-    return rg * 8 + (i & 7) < q.n / 2;
+    if (!q.pair_half) return pr < q.n;
+    return (pr >> 4) * 8 + (pr & 7) < q.n / 2;
 }
 
 __device__ __forceinline__ uint32_t nib_at(const RepackParams &q, int pr, int kk) {
@@ -848,10 +908,16 @@ __global__ void k_repack(RepackParams q) {
  * ====================================================================================== */
 static nib_status padded_dims(const nib_wsrc *src, int geglu, int64_t *np, int64_t *kp) {
     int64_t rows = src->n;
+    if (geglu && src->rope_half)
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "a GeGLU weight cannot also have the RoPE pair layout (rope_half %d)",
+                       src->rope_half);
+    if (src->rope_half && (src->rope_half < 0 || src->rope_half % 8 || src->n % (2 * (int64_t)src->rope_half) ||
+                           (src->rope_half & (src->rope_half - 1))))
+        return NIB_ERR(NIB_ERR_SHAPE, "RoPE pair layout: rope_half %d must be a power of two >= 8 and divide the %lld "
+                       "rows in blocks of 2 rope_half", src->rope_half, (long long)src->n);
     if (geglu) {
         if (src->n % 2) return NIB_ERR(NIB_ERR_SHAPE, "GeGLU weight needs an even row count, got %lld", (long long)src->n);
-        rows = src->n / 2 * 2; /* interleaved: 16-row groups of 8 gate + 8 up */
-        int64_t h = src->n / 2;
+        int64_t h = src->n / 2; /* interleaved: 16-row groups of 8 gate + 8 up */
         rows = (h + 7) / 8 * 16;
     }
     *np = (rows + 15) / 16 * 16;
@@ -919,10 +985,13 @@ nib_status nib_cuda_weight_load(const nib_wsrc *src, int geglu, const char *name
     out->np = np;
     out->kp = kp;
     out->geglu = geglu;
+    out->rope_half = src->rope_half;
     out->group = src->group;
     out->src_bytes = nib_wsrc_bytes(src);
 
     if (src->fmt == NIB_WFMT_BF16) {
+        if (src->rope_half)
+            return NIB_ERR(NIB_ERR_UNSUPPORTED, "%s: bf16 weights run on cuBLAS, without the RoPE pair layout", name);
         if (geglu || src->bias)
             return NIB_ERR(NIB_ERR_UNSUPPORTED, "%s: bf16 weights run on cuBLAS without fused GeGLU/bias", name);
         uint64_t bytes = (uint64_t)src->n * src->k * 2;
@@ -989,7 +1058,7 @@ nib_status nib_cuda_weight_load(const nib_wsrc *src, int geglu, const char *name
         q.ng = (int)(np / 16);
         q.nchunks = (int)(kp / KCH);
         q.group = src->group;
-        q.geglu = geglu;
+        q.pair_half = geglu ? (int)(src->n / 2) : src->rope_half;
         q.fp8_per_channel = src->fp8_per_channel;
         q.mx_j = mx_j;
         q.global = src->global_scale;
@@ -1280,9 +1349,75 @@ nib_status nib_cuda_gemm(const nib_qweight *w, const void *x, int64_t m, int64_t
     return nib_cuda_gemm_planned(w, x, m, ldx, y, ldy, epi, ws, NULL, stream);
 }
 
+static nib_status gemm_run(const nib_qweight *w, const void *x, int64_t m, int64_t ldx, void *y, int64_t ldy,
+                           const nib_gemm_epi *epi, nib_gemm_ws *ws, const nib_gemm_plan *plan, const nib_qkv_args *qa,
+                           void *stream);
+
 nib_status nib_cuda_gemm_planned(const nib_qweight *w, const void *x, int64_t m, int64_t ldx, void *y,
                                  int64_t ldy, const nib_gemm_epi *epi, nib_gemm_ws *ws,
                                  const nib_gemm_plan *plan, void *stream) {
+    return gemm_run(w, x, m, ldx, y, ldy, epi, ws, plan, NULL, stream);
+}
+
+/* NIB_GEMM_QKV: 1 (default) fuses ops/qkv.h's epilogue where it can, 0 never (A/B); -1: another value */
+static int qkv_fuse_env(void) {
+    const char *e = getenv("NIB_GEMM_QKV");
+    if (!e || !*e || !strcmp(e, "1")) return 1;
+    return strcmp(e, "0") ? -1 : 0;
+}
+
+int nib_cuda_gemm_qkv_fuses(const nib_qweight *w, int64_t m, const nib_qkv_args *qa, const nib_gemm_ws *ws,
+                            const nib_gemm_plan *plan) {
+    const int env = qkv_fuse_env();
+    if (env < 0 || !w || !qa) return -1;
+    if (!env || !qa->rope_cs || qa->n_valid || qa->done || qa->tokens != m || w->rope_half != qa->head_dim / 2 ||
+        (qa->cache && qa->cache->dtype != NIB_KV_BF16))
+        return 0;
+    if (plan) return plan->wgt ? 0 : 1;
+    nib_gemm_plan pl;
+    if (nib_cuda_gemm_plan(w, m, ws ? ws->acc_elems : 0, &pl)) {
+        nib_clear_error();
+        return -1;
+    }
+    return pl.wgt ? 0 : 1;
+}
+
+nib_status nib_cuda_gemm_qkv(const nib_qweight *w, const void *x, int64_t m, int64_t ldx, const nib_qkv_args *qa,
+                             nib_gemm_ws *ws, const nib_gemm_plan *plan, void *stream) {
+    static const char *who = "gemm + qkv epilogue (cuda)";
+    if (!w || !qa) return NIB_ERR(NIB_ERR_INVALID_ARG, "%s: NULL weight or qkv args", who);
+    if (qkv_fuse_env() < 0)
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_GEMM_QKV=%s: 1 (the q|k|v epilogue in the product's kernel where it "
+                       "can, the default) or 0 (two kernels)", getenv("NIB_GEMM_QKV"));
+    if (w->rope_half <= 0 || w->rope_half != qa->head_dim / 2)
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "%s: the weight was loaded with rope_half %d, the heads have %d dims "
+                       "(needs rope_half = head_dim / 2)", who, w->rope_half, qa->head_dim);
+    if (w->geglu || w->fmt == NIB_WFMT_BF16)
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "%s: a GeGLU or bf16 weight", who);
+    nib_qkv_args a = *qa;
+    a.pairs = 1;
+    NIB_RETURN_IF_ERR(nib_qkv_validate(&a, who));
+    const int64_t width = ((int64_t)a.n_heads + 2 * a.n_kv_heads) * a.head_dim;
+    if (a.tokens != m || w->n_out != width)
+        return NIB_ERR(NIB_ERR_SHAPE, "%s: %lld tokens for a product of M = %lld; the weight has %lld rows for (%d + 2 * "
+                       "%d) heads of %d", who, (long long)a.tokens, (long long)m, (long long)w->n_out, a.n_heads,
+                       a.n_kv_heads, a.head_dim);
+    const int fuse = nib_cuda_gemm_qkv_fuses(w, m, &a, ws, plan);
+    if (fuse < 0) {
+        nib_gemm_plan pl; /* the planner's error, named */
+        NIB_RETURN_IF_ERR(nib_cuda_gemm_plan(w, m, ws ? ws->acc_elems : 0, &pl));
+        return NIB_ERR(NIB_ERR_INTERNAL, "%s: no plan", who);
+    }
+    if (!fuse) {
+        NIB_RETURN_IF_ERR(gemm_run(w, x, m, ldx, (void *)a.qkv, a.ld_qkv, NULL, ws, plan, NULL, stream));
+        return nib_cuda_qkv(&a, stream);
+    }
+    return gemm_run(w, x, m, ldx, (void *)a.qkv, a.ld_qkv, NULL, ws, plan, &a, stream);
+}
+
+static nib_status gemm_run(const nib_qweight *w, const void *x, int64_t m, int64_t ldx, void *y, int64_t ldy,
+                           const nib_gemm_epi *epi, nib_gemm_ws *ws, const nib_gemm_plan *plan, const nib_qkv_args *qa,
+                           void *stream) {
     if (!w || !x || !y) return NIB_ERR(NIB_ERR_INVALID_ARG, "gemm: NULL weight, x or y");
     if (w->fmt == NIB_WFMT_BF16)
         return NIB_ERR(NIB_ERR_UNSUPPORTED, "gemm: bf16 weights go through nib_blas_gemm_bf16");
@@ -1353,6 +1488,26 @@ nib_status nib_cuda_gemm_planned(const nib_qweight *w, const void *x, int64_t m,
     p.scale_add = w->scale_add;
     p.kcl = pl.wgt ? pl.wkcl : 0;
     if (p.res && p.ldr < p.n_out) return NIB_ERR(NIB_ERR_SHAPE, "gemm: residual ldr %lld < N_out %d", (long long)p.ldr, p.n_out);
+    if (qa) { /* nib_cuda_gemm_qkv checked the arguments and that the plan is the mma.sync kernel's */
+        if (pl.wgt || epi) return NIB_ERR(NIB_ERR_INTERNAL, "gemm: the q|k|v epilogue on the wgmma kernel or with another");
+        p.qkv = 1;
+        p.q_heads = qa->n_heads;
+        p.kv_heads = qa->n_kv_heads;
+        p.hd = qa->head_dim;
+        p.half = qa->head_dim / 2;
+        while ((1 << p.half_shift) < p.half) p.half_shift++;
+        p.q_scale = qa->q_scale;
+        p.rope_cs = (const float2 *)qa->rope_cs;
+        p.q = (__nv_bfloat16 *)qa->q;
+        p.ldq = qa->ld_q;
+        if (qa->cache) {
+            p.kc = (__nv_bfloat16 *)qa->cache->k;
+            p.vc = (__nv_bfloat16 *)qa->cache->v;
+            p.t_max = qa->cache->t_max;
+        }
+        p.slot_off = qa->slot_offset;
+        p.slot_base = qa->slot_base;
+    }
     if (pl.wgt) return launch_wg(w, p, x, ldx, pl.wgt, pl.wgc ? pl.wgc : 1, ws, (cudaStream_t)stream);
     {
         const int wn = WARPS / pl.wk; /* warps along N: a power of two (wk is 1, 2, 4 or 8) */

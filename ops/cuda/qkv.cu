@@ -52,7 +52,16 @@ struct QkvParams {
     int t_max, slot_offset;
     const int32_t *slot_base;
     unsigned *done; /* nib_qkv_args.done: +1 per CTA (release) after its writes */
+    int pairs;      /* nib_qkv_args.pairs: a thread's 8 + 8 dims are 16 consecutive elements */
 };
+
+/* the (cos, sin) of frequency f at position pos: the fp32 angle, fp64 sincos, rounded to fp32 (ops/rope.h) */
+static __device__ __forceinline__ float2 rope_cs(float posf, float inv_freq) {
+    const float ang = __fmul_rn(posf, inv_freq);
+    double sd, cd;
+    sincos((double)ang, &sd, &cd);
+    return make_float2(__double2float_rn(cd), __double2float_rn(sd));
+}
 
 static __device__ __forceinline__ uint4 ld16(const uint16_t *p) { return *(const uint4 *)p; }
 static __device__ __forceinline__ void st16(void *p, uint4 v) { *(uint4 *)p = v; }
@@ -139,18 +148,21 @@ static __device__ __forceinline__ void qkv_token(const QkvParams &p) {
     for (int k = 0; k < 8; k++) a[k] = b[k] = 0.f;
     if (active) {
         const uint16_t *src = role == 0 ? p.qsrc + t * p.ld_qs : role == 1 ? p.ksrc + t * p.ld_ks : p.vsrc + t * p.ld_vs;
-        src += (long long)hh * p.hd + 8 * j;
-        unpack8(ld16(src), a);
-        unpack8(ld16(src + p.half), b);
+        if (p.pairs) { /* dims 8j.. and half + 8j.. side by side (ops/qkv.h pair layout) */
+            src += (long long)hh * p.hd + 16 * j;
+            unpack8(ld16(src), a);
+            unpack8(ld16(src + 8), b);
+        } else {
+            src += (long long)hh * p.hd + 8 * j;
+            unpack8(ld16(src), a);
+            unpack8(ld16(src + p.half), b);
+        }
     }
     if (p.rope) {
         const float posf = (float)p.pos[t];
         for (int i = threadIdx.x; i < p.half; i += blockDim.x) {
             const int f = (i % p.tph) * 8 + i / p.tph; /* stored at i = k * tph + j for f = 8j + k */
-            const float ang = __fmul_rn(posf, p.inv_freq[f]);
-            double sd, cd;
-            sincos((double)ang, &sd, &cd);
-            cs[i] = make_float2(__double2float_rn(cd), __double2float_rn(sd));
+            cs[i] = rope_cs(posf, p.inv_freq[f]);
         }
         __syncthreads();
         if (active && role != 2) {
@@ -236,6 +248,15 @@ __global__ void __launch_bounds__(1024) k_qkv(const QkvParams p) {
         __syncthreads();
         if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(p.done) : "memory");
     }
+}
+
+/* ---- the per-call (cos, sin) table of the fused GEMM epilogue: one thread per (token, f) ---- */
+__global__ void k_rope_table(const int32_t *pos, const float *inv_freq, int tokens, int half, float2 *out) {
+    nib::pdl_enter(); /* runtime/launch.cuh: first, before any access or return */
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= tokens * half) return;
+    const int t = i / half, f = i - t * half;
+    out[i] = rope_cs((float)pos[t], inv_freq[f]);
 }
 
 /* ---- read-back: one thread per element (a test helper) ----------------------------------- */
@@ -328,7 +349,22 @@ nib_status nib_cuda_qkv(const nib_qkv_args *a, void *stream) {
     p.slot_offset = a->slot_offset;
     p.slot_base = a->slot_base;
     p.done = a->done;
+    p.pairs = a->pairs;
     return launch_qkv(p, a->tokens, stream);
+}
+
+nib_status nib_cuda_rope_table(const int32_t *positions, const float *inv_freq, int64_t tokens, int32_t head_dim,
+                               void *out, void *stream) {
+    if (!positions || !inv_freq || !out || tokens < 0 || head_dim < 2 || head_dim % 2 ||
+        tokens * (int64_t)(head_dim / 2) > INT32_MAX || !al(out, 8))
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "rope table (cuda): positions, inv_freq and an 8-byte aligned out are "
+                       "required (tokens %lld, head_dim %d)", (long long)tokens, head_dim);
+    const int n = (int)tokens * (head_dim / 2);
+    if (n == 0) return NIB_OK;
+    NIB_CUDA_CHECK(nib::launch(k_rope_table, dim3((unsigned)((n + 255) / 256)), dim3(256), 0, (cudaStream_t)stream,
+                               positions, inv_freq, (int)tokens, head_dim / 2, (float2 *)out));
+    NIB_LAUNCH_CHECK("k_rope_table");
+    return NIB_OK;
 }
 
 nib_status nib_cuda_kv_write(const nib_kv_write_args *a, void *stream) {

@@ -63,6 +63,8 @@ nib_status nib_qkv_validate(const nib_qkv_args *a, const char *who) {
         return NIB_ERR(NIB_ERR_INVALID_ARG, "%s: positions and inv_freq [head_dim/2] are required", who);
     if (!isfinite(a->q_scale))
         return NIB_ERR(NIB_ERR_INVALID_ARG, "%s: q_scale %g is not finite", who, (double)a->q_scale);
+    if (a->pairs != 0 && a->pairs != 1)
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "%s: pairs %d (0: plain head order, 1: the pair layout)", who, a->pairs);
     if (a->done && a->tokens < 1) /* no CTA would add to it: whoever waits for it would wait forever */
         return NIB_ERR(NIB_ERR_INVALID_ARG, "%s: a done counter needs at least one token (tokens %lld)", who,
                        (long long)a->tokens);
@@ -150,10 +152,24 @@ nib_status nib_ref_qkv(const nib_qkv_args *a) {
     int64_t s0 = 0;
     if (a->cache) NIB_RETURN_IF_ERR(slot_start(a->cache, tokens, a->slot_offset, a->slot_base, who, &s0));
     const int32_t most = nh > nkv ? nh : nkv;
+    const int64_t width = ((int64_t)nh + 2 * nkv) * hd;
     float *tmp = nib_malloc((size_t)most * hd * sizeof(float));
-    if (!tmp) return NIB_ERR_OUT_OF_MEMORY;
+    float *plain = a->pairs ? nib_malloc((size_t)width * sizeof(float)) : NULL;
+    if (!tmp || (a->pairs && !plain)) {
+        nib_free(tmp);
+        return NIB_ERR_OUT_OF_MEMORY;
+    }
     for (int64_t t = 0; t < tokens && !st; t++) {
         const float *row = (const float *)a->qkv + t * a->ld_qkv;
+        if (a->pairs) { /* the pair layout (ops/qkv.h) back to each head's plain dim order */
+            const int32_t half = hd / 2;
+            for (int64_t h = 0; h < width / hd; h++)
+                for (int32_t e = 0; e < hd; e++) {
+                    const int32_t j = e / 16, i = e % 16;
+                    plain[h * hd + (i < 8 ? 8 * j + i : half + 8 * j + i - 8)] = row[h * hd + e];
+                }
+            row = plain;
+        }
         nib_rope_args r;
         memset(&r, 0, sizeof r);
         r.style = NIB_ROPE_HALF;
@@ -184,6 +200,7 @@ nib_status nib_ref_qkv(const nib_qkv_args *a) {
         if (st) nib_error_context(st, "%s, token %lld", who, (long long)t);
     }
     nib_free(tmp);
+    nib_free(plain);
     return st;
 }
 
@@ -251,5 +268,10 @@ nib_status nib_cuda_kv_read(const nib_kv_read_args *a, void *stream) {
     (void)a;
     (void)stream;
     return NIB_ERR(NIB_ERR_NO_DEVICE, "kv read: " NO_CUDA_MSG);
+}
+nib_status nib_cuda_rope_table(const int32_t *positions, const float *inv_freq, int64_t tokens, int32_t head_dim,
+                               void *out, void *stream) {
+    (void)positions, (void)inv_freq, (void)tokens, (void)head_dim, (void)out, (void)stream;
+    return NIB_ERR(NIB_ERR_NO_DEVICE, "rope table: " NO_CUDA_MSG);
 }
 #endif
