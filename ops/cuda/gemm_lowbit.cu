@@ -227,12 +227,16 @@ __device__ __forceinline__ void epi_store(const GemmParams &p, int n, int mm, fl
 /* ops/qkv.h's epilogue for rotation pair n (rows (n / 8) * 16 + n % 8 and 8 rows later: dims d and
  * half + d of head n / half) of token mm, from the two epilogue values: each rounded to bf16 as the
  * product's output is, then k_qkv's fp32 operations (rotation, q scale) and bf16 stores. */
-__device__ __forceinline__ void qkv_pair(const GemmParams &p, int n, int mm, float va, float vb) {
+__device__ __forceinline__ float2 qkv_cs(const GemmParams &p, int n, int mm) {
+    return p.rope_cs[(long long)mm * p.half + (n & (p.half - 1))];
+}
+__device__ __forceinline__ int qkv_slot_base(const GemmParams &p) { return p.slot_base ? *p.slot_base : 0; }
+/* e = qkv_cs(p, n, mm), sbase = qkv_slot_base(p): loaded early where the caller can */
+__device__ __forceinline__ void qkv_pair(const GemmParams &p, int n, int mm, float va, float vb, float2 e, int sbase) {
     const int blk = n >> p.half_shift, d = n & (p.half - 1); /* half = 2^half_shift */
     if (blk >= p.q_heads + 2 * p.kv_heads) return;
     float a = __bfloat162float(__float2bfloat16(va)), b = __bfloat162float(__float2bfloat16(vb));
     if (blk < p.q_heads + p.kv_heads) {
-        const float2 e = p.rope_cs[(long long)mm * p.half + d];
         const float ac = __fmul_rn(a, e.x), bs = __fmul_rn(b, e.y);
         const float bc = __fmul_rn(b, e.x), as = __fmul_rn(a, e.y);
         a = __fsub_rn(ac, bs);
@@ -246,7 +250,7 @@ __device__ __forceinline__ void qkv_pair(const GemmParams &p, int n, int mm, flo
         dst = p.q + (long long)mm * p.ldq + (long long)blk * p.hd + d;
     } else {
         if (!p.kc) return;
-        const int slot = p.slot_off + (p.slot_base ? *p.slot_base : 0) + mm;
+        const int slot = p.slot_off + sbase + mm;
         if (slot < 0 || slot >= p.t_max) return;
         const int kv = blk - p.q_heads, isv = kv >= p.kv_heads, hh = isv ? kv - p.kv_heads : kv;
         dst = (isv ? p.vc : p.kc) + ((long long)slot * p.kv_heads + hh) * p.hd + d;
@@ -255,12 +259,13 @@ __device__ __forceinline__ void qkv_pair(const GemmParams &p, int n, int mm, flo
     dst[p.half] = __float2bfloat16_rn(b);
 }
 
-/* Epilogue of one (row pair g, g+8; token mm) from final sums. */
-__device__ __forceinline__ void epi_pair(const GemmParams &p, int rg, int g, int mm, float a_g, float a_g8) {
+/* Epilogue of one (row pair g, g+8; token mm) from final sums (e, sbase: qkv_pair's, with p.qkv). */
+__device__ __forceinline__ void epi_pair(const GemmParams &p, int rg, int g, int mm, float a_g, float a_g8, float2 e,
+                                         int sbase) {
     int pr = rg * 16 + g;
     float vg = epi_val(p, pr, a_g), vg8 = epi_val(p, pr + 8, a_g8);
     if (p.qkv) {
-        qkv_pair(p, rg * 8 + g, mm, vg, vg8);
+        qkv_pair(p, rg * 8 + g, mm, vg, vg8, e, sbase);
     } else if (p.geglu) {
         int n = rg * 8 + g;
         if (n < p.n_out) epi_store(p, n, mm, gelu_tanh(vg) * vg8);
@@ -527,6 +532,30 @@ __global__ void __launch_bounds__(WARPS * 32, OCC) k_gemm_lowbit(GemmParams p) {
     nib::pdl_enter(); /* X comes from the previous kernel */
 #pragma unroll
     for (int j = 0; j < S - 1; j++) is.step(p, ring);
+    /* the fused q|k|v epilogue's (cos, sin) and slot base, in flight during the main loop (MT <= 2: the
+     * expert's few tokens; 8 registers, which FP8 with register-loaded weights would spill), for the
+     * threads that finish a single K split */
+    constexpr bool QPRE = MT <= 2 && !(FMT == NIB_WFMT_FP8 && REG == 1);
+    float2 qcs[QPRE ? R : 1][QPRE ? MT : 1][2];
+    int qsb = 0;
+    if constexpr (QPRE) {
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int nt = 0; nt < MT; nt++) qcs[r][nt][0] = qcs[r][nt][1] = make_float2(0.f, 0.f);
+        if (p.qkv && p.ksplit == 1 && wkk == 0) {
+            qsb = qkv_slot_base(p);
+#pragma unroll
+            for (int r = 0; r < R; r++)
+#pragma unroll
+                for (int nt = 0; nt < MT; nt++)
+#pragma unroll
+                    for (int i = 0; i < 2; i++) {
+                        const int mm = m0 + nt * 8 + 2 * (lane & 3) + i;
+                        qcs[r][nt][i] = mm < p.m ? qkv_cs(p, (rg0 + r) * 8 + g, mm) : make_float2(0.f, 0.f);
+                    }
+        }
+    }
 
     int use_stage = 0, use_in = 0, use_xb = 0, use_c = c_begin + wkk * CPS;
     uint32_t use_phase = 0; /* REG = 2: parity of the stage's current phase */
@@ -614,7 +643,16 @@ __global__ void __launch_bounds__(WARPS * 32, OCC) k_gemm_lowbit(GemmParams p) {
 #pragma unroll
                     for (int i = 0; i < 2; i++) {
                         int mm = m0 + nt * 8 + 2 * t + i;
-                        if (mm < p.m) epi_pair(p, rg0 + r, g, mm, acc[r][nt][i], acc[r][nt][2 + i]);
+                        if (mm >= p.m) continue;
+                        float2 e = make_float2(0.f, 0.f);
+                        int sb = qsb;
+                        if constexpr (QPRE) {
+                            e = qcs[r][nt][i];
+                        } else if (p.qkv) {
+                            e = qkv_cs(p, (rg0 + r) * 8 + g, mm);
+                            sb = qkv_slot_base(p);
+                        }
+                        epi_pair(p, rg0 + r, g, mm, acc[r][nt][i], acc[r][nt][2 + i], e, sb);
                     }
             }
         } else {
@@ -673,7 +711,8 @@ __global__ void __launch_bounds__(WARPS * 32, OCC) k_gemm_lowbit(GemmParams p) {
         for (int q = ow.row0, j = ow.pc0; q < rows / 2;) {
             const int n = pb / 2 + q, pg = (n >> 3) * 16 + (n & 7);
             if (2 * n < p.n_out)
-                qkv_pair(p, n, m0 + j, epi_val(p, pg, partial(pg, j)), epi_val(p, pg + 8, partial(pg + 8, j)));
+                qkv_pair(p, n, m0 + j, epi_val(p, pg, partial(pg, j)), epi_val(p, pg + 8, partial(pg + 8, j)),
+                         qkv_cs(p, n, m0 + j), qkv_slot_base(p));
             q += ow.drow;
             j += ow.dpc;
             if (j >= toks) {
