@@ -1666,7 +1666,7 @@ NIB_TEST(gemm_fp8_gpu_argument_errors) {
  * around them must be bitwise equal; so must the pair layout's two-kernel form (NIB_GEMM_QKV=0: the
  * pair-layout product, then nib_cuda_qkv with pairs = 1). Cases: every low-bit format, the Pi0.5
  * expert's heads (8 + 1 + 1 of 256, K = 1024) and awkward ones (3 + 2 + 2 of 64 with a bias, 1 + 1 + 1
- * of 32), M from 1 to 100 (above 64 the product runs on the wgmma kernel: two kernels), every mma.sync
+ * of 32), M from 1 to 100 (where the planner takes the wgmma kernel: two kernels), every mma.sync
  * plan of the expert's shape at M = 10, 16 and 50 (K splits: the fused split-K finish), q only, the
  * cache only, and slots past the cache's end (skipped). */
 typedef struct qkv_dev {
@@ -1798,7 +1798,7 @@ NIB_TEST(gemm_gpu_qkv_epilogue) {
     const qkv_case cases[] = {{8, 1, 256, 1024, 0}, {3, 2, 64, 336, 1}, {1, 1, 32, 160, 0}};
     const nib_wfmt fs[] = {NIB_WFMT_NVFP4, NIB_WFMT_MXFP4, NIB_WFMT_INT4, NIB_WFMT_FP8};
     const int64_t ms[] = {1, 7, 10, 16, 33, 64, 100};
-    int runs = 0, fused = 0, fused_split = 0;
+    int runs = 0, fused = 0, fused_split = 0, unfused = 0;
     for (size_t ci = 0; ci < NIB_ARRAY_LEN(cases); ci++)
         for (size_t fi = 0; fi < NIB_ARRAY_LEN(fs); fi++) {
             const qkv_case *c = &cases[ci];
@@ -1816,10 +1816,14 @@ NIB_TEST(gemm_gpu_qkv_epilogue) {
             for (size_t mi = 0; mi < NIB_ARRAY_LEN(ms); mi++) {
                 const int outs = mi % 3 == 1 ? 1 : mi % 3 == 2 ? 2 : 3; /* q only, cache only, both */
                 const int base = ms[mi] == 16 ? 8 : 2; /* 16 tokens from slot 11 of 23: the last 4 skipped */
+                nib_gemm_plan pl; /* the planner's kernel decides: mma.sync fuses, wgmma runs two kernels */
+                CHECK_OK(nib_cuda_gemm_plan(&w1, ms[mi], ws.acc_elems, &pl));
                 const int f = qkv_run(t, &rng, &cc, &w0, &w1, ms[mi], NULL, outs, base, &ws, nib_wfmt_name(fs[fi]));
-                CHECK_MSG(f == (ms[mi] <= 64), "%s M=%lld: fused %d", nib_wfmt_name(fs[fi]), (long long)ms[mi], f);
+                CHECK_MSG(f == !pl.wgt, "%s M=%lld: fused %d with a %s plan", nib_wfmt_name(fs[fi]), (long long)ms[mi], f,
+                          pl.wgt ? "wgmma" : "mma.sync");
                 runs++;
                 fused += f == 1;
+                unfused += f == 0;
             }
             if (ci == 0 && fi == 0) { /* the expert's shape: every mma.sync plan at 10, 16, 50 tokens */
                 const int64_t pm[] = {10, 16, 50};
@@ -1841,8 +1845,9 @@ NIB_TEST(gemm_gpu_qkv_epilogue) {
             rand_w_free(&rw);
         }
     printf("  %d cases bitwise equal to the product + nib_cuda_qkv (%d fused in the product's epilogue, %d of them "
-           "with a K split)\n", runs, fused, fused_split);
+           "with a K split; %d on the wgmma kernel, two kernels)\n", runs, fused, fused_split, unfused);
     CHECK_MSG(fused_split > 0, "the split-K finish's q|k|v epilogue must be exercised");
+    CHECK_MSG(unfused > 0, "the pair layout's two-kernel path (wgmma product) must be exercised");
     nib_cuda_gemm_ws_free(&ws);
 }
 
