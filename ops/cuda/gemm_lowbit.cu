@@ -212,16 +212,27 @@ __device__ __forceinline__ void issue_x_window(const GemmParams &p, const XWalk 
     }
 }
 
-__device__ __forceinline__ float epi_val(const GemmParams &p, int row, float acc) {
-    float v = acc * p.colscale[row];
+/* The epilogue's arithmetic on values loaded by the caller (cs = colscale[row]; gt = gate[n] and rs =
+ * the residual at (mm, n) where p.gate / p.res are set), so a caller can load them early; epi_val and
+ * epi_store load them at the point of use. */
+__device__ __forceinline__ float epi_val_v(const GemmParams &p, int row, float acc, float cs) {
+    float v = acc * cs;
     if (p.bias) v += p.bias[row];
     return v;
 }
-
-__device__ __forceinline__ void epi_store(const GemmParams &p, int n, int mm, float v) {
-    if (p.gate) v *= p.gate[n];
-    if (p.res) v += __bfloat162float(p.res[(long long)mm * p.ldr + n]);
+__device__ __forceinline__ void epi_store_v(const GemmParams &p, int n, int mm, float v, float gt, float rs) {
+    if (p.gate) v *= gt;
+    if (p.res) v += rs;
     p.y[(long long)mm * p.ldy + n] = __float2bfloat16(v);
+}
+__device__ __forceinline__ float epi_res(const GemmParams &p, int n, int mm) {
+    return p.res ? __bfloat162float(p.res[(long long)mm * p.ldr + n]) : 0.f;
+}
+__device__ __forceinline__ float epi_val(const GemmParams &p, int row, float acc) {
+    return epi_val_v(p, row, acc, p.colscale[row]);
+}
+__device__ __forceinline__ void epi_store(const GemmParams &p, int n, int mm, float v) {
+    epi_store_v(p, n, mm, v, p.gate ? p.gate[n] : 0.f, epi_res(p, n, mm));
 }
 
 /* ops/qkv.h's epilogue for rotation pair n (rows (n / 8) * 16 + n % 8 and 8 rows later: dims d and
@@ -259,19 +270,69 @@ __device__ __forceinline__ void qkv_pair(const GemmParams &p, int n, int mm, flo
     dst[p.half] = __float2bfloat16_rn(b);
 }
 
-/* Epilogue of one (row pair g, g+8; token mm) from final sums (e, sbase: qkv_pair's, with p.qkv). */
-__device__ __forceinline__ void epi_pair(const GemmParams &p, int rg, int g, int mm, float a_g, float a_g8, float2 e,
-                                         int sbase) {
+/* What the epilogue of one (row pair g, g + 8; token mm) reads besides the sums: the rows' column
+ * scales and gates (c: colscale[pr], colscale[pr + 8], gate of output pr or n, gate of pr + 8), the
+ * residuals of its outputs or, with p.qkv, the (cos, sin) (x), and the slot base. */
+struct EpiIn {
+    float c[4];
+    float x[2];
+    int sbase;
+};
+/* rows / per-row vectors (token-independent) */
+__device__ __forceinline__ void epi_in_rows(const GemmParams &p, int rg, int g, EpiIn &e) {
+    const int pr = rg * 16 + g;
+    e.c[0] = p.colscale[pr];
+    e.c[1] = p.colscale[pr + 8];
+    e.c[2] = e.c[3] = 0.f;
+    if (p.gate) {
+        const int n0 = p.geglu ? rg * 8 + g : pr;
+        e.c[2] = n0 < p.n_out ? p.gate[n0] : 0.f;
+        if (!p.geglu) e.c[3] = pr + 8 < p.n_out ? p.gate[pr + 8] : 0.f;
+    }
+}
+/* token mm's residuals or (cos, sin) */
+__device__ __forceinline__ void epi_in_token(const GemmParams &p, int rg, int g, int mm, EpiIn &e) {
+    const int pr = rg * 16 + g;
+    e.x[0] = e.x[1] = 0.f;
+    if (p.qkv) {
+        const float2 cs = p.rope_cs[(long long)mm * p.half + ((rg * 8 + g) & (p.half - 1))];
+        e.x[0] = cs.x;
+        e.x[1] = cs.y;
+    } else if (p.res) {
+        const int n0 = p.geglu ? rg * 8 + g : pr;
+        if (n0 < p.n_out) e.x[0] = epi_res(p, n0, mm);
+        if (!p.geglu && pr + 8 < p.n_out) e.x[1] = epi_res(p, pr + 8, mm);
+    }
+}
+
+/* The same, each input loaded at its point of use (the kernels without the early loads: MT >= 4) */
+__device__ __forceinline__ void epi_pair_lazy(const GemmParams &p, int rg, int g, int mm, float a_g, float a_g8) {
     int pr = rg * 16 + g;
     float vg = epi_val(p, pr, a_g), vg8 = epi_val(p, pr + 8, a_g8);
     if (p.qkv) {
-        qkv_pair(p, rg * 8 + g, mm, vg, vg8, e, sbase);
+        qkv_pair(p, rg * 8 + g, mm, vg, vg8, qkv_cs(p, rg * 8 + g, mm), qkv_slot_base(p));
     } else if (p.geglu) {
         int n = rg * 8 + g;
         if (n < p.n_out) epi_store(p, n, mm, gelu_tanh(vg) * vg8);
     } else {
         if (pr < p.n_out) epi_store(p, pr, mm, vg);
         if (pr + 8 < p.n_out) epi_store(p, pr + 8, mm, vg8);
+    }
+}
+
+/* Epilogue of one (row pair g, g+8; token mm) from final sums and its inputs e. */
+__device__ __forceinline__ void epi_pair(const GemmParams &p, int rg, int g, int mm, float a_g, float a_g8,
+                                         const EpiIn &e) {
+    int pr = rg * 16 + g;
+    float vg = epi_val_v(p, pr, a_g, e.c[0]), vg8 = epi_val_v(p, pr + 8, a_g8, e.c[1]);
+    if (p.qkv) {
+        qkv_pair(p, rg * 8 + g, mm, vg, vg8, make_float2(e.x[0], e.x[1]), e.sbase);
+    } else if (p.geglu) {
+        int n = rg * 8 + g;
+        if (n < p.n_out) epi_store_v(p, n, mm, gelu_tanh(vg) * vg8, e.c[2], e.x[0]);
+    } else {
+        if (pr < p.n_out) epi_store_v(p, pr, mm, vg, e.c[2], e.x[0]);
+        if (pr + 8 < p.n_out) epi_store_v(p, pr + 8, mm, vg8, e.c[3], e.x[1]);
     }
 }
 
@@ -532,28 +593,32 @@ __global__ void __launch_bounds__(WARPS * 32, OCC) k_gemm_lowbit(GemmParams p) {
     nib::pdl_enter(); /* X comes from the previous kernel */
 #pragma unroll
     for (int j = 0; j < S - 1; j++) is.step(p, ring);
-    /* the fused q|k|v epilogue's (cos, sin) and slot base, in flight during the main loop (MT <= 2: the
-     * expert's few tokens; 8 registers, which FP8 with register-loaded weights would spill), for the
-     * threads that finish a single K split */
-    constexpr bool QPRE = MT <= 2 && !(FMT == NIB_WFMT_FP8 && REG == 1);
-    float2 qcs[QPRE ? R : 1][QPRE ? MT : 1][2];
-    int qsb = 0;
-    if constexpr (QPRE) {
+    /* Everything the epilogue reads besides the sums (column scales, gates, residuals or the q|k|v
+     * epilogue's (cos, sin), the slot base), loaded here, in flight during the main loop, by the threads
+     * that finish a single K split (MT <= 2: the expert's few tokens; a dozen registers, which FP8 with
+     * register-loaded weights would spill). Loaded at the epilogue instead, each token's loads would wait
+     * for the stores before them (y may alias the residual): a chain of L2 round trips. */
+    constexpr bool EPRE = MT <= 2 && !(FMT == NIB_WFMT_FP8 && REG == 1);
+    EpiIn epre[EPRE ? R : 1][EPRE ? MT : 1][2];
+    if constexpr (EPRE) {
+        if (p.ksplit == 1 && wkk == 0) {
+            const int sb = p.qkv ? qkv_slot_base(p) : 0;
 #pragma unroll
-        for (int r = 0; r < R; r++)
-#pragma unroll
-            for (int nt = 0; nt < MT; nt++) qcs[r][nt][0] = qcs[r][nt][1] = make_float2(0.f, 0.f);
-        if (p.qkv && p.ksplit == 1 && wkk == 0) {
-            qsb = qkv_slot_base(p);
-#pragma unroll
-            for (int r = 0; r < R; r++)
+            for (int r = 0; r < R; r++) {
+                EpiIn rows;
+                if (rg_ok[r]) epi_in_rows(p, rg0 + r, g, rows);
 #pragma unroll
                 for (int nt = 0; nt < MT; nt++)
 #pragma unroll
                     for (int i = 0; i < 2; i++) {
+                        EpiIn &e = epre[r][nt][i];
                         const int mm = m0 + nt * 8 + 2 * (lane & 3) + i;
-                        qcs[r][nt][i] = mm < p.m ? qkv_cs(p, (rg0 + r) * 8 + g, mm) : make_float2(0.f, 0.f);
+                        if (!rg_ok[r] || mm >= p.m) continue;
+                        e = rows;
+                        e.sbase = sb;
+                        epi_in_token(p, rg0 + r, g, mm, e);
                     }
+            }
         }
     }
 
@@ -644,15 +709,11 @@ __global__ void __launch_bounds__(WARPS * 32, OCC) k_gemm_lowbit(GemmParams p) {
                     for (int i = 0; i < 2; i++) {
                         int mm = m0 + nt * 8 + 2 * t + i;
                         if (mm >= p.m) continue;
-                        float2 e = make_float2(0.f, 0.f);
-                        int sb = qsb;
-                        if constexpr (QPRE) {
-                            e = qcs[r][nt][i];
-                        } else if (p.qkv) {
-                            e = qkv_cs(p, (rg0 + r) * 8 + g, mm);
-                            sb = qkv_slot_base(p);
+                        if constexpr (EPRE) {
+                            epi_pair(p, rg0 + r, g, mm, acc[r][nt][i], acc[r][nt][2 + i], epre[r][nt][i]);
+                        } else {
+                            epi_pair_lazy(p, rg0 + r, g, mm, acc[r][nt][i], acc[r][nt][2 + i]);
                         }
-                        epi_pair(p, rg0 + r, g, mm, acc[r][nt][i], acc[r][nt][2 + i], e, sb);
                     }
             }
         } else {
