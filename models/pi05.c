@@ -1610,9 +1610,8 @@ static nib_status rope_table(nib_pi05 *m, const call_shape *cs) {
     nib_qkv_args qa = {cs->H, NULL, (int32_t)c->e_heads, (int32_t)c->kv_heads, (int32_t)c->head_dim, m->eqkv,
                        ((int64_t)c->e_heads + 2 * c->kv_heads) * c->head_dim, m->pos_suffix, m->inv_freq,
                        1.0f, m->eq, (int64_t)c->e_heads * c->head_dim, &m->kv[0], 0, m->ints + 2, NULL, 1, m->rope_cs};
+    /* (f < 0: a bad NIB_GEMM_QKV or no plan; the table is computed and nib_be_gemm_qkv names the error) */
     const int f = nib_cuda_gemm_qkv_fuses(&m->el[0].qkv.q, cs->H, &qa, &m->be.sc.ws, NULL);
-    if (f < 0) return NIB_ERR(NIB_ERR_INVALID_ARG, "pi05: the q|k|v epilogue cannot be planned at H = %d "
-                              "(NIB_GEMM_QKV must be 0 or 1)", (int)cs->H);
     return f ? nib_cuda_rope_table(m->pos_suffix, m->inv_freq, cs->H, (int32_t)c->head_dim, m->rope_cs, m->be.stream)
              : NIB_OK;
 }
