@@ -111,14 +111,6 @@ struct nib_pi05 {
                                * the other steps (the default; NIB_OVERLAP_FIRST_OPS=0: the kernel's first
                                * layers beside the prefix instead, overlap_setup) */
     int fused_qkv;            /* the prefix's RoPE + cache write as one kernel (prefix_setup) */
-    /* the expert's adaRMS split across its products (rms_setup, nib_gemm_norm): o and down also write
-     * ey = bf16(x (1 + scale)) of the next norm and ess, x's sums of squares per 16 columns; q|k|v and
-     * gate|up multiply by the rows' 1 / rms and add W . shift (per step and layer, from the load) */
-    int erms;
-    float *rms_cm;            /* [steps][2L][We] 1 + scale of norm n */
-    float *rms_bq, *rms_bg;   /* [L][steps][np] W . shift of the q|k|v / gate|up weight, kernel row order */
-    int64_t rms_npq, rms_npg;
-    float *ess;               /* [Hmax][We / 16] */
     char ppath[128];          /* nib_pi05_prefix_path */
 };
 
@@ -863,10 +855,6 @@ static void plan_sizes(const nib_pi05 *m, nib_be_sizes *sz) {
     }
     wb += lin_bytes(m, NIB_WFMT_BF16, We, c->action_dim, 0, 0) + lin_bytes(m, NIB_WFMT_BF16, c->action_dim, We, 0, 0);
     wb += al256((uint64_t)c->steps * nmod * 3 * We * 4) + al256((uint64_t)hd * 4);
-    if (m->prec.backend == NIB_BE_CUDA && ef != NIB_WFMT_BF16) /* rms_setup's tables (np: the rows padded) */
-        wb += al256((uint64_t)c->steps * 2 * c->e_layers * We * 4) +
-              2 * al256((uint64_t)c->e_layers * c->steps * ((c->e_heads + 2 * nkv) * hd + 256) * 4) +
-              2 * al256((uint64_t)c->e_layers * c->steps * (2 * (int64_t)c->e_mlp + 256) * 4);
     sz->weight_bytes = wb + (1 << 20);
 
     const uint64_t a = m->be.act_size;
@@ -879,7 +867,6 @@ static void plan_sizes(const nib_pi05 *m, nib_be_sizes *sz) {
     for (int l = 0; l < c->layers; l++) ab += nib_kv_layer_bytes(m->prec.kv, (int32_t)(S + H), (int32_t)nkv, (int32_t)hd) + 256;
     ab += inputs_layout(c).total;
     ab += al256((uint64_t)H * (uint64_t)(hd / 2) * 8); /* rope_cs, when the expert's q|k|v is in the pair layout */
-    ab += al256((uint64_t)H * (uint64_t)(We / 16) * 4); /* ess (rms_setup) */
     ab += al256(NIB_CHECK_FINITE_WS_BYTES);
     sz->act_bytes = ab + (1 << 20);
 
@@ -996,84 +983,6 @@ static nib_status expert_ws_bytes(const nib_pi05 *m, uint64_t *out) {
  * sessions before it, fast at H = 10 takes 0.683 ms per step against the kernel's 0.742 (H100, one
  * build, runs alternated: 2 cameras 11.37 -> 10.78 ms, 1 camera 10.61 -> 9.87, 3 cameras
  * 12.88 -> 12.14; bench/results/pi05-expert-path-h100.json). */
-/* ---- the expert's adaRMS split across its products (nib_gemm_norm) ------------------------
- * adaRMS(x) = x rsqrt(mean x^2 + eps) (1 + scale) + shift feeds a product W, and
- *   W adaRMS(x) = r . W (x (1 + scale)) + W shift,   r = rsqrt(mean x^2 + eps) (one number per row),
- * so the product that writes x (o, down: gated residuals) also writes ey = bf16(x (1 + scale)) and x's
- * sums of squares per 16 columns (ess), and the product that reads the norm (q|k|v, gate|up) multiplies
- * its rows by r and adds W shift, computed here per step and layer in the weight's kernel row order: two
- * norm kernels fewer per layer. Where: the CUDA per-op expert with low-bit products, the q|k|v weight in
- * the pair layout (expert_pairs_wanted), and calls whose H plans those products on the mma.sync kernel
- * (expert_rms_fuses; H = 50 plans the wgmma kernel and keeps the norm kernels). NIB_EXPERT_RMS=0 keeps the
- * norm kernels everywhere (A/B). Numerics: the rounding points differ from the norm kernel's (x (1 +
- * scale) and W shift are rounded to bf16, the norm's output is not), within the preset's accuracy. */
-static int rms_env(void) {
-    const char *e = getenv("NIB_EXPERT_RMS");
-    if (!e || !*e || !strcmp(e, "1")) return 1;
-    return strcmp(e, "0") ? -1 : 0;
-}
-
-static int rms_possible(const nib_pi05 *m) {
-    if (m->prec.backend != NIB_BE_CUDA || !m->el || m->c.steps < 1) return 0;
-    for (int l = 0; l < m->c.e_layers; l++) {
-        const lm_layer *L = &m->el[l];
-        const nib_be_linear *ls[4] = {&L->qkv, &L->o, &L->gu, &L->down};
-        for (int i = 0; i < 4; i++)
-            if (ls[i]->fmt == NIB_WFMT_BF16 || ls[i]->w8a8) return 0;
-        if (!L->qkv.q.rope_half) return 0;
-    }
-    return 1;
-}
-
-static nib_status rms_setup(nib_pi05 *m) {
-    const nib_pi05_config *c = &m->c;
-    nib_be *be = &m->be;
-    const int env = rms_env();
-    if (env < 0)
-        return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_EXPERT_RMS=%s: 1 (the expert's norms inside its products where they "
-                       "run there, the default) or 0 (the norm kernels)", getenv("NIB_EXPERT_RMS"));
-    m->erms = 0;
-    if (!env || !rms_possible(m)) return NIB_OK;
-    const int64_t S = c->steps, L = c->e_layers, We = c->e_width, nmod = 2 * L + 1;
-    const int64_t npq = m->el[0].qkv.q.np, npg = m->el[0].gu.q.np;
-    const int64_t Sp = (int64_t)c->max_cameras * c->v_tokens + c->max_text;
-    if (S * We > Sp * c->width || S * npg > Sp * c->mlp)
-        return NIB_ERR(NIB_ERR_SHAPE, "expert norms: %lld steps exceed the load-time scratch (the prefix buffers)",
-                       (long long)S);
-    nib_status st = NIB_OK;
-    float *mods = nib_malloc((size_t)(S * nmod * 3 * We) * 4), *cm = nib_malloc((size_t)(S * 2 * L * We) * 4);
-    uint16_t *sh = nib_malloc((size_t)(S * We) * 2);
-    if (!mods || !cm || !sh) {
-        st = NIB_ERR_OUT_OF_MEMORY;
-        goto fail;
-    }
-    NIB_TRY(nib_be_download(be, mods, m->mods, (uint64_t)(S * nmod * 3 * We) * 4));
-    for (int64_t s = 0; s < S; s++)
-        for (int64_t n = 0; n < 2 * L; n++)
-            for (int64_t k = 0; k < We; k++)
-                cm[(s * 2 * L + n) * We + k] = 1.0f + mods[((s * nmod + n) * 3 + 0) * We + k];
-    NIB_TRY(nib_be_alloc_weight(be, (uint64_t)(S * 2 * L * We) * 4, (void **)&m->rms_cm, "expert norms: 1 + scale"));
-    NIB_TRY(nib_be_upload(be, m->rms_cm, cm, (uint64_t)(S * 2 * L * We) * 4));
-    NIB_TRY(nib_be_alloc_weight(be, (uint64_t)(L * S * npq) * 4, (void **)&m->rms_bq, "expert norms: q|k|v . shift"));
-    NIB_TRY(nib_be_alloc_weight(be, (uint64_t)(L * S * npg) * 4, (void **)&m->rms_bg, "expert norms: gate|up . shift"));
-    m->rms_npq = npq, m->rms_npg = npg;
-    for (int64_t l = 0; l < L; l++)
-        for (int f = 0; f < 2; f++) { /* f = 0: the attention norm (q|k|v), 1: the FFN norm (gate|up) */
-            for (int64_t s = 0; s < S; s++)
-                for (int64_t k = 0; k < We; k++)
-                    sh[s * We + k] = nib_f32_to_bf16(mods[((s * nmod + 2 * l + f) * 3 + 1) * We + k]);
-            NIB_TRY(nib_be_upload(be, m->py, sh, (uint64_t)(S * We) * 2));
-            const nib_be_linear *W = f ? &m->el[l].gu : &m->el[l].qkv;
-            float *out = f ? m->rms_bg + l * S * npg : m->rms_bq + l * S * npq;
-            NIB_TRY(nib_cuda_gemm_bias_rows(&W->q, m->py, S, We, out, f ? npg : npq, m->pmlp, &be->sc.ws, be->stream));
-        }
-    NIB_TRY(nib_be_sync(be));
-    m->erms = 1;
-fail:
-    nib_free(mods), nib_free(cm), nib_free(sh);
-    return st;
-}
-
 static nib_status expert_setup(nib_pi05 *m) {
     const nib_pi05_config *c = &m->c;
     m->fused = 0;
@@ -1319,9 +1228,6 @@ static nib_status alloc_buffers(nib_pi05 *m) {
     if (m->el && m->el[0].qkv.q.rope_half)
         NIB_RETURN_IF_ERR(nib_be_alloc_act(&m->be, (uint64_t)H * (uint64_t)(hd / 2) * 8, &m->rope_cs,
                                            "expert RoPE table"));
-    if (rms_possible(m))
-        NIB_RETURN_IF_ERR(nib_be_alloc_act(&m->be, (uint64_t)H * (uint64_t)(We / 16) * 4, (void **)&m->ess,
-                                           "expert sums of squares"));
     m->kv = nib_calloc((size_t)c->layers, sizeof *m->kv);
     if (!m->kv) return NIB_ERR_OUT_OF_MEMORY;
     for (int l = 0; l < c->layers; l++) {
@@ -1503,7 +1409,6 @@ nib_status nib_pi05_load(const nib_st_file *f, const nib_pi05_config *cfg, const
         if (st) goto fail;
     }
     NIB_TRY(alloc_buffers(m));
-    NIB_TRY(rms_setup(m));
     NIB_TRY(expert_setup(m));
     prefix_setup(m);
     NIB_TRY(overlap_setup(m));
@@ -1622,7 +1527,6 @@ static nib_status fwd_vision(nib_pi05 *m, const call_shape *cs) {
  * stages (ex must be current after every layer); NIB_DEFER_GATE=0 keeps the epilogue kernel (A/B). */
 typedef struct op_step {
     int s, defer;
-    int rms; /* this call's layers split their norms across the products (expert_rms_fuses) */
     const float *mods; /* this step's adaRMS (scale, shift, gate) rows */
     const float *pend; /* the gate of a product in ey not yet added to ex */
 } op_step;
@@ -1719,73 +1623,14 @@ static nib_status step_in(nib_pi05 *m, const call_shape *cs) {
     return nib_be_gemm(&m->be, &m->ain, m->xt_act, cs->H, A, m->ex, m->c.e_width, NULL);
 }
 
-/* whether a call with H rows splits the expert's norms across its products: rms_setup ran and each of
- * the four products runs that epilogue at M = H (the mma.sync kernel; not where H plans the wgmma one) */
-static int expert_rms_fuses(nib_pi05 *m, int64_t H) {
-    if (!m->erms) return 0;
-    const lm_layer *L = &m->el[0];
-    return nib_be_gemm_norm_fuses(&m->be, &L->qkv, H, 1) == 1 && nib_be_gemm_norm_fuses(&m->be, &L->gu, H, 1) == 1 &&
-           nib_be_gemm_norm_fuses(&m->be, &L->o, H, 0) == 1 && nib_be_gemm_norm_fuses(&m->be, &L->down, H, 0) == 1;
-}
-
-static void op_step_begin(nib_pi05 *m, int s, int64_t H, op_step *o) {
+static void op_step_begin(const nib_pi05 *m, int s, op_step *o) {
     const char *dg = getenv("NIB_DEFER_GATE");
     o->s = s, o->defer = !m->checking && !(dg && !strcmp(dg, "0")), o->pend = NULL;
-    o->rms = expert_rms_fuses(m, H);
     o->mods = m->mods + (int64_t)s * (2 * (int64_t)m->c.e_layers + 1) * 3 * m->c.e_width;
-}
-
-/* expert layer l with its two adaRMS norms split across the products (rms_setup): no norm kernels */
-static nib_status op_layer_rms(nib_pi05 *m, const call_shape *cs, op_step *o, int l) {
-    const nib_pi05_config *c = &m->c;
-    nib_be *be = &m->be;
-    const int64_t We = c->e_width, hd = c->head_dim, nh = c->e_heads, nkv = c->kv_heads, H = cs->H;
-    const lm_layer *L = &m->el[l];
-    const float *ma = o->mods + (int64_t)(2 * l) * 3 * We, *mf = o->mods + (int64_t)(2 * l + 1) * 3 * We;
-    const float *cm = m->rms_cm + (int64_t)o->s * 2 * c->e_layers * We; /* this step's 1 + scale, [2L][We] */
-    const int64_t g16 = We / 16;
-    if (l == 0) /* x from step_in: ey = bf16(x (1 + scale)), ess = its sums of squares */
-        NIB_RETURN_IF_ERR(nib_be_rms_prep(be, m->ex, H, We, We, cm, m->ey, We, m->ess, g16));
-    nib_gemm_norm na = {m->ess, g16, NIB_NORM_EPS, m->rms_bq + ((int64_t)l * c->steps + o->s) * m->rms_npq,
-                        NULL, 0, NULL, NULL, 0};
-    nib_qkv_args qa = {H, NULL, (int32_t)nh, (int32_t)nkv, (int32_t)hd, m->eqkv, (nh + 2 * nkv) * hd, m->pos_suffix,
-                       m->inv_freq, 1.0f / sqrtf((float)hd), m->eq, nh * hd, &m->kv[l], 0, m->ints + 2, NULL, 0,
-                       m->rope_cs};
-    static int xexp = -1;
-    if (xexp < 0) xexp = getenv("NIB_RMS_EXP") ? atoi(getenv("NIB_RMS_EXP")) : 0;
-    if (xexp & 2) na.ss_in = NULL;
-    if (xexp & 4) NIB_RETURN_IF_ERR(nib_be_gemm_qkv(be, &L->qkv, m->ey, H, We, &qa));
-    else NIB_RETURN_IF_ERR(nib_be_gemm_qkv_norm(be, &L->qkv, m->ey, H, We, &qa, &na));
-    nib_attn_cache_args ca;
-    memset(&ca, 0, sizeof ca);
-    ca.q = m->eq, ca.o = m->eattn, ca.q_tok = ca.o_tok = nh * hd, ca.nq = (int32_t)H, ca.n_heads = (int32_t)nh;
-    ca.kv = m->kv[l], ca.t_valid = m->ints + 1;
-    if (cs->H <= 16 && cs->S + cs->H < ca.kv.t_max) ca.kv.t_max = cs->S + cs->H; /* (op_layer) */
-    NIB_RETURN_IF_ERR(nib_be_attn_cache(be, &ca));
-    nib_gemm_epi ga = {0, ma + 2 * We, m->ex, We}; /* gated residual, then the FFN norm's ey and ess */
-    nib_gemm_norm no = {NULL, 0, 0.f, NULL, m->ey, We, cm + (int64_t)(2 * l + 1) * We, m->ess, g16};
-    if (xexp & 1) NIB_RETURN_IF_ERR(nib_be_gemm(be, &L->o, m->eattn, H, nh * hd, m->ex, We, &ga));
-    else NIB_RETURN_IF_ERR(nib_be_gemm_norm(be, &L->o, m->eattn, H, nh * hd, m->ex, We, &ga, &no));
-    nib_gemm_norm nf = {m->ess, g16, NIB_NORM_EPS, m->rms_bg + ((int64_t)l * c->steps + o->s) * m->rms_npg,
-                        NULL, 0, NULL, NULL, 0};
-    nib_gemm_epi gg = {1, NULL, NULL, 0};
-    if (xexp & 2) nf.ss_in = NULL;
-    if (xexp & 4) NIB_RETURN_IF_ERR(nib_be_gemm(be, &L->gu, m->ey, H, We, m->emlp, c->e_mlp, &gg));
-    else NIB_RETURN_IF_ERR(nib_be_gemm_norm(be, &L->gu, m->ey, H, We, m->emlp, c->e_mlp, &gg, &nf));
-    nib_gemm_epi gf = {0, mf + 2 * We, m->ex, We};
-    if (l + 1 < c->e_layers) { /* the next layer's attention norm's ey and ess */
-        nib_gemm_norm nd = {NULL, 0, 0.f, NULL, m->ey, We, cm + (int64_t)(2 * l + 2) * We, m->ess, g16};
-        if (xexp & 1) NIB_RETURN_IF_ERR(nib_be_gemm(be, &L->down, m->emlp, H, c->e_mlp, m->ex, We, &gf));
-        else NIB_RETURN_IF_ERR(nib_be_gemm_norm(be, &L->down, m->emlp, H, c->e_mlp, m->ex, We, &gf, &nd));
-    } else {
-        NIB_RETURN_IF_ERR(nib_be_gemm(be, &L->down, m->emlp, H, c->e_mlp, m->ex, We, &gf)); /* (step_out's norm) */
-    }
-    return check_stage(m, m->ex, H, We, We, 0, "expert x", "step %d expert layer %d output", o->s, l);
 }
 
 /* expert layer l of the per-op step */
 static nib_status op_layer(nib_pi05 *m, const call_shape *cs, op_step *o, int l) {
-    if (o->rms) return op_layer_rms(m, cs, o, l);
     const nib_pi05_config *c = &m->c;
     nib_be *be = &m->be;
     const int64_t We = c->e_width, hd = c->head_dim, nh = c->e_heads, nkv = c->kv_heads, H = cs->H;
@@ -1881,7 +1726,7 @@ static nib_status fwd_step(nib_pi05 *m, const call_shape *cs, int s, int body_do
         return step_out(m, cs, s, NULL);
     }
     op_step o;
-    op_step_begin(m, s, cs->H, &o);
+    op_step_begin(m, s, &o);
     if (s == 0) NIB_RETURN_IF_ERR(rope_table(m, cs)); /* (beside the prefix: side_ops) */
     for (int l = 0; l < c->e_layers; l++) NIB_RETURN_IF_ERR(op_layer(m, cs, &o, l));
     return step_out(m, cs, s, &o);
@@ -1925,7 +1770,7 @@ static nib_status prefix_and_first_step(nib_pi05 *m, const call_shape *cs, int *
     }
     if (*beside == 2) { /* the per-op step on the second stream, layer by layer (fwd_prefix) */
         op_step o;
-        op_step_begin(m, 0, cs->H, &o);
+        op_step_begin(m, 0, &o);
         nib_status st = fwd_prefix(m, cs, 0, &o);
         if (!st) st = rec_event(m, 2); /* the prefix's end on the main stream: before the join */
         const nib_status js = nib_be_join(be); /* on errors too: a capture ends with every fork joined */

@@ -67,28 +67,6 @@ typedef struct nib_gemm_epi {
     int64_t ldr;
 } nib_gemm_epi;
 
-/* A norm split across two products (CUDA low-bit kernel, mma.sync plans only: see nib_cuda_gemm_rms_fuses;
- * the reference backend has no such product). An RMS norm of x without weight is a per-row factor, so it can
- * follow the product: the PRODUCER of x (a plain epilogue: no GeGLU, no q|k|v) also writes
- *   y2(m, n) = bf16(Y(m, n) * colmul(n))            (x scaled by the next norm's columns, e.g. 1 + scale)
- *   ss_out(m, j) = sum of Y(m, n)^2 over n in 16j .. 16j + 15 (fp32, of the stored bf16 values)
- * and the CONSUMER (X = y2) multiplies each token's product by
- *   r_m = rsqrt(sum_j ss_in(m, j) / K + rms_eps)      (j < K / 16)
- * before adding cbias, a per-call bias in the weight's kernel row order from nib_cuda_gemm_bias_rows (e.g.
- * W . shift for adaRMS). Consumer: K % 64 == 0, ld_ss_in % 4 == 0, ss_in 16-byte aligned; a weight with a
- * bias of its own takes no cbias. Producer: N_out % 16 == 0 for ss_out. Unused fields NULL / 0. */
-typedef struct nib_gemm_norm {
-    const float *ss_in;
-    int64_t ld_ss_in;
-    float rms_eps;
-    const float *cbias;
-    void *y2;
-    int64_t ldy2;
-    const float *colmul;
-    float *ss_out;
-    int64_t ld_ss_out;
-} nib_gemm_norm;
-
 /* Checks a weight description: shapes against the format's block size, pointers present.
  * NIB_ERR_SHAPE / NIB_ERR_INVALID_ARG / NIB_ERR_UNSUPPORTED naming `name`. */
 nib_status nib_wsrc_validate(const nib_wsrc *w, const char *name);
@@ -168,31 +146,6 @@ struct nib_gemm_plan;
 nib_status nib_cuda_gemm_qkv(const nib_qweight *w, const void *x, int64_t m, int64_t ldx,
                              const struct nib_qkv_args *qa, nib_gemm_ws *ws, const struct nib_gemm_plan *plan,
                              void *stream);
-/* nib_cuda_gemm_qkv as the consumer of a split norm (nm: only ss_in, ld_ss_in, rms_eps and cbias; NULL = none) */
-nib_status nib_cuda_gemm_qkv_norm(const nib_qweight *w, const void *x, int64_t m, int64_t ldx,
-                                  const struct nib_qkv_args *qa, const nib_gemm_norm *nm, nib_gemm_ws *ws,
-                                  const struct nib_gemm_plan *plan, void *stream);
-/* nib_cuda_gemm with a split norm's fields (nib_gemm_norm; plan NULL = the planner's or the weight's rule) */
-nib_status nib_cuda_gemm_norm(const nib_qweight *w, const void *x, int64_t m, int64_t ldx, void *y, int64_t ldy,
-                              const nib_gemm_epi *epi, const nib_gemm_norm *nm, nib_gemm_ws *ws,
-                              const struct nib_gemm_plan *plan, void *stream);
-/* Whether nib_gemm_norm's fields (row RMS, cbias, y2, ss_out) run for this weight and M with this plan
- * (NULL: the planner's or the weight's rule): 1 on the mma.sync kernel when the staged sums fit its shared
- * memory (consumer, when K % 64 == 0), 0 where not (the wgmma kernel; then such an epilogue is an error),
- * -1 on an error (no plan). consumer: the row RMS is asked for (ss_in), else only the producer outputs. */
-int nib_cuda_gemm_rms_fuses(const nib_qweight *w, int64_t m, int consumer, const nib_gemm_ws *ws,
-                            const struct nib_gemm_plan *plan);
-/* out[s][r] = fp32 of the bf16 product x[s] . W[row r] (kernel row order r < np, colscale applied, no bias, no
- * GeGLU: a gate|up weight gives its gate and up rows as stored), s < rows: the cbias of a consumer whose
- * input was shifted by x[s] (e.g. adaRMS: W . shift). tmp: bf16 scratch of rows * np elements. Synchronous
- * work on `stream` (load time). */
-nib_status nib_cuda_gemm_bias_rows(const nib_qweight *w, const void *x, int64_t rows, int64_t ldx, float *out,
-                                   int64_t ld_out, void *tmp, nib_gemm_ws *ws, void *stream);
-/* The producer outputs of nib_gemm_norm for an x no product wrote (e.g. the first layer's input): y2 =
- * bf16(x * colmul) and ss[m][j] = the sum of x(m, n)^2 over the 16 columns of group j, for m < rows and
- * n < n (n % 16 == 0). One kernel. */
-nib_status nib_cuda_rms_prep(const void *x, int64_t rows, int64_t n, int64_t ldx, const float *colmul, void *y2,
-                             int64_t ldy2, float *ss, int64_t ld_ss, void *stream);
 /* Whether nib_cuda_gemm_qkv would run in one kernel for these arguments (0 / 1; -1: an error, e.g.
  * a bad NIB_GEMM_QKV or no plan). */
 int nib_cuda_gemm_qkv_fuses(const nib_qweight *w, int64_t m, const struct nib_qkv_args *qa, const nib_gemm_ws *ws,

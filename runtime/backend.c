@@ -491,42 +491,6 @@ nib_status nib_be_gemm_qkv(nib_be *be, const nib_be_linear *L, const void *x, in
     return nib_be_qkv(be, a);
 }
 
-int nib_be_gemm_norm_fuses(const nib_be *be, const nib_be_linear *L, int64_t m, int consumer) {
-    if (be->kind != NIB_BE_CUDA || L->fmt == NIB_WFMT_BF16 || L->w8a8) return 0;
-    return nib_cuda_gemm_rms_fuses(&L->q, m, consumer, &be->sc.ws, NULL);
-}
-
-static nib_status gemm_norm_check(const nib_be *be, const nib_be_linear *L, const char *who) {
-    if (be->kind != NIB_BE_CUDA || L->fmt == NIB_WFMT_BF16 || L->w8a8)
-        return NIB_ERR(NIB_ERR_UNSUPPORTED, "%s: a split norm runs on the CUDA low-bit kernel only (this is a %s %s weight)",
-                       who, be->kind == NIB_BE_CUDA ? "CUDA" : "reference", L->w8a8 ? "W8A8" : nib_wfmt_name(L->fmt));
-    return NIB_OK;
-}
-
-nib_status nib_be_gemm_norm(nib_be *be, const nib_be_linear *L, const void *x, int64_t m, int64_t ldx, void *y,
-                            int64_t ldy, const nib_gemm_epi *epi, const nib_gemm_norm *nm) {
-    NIB_RETURN_IF_ERR(gemm_norm_check(be, L, "linear"));
-    if (m <= 0) return NIB_OK;
-    nib_gemm_epi none = {L->geglu, NULL, NULL, 0};
-    if (!epi) epi = &none;
-    return nib_cuda_gemm_norm(&L->q, x, m, ldx, y, ldy, epi, nm, &be->sc.ws, NULL, be->stream);
-}
-
-nib_status nib_be_gemm_qkv_norm(nib_be *be, const nib_be_linear *L, const void *x, int64_t m, int64_t ldx,
-                                const nib_qkv_args *a, const nib_gemm_norm *nm) {
-    NIB_RETURN_IF_ERR(gemm_norm_check(be, L, "q|k|v linear"));
-    if (!a) return NIB_ERR(NIB_ERR_INVALID_ARG, "q|k|v linear: NULL qkv args");
-    if (!L->q.rope_half)
-        return NIB_ERR(NIB_ERR_INVALID_ARG, "q|k|v linear: a split norm needs the weight in the pair layout (rope_half)");
-    return nib_cuda_gemm_qkv_norm(&L->q, x, m, ldx, a, nm, &be->sc.ws, NULL, be->stream);
-}
-
-nib_status nib_be_rms_prep(nib_be *be, const void *x, int64_t rows, int64_t n, int64_t ldx, const float *colmul,
-                           void *y2, int64_t ldy2, float *ss, int64_t ld_ss) {
-    if (be->kind != NIB_BE_CUDA) return NIB_ERR(NIB_ERR_UNSUPPORTED, "rms prep: a split norm runs on the CUDA backend only");
-    return nib_cuda_rms_prep(x, rows, n, ldx, colmul, y2, ldy2, ss, ld_ss, be->stream);
-}
-
 nib_status nib_be_norm_gemm(nib_be *be, const nib_norm_args *n, const nib_be_linear *L, void *y, int64_t ldy,
                             const nib_gemm_epi *epi) {
     if (n->dim != L->k)

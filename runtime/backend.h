@@ -135,18 +135,6 @@ int nib_be_gemm_fuses_gate(const nib_be *be, const nib_be_linear *L);
 nib_status nib_be_gemm_qkv(nib_be *be, const nib_be_linear *L, const void *x, int64_t m, int64_t ldx,
                            const nib_qkv_args *a);
 
-/* A norm split across two products (ops/gemm.h, nib_gemm_norm): nib_be_gemm / nib_be_gemm_qkv with the
- * norm's fields. CUDA low-bit weights on the mma.sync kernel only (nib_be_gemm_norm_fuses says where:
- * 1 yes, 0 no, -1 an error); anything else is an error. */
-int nib_be_gemm_norm_fuses(const nib_be *be, const nib_be_linear *L, int64_t m, int consumer);
-nib_status nib_be_gemm_norm(nib_be *be, const nib_be_linear *L, const void *x, int64_t m, int64_t ldx, void *y,
-                            int64_t ldy, const nib_gemm_epi *epi, const nib_gemm_norm *nm);
-nib_status nib_be_gemm_qkv_norm(nib_be *be, const nib_be_linear *L, const void *x, int64_t m, int64_t ldx,
-                                const nib_qkv_args *a, const nib_gemm_norm *nm);
-/* A split norm's producer outputs for an x no product wrote (nib_cuda_rms_prep; CUDA only). */
-nib_status nib_be_rms_prep(nib_be *be, const void *x, int64_t rows, int64_t n, int64_t ldx, const float *colmul,
-                           void *y2, int64_t ldy2, float *ss, int64_t ld_ss);
-
 /* norm then y = epilogue(norm(x) · Wᵀ). For a CUDA W8A8 layer the norm emits the FP8 codes and
  * per-row scales directly (n->y is then not written); otherwise n->y holds the normed rows. */
 nib_status nib_be_norm_gemm(nib_be *be, const nib_norm_args *n, const nib_be_linear *L, void *y, int64_t ldy,

@@ -40,33 +40,6 @@ nib_status nib_cuda_gemm_qkv(const nib_qweight *w, const void *x, int64_t m, int
     (void)w, (void)x, (void)m, (void)ldx, (void)qa, (void)ws, (void)plan, (void)stream;
     return NO_CUDA("nib_cuda_gemm_qkv");
 }
-nib_status nib_cuda_gemm_qkv_norm(const nib_qweight *w, const void *x, int64_t m, int64_t ldx,
-                                  const struct nib_qkv_args *qa, const nib_gemm_norm *nm, nib_gemm_ws *ws,
-                                  const struct nib_gemm_plan *plan, void *stream) {
-    (void)w, (void)x, (void)m, (void)ldx, (void)qa, (void)nm, (void)ws, (void)plan, (void)stream;
-    return NO_CUDA("nib_cuda_gemm_qkv_norm");
-}
-nib_status nib_cuda_gemm_norm(const nib_qweight *w, const void *x, int64_t m, int64_t ldx, void *y, int64_t ldy,
-                              const nib_gemm_epi *epi, const nib_gemm_norm *nm, nib_gemm_ws *ws,
-                              const struct nib_gemm_plan *plan, void *stream) {
-    (void)w, (void)x, (void)m, (void)ldx, (void)y, (void)ldy, (void)epi, (void)nm, (void)ws, (void)plan, (void)stream;
-    return NO_CUDA("nib_cuda_gemm_norm");
-}
-int nib_cuda_gemm_rms_fuses(const nib_qweight *w, int64_t m, int consumer, const nib_gemm_ws *ws,
-                            const struct nib_gemm_plan *plan) {
-    (void)w, (void)m, (void)consumer, (void)ws, (void)plan;
-    return -1;
-}
-nib_status nib_cuda_gemm_bias_rows(const nib_qweight *w, const void *x, int64_t rows, int64_t ldx, float *out,
-                                   int64_t ld_out, void *tmp, nib_gemm_ws *ws, void *stream) {
-    (void)w, (void)x, (void)rows, (void)ldx, (void)out, (void)ld_out, (void)tmp, (void)ws, (void)stream;
-    return NO_CUDA("nib_cuda_gemm_bias_rows");
-}
-nib_status nib_cuda_rms_prep(const void *x, int64_t rows, int64_t n, int64_t ldx, const float *colmul, void *y2,
-                             int64_t ldy2, float *ss, int64_t ld_ss, void *stream) {
-    (void)x, (void)rows, (void)n, (void)ldx, (void)colmul, (void)y2, (void)ldy2, (void)ss, (void)ld_ss, (void)stream;
-    return NO_CUDA("nib_cuda_rms_prep");
-}
 int nib_cuda_gemm_qkv_fuses(const nib_qweight *w, int64_t m, const struct nib_qkv_args *qa, const nib_gemm_ws *ws,
                             const struct nib_gemm_plan *plan) {
     (void)w, (void)m, (void)qa, (void)ws, (void)plan;

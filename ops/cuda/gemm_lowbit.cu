@@ -75,20 +75,6 @@ struct GemmParams {
     long long ldq;
     int t_max, slot_off;
     const int32_t *slot_base;
-    /* nib_gemm_norm's row RMS (a consumer of a producer's sums of squares): each token's product times
-     * r = rsqrt(sum of ss_in[token][0 .. ss_parts) * rms_inv_k + rms_eps), before the bias; ss_in is staged
-     * into shared memory at ss_off with the first X window */
-    const float *ss_in;
-    long long ld_ss_in;
-    int ss_parts, ss_off;
-    float rms_inv_k, rms_eps;
-    /* nib_gemm_norm's producer outputs (the plain epilogue): y2 = bf16(y * colmul[n]) and ss_out[token][n / 16],
-     * the sum of y^2 over the 16 columns of group n / 16 */
-    __nv_bfloat16 *y2;
-    long long ldy2;
-    const float *colmul;
-    float *ss_out;
-    long long ld_ss_out;
 };
 
 /* ---- the per-thread cp.async ring -------------------------------------------------------
@@ -226,63 +212,27 @@ __device__ __forceinline__ void issue_x_window(const GemmParams &p, const XWalk 
     }
 }
 
-/* The epilogue's arithmetic on values loaded by the caller (cs = colscale[row], bv = bias[row]; gt =
- * gate[n], rs = the residual at (mm, n) and cm = colmul[n] where p.gate / p.res / p.y2 are set; r = the
- * token's row RMS factor where p.ss_in is), so a caller can load them early; epi_val and epi_store load
- * them at the point of use. epi_store_v returns the stored value (as a float). */
-/* NM: the kernel variant with the split norm's fields (nib_gemm_norm); NM = 0 is the kernel without them,
- * whose code is left exactly as it was (measured: the plain variant with these branches in it made the
- * expert's step 0.614 -> 0.645 ms). epi_val_v's bv is read only where NM (else bias[row] at its use). */
-template <bool NM>
-__device__ __forceinline__ float epi_val_v(const GemmParams &p, int row, float acc, float cs, float bv, float r) {
+/* The epilogue's arithmetic on values loaded by the caller (cs = colscale[row]; gt = gate[n] and rs =
+ * the residual at (mm, n) where p.gate / p.res are set), so a caller can load them early; epi_val and
+ * epi_store load them at the point of use. */
+__device__ __forceinline__ float epi_val_v(const GemmParams &p, int row, float acc, float cs) {
     float v = acc * cs;
-    if constexpr (NM) {
-        if (p.ss_in) v *= r;
-        if (p.bias) v += p.gate ? p.bias[row] : bv; /* (epi_in_rows) */
-    } else {
-        if (p.bias) v += p.bias[row];
-    }
+    if (p.bias) v += p.bias[row];
     return v;
 }
-template <bool NM>
-__device__ __forceinline__ float epi_store_v(const GemmParams &p, int n, int mm, float v, float gt, float rs, float cm) {
+__device__ __forceinline__ void epi_store_v(const GemmParams &p, int n, int mm, float v, float gt, float rs) {
     if (p.gate) v *= gt;
     if (p.res) v += rs;
-    const __nv_bfloat16 y = __float2bfloat16(v);
-    p.y[(long long)mm * p.ldy + n] = y;
-    if constexpr (NM) {
-        const float yf = __bfloat162float(y);
-        if (p.y2) p.y2[(long long)mm * p.ldy2 + n] = __float2bfloat16(__fmul_rn(yf, cm));
-        return yf;
-    }
-    return 0.f;
+    p.y[(long long)mm * p.ldy + n] = __float2bfloat16(v);
 }
 __device__ __forceinline__ float epi_res(const GemmParams &p, int n, int mm) {
     return p.res ? __bfloat162float(p.res[(long long)mm * p.ldr + n]) : 0.f;
 }
-template <bool NM> __device__ __forceinline__ float epi_val(const GemmParams &p, int row, float acc, float r) {
-    return epi_val_v<NM>(p, row, acc, p.colscale[row], NM && p.bias ? p.bias[row] : 0.f, r);
+__device__ __forceinline__ float epi_val(const GemmParams &p, int row, float acc) {
+    return epi_val_v(p, row, acc, p.colscale[row]);
 }
-template <bool NM> __device__ __forceinline__ float epi_store(const GemmParams &p, int n, int mm, float v) {
-    return epi_store_v<NM>(p, n, mm, v, p.gate ? p.gate[n] : 0.f, epi_res(p, n, mm), NM && p.y2 ? p.colmul[n] : 0.f);
-}
-/* the sum of squares of one 16-column group of token mm from its 8 lanes (g = 0 .. 7, the same t), each
- * holding the stored values of rows g and g + 8 (zeros where not stored); every lane of the warp calls it */
-__device__ __forceinline__ void ss_group(const GemmParams &p, int rg, int mm, float2 st, bool ok) {
-    float s = __fadd_rn(__fmul_rn(st.x, st.x), __fmul_rn(st.y, st.y));
-    s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, 4));
-    s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, 8));
-    s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, 16));
-    if (ok && (threadIdx.x & 28) == 0) p.ss_out[(long long)mm * p.ld_ss_out + rg] = s;
-}
-/* ss_in's 16-byte pieces of this M chunk's rows into shared memory (rides in the first X window's
- * cp.async group) */
-__device__ __forceinline__ void issue_ss(const GemmParams &p, unsigned char *dst, int m0, int xrows) {
-    const int ppr = p.ss_parts >> 2, n = xrows * ppr;
-    for (int i = threadIdx.x; i < n; i += WARPS * 32) {
-        const int row = i / ppr, pc = i - row * ppr;
-        cp_async16(smem_u32(dst + (row * p.ss_parts + pc * 4) * 4), p.ss_in + (long long)(m0 + row) * p.ld_ss_in + pc * 4, 16);
-    }
+__device__ __forceinline__ void epi_store(const GemmParams &p, int n, int mm, float v) {
+    epi_store_v(p, n, mm, v, p.gate ? p.gate[n] : 0.f, epi_res(p, n, mm));
 }
 
 /* ops/qkv.h's epilogue for rotation pair n (rows (n / 8) * 16 + n % 8 and 8 rows later: dims d and
@@ -324,21 +274,16 @@ __device__ __forceinline__ void qkv_pair(const GemmParams &p, int n, int mm, flo
  * scales and gates (c: colscale[pr], colscale[pr + 8], gate of output pr or n, gate of pr + 8), the
  * residuals of its outputs or, with p.qkv, the (cos, sin) (x), and the slot base. */
 struct EpiIn {
-    float c[4]; /* NM without a gate: c[2], c[3] = bias[pr], bias[pr + 8] (registers are the main loop's: a
-                 * larger struct here made every product of the expert ~1 us slower) */
+    float c[4];
     float x[2];
     int sbase;
 };
 /* rows / per-row vectors (token-independent) */
-template <bool NM> __device__ __forceinline__ void epi_in_rows(const GemmParams &p, int rg, int g, EpiIn &e) {
+__device__ __forceinline__ void epi_in_rows(const GemmParams &p, int rg, int g, EpiIn &e) {
     const int pr = rg * 16 + g;
     e.c[0] = p.colscale[pr];
     e.c[1] = p.colscale[pr + 8];
     e.c[2] = e.c[3] = 0.f;
-    if (NM && p.bias && !p.gate) {
-        e.c[2] = p.bias[pr];
-        e.c[3] = p.bias[pr + 8];
-    }
     if (p.gate) {
         const int n0 = p.geglu ? rg * 8 + g : pr;
         e.c[2] = n0 < p.n_out ? p.gate[n0] : 0.f;
@@ -360,44 +305,35 @@ __device__ __forceinline__ void epi_in_token(const GemmParams &p, int rg, int g,
     }
 }
 
-/* The same, each input loaded at its point of use (the kernels without the early loads: MT >= 4).
- * r: the token's row RMS factor (p.ss_in). Returns the stored values of the plain epilogue's two outputs
- * (zeros where not stored; with GeGLU or q|k|v: zeros). */
-template <bool NM>
-__device__ __forceinline__ float2 epi_pair_lazy(const GemmParams &p, int rg, int g, int mm, float a_g, float a_g8, float r) {
+/* The same, each input loaded at its point of use (the kernels without the early loads: MT >= 4) */
+__device__ __forceinline__ void epi_pair_lazy(const GemmParams &p, int rg, int g, int mm, float a_g, float a_g8) {
     int pr = rg * 16 + g;
-    float vg = epi_val<NM>(p, pr, a_g, r), vg8 = epi_val<NM>(p, pr + 8, a_g8, r);
-    float2 st = make_float2(0.f, 0.f);
+    float vg = epi_val(p, pr, a_g), vg8 = epi_val(p, pr + 8, a_g8);
     if (p.qkv) {
         qkv_pair(p, rg * 8 + g, mm, vg, vg8, qkv_cs(p, rg * 8 + g, mm), qkv_slot_base(p));
     } else if (p.geglu) {
         int n = rg * 8 + g;
-        if (n < p.n_out) epi_store<NM>(p, n, mm, gelu_tanh(vg) * vg8);
+        if (n < p.n_out) epi_store(p, n, mm, gelu_tanh(vg) * vg8);
     } else {
-        if (pr < p.n_out) st.x = epi_store<NM>(p, pr, mm, vg);
-        if (pr + 8 < p.n_out) st.y = epi_store<NM>(p, pr + 8, mm, vg8);
+        if (pr < p.n_out) epi_store(p, pr, mm, vg);
+        if (pr + 8 < p.n_out) epi_store(p, pr + 8, mm, vg8);
     }
-    return st;
 }
 
-/* Epilogue of one (row pair g, g+8; token mm) from final sums and its inputs e; returns as epi_pair_lazy. */
-template <bool NM>
-__device__ __forceinline__ float2 epi_pair(const GemmParams &p, int rg, int g, int mm, float a_g, float a_g8,
-                                           const EpiIn &e, float r) {
+/* Epilogue of one (row pair g, g+8; token mm) from final sums and its inputs e. */
+__device__ __forceinline__ void epi_pair(const GemmParams &p, int rg, int g, int mm, float a_g, float a_g8,
+                                         const EpiIn &e) {
     int pr = rg * 16 + g;
-    float vg = epi_val_v<NM>(p, pr, a_g, e.c[0], e.c[2], r), vg8 = epi_val_v<NM>(p, pr + 8, a_g8, e.c[1], e.c[3], r);
-    float2 st = make_float2(0.f, 0.f);
+    float vg = epi_val_v(p, pr, a_g, e.c[0]), vg8 = epi_val_v(p, pr + 8, a_g8, e.c[1]);
     if (p.qkv) {
         qkv_pair(p, rg * 8 + g, mm, vg, vg8, make_float2(e.x[0], e.x[1]), e.sbase);
     } else if (p.geglu) {
         int n = rg * 8 + g;
-        if (n < p.n_out) epi_store_v<NM>(p, n, mm, gelu_tanh(vg) * vg8, e.c[2], e.x[0], 0.f);
-    } else { /* (colmul at its use: the expert's producers finish a K split instead) */
-        if (pr < p.n_out) st.x = epi_store_v<NM>(p, pr, mm, vg, e.c[2], e.x[0], NM && p.y2 ? p.colmul[pr] : 0.f);
-        if (pr + 8 < p.n_out)
-            st.y = epi_store_v<NM>(p, pr + 8, mm, vg8, e.c[3], e.x[1], NM && p.y2 ? p.colmul[pr + 8] : 0.f);
+        if (n < p.n_out) epi_store_v(p, n, mm, gelu_tanh(vg) * vg8, e.c[2], e.x[0]);
+    } else {
+        if (pr < p.n_out) epi_store_v(p, pr, mm, vg, e.c[2], e.x[0]);
+        if (pr + 8 < p.n_out) epi_store_v(p, pr + 8, mm, vg8, e.c[3], e.x[1]);
     }
-    return st;
 }
 
 /* ---- the per-warp bulk ring (REG = 2) ---------------------------------------------------
@@ -545,7 +481,7 @@ __device__ __forceinline__ void load_chunks_reg(Chunk<FMT> (&dst)[CPS], const ui
  * no spills, 2 spills a few prologue values but doubles the resident CTAs; the planner picks).
  * REG (MT <= 4): weights loaded straight into registers one pipeline step ahead instead of
  * through the per-thread cp.async ring (no shared-memory round trip for them). */
-template <int FMT, int MT, int R, int OCC, int REG, bool NM>
+template <int FMT, int MT, int R, int OCC, int REG>
 __global__ void __launch_bounds__(WARPS * 32, OCC) k_gemm_lowbit(GemmParams p) {
     constexpr int S = Stages<MT>::S;
     extern __shared__ __align__(16) unsigned char smem[];
@@ -584,7 +520,6 @@ __global__ void __launch_bounds__(WARPS * 32, OCC) k_gemm_lowbit(GemmParams p) {
                 prefetch_l2(p.colscale + (rg0 + r) * 16);
                 if (p.bias) prefetch_l2(p.bias + (rg0 + r) * 16);
                 if (p.gate) prefetch_l2(p.gate + (rg0 + r) * (p.geglu ? 8 : 16));
-                if (NM && p.y2) prefetch_l2(p.colmul + (rg0 + r) * 16);
             }
             /* the fused q|k|v epilogue's (cos, sin) of this row group's 8 pairs, one line per token */
             if (p.qkv && wkk == 0 && lane < MC && m0 + lane < p.m)
@@ -656,9 +591,6 @@ __global__ void __launch_bounds__(WARPS * 32, OCC) k_gemm_lowbit(GemmParams p) {
         if (nsteps > 0) load_chunks_reg<FMT, CPS>(nxt, rwp, rsp, rg_ok[0], rc, c_end, g, pol);
     }
     nib::pdl_enter(); /* X comes from the previous kernel */
-    if constexpr (NM) {
-        if (p.ss_in) issue_ss(p, smem + p.ss_off, m0, xrows); /* (committed with the first position) */
-    }
 #pragma unroll
     for (int j = 0; j < S - 1; j++) is.step(p, ring);
     /* Everything the epilogue reads besides the sums (column scales, gates, residuals or the q|k|v
@@ -674,7 +606,7 @@ __global__ void __launch_bounds__(WARPS * 32, OCC) k_gemm_lowbit(GemmParams p) {
 #pragma unroll
             for (int r = 0; r < R; r++) {
                 EpiIn rows;
-                if (rg_ok[r]) epi_in_rows<NM>(p, rg0 + r, g, rows);
+                if (rg_ok[r]) epi_in_rows(p, rg0 + r, g, rows);
 #pragma unroll
                 for (int nt = 0; nt < MT; nt++)
 #pragma unroll
@@ -743,19 +675,6 @@ __global__ void __launch_bounds__(WARPS * 32, OCC) k_gemm_lowbit(GemmParams p) {
 #pragma unroll
             for (int i = 0; i < 4; i++) acc[r][nt][i] += acc2[r][nt][i];
     __syncthreads(); /* all warps are done with ring and X buffers: reuse them for the reduction */
-    /* the row RMS factors of this chunk's tokens (p.ss_in), one warp per token; read after the next
-     * barrier (the epilogue, or the split-K finish) */
-    float *const s_r = (float *)(smem + p.ss_off) + (NM ? xrows * p.ss_parts : 0); /* (host: rms_smem) */
-    if (NM && p.ss_in) {
-        const float *ssm = (const float *)(smem + p.ss_off);
-        for (int j = warp; j < xrows; j += WARPS) {
-            float sum = 0.f;
-            for (int q = lane; q < p.ss_parts; q += 32) sum = __fadd_rn(sum, ssm[j * p.ss_parts + q]);
-#pragma unroll
-            for (int o = 16; o; o >>= 1) sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, o));
-            if (lane == 0) s_r[j] = rsqrtf(__fadd_rn(__fmul_rn(sum, p.rms_inv_k), p.rms_eps));
-        }
-    }
 
     float *red = (float *)smem;
     const int frag = R * MT * 4;
@@ -780,29 +699,7 @@ __global__ void __launch_bounds__(WARPS * 32, OCC) k_gemm_lowbit(GemmParams p) {
 #pragma unroll
                     for (int i = 0; i < 4; i++) acc[r][nt][i] += src[((r * MT + nt) * 4 + i) * 32 + lane];
         }
-        if (p.ksplit == 1 && NM) {
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                if (!rg_ok[r]) continue; /* (uniform in the warp) */
-#pragma unroll
-                for (int nt = 0; nt < MT; nt++)
-#pragma unroll
-                    for (int i = 0; i < 2; i++) {
-                        const int mm = m0 + nt * 8 + 2 * t + i;
-                        const bool ok = mm < p.m;
-                        const float rr = p.ss_in && ok ? s_r[mm - m0] : 1.f;
-                        float2 st = make_float2(0.f, 0.f);
-                        if (ok) {
-                            if constexpr (EPRE) {
-                                st = epi_pair<NM>(p, rg0 + r, g, mm, acc[r][nt][i], acc[r][nt][2 + i], epre[r][nt][i], rr);
-                            } else {
-                                st = epi_pair_lazy<NM>(p, rg0 + r, g, mm, acc[r][nt][i], acc[r][nt][2 + i], rr);
-                            }
-                        }
-                        if (p.ss_out) ss_group(p, rg0 + r, mm, st, ok); /* every lane of the warp */
-                    }
-            }
-        } else if (p.ksplit == 1) {
+        if (p.ksplit == 1) {
 #pragma unroll
             for (int r = 0; r < R; r++) {
                 if (!rg_ok[r]) continue;
@@ -813,9 +710,9 @@ __global__ void __launch_bounds__(WARPS * 32, OCC) k_gemm_lowbit(GemmParams p) {
                         int mm = m0 + nt * 8 + 2 * t + i;
                         if (mm >= p.m) continue;
                         if constexpr (EPRE) {
-                            epi_pair<NM>(p, rg0 + r, g, mm, acc[r][nt][i], acc[r][nt][2 + i], epre[r][nt][i], 1.f);
+                            epi_pair(p, rg0 + r, g, mm, acc[r][nt][i], acc[r][nt][2 + i], epre[r][nt][i]);
                         } else {
-                            epi_pair_lazy<NM>(p, rg0 + r, g, mm, acc[r][nt][i], acc[r][nt][2 + i], 1.f);
+                            epi_pair_lazy(p, rg0 + r, g, mm, acc[r][nt][i], acc[r][nt][2 + i]);
                         }
                     }
             }
@@ -871,32 +768,11 @@ __global__ void __launch_bounds__(WARPS * 32, OCC) k_gemm_lowbit(GemmParams p) {
      * per CTA, not one per output) */
     XWalk ow;
     ow.init(toks);
-    const bool rms = NM && p.ss_in != NULL;
-    if (NM && (p.ss_out || p.y2)) {
-        /* the plain epilogue with the producer outputs: (output q, token j) of idx = warp * 32 + lane + i * 256
-         * with q fastest, so each half-warp holds one token's 16-column group (rows and pb are multiples of
-         * 16) and sums its squares by shuffles; the loop is uniform in the warp */
-        const int total = rows * toks;
-        for (int base = warp * 32; base < total; base += WARPS * 32) {
-            const int idx = base + lane;
-            const bool in = idx < total;
-            const int j = in ? idx / rows : 0, q = idx - j * rows, pr = pb + q;
-            float yv = 0.f;
-            if (in && pr < p.n_out)
-                yv = epi_store<NM>(p, pr, m0 + j, epi_val<NM>(p, pr, partial(pr, j), rms ? s_r[j] : 1.f));
-            if (p.ss_out) {
-                float sq = __fmul_rn(yv, yv);
-#pragma unroll
-                for (int o = 8; o; o >>= 1) sq = __fadd_rn(sq, __shfl_xor_sync(0xffffffffu, sq, o));
-                if (in && (lane & 15) == 0) p.ss_out[(long long)(m0 + j) * p.ld_ss_out + (pr >> 4)] = sq;
-            }
-        }
-    } else if (p.qkv) {
+    if (p.qkv) {
         for (int q = ow.row0, j = ow.pc0; q < rows / 2;) {
             const int n = pb / 2 + q, pg = (n >> 3) * 16 + (n & 7);
-            const float rr = rms ? s_r[j] : 1.f;
             if (2 * n < p.n_out)
-                qkv_pair(p, n, m0 + j, epi_val<NM>(p, pg, partial(pg, j), rr), epi_val<NM>(p, pg + 8, partial(pg + 8, j), rr),
+                qkv_pair(p, n, m0 + j, epi_val(p, pg, partial(pg, j)), epi_val(p, pg + 8, partial(pg + 8, j)),
                          qkv_cs(p, n, m0 + j), qkv_slot_base(p));
             q += ow.drow;
             j += ow.dpc;
@@ -911,9 +787,8 @@ __global__ void __launch_bounds__(WARPS * 32, OCC) k_gemm_lowbit(GemmParams p) {
             const int n = pb / 2 + q;
             if (n < p.n_out) {
                 const int pg = (n >> 3) * 16 + (n & 7);
-                const float rr = rms ? s_r[j] : 1.f;
-                const float vg = epi_val<NM>(p, pg, partial(pg, j), rr), vu = epi_val<NM>(p, pg + 8, partial(pg + 8, j), rr);
-                epi_store<NM>(p, n, m0 + j, gelu_tanh(vg) * vu);
+                const float vg = epi_val(p, pg, partial(pg, j)), vu = epi_val(p, pg + 8, partial(pg + 8, j));
+                epi_store(p, n, m0 + j, gelu_tanh(vg) * vu);
             }
             q += ow.drow;
             j += ow.dpc;
@@ -925,7 +800,7 @@ __global__ void __launch_bounds__(WARPS * 32, OCC) k_gemm_lowbit(GemmParams p) {
     } else {
         for (int q = ow.row0, j = ow.pc0; q < rows;) {
             const int pr = pb + q;
-            if (pr < p.n_out) epi_store<NM>(p, pr, m0 + j, epi_val<NM>(p, pr, partial(pr, j), rms ? s_r[j] : 1.f));
+            if (pr < p.n_out) epi_store(p, pr, m0 + j, epi_val(p, pr, partial(pr, j)));
             q += ow.drow;
             j += ow.dpc;
             if (j >= toks) {
@@ -1478,15 +1353,15 @@ int nib_cuda_gemm_plans(const nib_qweight *w, int64_t m, uint64_t ws_elems, nib_
     return nib_gemm_plans_for(&sh, m, ws_elems, g_num_sms, out, max);
 }
 
-template <int FMT, int MT, int R, int OCC, int REG, bool NM>
+template <int FMT, int MT, int R, int OCC, int REG>
 static nib_status launch_t(const GemmParams &p, dim3 grid, size_t smem, cudaStream_t stream) {
     static int attr_set;
     if (!attr_set) {
-        NIB_CUDA_CHECK(cudaFuncSetAttribute(k_gemm_lowbit<FMT, MT, R, OCC, REG, NM>,
+        NIB_CUDA_CHECK(cudaFuncSetAttribute(k_gemm_lowbit<FMT, MT, R, OCC, REG>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, NIB_GEMM_MAX_SMEM));
         attr_set = 1;
     }
-    NIB_CUDA_CHECK(nib::launch(k_gemm_lowbit<FMT, MT, R, OCC, REG, NM>, grid, dim3(WARPS * 32), smem, stream, p));
+    NIB_CUDA_CHECK(nib::launch(k_gemm_lowbit<FMT, MT, R, OCC, REG>, grid, dim3(WARPS * 32), smem, stream, p));
     NIB_LAUNCH_CHECK("k_gemm_lowbit");
     return NIB_OK;
 }
@@ -1555,27 +1430,17 @@ static nib_status launch_wg(const nib_qweight *w, const GemmParams &p, const voi
     }
 }
 
-/* nm: the variant with the split norm's fields (MT <= 2 only: rms_fuses_plan) */
-template <int FMT, bool NM>
-static nib_status launch_mt12(int mt, int reg, const GemmParams &p, dim3 g, size_t smem, cudaStream_t s) {
-    if (mt == 1)
-        return reg == 2 ? launch_t<FMT, 1, 1, 2, 2, NM>(p, g, smem, s)
-               : reg    ? launch_t<FMT, 1, 1, 2, 1, NM>(p, g, smem, s)
-                        : launch_t<FMT, 1, 1, 2, 0, NM>(p, g, smem, s);
-    return reg ? launch_t<FMT, 2, 1, 2, 1, NM>(p, g, smem, s) : launch_t<FMT, 2, 1, 2, 0, NM>(p, g, smem, s);
-}
 template <int FMT>
-static nib_status launch_mt(int mt, int occ, int reg, int nm, const GemmParams &p, dim3 g, size_t smem, cudaStream_t s) {
-    if (nm) {
-        if (mt > 2) return NIB_ERR(NIB_ERR_INTERNAL, "gemm: the split norm's kernel at MT %d", mt);
-        return launch_mt12<FMT, true>(mt, reg, p, g, smem, s);
-    }
+static nib_status launch_mt(int mt, int occ, int reg, const GemmParams &p, dim3 g, size_t smem, cudaStream_t s) {
     switch (mt) {
     case 1:
-    case 2: return launch_mt12<FMT, false>(mt, reg, p, g, smem, s);
-    case 4: return reg ? launch_t<FMT, 4, 1, 2, 1, false>(p, g, smem, s) : launch_t<FMT, 4, 1, 2, 0, false>(p, g, smem, s);
+        return reg == 2 ? launch_t<FMT, 1, 1, 2, 2>(p, g, smem, s)
+               : reg    ? launch_t<FMT, 1, 1, 2, 1>(p, g, smem, s)
+                        : launch_t<FMT, 1, 1, 2, 0>(p, g, smem, s);
+    case 2: return reg ? launch_t<FMT, 2, 1, 2, 1>(p, g, smem, s) : launch_t<FMT, 2, 1, 2, 0>(p, g, smem, s);
+    case 4: return reg ? launch_t<FMT, 4, 1, 2, 1>(p, g, smem, s) : launch_t<FMT, 4, 1, 2, 0>(p, g, smem, s);
     default:
-        return occ == 1 ? launch_t<FMT, 8, 1, 1, 0, false>(p, g, smem, s) : launch_t<FMT, 8, 1, 2, 0, false>(p, g, smem, s);
+        return occ == 1 ? launch_t<FMT, 8, 1, 1, 0>(p, g, smem, s) : launch_t<FMT, 8, 1, 2, 0>(p, g, smem, s);
     }
 }
 
@@ -1586,7 +1451,7 @@ nib_status nib_cuda_gemm(const nib_qweight *w, const void *x, int64_t m, int64_t
 
 static nib_status gemm_run(const nib_qweight *w, const void *x, int64_t m, int64_t ldx, void *y, int64_t ldy,
                            const nib_gemm_epi *epi, nib_gemm_ws *ws, const nib_gemm_plan *plan, const nib_qkv_args *qa,
-                           void *stream, const nib_gemm_norm *nm = NULL);
+                           void *stream);
 
 nib_status nib_cuda_gemm_planned(const nib_qweight *w, const void *x, int64_t m, int64_t ldx, void *y,
                                  int64_t ldy, const nib_gemm_epi *epi, nib_gemm_ws *ws,
@@ -1619,21 +1484,8 @@ int nib_cuda_gemm_qkv_fuses(const nib_qweight *w, int64_t m, const nib_qkv_args 
 
 nib_status nib_cuda_gemm_qkv(const nib_qweight *w, const void *x, int64_t m, int64_t ldx, const nib_qkv_args *qa,
                              nib_gemm_ws *ws, const nib_gemm_plan *plan, void *stream) {
-    return nib_cuda_gemm_qkv_norm(w, x, m, ldx, qa, NULL, ws, plan, stream);
-}
-
-nib_status nib_cuda_gemm_norm(const nib_qweight *w, const void *x, int64_t m, int64_t ldx, void *y, int64_t ldy,
-                              const nib_gemm_epi *epi, const nib_gemm_norm *nm, nib_gemm_ws *ws,
-                              const nib_gemm_plan *plan, void *stream) {
-    return gemm_run(w, x, m, ldx, y, ldy, epi, ws, plan, NULL, stream, nm);
-}
-
-nib_status nib_cuda_gemm_qkv_norm(const nib_qweight *w, const void *x, int64_t m, int64_t ldx, const nib_qkv_args *qa,
-                                  const nib_gemm_norm *nm, nib_gemm_ws *ws, const nib_gemm_plan *plan, void *stream) {
     static const char *who = "gemm + qkv epilogue (cuda)";
     if (!w || !qa) return NIB_ERR(NIB_ERR_INVALID_ARG, "%s: NULL weight or qkv args", who);
-    if (nm && (nm->y2 || nm->ss_out || nm->colmul))
-        return NIB_ERR(NIB_ERR_INVALID_ARG, "%s: a producer's outputs (y2, ss_out) from the q|k|v epilogue", who);
     if (qkv_fuse_env() < 0)
         return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_GEMM_QKV=%s: 1 (the q|k|v epilogue in the product's kernel where it "
                        "can, the default) or 0 (two kernels)", getenv("NIB_GEMM_QKV"));
@@ -1657,94 +1509,15 @@ nib_status nib_cuda_gemm_qkv_norm(const nib_qweight *w, const void *x, int64_t m
         return NIB_ERR(NIB_ERR_INTERNAL, "%s: no plan", who);
     }
     if (!fuse) {
-        NIB_RETURN_IF_ERR(gemm_run(w, x, m, ldx, (void *)a.qkv, a.ld_qkv, NULL, ws, plan, NULL, stream, nm));
+        NIB_RETURN_IF_ERR(gemm_run(w, x, m, ldx, (void *)a.qkv, a.ld_qkv, NULL, ws, plan, NULL, stream));
         return nib_cuda_qkv(&a, stream);
     }
-    return gemm_run(w, x, m, ldx, (void *)a.qkv, a.ld_qkv, NULL, ws, plan, &a, stream, nm);
-}
-
-/* the row RMS's shared memory: ss_in's rows of one M chunk after the plan's own */
-static void rms_smem(const nib_qweight *w, int64_t m, const nib_gemm_plan *pl, size_t *off, size_t *bytes) {
-    const int64_t rows = m < 8 * pl->mt ? m : 8 * pl->mt;
-    *off = (pl->smem + 15) & ~(size_t)15;
-    *bytes = (size_t)rows * (size_t)(w->k / 16) * 4 + (size_t)rows * 4; /* the staged sums, then the rows' factors */
-}
-
-static int rms_fuses_plan(const nib_qweight *w, int64_t m, int consumer, const nib_gemm_plan *pl) {
-    if (pl->wgt || pl->mt > 2) return 0; /* (the split norm's kernel variant exists at MT 1 and 2) */
-    if (!consumer) return 1;
-    if (w->k % 64) return 0;
-    size_t off, bytes;
-    rms_smem(w, m, pl, &off, &bytes);
-    return off + bytes <= NIB_GEMM_MAX_SMEM;
-}
-
-int nib_cuda_gemm_rms_fuses(const nib_qweight *w, int64_t m, int consumer, const nib_gemm_ws *ws,
-                            const nib_gemm_plan *plan) {
-    if (!w || m <= 0 || w->fmt == NIB_WFMT_BF16) return w && m > 0 ? 0 : -1;
-    if (plan) return rms_fuses_plan(w, m, consumer, plan);
-    nib_gemm_plan pl;
-    if (nib_cuda_gemm_plan(w, m, ws ? ws->acc_elems : 0, &pl)) {
-        nib_clear_error();
-        return -1;
-    }
-    return rms_fuses_plan(w, m, consumer, &pl);
-}
-
-/* the norm fields of nib_gemm_epi into p (checked); *smem grows by the staged sums */
-static nib_status norm_epi_params(const nib_qweight *w, int64_t m, const nib_gemm_norm *e, const nib_gemm_plan *pl,
-                                  int qkv, GemmParams &p, size_t *smem) {
-    static const char *who = "gemm (norm epilogue)";
-    if (pl->wgt || pl->mt > 2)
-        return NIB_ERR(NIB_ERR_UNSUPPORTED, "%s: the row RMS / sums of squares run on the mma.sync kernel at up to 16 "
-                       "tokens per M chunk; M = %lld on this %lld x %lld weight plans %s (nib_cuda_gemm_rms_fuses says "
-                       "where they run)", who, (long long)m, (long long)w->n, (long long)w->k,
-                       pl->wgt ? "the wgmma kernel" : "larger chunks");
-    if (e->cbias && w->bias)
-        return NIB_ERR(NIB_ERR_INVALID_ARG, "%s: a per-call bias (cbias) for a weight with a bias of its own", who);
-    if (e->cbias) p.bias = e->cbias;
-    if (e->ss_in) {
-        if (w->k % 64 || e->ld_ss_in < w->k / 16 || e->ld_ss_in % 4 || (uintptr_t)e->ss_in % 16)
-            return NIB_ERR(NIB_ERR_SHAPE, "%s: the row RMS needs K %% 64 == 0 (K = %lld), ld_ss_in >= K / 16 and a "
-                           "multiple of 4 (%lld), ss_in 16-byte aligned", who, (long long)w->k, (long long)e->ld_ss_in);
-        if (!(e->rms_eps >= 0.f) || isinf(e->rms_eps))
-            return NIB_ERR(NIB_ERR_INVALID_ARG, "%s: rms_eps %g (needs a finite value >= 0)", who, (double)e->rms_eps);
-        size_t off, bytes;
-        rms_smem(w, m, pl, &off, &bytes);
-        if (off + bytes > NIB_GEMM_MAX_SMEM)
-            return NIB_ERR(NIB_ERR_UNSUPPORTED, "%s: %llu bytes of staged sums of squares past the plan's %llu bytes of "
-                           "shared memory exceed %d", who, (unsigned long long)bytes, (unsigned long long)off,
-                           NIB_GEMM_MAX_SMEM);
-        p.ss_in = e->ss_in;
-        p.ld_ss_in = e->ld_ss_in;
-        p.ss_parts = (int)(w->k / 16);
-        p.ss_off = (int)off;
-        p.rms_inv_k = 1.0f / (float)w->k;
-        p.rms_eps = e->rms_eps;
-        *smem = off + bytes;
-    }
-    if (e->y2 || e->ss_out || e->colmul) {
-        if (w->geglu || qkv)
-            return NIB_ERR(NIB_ERR_INVALID_ARG, "%s: y2 / ss_out come from the plain epilogue (not GeGLU, not q|k|v)", who);
-        if (!e->y2 != !e->colmul)
-            return NIB_ERR(NIB_ERR_INVALID_ARG, "%s: y2 and colmul go together", who);
-        if (e->y2 && e->ldy2 < w->n_out)
-            return NIB_ERR(NIB_ERR_SHAPE, "%s: ldy2 %lld < N_out %lld", who, (long long)e->ldy2, (long long)w->n_out);
-        if (e->ss_out && (w->n_out % 16 || e->ld_ss_out < w->n_out / 16))
-            return NIB_ERR(NIB_ERR_SHAPE, "%s: ss_out needs N_out %% 16 == 0 (N_out = %lld) and ld_ss_out >= N_out / 16 "
-                           "(%lld)", who, (long long)w->n_out, (long long)e->ld_ss_out);
-        p.y2 = (__nv_bfloat16 *)e->y2;
-        p.ldy2 = e->ldy2;
-        p.colmul = e->colmul;
-        p.ss_out = e->ss_out;
-        p.ld_ss_out = e->ld_ss_out;
-    }
-    return NIB_OK;
+    return gemm_run(w, x, m, ldx, (void *)a.qkv, a.ld_qkv, NULL, ws, plan, &a, stream);
 }
 
 static nib_status gemm_run(const nib_qweight *w, const void *x, int64_t m, int64_t ldx, void *y, int64_t ldy,
                            const nib_gemm_epi *epi, nib_gemm_ws *ws, const nib_gemm_plan *plan, const nib_qkv_args *qa,
-                           void *stream, const nib_gemm_norm *nm) {
+                           void *stream) {
     if (!w || !x || !y) return NIB_ERR(NIB_ERR_INVALID_ARG, "gemm: NULL weight, x or y");
     if (w->fmt == NIB_WFMT_BF16)
         return NIB_ERR(NIB_ERR_UNSUPPORTED, "gemm: bf16 weights go through nib_blas_gemm_bf16");
@@ -1815,14 +1588,8 @@ static nib_status gemm_run(const nib_qweight *w, const void *x, int64_t m, int64
     p.scale_add = w->scale_add;
     p.kcl = pl.wgt ? pl.wkcl : 0;
     if (p.res && p.ldr < p.n_out) return NIB_ERR(NIB_ERR_SHAPE, "gemm: residual ldr %lld < N_out %d", (long long)p.ldr, p.n_out);
-    size_t smem = pl.smem;
-    static int xnm = -1;
-    if (xnm < 0) xnm = getenv("NIB_GEMM_NM") ? atoi(getenv("NIB_GEMM_NM")) : 0;
-    const int nm_on = (nm && (nm->ss_in || nm->cbias || nm->y2 || nm->ss_out || nm->colmul)) || (xnm && !pl.wgt && pl.mt <= 2);
-    if (nm_on && nm) NIB_RETURN_IF_ERR(norm_epi_params(w, m, nm, &pl, qa != NULL, p, &smem));
     if (qa) { /* nib_cuda_gemm_qkv checked the arguments and that the plan is the mma.sync kernel's */
-        if (pl.wgt || epi)
-            return NIB_ERR(NIB_ERR_INTERNAL, "gemm: the q|k|v epilogue on the wgmma kernel or with another");
+        if (pl.wgt || epi) return NIB_ERR(NIB_ERR_INTERNAL, "gemm: the q|k|v epilogue on the wgmma kernel or with another");
         p.qkv = 1;
         p.q_heads = qa->n_heads;
         p.kv_heads = qa->n_kv_heads;
@@ -1858,72 +1625,13 @@ static nib_status gemm_run(const nib_qweight *w, const void *x, int64_t m, int64
         p.x_magic = (uint32_t)(((1ull << 32) + (uint64_t)ppr - 1) / (uint64_t)ppr);
     }
     dim3 grid(pl.row_blocks, pl.ksplit, pl.m_chunks);
+    size_t smem = pl.smem;
     cudaStream_t s = (cudaStream_t)stream;
     switch (w->fmt) {
-    case NIB_WFMT_NVFP4: return launch_mt<NIB_WFMT_NVFP4>(pl.mt, pl.occ, pl.reg, nm_on, p, grid, smem, s);
-    case NIB_WFMT_MXFP4: return launch_mt<NIB_WFMT_MXFP4>(pl.mt, pl.occ, pl.reg, nm_on, p, grid, smem, s);
-    case NIB_WFMT_INT4: return launch_mt<NIB_WFMT_INT4>(pl.mt, pl.occ, pl.reg, nm_on, p, grid, smem, s);
-    case NIB_WFMT_FP8: return launch_mt<NIB_WFMT_FP8>(pl.mt, pl.occ, pl.reg, nm_on, p, grid, smem, s);
+    case NIB_WFMT_NVFP4: return launch_mt<NIB_WFMT_NVFP4>(pl.mt, pl.occ, pl.reg, p, grid, smem, s);
+    case NIB_WFMT_MXFP4: return launch_mt<NIB_WFMT_MXFP4>(pl.mt, pl.occ, pl.reg, p, grid, smem, s);
+    case NIB_WFMT_INT4: return launch_mt<NIB_WFMT_INT4>(pl.mt, pl.occ, pl.reg, p, grid, smem, s);
+    case NIB_WFMT_FP8: return launch_mt<NIB_WFMT_FP8>(pl.mt, pl.occ, pl.reg, p, grid, smem, s);
     default: return NIB_ERR(NIB_ERR_UNSUPPORTED, "gemm: format %d", (int)w->fmt);
     }
-}
-
-/* ---- the split norm's helpers (nib_gemm_norm) ------------------------------ */
-__global__ void k_bf16_rows_f32(const __nv_bfloat16 *src, int64_t rows, int64_t n, int64_t lds, float *dst, int64_t ldd) {
-    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= rows * n) return;
-    const int64_t r = i / n, c = i - r * n;
-    dst[r * ldd + c] = __bfloat162float(src[r * lds + c]);
-}
-
-nib_status nib_cuda_gemm_bias_rows(const nib_qweight *w, const void *x, int64_t rows, int64_t ldx, float *out,
-                                   int64_t ld_out, void *tmp, nib_gemm_ws *ws, void *stream) {
-    if (!w || !x || !out || !tmp || rows <= 0)
-        return NIB_ERR(NIB_ERR_INVALID_ARG, "gemm bias rows: NULL weight, x, out or scratch, or %lld rows", (long long)rows);
-    if (ld_out < w->np)
-        return NIB_ERR(NIB_ERR_SHAPE, "gemm bias rows: ld_out %lld < the weight's %lld kernel rows", (long long)ld_out,
-                       (long long)w->np);
-    nib_qweight v = *w; /* the rows as stored: no GeGLU, no bias, every padded row */
-    v.geglu = 0;
-    v.n_out = v.np;
-    v.bias = NULL;
-    NIB_RETURN_IF_ERR(gemm_run(&v, x, rows, ldx, tmp, v.np, NULL, ws, NULL, NULL, stream));
-    const int64_t n = rows * v.np;
-    k_bf16_rows_f32<<<(unsigned)((n + 255) / 256), 256, 0, (cudaStream_t)stream>>>((const __nv_bfloat16 *)tmp, rows, v.np,
-                                                                                  v.np, out, ld_out);
-    NIB_LAUNCH_CHECK("k_bf16_rows_f32");
-    return NIB_OK;
-}
-
-/* one thread per (row, 16-column group) */
-__global__ void k_rms_prep(const __nv_bfloat16 *x, int rows, int groups, long long ldx, const float *colmul,
-                           __nv_bfloat16 *y2, long long ldy2, float *ss, long long ld_ss) {
-    nib::pdl_enter();
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= rows * groups) return;
-    const int r = i / groups, gi = i - r * groups;
-    const __nv_bfloat16 *src = x + (long long)r * ldx + gi * 16;
-    float s = 0.f;
-#pragma unroll
-    for (int c = 0; c < 16; c++) {
-        const float v = __bfloat162float(src[c]);
-        s = __fadd_rn(s, __fmul_rn(v, v));
-        if (y2) y2[(long long)r * ldy2 + gi * 16 + c] = __float2bfloat16(__fmul_rn(v, colmul[gi * 16 + c]));
-    }
-    ss[(long long)r * ld_ss + gi] = s;
-}
-
-nib_status nib_cuda_rms_prep(const void *x, int64_t rows, int64_t n, int64_t ldx, const float *colmul, void *y2,
-                             int64_t ldy2, float *ss, int64_t ld_ss, void *stream) {
-    if (!x || !ss || (y2 && !colmul))
-        return NIB_ERR(NIB_ERR_INVALID_ARG, "rms prep: NULL x or ss, or y2 without colmul");
-    if (rows <= 0 || n <= 0 || n % 16 || ldx < n || ld_ss < n / 16 || (y2 && ldy2 < n) || rows * (n / 16) > INT32_MAX)
-        return NIB_ERR(NIB_ERR_SHAPE, "rms prep: %lld x %lld (n a multiple of 16), ldx %lld, ldy2 %lld, ld_ss %lld",
-                       (long long)rows, (long long)n, (long long)ldx, (long long)ldy2, (long long)ld_ss);
-    const int groups = (int)(n / 16), total = (int)rows * groups;
-    NIB_CUDA_CHECK(nib::launch(k_rms_prep, dim3((unsigned)((total + 127) / 128)), dim3(128), 0, (cudaStream_t)stream,
-                               (const __nv_bfloat16 *)x, (int)rows, groups, (long long)ldx, colmul,
-                               (__nv_bfloat16 *)y2, (long long)ldy2, ss, (long long)ld_ss));
-    NIB_LAUNCH_CHECK("k_rms_prep");
-    return NIB_OK;
 }
