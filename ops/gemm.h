@@ -151,6 +151,13 @@ nib_status nib_cuda_gemm_qkv(const nib_qweight *w, const void *x, int64_t m, int
 int nib_cuda_gemm_qkv_fuses(const nib_qweight *w, int64_t m, const struct nib_qkv_args *qa, const nib_gemm_ws *ws,
                             const struct nib_gemm_plan *plan);
 
+/* Launches of the low-bit GEMM's lean instantiations so far in this process. NIB_GEMM_LEAN=1 (the default)
+ * runs a kernel compiled for one epilogue kind and K-split mode where one applies: NVFP4 without a bias on
+ * the mma.sync kernel's MT = 2 plans with register-loaded weights (no gate or residual beside GeGLU or the
+ * q|k|v epilogue) and on the wgmma kernel's 64-token tiles without X multicast (the action expert's
+ * products at H <= 16 and H = 50); 0 never (A/B); other values are errors. For tests. */
+long long nib_cuda_gemm_lean_launches(void);
+
 /* Geometry of the low-bit GEMM kernel, shared by the kernel (ops/cuda/gemm_lowbit.cu) and its
  * launch planner (ops/gemm_plan.c, host code compiled in every build). */
 #define NIB_GEMM_KCH 128                                          /* K elements per chunk */

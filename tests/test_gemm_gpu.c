@@ -145,6 +145,10 @@ typedef struct case_opts {
                                  * same bits */
 } case_opts;
 
+/* Where non-NULL, run_case copies its whole output buffer (guard rows and columns included, (m + 2) x
+ * (n_out + 8) values) here: for tests that compare two kernels bitwise. */
+static uint16_t *g_capture;
+
 /* Runs one GEMM on the GPU and checks it. Returns the worst error/bound ratio (<= 1 passes). */
 static double run_case(nib_test_ctx *t, nib_rng *rng, const nib_wsrc *w, int64_t m, const case_opts *o,
                        nib_gemm_ws *ws, int check_determinism) {
@@ -207,6 +211,7 @@ static double run_case(nib_test_ctx *t, nib_rng *rng, const nib_wsrc *w, int64_t
         CHECK_MSG(diff == 0, "the second plan's output differs bitwise in %lld of %lld values (guards included)",
                   (long long)diff, (long long)(rows * ldy));
     }
+    if (g_capture) memcpy(g_capture, hy, (size_t)rows * ldy * 2);
     /* reference: pre-epilogue sums of every row (so GeGLU bounds can use gate and up) */
     CHECK_OK(nib_ref_gemm(w, hx, m, k, NULL, ref, absr));
     {
@@ -573,6 +578,185 @@ NIB_TEST(gemm_gpu_wgmma_tiles) {
         nib_dev_arena_free(&a);
         rand_w_free(&rw);
     }
+    nib_cuda_gemm_ws_free(&ws);
+}
+
+/* One case run twice on the same inputs, with NIB_GEMM_LEAN=0 (the general kernel) and =1: both within the
+ * reference's bound, bitwise equal (guards included), and the second on a lean instantiation exactly when
+ * want_lean. Returns the worst error/bound ratio. */
+static double lean_pair(nib_test_ctx *t, nib_rng *rng, const nib_wsrc *w, int64_t m, const case_opts *o,
+                        nib_gemm_ws *ws, int want_lean, const char *what) {
+    const int64_t n_out = o->geglu ? w->n / 2 : w->n, vals = (m + 2) * (n_out + 8);
+    uint16_t *y0 = nib_malloc((size_t)vals * 2), *y1 = nib_malloc((size_t)vals * 2);
+    double worst = 0.0;
+    if (!y0 || !y1) {
+        nib_test_fail(t, __FILE__, __LINE__, "host allocation failed");
+        goto out;
+    }
+    nib_rng r0 = *rng, r1 = *rng;
+    setenv("NIB_GEMM_LEAN", "0", 1);
+    long long before = nib_cuda_gemm_lean_launches();
+    g_capture = y0;
+    worst = run_case(t, &r0, w, m, o, ws, 0);
+    CHECK_MSG(nib_cuda_gemm_lean_launches() == before, "%s M=%lld: a lean launch with NIB_GEMM_LEAN=0", what, (long long)m);
+    setenv("NIB_GEMM_LEAN", "1", 1);
+    before = nib_cuda_gemm_lean_launches();
+    g_capture = y1;
+    const double w1 = run_case(t, &r1, w, m, o, ws, 0);
+    g_capture = NULL;
+    unsetenv("NIB_GEMM_LEAN");
+    *rng = r1;
+    if (w1 > worst) worst = w1;
+    const long long launched = nib_cuda_gemm_lean_launches() - before;
+    CHECK_MSG(launched == (want_lean ? 1 : 0), "%s M=%lld: %lld lean launches, expected %d", what, (long long)m, launched,
+              want_lean);
+    int64_t diff = 0;
+    for (int64_t i = 0; i < vals; i++) diff += y0[i] != y1[i];
+    CHECK_MSG(diff == 0, "%s M=%lld: lean and general kernels differ in %lld of %lld values (guards included)", what,
+              (long long)m, (long long)diff, (long long)vals);
+out:
+    nib_free(y0);
+    nib_free(y1);
+    return worst;
+}
+
+/* The lean instantiations (NIB_GEMM_LEAN: NVFP4 compiled for one epilogue kind and one K-split mode: the
+ * mma.sync kernel's MT = 2 register plans, the action expert's products at H <= 16, and the wgmma kernel's
+ * 64-token tiles, H = 50) against the general kernel: every MT = 2 register plan at M = 1, 10, 16, 17 (two M
+ * chunks), 50, one K split and several; epilogues none, gate + residual (Pi0.5's o and down), the same in
+ * place, GeGLU (gate|up); the wgmma tiles at M = 50 / 100 with 1, 3 and 8 K splits, in a cluster and through
+ * the workspace; and launches that must stay on the general kernel (a bias; GeGLU with a gate and residual;
+ * X multicast; other formats). The q|k|v kind is gemm_gpu_qkv_epilogue's (its fused cases at MT = 2 run
+ * lean). A bad NIB_GEMM_LEAN is an error naming it. */
+NIB_TEST(gemm_gpu_lean_variants) {
+    NIB_REQUIRE_GPU();
+    nib_rng rng;
+    nib_gemm_ws ws;
+    gemm_test_begin(t, &rng, &ws, 128, 2048);
+    const int64_t ms[] = {1, 10, 16, 17, 50};
+    int cases = 0, lean_ks1 = 0, lean_ks2 = 0, wg_cases = 0, wg_kcl = 0;
+    double worst = 0.0;
+    for (int geglu = 0; geglu < 2; geglu++) {
+        rand_w rw;
+        /* N = 200 (a partial row group), K = 2048 (16 chunks); GeGLU 2 x 136 rows over K = 1152 (9 chunks) */
+        REQUIRE(make_rand_w(&rng, NIB_WFMT_NVFP4, geglu ? 2 * 136 : 200, geglu ? 1152 : 2048, 0, 0, 0, 0, &rw));
+        nib_dev_arena a;
+        nib_qweight q;
+        load_probe(t, &rw.w, geglu, &a, &q);
+        for (size_t mi = 0; mi < NIB_ARRAY_LEN(ms); mi++) {
+            static nib_gemm_plan pls[1024];
+            const int np = nib_cuda_gemm_plans(&q, ms[mi], ws.acc_elems, pls, (int)NIB_ARRAY_LEN(pls));
+            CHECK_MSG(np > 0 && np < (int)NIB_ARRAY_LEN(pls), "M=%lld: %d plans", (long long)ms[mi], np);
+            for (int p = 0; p < np; p++) {
+                if (pls[p].mt != 2 || pls[p].reg != 1 || pls[p].wgt) continue;
+                char what[96];
+                snprintf(what, sizeof what, "%s wk%d ks%d mchunks%d", geglu ? "geglu" : "plain", pls[p].wk, pls[p].ksplit,
+                         pls[p].m_chunks);
+                const case_opts variants[3] = {{geglu, 0, 0, 0, &pls[p], NULL},
+                                               {0, 1, 1, 0, &pls[p], NULL},
+                                               {0, 1, 1, 1, &pls[p], NULL}};
+                for (int v = 0; v < (geglu ? 1 : 3); v++) {
+                    const double r = lean_pair(t, &rng, &rw.w, ms[mi], &variants[v], &ws, 1, what);
+                    CHECK_MSG(r <= 1.0, "%s M=%lld epilogue %d: err/bound %.3f", what, (long long)ms[mi], v, r);
+                    if (r > worst) worst = r;
+                    cases++;
+                    lean_ks1 += pls[p].ksplit == 1;
+                    lean_ks2 += pls[p].ksplit > 1;
+                }
+                if (geglu) { /* GeGLU with a gate and residual: the general kernel */
+                    const case_opts og = {1, 1, 1, 0, &pls[p], NULL};
+                    worst = fmax(worst, lean_pair(t, &rng, &rw.w, ms[mi], &og, &ws, 0, what));
+                }
+            }
+        }
+        /* the wgmma kernel's 64-token tiles: one K split, splits reduced in their cluster and through the
+         * workspace (wkcl = 0); X multicast (2-CTA clusters) stays on the general kernel */
+        const int64_t wms[] = {50, 100};
+        const int wks[] = {1, 3, 8};
+        for (size_t mi = 0; mi < NIB_ARRAY_LEN(wms); mi++)
+            for (size_t ki = 0; ki < NIB_ARRAY_LEN(wks); ki++)
+                for (int kcl = 1; kcl >= 0; kcl--) {
+                    if (wks[ki] == 1 && !kcl) continue;
+                    nib_gemm_plan pl;
+                    CHECK_OK(nib_cuda_gemm_wg_plan(&q, wms[mi], 64, wks[ki], 1, &pl));
+                    if (!kcl) pl.wkcl = 0;
+                    wg_kcl += pl.wkcl;
+                    char what[96];
+                    snprintf(what, sizeof what, "%s wgmma 64, %d K splits, kcl %d", geglu ? "geglu" : "plain", wks[ki],
+                             pl.wkcl);
+                    const case_opts variants[3] = {{geglu, 0, 0, 0, &pl, NULL}, {0, 1, 1, 0, &pl, NULL}, {0, 1, 1, 1, &pl, NULL}};
+                    for (int v = 0; v < (geglu ? 1 : 3); v++) {
+                        const double r = lean_pair(t, &rng, &rw.w, wms[mi], &variants[v], &ws, 1, what);
+                        CHECK_MSG(r <= 1.0, "%s M=%lld epilogue %d: err/bound %.3f", what, (long long)wms[mi], v, r);
+                        if (r > worst) worst = r;
+                        wg_cases++;
+                    }
+                }
+        {
+            nib_gemm_plan pl;
+            CHECK_OK(nib_cuda_gemm_wg_plan(&q, 100, 64, 1, 2, &pl));
+            const case_opts o = {geglu, 0, 0, 0, &pl, NULL};
+            worst = fmax(worst, lean_pair(t, &rng, &rw.w, 100, &o, &ws, 0, "wgmma 64, X multicast"));
+        }
+        nib_dev_arena_free(&a);
+        rand_w_free(&rw);
+    }
+    { /* a bias, and INT4: the general kernel at the same plans */
+        rand_w rb, ri;
+        REQUIRE(make_rand_w(&rng, NIB_WFMT_NVFP4, 200, 2048, 0, 0, 0, 1, &rb));
+        REQUIRE(make_rand_w(&rng, NIB_WFMT_INT4, 200, 2048, 0, 0, 0, 0, &ri));
+        const nib_wsrc *ws2[2] = {&rb.w, &ri.w};
+        for (int i = 0; i < 2; i++) {
+            nib_dev_arena a;
+            nib_qweight q;
+            load_probe(t, ws2[i], 0, &a, &q);
+            static nib_gemm_plan pls[1024];
+            const int np = nib_cuda_gemm_plans(&q, 10, ws.acc_elems, pls, (int)NIB_ARRAY_LEN(pls));
+            int ran = 0;
+            for (int p = 0; p < np && ran < 2; p++) {
+                if (pls[p].mt != 2 || pls[p].reg != 1 || pls[p].wgt) continue;
+                const case_opts o = {0, 1, 1, 0, &pls[p], NULL};
+                worst = fmax(worst, lean_pair(t, &rng, ws2[i], 10, &o, &ws, 0, i ? "int4" : "nvfp4 with a bias"));
+                ran++;
+            }
+            CHECK_MSG(ran > 0, "no MT = 2 register plan for %s at M = 10", i ? "INT4" : "NVFP4");
+            nib_dev_arena_free(&a);
+        }
+        rand_w_free(&rb);
+        rand_w_free(&ri);
+    }
+    { /* a bad value of NIB_GEMM_LEAN is an error naming it, not a silent choice */
+        rand_w rw;
+        REQUIRE(make_rand_w(&rng, NIB_WFMT_NVFP4, 64, 1024, 0, 0, 0, 0, &rw));
+        nib_dev_arena a;
+        nib_qweight q;
+        load_probe(t, &rw.w, 0, &a, &q);
+        static nib_gemm_plan pls[1024];
+        const int np = nib_cuda_gemm_plans(&q, 10, ws.acc_elems, pls, (int)NIB_ARRAY_LEN(pls));
+        int p = 0;
+        while (p < np && (pls[p].mt != 2 || pls[p].reg != 1 || pls[p].wgt)) p++;
+        CHECK_MSG(p < np, "no MT = 2 register plan at M = 10");
+        if (p < np) {
+            void *dx = NULL, *dy = NULL;
+            CHECK_OK(nib_dev_malloc(&dx, 10 * 1024 * 2, "x"));
+            CHECK_OK(nib_dev_malloc(&dy, 10 * 64 * 2, "y"));
+            setenv("NIB_GEMM_LEAN", "2", 1);
+            const nib_status st = nib_cuda_gemm_planned(&q, dx, 10, 1024, dy, 64, NULL, &ws, &pls[p], NULL);
+            unsetenv("NIB_GEMM_LEAN");
+            CHECK_MSG(st != NIB_OK && strstr(nib_last_error(), "NIB_GEMM_LEAN=2") != NULL,
+                      "NIB_GEMM_LEAN=2 gave status %d, error: %s", (int)st, nib_last_error());
+            nib_clear_error();
+            nib_dev_free(dx, 10 * 1024 * 2);
+            nib_dev_free(dy, 10 * 64 * 2);
+        }
+        nib_dev_arena_free(&a);
+        rand_w_free(&rw);
+    }
+    printf("  %d lean mma.sync cases (%d with one K split, %d with several), %d wgmma cases (%d plans with the splits "
+           "in a cluster), worst err/bound %.3f\n", cases, lean_ks1, lean_ks2, wg_cases, wg_kcl, worst);
+    CHECK_MSG(lean_ks1 > 0 && lean_ks2 > 0, "both K-split modes of the lean kernels must be exercised (%d / %d)",
+              lean_ks1, lean_ks2);
+    CHECK_MSG(wg_kcl > 0, "the wgmma kernel's cluster K split must be exercised");
     nib_cuda_gemm_ws_free(&ws);
 }
 
@@ -1825,8 +2009,12 @@ NIB_TEST(gemm_gpu_qkv_epilogue) {
                 fused += f == 1;
                 unfused += f == 0;
             }
-            if (ci == 0 && fi == 0) { /* the expert's shape: every mma.sync plan at 10, 16, 50 tokens */
+            /* the expert's shape: every mma.sync plan at 10, 16, 50 tokens, with the lean instantiations (the
+             * MT = 2 register plans: NIB_GEMM_LEAN) and again with the general kernel only */
+            for (int lean = 1; ci == 0 && fi == 0 && lean >= 0; lean--) {
                 const int64_t pm[] = {10, 16, 50};
+                setenv("NIB_GEMM_LEAN", lean ? "1" : "0", 1);
+                const long long lean0 = nib_cuda_gemm_lean_launches();
                 for (size_t mi = 0; mi < NIB_ARRAY_LEN(pm); mi++) {
                     static nib_gemm_plan pls[1024];
                     const int np = nib_cuda_gemm_plans(&w1, pm[mi], ws.acc_elems, pls, (int)NIB_ARRAY_LEN(pls));
@@ -1839,6 +2027,9 @@ NIB_TEST(gemm_gpu_qkv_epilogue) {
                         fused_split += f == 1 && pls[p].ksplit > 1;
                     }
                 }
+                unsetenv("NIB_GEMM_LEAN");
+                const long long nl = nib_cuda_gemm_lean_launches() - lean0;
+                CHECK_MSG(lean ? nl > 0 : nl == 0, "NIB_GEMM_LEAN=%d: %lld lean launches", lean, nl);
             }
             nib_dev_arena_free(&a0);
             nib_dev_arena_free(&a1);

@@ -481,8 +481,17 @@ __device__ __forceinline__ void load_chunks_reg(Chunk<FMT> (&dst)[CPS], const ui
  * no spills, 2 spills a few prologue values but doubles the resident CTAs; the planner picks).
  * REG (MT <= 4): weights loaded straight into registers one pipeline step ahead instead of
  * through the per-thread cp.async ring (no shared-memory round trip for them). */
-template <int FMT, int MT, int R, int OCC, int REG>
-__global__ void __launch_bounds__(WARPS * 32, OCC) k_gemm_lowbit(GemmParams p) {
+/* L: a lean instantiation (NIB_GEMM_LEAN) for one epilogue kind and one K-split mode, fixed at compile
+ * time, so the code of the others is not in the kernel (the low-bit kernel at batch 1 is sensitive to code
+ * it does not execute: docs/design.md, "Forty-third session"). L = 0 decides everything at run time.
+ * kind (L & 3): LEAN_PLAIN (bias / gate / residual at run time), LEAN_GEGLU, LEAN_QKV; split (L >> 2):
+ * 1 one K split, 2 several. Every lean kind has no act-order and no bias; GeGLU and q|k|v no gate or
+ * residual (lean_kind() on the host checks all of it). */
+enum { LEAN_PLAIN = 1, LEAN_GEGLU = 2, LEAN_QKV = 3 };
+#define LEAN(kind, split) ((kind) | ((split) << 2))
+
+template <int FMT, int MT, int R, int REG, int L>
+__device__ __forceinline__ void gemm_lowbit_body(const GemmParams &p) {
     constexpr int S = Stages<MT>::S;
     extern __shared__ __align__(16) unsigned char smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -601,7 +610,7 @@ __global__ void __launch_bounds__(WARPS * 32, OCC) k_gemm_lowbit(GemmParams p) {
     constexpr bool EPRE = MT <= 2 && !(FMT == NIB_WFMT_FP8 && REG == 1);
     EpiIn epre[EPRE ? R : 1][EPRE ? MT : 1][2];
     if constexpr (EPRE) {
-        if (p.ksplit == 1 && wkk == 0) {
+        if ((L >> 2) != 2 && p.ksplit == 1 && wkk == 0) {
             const int sb = p.qkv ? qkv_slot_base(p) : 0;
 #pragma unroll
             for (int r = 0; r < R; r++) {
@@ -699,7 +708,7 @@ __global__ void __launch_bounds__(WARPS * 32, OCC) k_gemm_lowbit(GemmParams p) {
 #pragma unroll
                     for (int i = 0; i < 4; i++) acc[r][nt][i] += src[((r * MT + nt) * 4 + i) * 32 + lane];
         }
-        if (p.ksplit == 1) {
+        if ((L >> 2) != 2 && p.ksplit == 1) {
 #pragma unroll
             for (int r = 0; r < R; r++) {
                 if (!rg_ok[r]) continue;
@@ -733,7 +742,7 @@ __global__ void __launch_bounds__(WARPS * 32, OCC) k_gemm_lowbit(GemmParams p) {
             }
         }
     }
-    if (p.ksplit == 1) return;
+    if (p.ksplit == 1 || (L >> 2) == 1) return;
 
     /* split-K: the last CTA of this (row block, M chunk) finishes the tile */
     __shared__ int s_last;
@@ -811,6 +820,25 @@ __global__ void __launch_bounds__(WARPS * 32, OCC) k_gemm_lowbit(GemmParams p) {
     }
     __syncthreads();
     if (threadIdx.x == 0) *ctr = 0;
+}
+
+template <int FMT, int MT, int R, int OCC, int REG, int L = 0>
+__global__ void __launch_bounds__(WARPS * 32, OCC) k_gemm_lowbit(GemmParams pa) {
+    if constexpr (L == 0) {
+        gemm_lowbit_body<FMT, MT, R, REG, 0>(pa);
+    } else { /* the lean variants' fixed fields as constants the compiler propagates */
+        GemmParams p = pa;
+        p.perm = nullptr;
+        p.bias = nullptr;
+        p.qkv = (L & 3) == LEAN_QKV;
+        p.geglu = (L & 3) == LEAN_GEGLU;
+        if constexpr ((L & 3) != LEAN_PLAIN) {
+            p.gate = nullptr;
+            p.res = nullptr;
+        }
+        if constexpr ((L >> 2) == 1) p.ksplit = 1;
+        gemm_lowbit_body<FMT, MT, R, REG, L>(p);
+    }
 }
 
 /* ======================================================================================
@@ -1353,32 +1381,47 @@ int nib_cuda_gemm_plans(const nib_qweight *w, int64_t m, uint64_t ws_elems, nib_
     return nib_gemm_plans_for(&sh, m, ws_elems, g_num_sms, out, max);
 }
 
-template <int FMT, int MT, int R, int OCC, int REG>
+static long long g_lean_launches;
+long long nib_cuda_gemm_lean_launches(void) { return __atomic_load_n(&g_lean_launches, __ATOMIC_RELAXED); }
+
+/* NIB_GEMM_LEAN: 1 (default) runs the lean instantiations where one applies, 0 never (A/B); -1: another value */
+static int lean_env(void) {
+    const char *e = getenv("NIB_GEMM_LEAN");
+    if (!e || !*e || !strcmp(e, "1")) return 1;
+    return strcmp(e, "0") ? -1 : 0;
+}
+
+static nib_status lean_env_error(void) {
+    return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_GEMM_LEAN=%s: 1 (the lean kernel instantiations where one applies, the "
+                   "default) or 0 (never)", getenv("NIB_GEMM_LEAN"));
+}
+
+template <int FMT, int MT, int R, int OCC, int REG, int L = 0>
 static nib_status launch_t(const GemmParams &p, dim3 grid, size_t smem, cudaStream_t stream) {
     static int attr_set;
     if (!attr_set) {
-        NIB_CUDA_CHECK(cudaFuncSetAttribute(k_gemm_lowbit<FMT, MT, R, OCC, REG>,
+        NIB_CUDA_CHECK(cudaFuncSetAttribute(k_gemm_lowbit<FMT, MT, R, OCC, REG, L>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, NIB_GEMM_MAX_SMEM));
         attr_set = 1;
     }
-    NIB_CUDA_CHECK(nib::launch(k_gemm_lowbit<FMT, MT, R, OCC, REG>, grid, dim3(WARPS * 32), smem, stream, p));
+    NIB_CUDA_CHECK(nib::launch(k_gemm_lowbit<FMT, MT, R, OCC, REG, L>, grid, dim3(WARPS * 32), smem, stream, p));
     NIB_LAUNCH_CHECK("k_gemm_lowbit");
     return NIB_OK;
 }
 
-template <int FMT, int BT, int CM>
+template <int FMT, int BT, int CM, int L = 0>
 static nib_status launch_wg_t(const GemmParams &p, const CUtensorMap &tmx, dim3 grid, cudaStream_t stream) {
     static int attr_set;
     if (!attr_set) {
-        NIB_CUDA_CHECK(cudaFuncSetAttribute(k_gemm_lowbit_wg<FMT, BT, CM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        NIB_CUDA_CHECK(cudaFuncSetAttribute(k_gemm_lowbit_wg<FMT, BT, CM, L>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             (int)WgTile<BT>::smem()));
         attr_set = 1;
     }
     if (CM > 1 || p.kcl) /* X multicast along the row tiles, or a K split in one cluster along z */
-        NIB_CUDA_CHECK(nib::launch_cluster(k_gemm_lowbit_wg<FMT, BT, CM>, grid, dim3(WgPW<FMT, BT>::THREADS), WgTile<BT>::smem(),
+        NIB_CUDA_CHECK(nib::launch_cluster(k_gemm_lowbit_wg<FMT, BT, CM, L>, grid, dim3(WgPW<FMT, BT>::THREADS), WgTile<BT>::smem(),
                                            stream, CM > 1 ? dim3(1, CM, 1) : dim3(1, 1, (unsigned)p.ksplit), tmx, p));
     else
-        NIB_CUDA_CHECK(nib::launch(k_gemm_lowbit_wg<FMT, BT, CM>, grid, dim3(WgPW<FMT, BT>::THREADS), WgTile<BT>::smem(), stream, tmx, p));
+        NIB_CUDA_CHECK(nib::launch(k_gemm_lowbit_wg<FMT, BT, CM, L>, grid, dim3(WgPW<FMT, BT>::THREADS), WgTile<BT>::smem(), stream, tmx, p));
     NIB_LAUNCH_CHECK("k_gemm_lowbit_wg");
     return NIB_OK;
 }
@@ -1422,6 +1465,23 @@ static nib_status launch_wg(const nib_qweight *w, const GemmParams &p, const voi
             return NIB_ERR(NIB_ERR_SHAPE, "gemm: %d K splits of %llu wgmma tiles (%d tokens) do not fit the workspace",
                            p.ksplit, (unsigned long long)ctas, bt);
     }
+    if (w->fmt == NIB_WFMT_NVFP4 && bt == 64 && cm == 1 && !p.bias && !p.qkv) {
+        /* the lean instantiations (NIB_GEMM_LEAN): the action expert's products at H = 50 */
+        const int env = lean_env();
+        if (env < 0) return lean_env_error();
+        if (env) {
+            __atomic_fetch_add(&g_lean_launches, 1, __ATOMIC_RELAXED);
+            const int split = p.ksplit == 1 ? 1 : p.kcl ? 2 : 3;
+            switch (WG_LEAN(split, p.geglu ? 1 : 0)) {
+            case WG_LEAN(1, 0): return launch_wg_t<NIB_WFMT_NVFP4, 64, 1, WG_LEAN(1, 0)>(p, tmx, grid, s);
+            case WG_LEAN(2, 0): return launch_wg_t<NIB_WFMT_NVFP4, 64, 1, WG_LEAN(2, 0)>(p, tmx, grid, s);
+            case WG_LEAN(3, 0): return launch_wg_t<NIB_WFMT_NVFP4, 64, 1, WG_LEAN(3, 0)>(p, tmx, grid, s);
+            case WG_LEAN(1, 1): return launch_wg_t<NIB_WFMT_NVFP4, 64, 1, WG_LEAN(1, 1)>(p, tmx, grid, s);
+            case WG_LEAN(2, 1): return launch_wg_t<NIB_WFMT_NVFP4, 64, 1, WG_LEAN(2, 1)>(p, tmx, grid, s);
+            default: return launch_wg_t<NIB_WFMT_NVFP4, 64, 1, WG_LEAN(3, 1)>(p, tmx, grid, s);
+            }
+        }
+    }
     switch (w->fmt) {
     case NIB_WFMT_NVFP4: return launch_wg_cm<NIB_WFMT_NVFP4>(bt, cm, p, tmx, grid, s);
     case NIB_WFMT_MXFP4: return launch_wg_cm<NIB_WFMT_MXFP4>(bt, cm, p, tmx, grid, s);
@@ -1430,8 +1490,40 @@ static nib_status launch_wg(const nib_qweight *w, const GemmParams &p, const voi
     }
 }
 
+/* the lean kind (L of k_gemm_lowbit) of a launch, 0 where none applies */
+static int lean_kind(const GemmParams &p) {
+    if (p.perm || p.bias) return 0;
+    const int split = p.ksplit == 1 ? 1 : 2;
+    if (p.qkv) return p.geglu || p.gate || p.res ? 0 : LEAN(LEAN_QKV, split);
+    if (p.geglu) return p.gate || p.res ? 0 : LEAN(LEAN_GEGLU, split);
+    return LEAN(LEAN_PLAIN, split);
+}
+
+/* the lean instantiations: NVFP4's MT = 2 plans with register-loaded weights (the action expert's at H <= 16) */
+template <int FMT>
+static nib_status launch_lean(int lk, const GemmParams &p, dim3 g, size_t smem, cudaStream_t s) {
+    __atomic_fetch_add(&g_lean_launches, 1, __ATOMIC_RELAXED);
+    switch (lk) {
+    case LEAN(LEAN_PLAIN, 1): return launch_t<FMT, 2, 1, 2, 1, LEAN(LEAN_PLAIN, 1)>(p, g, smem, s);
+    case LEAN(LEAN_PLAIN, 2): return launch_t<FMT, 2, 1, 2, 1, LEAN(LEAN_PLAIN, 2)>(p, g, smem, s);
+    case LEAN(LEAN_GEGLU, 1): return launch_t<FMT, 2, 1, 2, 1, LEAN(LEAN_GEGLU, 1)>(p, g, smem, s);
+    case LEAN(LEAN_GEGLU, 2): return launch_t<FMT, 2, 1, 2, 1, LEAN(LEAN_GEGLU, 2)>(p, g, smem, s);
+    case LEAN(LEAN_QKV, 1): return launch_t<FMT, 2, 1, 2, 1, LEAN(LEAN_QKV, 1)>(p, g, smem, s);
+    case LEAN(LEAN_QKV, 2): return launch_t<FMT, 2, 1, 2, 1, LEAN(LEAN_QKV, 2)>(p, g, smem, s);
+    default: return NIB_ERR(NIB_ERR_INTERNAL, "gemm: lean kind %d", lk);
+    }
+}
+
 template <int FMT>
 static nib_status launch_mt(int mt, int occ, int reg, const GemmParams &p, dim3 g, size_t smem, cudaStream_t s) {
+    if constexpr (FMT == NIB_WFMT_NVFP4) {
+        if (mt == 2 && reg == 1) {
+            const int env = lean_env();
+            if (env < 0) return lean_env_error();
+            const int lk = env ? lean_kind(p) : 0;
+            if (lk) return launch_lean<FMT>(lk, p, g, smem, s);
+        }
+    }
     switch (mt) {
     case 1:
         return reg == 2 ? launch_t<FMT, 1, 1, 2, 2>(p, g, smem, s)

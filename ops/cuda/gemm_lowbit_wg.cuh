@@ -187,7 +187,7 @@ __device__ __forceinline__ void wg_kcl_epilogue(const GemmParams &p, const float
 }
 
 template <int FMT, int BT, int CM>
-__global__ void __launch_bounds__(WgPW<FMT, BT>::THREADS, 1) k_gemm_lowbit_wg(const __grid_constant__ CUtensorMap tmx, const GemmParams p) {
+__device__ __forceinline__ void gemm_lowbit_wg_body(const CUtensorMap &tmx, const GemmParams &p) {
     constexpr int ST = WgTile<BT>::ST, STAGE = WgTile<BT>::STAGE, PARTS = FmtT<FMT>::PARTS, SB = FmtT<FMT>::SB;
     static_assert(ST >= 2 && BT % 64 == 0 && BT <= 256 && (CM == 1 || CM == 2), "tile");
     static_assert(FMT != NIB_WFMT_INT4 || BT <= 192, "INT4 runs 64- to 192-token tiles");
@@ -406,6 +406,24 @@ __global__ void __launch_bounds__(WgPW<FMT, BT>::THREADS, 1) k_gemm_lowbit_wg(co
         const float4 lo = *(const float4 *)src, hi = *(const float4 *)(src + 4);
         float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
         wg_store8(p, v, mm, n);
+    }
+}
+
+/* L: a lean instantiation (NIB_GEMM_LEAN, as the mma.sync kernel's) with its K-split mode and GeGLU fixed at
+ * compile time and no bias: split (L & 3) 1 one K split, 2 the splits reduced in their cluster (kcl), 3
+ * through the workspace; GeGLU (L >> 2). L = 0 decides everything at run time. */
+#define WG_LEAN(split, geglu) ((split) | ((geglu) << 2))
+template <int FMT, int BT, int CM, int L = 0>
+__global__ void __launch_bounds__(WgPW<FMT, BT>::THREADS, 1) k_gemm_lowbit_wg(const __grid_constant__ CUtensorMap tmx, const GemmParams pa) {
+    if constexpr (L == 0) {
+        gemm_lowbit_wg_body<FMT, BT, CM>(tmx, pa);
+    } else { /* the fixed fields as constants the compiler propagates */
+        GemmParams p = pa;
+        p.bias = nullptr;
+        p.geglu = L >> 2;
+        p.kcl = (L & 3) == 2;
+        if constexpr ((L & 3) == 1) p.ksplit = 1;
+        gemm_lowbit_wg_body<FMT, BT, CM>(tmx, p);
     }
 }
 
