@@ -416,6 +416,36 @@ NIB_TEST(ops_gpu_norm_adarms) {
     norm_sweep(t, NIB_NORM_ADARMS, 0);
 }
 
+/* The tests above run the lean instantiations wherever dim <= 2048 (NIB_NORM_LEAN, the default); the general
+ * kernel (NIB_NORM_LEAN=0) must pass the same sweeps. A bad NIB_NORM_LEAN is an error naming it. */
+NIB_TEST(ops_gpu_norm_general_kernel) {
+    NIB_REQUIRE_GPU();
+    setenv("NIB_NORM_LEAN", "0", 1);
+    norm_sweep(t, NIB_NORM_RMS, 1);
+    norm_sweep(t, NIB_NORM_LAYER, 1);
+    norm_sweep(t, NIB_NORM_ADARMS, 0);
+    setenv("NIB_NORM_LEAN", "yes", 1);
+    nib_norm_args a;
+    memset(&a, 0, sizeof a);
+    dbuf dx = {0};
+    if (dput(t, &dx, NULL, 2 * 1024 * 2)) {
+        a.kind = NIB_NORM_RMS;
+        a.rows = 2;
+        a.dim = 1024;
+        a.eps = NIB_NORM_EPS;
+        a.x = dx.p;
+        a.ldx = 1024;
+        a.y = dx.p;
+        a.ldy = 1024;
+        const nib_status st = nib_cuda_norm(&a, NULL);
+        CHECK_MSG(st != NIB_OK && strstr(nib_last_error(), "NIB_NORM_LEAN=yes"), "NIB_NORM_LEAN=yes: status %d, %s",
+                  (int)st, nib_last_error());
+        nib_clear_error();
+    }
+    unsetenv("NIB_NORM_LEAN");
+    dfree(&dx);
+}
+
 /* y == x (in place) and h_out == x give the same bits as separate buffers. */
 NIB_TEST(ops_gpu_norm_inplace) {
     NIB_REQUIRE_GPU();

@@ -11,8 +11,9 @@
  * Every fp32 operation is an explicit __f*_rn intrinsic: nvcc never contracts them into FMAs,
  * so the GPU performs the reference's operations one for one (see ops/norm.h on why the fp64
  * sums make the statistic agree too).
- * Variants: V = 1..4 chunks per thread (dim <= 2048: V = 1). Valid rows come from a device
- * int (CTAs of rows >= *n_valid exit at once).
+ * Variants: V = 1..4 chunks per thread (dim <= 2048: V = 1); at V = 1 a lean instantiation per kind,
+ * residual and FP8 output (NIB_NORM_LEAN). Valid rows come from a device int (CTAs of rows >= *n_valid
+ * exit at once).
  * Tested by tests/test_ops_gpu.c (`nib_tests ops_gpu_norm`), timed by `nib bench ops`.
  */
 #include <cuda_bf16.h>
@@ -20,6 +21,8 @@
 #include <cuda_runtime.h>
 #include <float.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "ops/cuda/fp8_rows.cuh"
 #include "ops/cuda/bf16x8.cuh"
@@ -69,7 +72,7 @@ static __device__ __forceinline__ double block_sum(double v, double *sh, int nw)
 }
 
 template <int V>
-__global__ void __launch_bounds__(256) k_norm(const NormParams p) {
+__device__ __forceinline__ void norm_body(const NormParams &p) {
     /* The per-column vectors (weights, or Pi0.5's per-step modulations: megabytes in all, so often
      * out of L2 when the call reaches them) into L2 while the previous kernel finishes: hints only,
      * allowed before the wait (runtime/launch.cuh); the first CTA's hints serve every row */
@@ -179,6 +182,54 @@ __global__ void __launch_bounds__(256) k_norm(const NormParams p) {
     }
 }
 
+/* L: a lean instantiation (NIB_NORM_LEAN) with the kind fixed and the residual / FP8 output paths compiled in
+ * only where the launch has them, so the kernel carries no code it does not run (as the low-bit GEMM's lean
+ * variants: docs/design.md, "Forty-fourth session"). L = 1 + kind + 3 * residual + 6 * fp8; 0 decides
+ * everything at run time. */
+#define NORM_LEAN(kind, res, fp8) (1 + (kind) + 3 * (res) + 6 * (fp8))
+template <int V, int L = 0>
+__global__ void __launch_bounds__(256) k_norm(const NormParams pa) {
+    if constexpr (L == 0) {
+        norm_body<V>(pa);
+    } else { /* the fixed fields as constants the compiler propagates */
+        NormParams p = pa;
+        p.kind = (L - 1) % 3;
+        if constexpr ((L - 1) / 3 % 2 == 0) {
+            p.res = nullptr;
+            p.rg = nullptr;
+            p.h = nullptr;
+        }
+        if constexpr ((L - 1) / 6 == 0) p.yq = nullptr;
+        norm_body<V>(p);
+    }
+}
+
+/* NIB_NORM_LEAN: 1 (default) the lean instantiations at V = 1 (dim <= 2048: every norm of Pi0.5), 0 never
+ * (A/B); -1: another value */
+static int norm_lean_env(void) {
+    const char *e = getenv("NIB_NORM_LEAN");
+    if (!e || !*e || !strcmp(e, "1")) return 1;
+    return strcmp(e, "0") ? -1 : 0;
+}
+
+template <int L> static cudaError_t launch_norm_lean(dim3 grid, int threads, cudaStream_t s, const NormParams &p) {
+    return nib::launch(k_norm<1, L>, grid, dim3(threads), 0, s, p);
+}
+
+static cudaError_t launch_norm_v1(dim3 grid, int threads, cudaStream_t s, const NormParams &p) {
+    const int res = p.res != nullptr, q = p.yq != nullptr;
+#define NORM_CASE(k, r, f) \
+    case NORM_LEAN(k, r, f): return launch_norm_lean<NORM_LEAN(k, r, f)>(grid, threads, s, p)
+    switch (NORM_LEAN(p.kind, res, q)) {
+        NORM_CASE(0, 0, 0); NORM_CASE(1, 0, 0); NORM_CASE(2, 0, 0);
+        NORM_CASE(0, 1, 0); NORM_CASE(1, 1, 0); NORM_CASE(2, 1, 0);
+        NORM_CASE(0, 0, 1); NORM_CASE(1, 0, 1); NORM_CASE(2, 0, 1);
+        NORM_CASE(0, 1, 1); NORM_CASE(1, 1, 1); NORM_CASE(2, 1, 1);
+    default: return nib::launch(k_norm<1>, grid, dim3(threads), 0, s, p);
+    }
+#undef NORM_CASE
+}
+
 static bool al16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
 nib_status nib_cuda_norm(const nib_norm_args *a, void *stream) {
@@ -228,8 +279,15 @@ nib_status nib_cuda_norm(const nib_norm_args *a, void *stream) {
     const int v = (p.nch + threads - 1) / threads; /* 1..4 for dim <= 8192 */
     const dim3 grid((unsigned)a->rows);
     cudaStream_t s = (cudaStream_t)stream;
+    const int lean = norm_lean_env();
+    if (lean < 0)
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_NORM_LEAN=%s: 1 (the lean norm kernels, the default) or 0 (never)",
+                       getenv("NIB_NORM_LEAN"));
     switch (v) {
-    case 1: NIB_CUDA_CHECK(nib::launch(k_norm<1>, dim3(grid), dim3(threads), 0, s, p)); break;
+    case 1:
+        if (lean) NIB_CUDA_CHECK(launch_norm_v1(grid, threads, s, p));
+        else NIB_CUDA_CHECK(nib::launch(k_norm<1>, dim3(grid), dim3(threads), 0, s, p));
+        break;
     case 2: NIB_CUDA_CHECK(nib::launch(k_norm<2>, dim3(grid), dim3(threads), 0, s, p)); break;
     case 3: NIB_CUDA_CHECK(nib::launch(k_norm<3>, dim3(grid), dim3(threads), 0, s, p)); break;
     default: NIB_CUDA_CHECK(nib::launch(k_norm<4>, dim3(grid), dim3(threads), 0, s, p)); break;
