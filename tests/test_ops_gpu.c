@@ -1098,6 +1098,38 @@ NIB_TEST(ops_gpu_qkv_nvfp4) {
     qkv_sweep(t, NIB_KV_NVFP4);
 }
 
+/* The sweeps above run the lean instantiations (NIB_QKV_LEAN, the default: the cache dtype and the pair
+ * layout compiled in); the general kernel (NIB_QKV_LEAN=0) must pass them too, and a bad value is an error
+ * naming it. */
+NIB_TEST(ops_gpu_qkv_general_kernel) {
+    NIB_REQUIRE_GPU();
+    setenv("NIB_QKV_LEAN", "0", 1);
+    for (int dt = 0; dt < NIB_KV_COUNT; dt++) qkv_sweep(t, (nib_kv_dtype)dt);
+    setenv("NIB_QKV_LEAN", "2", 1);
+    dbuf dx = {0};
+    if (dput(t, &dx, NULL, 2 * 3 * 64 * 2)) {
+        nib_qkv_args a;
+        memset(&a, 0, sizeof a);
+        a.tokens = 2;
+        a.n_heads = 1;
+        a.n_kv_heads = 1;
+        a.head_dim = 64;
+        a.qkv = dx.p;
+        a.ld_qkv = 3 * 64;
+        a.q = dx.p;
+        a.ld_q = 3 * 64;
+        a.q_scale = 1.0f;
+        a.positions = (const int32_t *)dx.p; /* (never read: the error comes first) */
+        a.inv_freq = (const float *)dx.p;
+        const nib_status st = nib_cuda_qkv(&a, NULL);
+        CHECK_MSG(st != NIB_OK && strstr(nib_last_error(), "NIB_QKV_LEAN=2"), "NIB_QKV_LEAN=2: status %d, %s", (int)st,
+                  nib_last_error());
+        nib_clear_error();
+    }
+    unsetenv("NIB_QKV_LEAN");
+    dfree(&dx);
+}
+
 /* Plain K/V write: no statistic, no transcendental: the cache must equal the reference's byte
  * for byte, poison included. Inputs span 2^-20 .. 2^20 and include an all-zero vector. */
 NIB_TEST(ops_gpu_kv_write) {

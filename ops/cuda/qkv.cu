@@ -28,6 +28,8 @@
 #include <cuda_runtime.h>
 #include <float.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "ops/qkv.h"
 #include "ops/cuda/bf16x8.cuh"
@@ -241,8 +243,18 @@ static __device__ __forceinline__ void qkv_token(const QkvParams &p) {
         if (j == 0) (role == 1 ? p.ks : p.vs)[vec] = g;
     }
 }
-__global__ void __launch_bounds__(1024) k_qkv(const QkvParams p) {
+/* L: a lean instantiation (NIB_QKV_LEAN) with the cache dtype and the pair layout fixed at compile time, so
+ * the kernel carries no other dtype's code (as the low-bit GEMM's: docs/design.md, "Forty-fourth session");
+ * L = 1 + (kvdt + 1) + 4 * pairs, 0 decides both at run time. */
+#define QKV_LEAN(kvdt, pairs) (1 + ((kvdt) + 1) + 4 * (pairs))
+template <int L = 0>
+__global__ void __launch_bounds__(1024) k_qkv(const QkvParams pa) {
     nib::pdl_enter(); /* runtime/launch.cuh: first, before any access or return */
+    QkvParams p = pa;
+    if constexpr (L != 0) {
+        p.kvdt = (L - 1) % 4 - 1;
+        p.pairs = (L - 1) / 4;
+    }
     qkv_token(p);
     if (p.done) { /* the CTA's writes, ordered by the barrier, released with one add (as a grid barrier) */
         __syncthreads();
@@ -309,10 +321,35 @@ static nib_status set_cache(QkvParams *p, const nib_kv_layer *c, const char *who
     return NIB_OK;
 }
 
+/* NIB_QKV_LEAN: 1 (default) the lean instantiations, 0 never (A/B); -1: another value */
+static int qkv_lean_env(void) {
+    const char *e = getenv("NIB_QKV_LEAN");
+    if (!e || !*e || !strcmp(e, "1")) return 1;
+    return strcmp(e, "0") ? -1 : 0;
+}
+
 static nib_status launch_qkv(const QkvParams &p, long long tokens, void *stream) {
     const int threads = (p.units + 31) / 32 * 32; /* <= 1024 (validated) */
     const size_t smem = p.rope ? (size_t)p.half * sizeof(float2) : 0;
-    NIB_CUDA_CHECK(nib::launch(k_qkv, dim3((unsigned)tokens), dim3(threads), smem, (cudaStream_t)stream, p));
+    const int lean = qkv_lean_env();
+    if (lean < 0)
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_QKV_LEAN=%s: 1 (the lean q|k|v kernels, the default) or 0 (never)",
+                       getenv("NIB_QKV_LEAN"));
+    void (*k)(const QkvParams) = k_qkv<0>;
+    if (lean) {
+        switch (QKV_LEAN(p.kvdt, p.pairs ? 1 : 0)) {
+        case QKV_LEAN(-1, 0): k = k_qkv<QKV_LEAN(-1, 0)>; break;
+        case QKV_LEAN(0, 0): k = k_qkv<QKV_LEAN(0, 0)>; break;
+        case QKV_LEAN(1, 0): k = k_qkv<QKV_LEAN(1, 0)>; break;
+        case QKV_LEAN(2, 0): k = k_qkv<QKV_LEAN(2, 0)>; break;
+        case QKV_LEAN(-1, 1): k = k_qkv<QKV_LEAN(-1, 1)>; break;
+        case QKV_LEAN(0, 1): k = k_qkv<QKV_LEAN(0, 1)>; break;
+        case QKV_LEAN(1, 1): k = k_qkv<QKV_LEAN(1, 1)>; break;
+        case QKV_LEAN(2, 1): k = k_qkv<QKV_LEAN(2, 1)>; break;
+        default: break;
+        }
+    }
+    NIB_CUDA_CHECK(nib::launch(k, dim3((unsigned)tokens), dim3(threads), smem, (cudaStream_t)stream, p));
     NIB_LAUNCH_CHECK("k_qkv");
     return NIB_OK;
 }
