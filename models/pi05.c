@@ -57,6 +57,9 @@ struct nib_pi05 {
     void *patches, *vx, *vy, *vqkv, *vattn, *vmlp;
     void *px, *py, *pqkv, *pattn, *pmlp;
     void *ex, *ey, *eqkv, *eq, *eattn, *emlp, *eout, *xt_act;
+    void *ain_t;   /* CUDA: action_in_proj's weight transposed, bf16 [A][We] (ops/edge.h's w_in_t) */
+    int edge;      /* the step's edge in one op (edge_setup) */
+    int edge_next; /* the last step's edge also ran the next step's input and its layer 0's first norm */
     void *rope_cs; /* [Hmax][hd/2] float2: the suffix positions' (cos, sin) for the q|k|v product's
                     * epilogue (nib_be_gemm_qkv), computed once per call (rope_table); NULL when the
                     * expert's q|k|v is not in the pair layout */
@@ -812,6 +815,19 @@ static nib_status load_expert_heads(nib_pi05 *m, const nib_st_file *f) {
         NIB_TRY(fetch(f, "action_in_proj.weight", 2, is, &a));
         NIB_TRY(fetch(f, "action_in_proj.bias", 1, ib, &b));
         NIB_TRY(load_linear(m, "action_in_proj", NIB_WFMT_BF16, a, We, A, b, 0, 0, 0, &m->ain));
+        if (m->be.kind == NIB_BE_CUDA) { /* the edge kernel reads it along We (ops/edge.h) */
+            uint16_t *t = nib_malloc((size_t)(A * We) * 2);
+            if (!t) {
+                st = NIB_ERR_OUT_OF_MEMORY;
+                goto fail;
+            }
+            for (int64_t n = 0; n < We; n++)
+                for (int64_t k = 0; k < A; k++) t[k * We + n] = nib_f32_to_bf16(a[n * A + k]);
+            st = nib_be_alloc_weight(&m->be, (uint64_t)(A * We) * 2, &m->ain_t, "action_in_proj (transposed)");
+            if (!st) st = nib_be_upload(&m->be, m->ain_t, t, (uint64_t)(A * We) * 2);
+            nib_free(t);
+            if (st) goto fail;
+        }
         nib_free(a), nib_free(b);
         a = b = NULL;
         NIB_TRY(fetch(f, "action_out_proj.weight", 2, os, &a));
@@ -854,6 +870,7 @@ static void plan_sizes(const nib_pi05 *m, nib_be_sizes *sz) {
               lin_bytes(m, ef, 2 * (int64_t)c->e_mlp, We, 1, 0) + lin_bytes(m, ef, We, c->e_mlp, 0, 0);
     }
     wb += lin_bytes(m, NIB_WFMT_BF16, We, c->action_dim, 0, 0) + lin_bytes(m, NIB_WFMT_BF16, c->action_dim, We, 0, 0);
+    wb += al256((uint64_t)We * c->action_dim * 2); /* ain_t */
     wb += al256((uint64_t)c->steps * nmod * 3 * We * 4) + al256((uint64_t)hd * 4);
     sz->weight_bytes = wb + (1 << 20);
 
@@ -975,6 +992,26 @@ static nib_status expert_ws_bytes(const nib_pi05 *m, uint64_t *out) {
     nib_status st = nib_cuda_expert_ws_bytes(&a, out);
     nib_free(tmp);
     return st;
+}
+
+/* Decide once at load whether the per-op step's edge runs as one op (ops/edge.h): the final adaRMS,
+ * the action-out product, x_t's update and, between two steps, the next step's x_t conversion,
+ * action-in product and layer 0's first adaRMS; otherwise six ops (NIB_STEP_EDGE=0, the A/B switch,
+ * or shapes the kernel does not take). CUDA only: the reference runs the ops one by one. */
+static nib_status edge_setup(nib_pi05 *m) {
+    m->edge = 0;
+    const char *e = getenv("NIB_STEP_EDGE");
+    if (e && *e && strcmp(e, "0") && strcmp(e, "1"))
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_STEP_EDGE=%s: 1 (the flow step's edge in one kernel, the default) or 0 "
+                                            "(its six ops)", e);
+    if (m->be.kind != NIB_BE_CUDA || !m->ain_t || (e && !strcmp(e, "0"))) return NIB_OK;
+    if (nib_edge_supported(NIB_EDGE_OUT | NIB_EDGE_IN, m->c.e_width, m->c.action_dim)) {
+        nib_clear_error(); /* another width or action dim: the six ops */
+        return NIB_OK;
+    }
+    m->edge = 1;
+    snprintf(m->xpath + strlen(m->xpath), sizeof m->xpath - strlen(m->xpath), "; the step edges in one kernel");
+    return NIB_OK;
 }
 
 /* Decide the expert path once at load: the per-op path (the default), or with NIB_FUSED_STEP=1 the
@@ -1410,6 +1447,7 @@ nib_status nib_pi05_load(const nib_st_file *f, const nib_pi05_config *cfg, const
     }
     NIB_TRY(alloc_buffers(m));
     NIB_TRY(expert_setup(m));
+    NIB_TRY(edge_setup(m));
     prefix_setup(m);
     NIB_TRY(overlap_setup(m));
     NIB_TRY(overlap_ops_setup(m));
@@ -1529,6 +1567,7 @@ typedef struct op_step {
     int s, defer;
     const float *mods; /* this step's adaRMS (scale, shift, gate) rows */
     const float *pend; /* the gate of a product in ey not yet added to ex */
+    int n1_done;       /* layer 0's first adaRMS ran in the last step's edge (ey holds it) */
 } op_step;
 
 static nib_status side_ops(nib_pi05 *m, const call_shape *cs, op_step *o, int l);
@@ -1625,7 +1664,7 @@ static nib_status step_in(nib_pi05 *m, const call_shape *cs) {
 
 static void op_step_begin(const nib_pi05 *m, int s, op_step *o) {
     const char *dg = getenv("NIB_DEFER_GATE");
-    o->s = s, o->defer = !m->checking && !(dg && !strcmp(dg, "0")), o->pend = NULL;
+    o->s = s, o->defer = !m->checking && !(dg && !strcmp(dg, "0")), o->pend = NULL, o->n1_done = 0;
     o->mods = m->mods + (int64_t)s * (2 * (int64_t)m->c.e_layers + 1) * 3 * m->c.e_width;
 }
 
@@ -1640,7 +1679,8 @@ static nib_status op_layer(nib_pi05 *m, const call_shape *cs, op_step *o, int l)
     nib_norm_args n1 = {.kind = NIB_NORM_ADARMS, .rows = H, .dim = We, .eps = NIB_NORM_EPS, .x = m->ex, .ldx = We,
                         .scale = ma, .shift = ma + We, .y = m->ey, .ldy = We};
     if (o->pend) n1.x = m->ey, n1.residual = m->ex, n1.ldr = We, n1.res_gate = o->pend, o->pend = NULL;
-    NIB_RETURN_IF_ERR(nib_be_norm(be, &n1));
+    if (o->n1_done) o->n1_done = 0; /* (layer 0 after an edge: nothing pending there) */
+    else NIB_RETURN_IF_ERR(nib_be_norm(be, &n1));
     /* the product, RoPE at positions P + j, q out, K/V into cache slots P .. P + H - 1: one kernel where
      * nib_be_gemm_qkv fuses the epilogue (the pair layout, rope_cs from rope_table) */
     nib_qkv_args qa = {H, NULL, (int32_t)nh, (int32_t)nkv, (int32_t)hd, m->eqkv, ld, m->pos_suffix, m->inv_freq,
@@ -1689,6 +1729,25 @@ static nib_status step_out(nib_pi05 *m, const call_shape *cs, int s, const op_st
     nib_norm_args nf = {.kind = NIB_NORM_ADARMS, .rows = H, .dim = We, .eps = NIB_NORM_EPS, .x = m->ex, .ldx = We,
                         .scale = mfin, .shift = mfin + We, .y = m->ey, .ldy = We};
     if (o && o->pend) nf.x = m->ey, nf.residual = m->ex, nf.ldr = We, nf.res_gate = o->pend;
+    if (o && m->edge) {
+        /* one op (ops/edge.h); between two per-op steps it also runs the next step's input and its
+         * layer 0's first adaRMS (fwd_step and op_layer then skip them). Also in check mode, which
+         * must give the normal call's actions bitwise: x_t and the next input are checked after it */
+        const int next = s + 1 < c->steps && !(m->fused && H <= m->xrows);
+        nib_edge_args ea = {.mode = NIB_EDGE_OUT | (next ? NIB_EDGE_IN : 0), .rows = H, .dim = We, .adim = A,
+                            .eps = NIB_NORM_EPS, .x = nf.x, .ldx = We, .residual = nf.residual, .ldr = We,
+                            .res_gate = nf.res_gate, .fscale = nf.scale, .fshift = nf.shift,
+                            .w_out = m->aout.q.bf16_w, .b_out = m->aout.bias, .xt = m->xt, .ldxt = A};
+        if (next) {
+            const float *mn = m->mods + (int64_t)(s + 1) * nmod * 3 * We; /* step s + 1, layer 0, input norm */
+            ea.w_in_t = m->ain_t, ea.b_in = m->ain.bias, ea.h = m->ex, ea.ldh = We, ea.nscale = mn, ea.nshift = mn + We;
+            ea.y = m->ey, ea.ldy = We;
+        }
+        NIB_RETURN_IF_ERR(nib_be_edge(be, &ea));
+        m->edge_next = next;
+        NIB_RETURN_IF_ERR(check_stage(m, m->xt, H, A, A, 1, "x_t (fp32)", "step %d x_t", s));
+        return next ? check_stage(m, m->ex, H, We, We, 0, "expert x", "step %d expert input", s + 1) : NIB_OK;
+    }
     NIB_RETURN_IF_ERR(nib_be_norm(be, &nf));
     NIB_RETURN_IF_ERR(nib_be_gemm(be, &m->aout, m->ey, H, We, m->eout, A, NULL)); /* dt folded */
     NIB_RETURN_IF_ERR(check_stage(m, m->eout, H, A, A, 0, "expert out (velocity x dt)", "step %d velocity", s));
@@ -1702,7 +1761,9 @@ static nib_status fwd_step(nib_pi05 *m, const call_shape *cs, int s, int body_do
     if (body_done == 2) return NIB_OK;
     const nib_pi05_config *c = &m->c;
     nib_be *be = &m->be;
-    if (!body_done) NIB_RETURN_IF_ERR(step_in(m, cs));
+    const int edge_in = m->edge_next; /* the last step's edge ran this one's input (step_out) */
+    m->edge_next = 0;
+    if (!body_done && !edge_in) NIB_RETURN_IF_ERR(step_in(m, cs));
     /* the first step op by op where it runs so beside the prefix: also in the eager first call of a
      * shape (get_graph), so every kernel the graph holds has run once before the capture */
     const int first_ops = s == 0 && m->oside && m->ofirst_ops;
@@ -1727,6 +1788,7 @@ static nib_status fwd_step(nib_pi05 *m, const call_shape *cs, int s, int body_do
     }
     op_step o;
     op_step_begin(m, s, &o);
+    o.n1_done = edge_in;
     if (s == 0) NIB_RETURN_IF_ERR(rope_table(m, cs)); /* (beside the prefix: side_ops) */
     for (int l = 0; l < c->e_layers; l++) NIB_RETURN_IF_ERR(op_layer(m, cs, &o, l));
     return step_out(m, cs, s, &o);
@@ -1803,6 +1865,7 @@ static nib_status prefix_and_first_step(nib_pi05 *m, const call_shape *cs, int *
 }
 
 static nib_status forward(nib_pi05 *m, const call_shape *cs) {
+    m->edge_next = 0;
     NIB_RETURN_IF_ERR(rec_event(m, 0));
     if (cs->V > 0) NIB_RETURN_IF_ERR(fwd_vision(m, cs));
     NIB_RETURN_IF_ERR(rec_event(m, 1));

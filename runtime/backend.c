@@ -607,6 +607,7 @@ nib_status nib_be_axpy_f32(nib_be *be, float *x, int64_t rows, int64_t cols, int
                            int64_t ldv) {
     DISPATCH(nib_ref_axpy_f32(x, rows, cols, ldx, v, ldv), nib_cuda_axpy_f32(x, rows, cols, ldx, v, ldv, be->stream));
 }
+nib_status nib_be_edge(nib_be *be, const nib_edge_args *a) { DISPATCH(nib_ref_edge(a), nib_cuda_edge(a, be->stream)); }
 nib_status nib_be_expert(nib_be *be, const nib_expert_args *a, void *ws, uint64_t ws_bytes) {
     if (be->kind == NIB_BE_REF)
         return NIB_ERR(NIB_ERR_UNSUPPORTED, "expert kernel: CUDA only (the reference runs the per-op sequence)");

@@ -17,6 +17,7 @@
 #include "base/base.h"
 #include "ops/act.h"
 #include "ops/attention.h"
+#include "ops/edge.h"
 #include "ops/expert.h"
 #include "ops/gemm.h"
 #include "ops/kvcache.h"
@@ -161,6 +162,8 @@ nib_status nib_be_f32_to_act(nib_be *be, const float *x, int64_t rows, int64_t c
                              int64_t ldy);
 nib_status nib_be_axpy_f32(nib_be *be, float *x, int64_t rows, int64_t cols, int64_t ldx, const void *v,
                            int64_t ldv);
+/* the flow step's edge (ops/edge.h): the expert's output of one step and the next step's input */
+nib_status nib_be_edge(nib_be *be, const nib_edge_args *a);
 /* All layers of one action-expert step in one persistent kernel (ops/expert.h). CUDA only: the
  * reference backend runs the per-op sequence it specifies, so this returns NIB_ERR_UNSUPPORTED
  * there. ws: nib_cuda_expert_ws_bytes of device memory, prepared once (nib_cuda_expert_prepare). */

@@ -32,6 +32,7 @@
 #include "formats/formats.h"
 #include "harness.h"
 #include "ops/act.h"
+#include "ops/edge.h"
 #include "ops/kvcache.h"
 #include "ops/norm.h"
 #include "ops/qkv.h"
@@ -1336,4 +1337,259 @@ NIB_TEST(ops_gpu_fp8_quotient) {
     free(x);
     for (int m = 0; m < 3; m++) free(sc[m]), free(codes[m]), free(fast[m]);
 #endif
+}
+
+/* ======================================================================================
+ * The flow step's edge (ops/edge.h): ops/cuda/edge.cu against ops/ref/edge.c
+ *
+ * The reference computes in float activations with fp64 products; the GPU rounds y, v, a = bf16(x_t)
+ * and h to bf16 and sums the products in fp32. The bounds follow each rounding through (u = 2^-8, the
+ * bf16 unit roundoff; fp32 sums of n terms within n 2^-24 of the sum of magnitudes):
+ *   final y:  h (bf16-rounded on the GPU when there is a residual) moves the statistic by at most u
+ *             relative, so y_g - y_r <= P (2u + u^2 + 2^-20) + 2^-22 |t| before y's rounding, P = |h inv (1 + s)|;
+ *   v:        sum_i e_y,i |w_ji| + dim 2^-24 sum_i (|y_i| + e_y,i) |w_ji|, then + b, then v's rounding;
+ *   x_t:      that plus the fp32 add's rounding;
+ *   h:        sum_k e_a,k |w_kn| + (adim + 1) 2^-24 sum_k (|a_k| + e_a,k) |w_kn| + 2^-23 (|h| + |b|), then h's rounding;
+ *   y2:       h's error through the norm: the statistic moves by rho = rms(e_h) / rms(h) (relative) at most,
+ *             so e_y2 = (e_h inv |1 + s|) (1 + rho') + |h inv (1 + s)| rho' + 2^-22 |t2|, rho' = rho / (1 - rho) + 2^-21,
+ *             then y2's rounding.
+ * And bitwise: the GPU's y2 is k_norm's adaRMS of the GPU's own h (one shared arithmetic, norm_row.cuh).
+ * Outputs are poisoned and framed by guard rows and padded columns that must come back untouched.
+ * ====================================================================================== */
+
+typedef struct edge_cfg {
+    int mode, res; /* res: 0 none, 1 residual, 2 gated residual */
+    int alias;     /* h into the residual's buffer and y into x's (Pi0.5's buffers), else their own */
+    int64_t rows, dim, adim;
+} edge_cfg;
+
+typedef struct edge_stat {
+    vstat xt, h, y;
+    int64_t bad_guard, bad_bits;
+} edge_stat;
+
+/* one fp32 output against the reference's: |err| <= bound */
+static void fcheck(nib_test_ctx *t, vstat *s, float got, float ref, double bound, const char *what, int64_t r, int64_t c) {
+    s->n++;
+    if (!isfinite(got)) {
+        if (s->nonfinite++ < 3)
+            nib_test_fail(t, __FILE__, __LINE__, "%s row %lld col %lld: %g", what, (long long)r, (long long)c, got);
+        return;
+    }
+    const double err = fabs((double)got - (double)ref);
+    if (err / bound > s->worst) s->worst = err / bound;
+    s->exact += got == ref;
+    if (!(err <= bound) && s->bad++ < 5)
+        nib_test_fail(t, __FILE__, __LINE__, "%s row %lld col %lld: got %.9g ref %.9g err %.3g bound %.3g", what,
+                      (long long)r, (long long)c, got, ref, err, bound);
+}
+
+/* the same args over the GPU's buffers (g) or the reference's */
+typedef struct edge_bufs {
+    void *x, *r, *h, *y, *wo, *wi;
+    float *vec, *xt;
+    size_t es; /* bytes per activation */
+} edge_bufs;
+static nib_edge_args edge_make(const edge_cfg *c, const edge_bufs *b, int64_t ld, int64_t ldt) {
+    const int64_t D = c->dim;
+    char *x1 = (char *)b->x + (size_t)ld * b->es, *r1 = (char *)b->r + (size_t)ld * b->es;
+    char *h1 = (char *)b->h + (size_t)ld * b->es, *y1 = (char *)b->y + (size_t)ld * b->es;
+    nib_edge_args a = {.mode = c->mode, .rows = c->rows, .dim = D, .adim = c->adim, .eps = NIB_NORM_EPS,
+                       .xt = b->xt + ldt, .ldxt = ldt};
+    if (c->mode & NIB_EDGE_OUT) {
+        a.x = x1, a.ldx = ld, a.residual = c->res ? r1 : NULL, a.ldr = ld, a.res_gate = c->res == 2 ? b->vec : NULL;
+        a.fscale = b->vec + D, a.fshift = b->vec + 2 * D, a.w_out = b->wo, a.b_out = b->vec + 6 * D;
+    }
+    if (c->mode & NIB_EDGE_IN) {
+        a.w_in_t = b->wi, a.b_in = b->vec + 5 * D, a.nscale = b->vec + 3 * D, a.nshift = b->vec + 4 * D;
+        a.h = c->alias ? r1 : h1, a.ldh = ld, a.y = c->alias ? x1 : y1, a.ldy = ld;
+    }
+    return a;
+}
+
+static void edge_case(nib_test_ctx *t, nib_rng *rng, const edge_cfg *c, edge_stat *st) {
+    const int64_t D = c->dim, A = c->adim, R = c->rows + 2, ld = D + 8, ldt = A + 3, nv = 6 * D + 2 * A;
+    const int out = (c->mode & NIB_EDGE_OUT) != 0, in = (c->mode & NIB_EDGE_IN) != 0;
+    const size_t nb = (size_t)(R * ld), nw = (size_t)(A * D), nt = (size_t)(R * ldt);
+    const double u = 0x1p-8, e32 = 0x1p-24;
+    uint16_t *bx = nib_malloc(nb * 2), *br = nib_malloc(nb * 2), *bwo = nib_malloc(nw * 2), *bwi = nib_malloc(nw * 2);
+    uint16_t *gx = nib_malloc(nb * 2), *gr = nib_malloc(nb * 2), *gh = nib_malloc(nb * 2), *gy = nib_malloc(nb * 2);
+    uint16_t *gk = nib_malloc(nb * 2), *poison = nib_malloc(nb * 2);
+    float *fx = nib_malloc(nb * 4), *fr = nib_malloc(nb * 4), *fh = nib_malloc(nb * 4), *fy = nib_malloc(nb * 4);
+    float *fwo = nib_malloc(nw * 4), *fwi = nib_malloc(nw * 4), *vec = nib_malloc((size_t)nv * 4);
+    float *xt0 = nib_malloc(nt * 4), *xtg = nib_malloc(nt * 4), *xtr = nib_malloc(nt * 4);
+    double *ey = nib_malloc((size_t)D * 8), *tv = nib_malloc((size_t)D * 8), *ea = nib_malloc((size_t)A * 8);
+    double *eh = nib_malloc((size_t)D * 8);
+    dbuf dx = {0}, dr = {0}, dh = {0}, dy = {0}, dwo = {0}, dwi = {0}, dv = {0}, dxt = {0}, dk = {0};
+    if (!(bx && br && bwo && bwi && gx && gr && gh && gy && gk && poison && fx && fr && fh && fy && fwo && fwi && vec &&
+          xt0 && xtg && xtr && ey && tv && ea && eh)) {
+        nib_test_fail(t, __FILE__, __LINE__, "host allocation");
+        goto done;
+    }
+    const float *gate = vec, *fs = vec + D, *fb = vec + 2 * D, *ns = vec + 3 * D, *nsh = vec + 4 * D, *bi = vec + 5 * D,
+                *bo = vec + 6 * D;
+    fill_bf16(rng, bx, (int64_t)nb, 1.0);
+    fill_bf16(rng, br, (int64_t)nb, 1.5);
+    fill_bf16(rng, bwo, (int64_t)nw, 1.0 / sqrt((double)D));
+    fill_bf16(rng, bwi, (int64_t)nw, 1.0 / sqrt((double)A));
+    for (int64_t i = 0; i < D; i++) {
+        vec[i] = (float)(0.5 + nib_rng_uniform(rng)), vec[D + i] = (float)(0.5 * nib_rng_normal(rng));
+        vec[2 * D + i] = (float)(0.5 * nib_rng_normal(rng)), vec[3 * D + i] = (float)(0.5 * nib_rng_normal(rng));
+        vec[4 * D + i] = (float)(0.5 * nib_rng_normal(rng)), vec[5 * D + i] = (float)(0.1 * nib_rng_normal(rng));
+    }
+    for (int64_t j = 0; j < 2 * A; j++) vec[6 * D + j] = (float)(0.1 * nib_rng_normal(rng));
+    for (size_t i = 0; i < nt; i++) xt0[i] = (float)nib_rng_normal(rng);
+    for (size_t i = 0; i < nb; i++) poison[i] = PBF16, fh[i] = fy[i] = u2f(PF32);
+    to_float(bx, fx, (int64_t)nb);
+    to_float(br, fr, (int64_t)nb);
+    to_float(bwo, fwo, (int64_t)nw);
+    to_float(bwi, fwi, (int64_t)nw);
+    memcpy(xtr, xt0, nt * 4);
+    if (!(dput(t, &dx, bx, nb * 2) && dput(t, &dr, br, nb * 2) && dput(t, &dh, poison, nb * 2) &&
+          dput(t, &dy, poison, nb * 2) && dput(t, &dwo, bwo, nw * 2) && dput(t, &dwi, bwi, nw * 2) &&
+          dput(t, &dv, vec, (size_t)nv * 4) && dput(t, &dxt, xt0, nt * 4) && dput(t, &dk, poison, nb * 2)))
+        goto done;
+    {
+        const edge_bufs gb = {dx.p, dr.p, dh.p, dy.p, dwo.p, dwi.p, (float *)dv.p, (float *)dxt.p, 2};
+        const edge_bufs rb = {fx, fr, fh, fy, fwo, fwi, vec, xtr, 4};
+        const nib_edge_args ga = edge_make(c, &gb, ld, ldt), ra = edge_make(c, &rb, ld, ldt);
+        CHECK_OK(nib_cuda_edge(&ga, NULL));
+        CHECK_OK(nib_ref_edge(&ra));
+        if (in) { /* k_norm on the GPU's own h: bitwise the edge's y */
+            nib_norm_args n = {.kind = NIB_NORM_ADARMS, .rows = c->rows, .dim = D, .eps = NIB_NORM_EPS, .x = ga.h,
+                               .ldx = ld, .scale = ga.nscale, .shift = ga.nshift, .y = (uint16_t *)dk.p + ld, .ldy = ld};
+            CHECK_OK(nib_cuda_norm(&n, NULL));
+        }
+    }
+    if (!(dget(t, xtg, &dxt) && dget(t, gx, &dx) && dget(t, gr, &dr) && dget(t, gh, &dh) && dget(t, gy, &dy) &&
+          dget(t, gk, &dk)))
+        goto done;
+    /* guards: what no output may touch keeps its bits */
+    for (int64_t row = 0; row < R; row++) {
+        for (int64_t j = 0; j < ld; j++) {
+            const size_t i = (size_t)(row * ld + j);
+            const int live = in && row >= 1 && row <= c->rows && j < D;
+            if (!(live && c->alias)) st->bad_guard += (gx[i] != bx[i]) + (gr[i] != br[i]);
+            if (!(live && !c->alias)) st->bad_guard += (gh[i] != PBF16) + (gy[i] != PBF16);
+        }
+        for (int64_t j = 0; j < ldt; j++)
+            if (row < 1 || row > c->rows || j >= A || !out) st->bad_guard += f2u(xtg[row * ldt + j]) != f2u(xt0[row * ldt + j]);
+    }
+    const uint16_t *Hg = c->alias ? gr : gh, *Yg = c->alias ? gx : gy;
+    const float *Hr = c->alias ? fr : fh, *Yr = c->alias ? fx : fy;
+    for (int64_t r = 1; r <= c->rows; r++) {
+        if (out) {
+            /* the final norm from the inputs (bf16 values), in double */
+            double ss = 0.0;
+            for (int64_t i = 0; i < D; i++) {
+                const float xv = bfv(bx[r * ld + i]), rv = bfv(br[r * ld + i]);
+                const float h = c->res == 2 ? (xv * gate[i]) + rv : c->res == 1 ? xv + rv : xv;
+                tv[i] = h;
+                ss += (double)h * h;
+            }
+            const double inv = 1.0 / sqrt(ss / (double)D + (double)NIB_NORM_EPS), hu = c->res ? u : 0.0;
+            const double rho1 = 1.01 * hu + 0x1p-21;
+            for (int64_t i = 0; i < D; i++) {
+                const double P = fabs(tv[i] * inv * (1.0 + fs[i])), tt = fabs(tv[i] * inv * (1.0 + fs[i]) + fb[i]);
+                const double d = P * (hu + rho1 + hu * rho1 + 0x1p-20) + 0x1p-22 * tt;
+                ey[i] = d + u * (tt + d);
+                tv[i] = tt; /* |t_i| from here on */
+            }
+            for (int64_t j = 0; j < A; j++) {
+                double S = 0.0, de = 0.0;
+                for (int64_t i = 0; i < D; i++) {
+                    const double w = fabs(fwo[j * D + i]);
+                    S += (tv[i] + ey[i]) * w, de += ey[i] * w;
+                }
+                const double mv = S + fabs(bo[j]), dacc = de + (double)(D + 1) * e32 * mv;
+                const double dvb = dacc + u * (mv + dacc);
+                const double mx = fabs(xt0[r * ldt + j]) + mv, ex = dvb + e32 * (mx + dvb) + 0x1p-23 * mx;
+                fcheck(t, &st->xt, xtg[r * ldt + j], xtr[r * ldt + j], ex, "edge x_t", r - 1, j);
+                ea[j] = ex + u * (fabs(xtr[r * ldt + j]) + ex);
+            }
+        } else {
+            for (int64_t j = 0; j < A; j++) ea[j] = u * fabs(xt0[r * ldt + j]);
+        }
+        if (!in) continue;
+        double hh = 0.0, ee = 0.0;
+        for (int64_t n = 0; n < D; n++) {
+            double S = 0.0, de = 0.0;
+            for (int64_t k = 0; k < A; k++) {
+                const double w = fabs(fwi[k * D + n]);
+                S += (fabs(xtr[r * ldt + k]) + ea[k]) * w, de += ea[k] * w;
+            }
+            const double mh = S + fabs(bi[n]), e = de + (double)(A + 1) * e32 * S + 0x1p-23 * mh;
+            eh[n] = e + u * (mh + e);
+            const float ref = Hr[r * ld + n];
+            vcheck(t, &st->h, Hg[r * ld + n], ref, eh[n], "edge h", r - 1, n);
+            hh += (double)ref * ref, ee += eh[n] * eh[n];
+        }
+        const double inv2 = 1.0 / sqrt(hh / (double)D + (double)NIB_NORM_EPS), rho = sqrt(ee / (hh > 0 ? hh : 1e-300));
+        const double rp = (rho < 0.5 ? rho / (1.0 - rho) : 1.0) + 0x1p-21;
+        for (int64_t n = 0; n < D; n++) {
+            const double h = Hr[r * ld + n], g1 = fabs(1.0 + ns[n]), q = eh[n] * inv2 * g1;
+            const double t2 = fabs(h * inv2 * (1.0 + ns[n]) + nsh[n]);
+            const double e = q * (1.0 + rp) + fabs(h) * inv2 * g1 * rp + 0x1p-22 * t2;
+            vcheck(t, &st->y, Yg[r * ld + n], Yr[r * ld + n], e + u * (t2 + e) + 0x1p-133, "edge y", r - 1, n);
+            st->bad_bits += gk[r * ld + n] != Yg[r * ld + n];
+        }
+    }
+done:
+    dfree(&dx), dfree(&dr), dfree(&dh), dfree(&dy), dfree(&dwo), dfree(&dwi), dfree(&dv), dfree(&dxt), dfree(&dk);
+    nib_free(bx), nib_free(br), nib_free(bwo), nib_free(bwi), nib_free(gx), nib_free(gr), nib_free(gh), nib_free(gy);
+    nib_free(gk), nib_free(poison), nib_free(fx), nib_free(fr), nib_free(fh), nib_free(fy), nib_free(fwo), nib_free(fwi);
+    nib_free(vec), nib_free(xt0), nib_free(xtg), nib_free(xtr), nib_free(ey), nib_free(tv), nib_free(ea), nib_free(eh);
+}
+
+NIB_TEST(ops_gpu_edge) {
+    NIB_REQUIRE_GPU();
+    nib_rng rng;
+    nib_test_rng(t, &rng);
+    /* Pi0.5's expert width and action dim first; then widths of part of a warp (80, 136: the tiny test
+     * models' experts), 125 chunks, 256 chunks (eight whole warps); odd action dims */
+    const int64_t dims[] = {1024, 80, 136, 1000, 2048}, adims[] = {32, 7, 1}, rows[] = {10, 1, 3, 17, 50};
+    int n = 0;
+    for (size_t di = 0; di < NIB_ARRAY_LEN(dims); di++)
+        for (size_t ai = 0; ai < NIB_ARRAY_LEN(adims); ai++)
+            for (int mode = 1; mode <= 3; mode++) {
+                if (nib_edge_supported(mode, dims[di], adims[ai])) { /* 2048 x 32, both weights: 256 KB */
+                    nib_clear_error();
+                    CHECK_MSG(dims[di] == 2048 && adims[ai] == 32 && mode == 3, "edge: dim %lld adim %lld mode %d refused",
+                              (long long)dims[di], (long long)adims[ai], mode);
+                    continue;
+                }
+                edge_stat es;
+                memset(&es, 0, sizeof es);
+                for (int res = 0; res < 3; res++) {
+                    const edge_cfg c = {mode, res, (n + res) % 2, rows[(size_t)(n + res) % NIB_ARRAY_LEN(rows)], dims[di],
+                                        adims[ai]};
+                    edge_case(t, &rng, &c, &es);
+                }
+                n++;
+                CHECK_MSG(es.bad_guard == 0 && es.bad_bits == 0 && es.xt.nonfinite + es.h.nonfinite + es.y.nonfinite == 0,
+                          "edge dim %lld adim %lld mode %d: %lld guard values written, %lld y differ from k_norm's, "
+                          "%lld NaN/Inf", (long long)dims[di], (long long)adims[ai], mode, (long long)es.bad_guard,
+                          (long long)es.bad_bits, (long long)(es.xt.nonfinite + es.h.nonfinite + es.y.nonfinite));
+                printf("  edge dim %-4lld adim %-2lld mode %d: worst err/bound x_t %.3f h %.3f y %.3f\n",
+                       (long long)dims[di], (long long)adims[ai], mode, es.xt.worst, es.h.worst, es.y.worst);
+            }
+    /* refusals, each naming the field */
+    float f[64] __attribute__((aligned(16)));
+    memset(f, 0, sizeof f);
+    nib_edge_args a = {.mode = 3, .rows = 1, .dim = 1024, .adim = 32, .eps = NIB_NORM_EPS, .x = f, .ldx = 1024,
+                       .fscale = f, .fshift = f, .w_out = f, .xt = f, .ldxt = 32, .w_in_t = f, .h = f, .ldh = 1024,
+                       .nscale = f, .nshift = f, .y = f, .ldy = 1024};
+    nib_edge_args b = a;
+    b.dim = 4096, b.ldx = b.ldh = b.ldy = 4096;
+    CHECK_ST(nib_cuda_edge(&b, NULL), NIB_ERR_SHAPE); /* wider than one CTA's 256 threads */
+    b = a, b.adim = 33, b.ldxt = 33;
+    CHECK_ST(nib_cuda_edge(&b, NULL), NIB_ERR_SHAPE);
+    b = a, b.ldx = 1028;
+    CHECK_ST(nib_cuda_edge(&b, NULL), NIB_ERR_SHAPE); /* a bf16 stride not a multiple of 8 */
+    b = a, b.w_out = NULL;
+    CHECK_ST(nib_cuda_edge(&b, NULL), NIB_ERR_INVALID_ARG);
+    b = a, b.mode = 0;
+    CHECK_ST(nib_cuda_edge(&b, NULL), NIB_ERR_INVALID_ARG);
+    b = a, b.res_gate = f;
+    CHECK_ST(nib_cuda_edge(&b, NULL), NIB_ERR_INVALID_ARG); /* a gate without a residual */
 }

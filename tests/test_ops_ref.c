@@ -12,6 +12,7 @@
 #include "formats/formats.h"
 #include "harness.h"
 #include "ops/act.h"
+#include "ops/edge.h"
 #include "ops/kvcache.h"
 #include "ops/norm.h"
 #include "ops/qkv.h"
@@ -1218,4 +1219,111 @@ NIB_TEST(ops_ref_qkv_pair_layout) {
             nib_free(c0.mem);
             nib_free(c1.mem);
         }
+}
+
+/* ---- the flow step's edge (ops/edge.h) -------------------------------------------------------
+ * The reference edge is the composition it documents: adaRMS (nib_ref_norm) -> the action-out linear
+ * (fp64 sums rounded once, + bias) -> x_t += v -> the action-in linear over action_in_proj's own
+ * [dim][adim] layout (the test transposes it for w_in_t) -> adaRMS. Each step here is computed
+ * independently of ops/ref/edge.c with the same roundings, so the results must agree bit for bit;
+ * outputs are poisoned first and the rows past `rows` and the padding must stay poisoned / unchanged. */
+NIB_TEST(ops_ref_edge_composition) {
+    nib_rng rng;
+    nib_test_rng(t, &rng);
+    enum { D = 48, A = 5, ROWS = 3, LD = D + 4, LDT = A + 2 };
+    float x[ROWS + 1][LD], r[ROWS + 1][LD], h[ROWS + 1][LD], y[ROWS + 1][LD], xt[ROWS + 1][LDT], xt0[ROWS + 1][LDT];
+    float win[D][A], wint[A][D], wout[A][D], v6[6][D], bo[A];
+    fill_normal(&rng, &x[0][0], (ROWS + 1) * LD, 1.0);
+    fill_normal(&rng, &r[0][0], (ROWS + 1) * LD, 1.0);
+    fill_normal(&rng, &xt0[0][0], (ROWS + 1) * LDT, 1.0);
+    fill_normal(&rng, &win[0][0], D * A, 0.4);
+    fill_normal(&rng, &wout[0][0], A * D, 0.15);
+    fill_normal(&rng, &v6[0][0], 6 * D, 0.5);
+    fill_normal(&rng, bo, A, 0.1);
+    for (int n = 0; n < D; n++)
+        for (int k = 0; k < A; k++) wint[k][n] = win[n][k];
+    for (int mode = 1; mode <= 3; mode++) {
+        memcpy(xt, xt0, sizeof xt);
+        fill_poison(&h[0][0], (ROWS + 1) * LD);
+        fill_poison(&y[0][0], (ROWS + 1) * LD);
+        nib_edge_args a = {.mode = mode, .rows = ROWS, .dim = D, .adim = A, .eps = NIB_NORM_EPS, .x = x, .ldx = LD,
+                           .residual = r, .ldr = LD, .res_gate = v6[0], .fscale = v6[1], .fshift = v6[2],
+                           .w_out = wout, .b_out = bo, .xt = &xt[0][0], .ldxt = LDT, .w_in_t = wint, .b_in = v6[5],
+                           .h = h, .ldh = LD, .nscale = v6[3], .nshift = v6[4], .y = y, .ldy = LD};
+        CHECK_OK(nib_ref_edge(&a));
+        int64_t bad = 0;
+        for (int row = 0; row < ROWS; row++) {
+            float want_xt[A], hw[D], yw[D], hs[D];
+            memcpy(want_xt, xt0[row], sizeof want_xt);
+            if (mode & NIB_EDGE_OUT) {
+                float yf[D];
+                nib_norm_args n = {.kind = NIB_NORM_ADARMS, .rows = 1, .dim = D, .eps = NIB_NORM_EPS, .x = x[row],
+                                   .ldx = D, .residual = r[row], .ldr = D, .h_out = hs, .ldh = D, .res_gate = v6[0],
+                                   .scale = v6[1], .shift = v6[2], .y = yf, .ldy = D};
+                CHECK_OK(nib_ref_norm(&n));
+                for (int j = 0; j < A; j++) {
+                    double s = 0.0;
+                    for (int i = 0; i < D; i++) s += (double)yf[i] * wout[j][i];
+                    want_xt[j] = want_xt[j] + ((float)s + bo[j]);
+                }
+            }
+            for (int j = 0; j < LDT; j++)
+                bad += f2u(xt[row][j]) != f2u(j < A ? want_xt[j] : xt0[row][j]);
+            if (mode & NIB_EDGE_IN) {
+                for (int n = 0; n < D; n++) {
+                    double s = 0.0;
+                    for (int k = 0; k < A; k++) s += (double)want_xt[k] * win[n][k];
+                    hw[n] = (float)s + v6[5][n];
+                }
+                nib_norm_args n = {.kind = NIB_NORM_ADARMS, .rows = 1, .dim = D, .eps = NIB_NORM_EPS, .x = hw,
+                                   .ldx = D, .scale = v6[3], .shift = v6[4], .y = yw, .ldy = D};
+                CHECK_OK(nib_ref_norm(&n));
+                for (int n2 = 0; n2 < D; n2++) bad += (f2u(h[row][n2]) != f2u(hw[n2])) + (f2u(y[row][n2]) != f2u(yw[n2]));
+                bad += count_not_poison(h[row] + D, LD - D) + count_not_poison(y[row] + D, LD - D);
+            } else {
+                bad += count_not_poison(h[row], LD) + count_not_poison(y[row], LD);
+            }
+        }
+        bad += count_not_poison(h[ROWS], LD) + count_not_poison(y[ROWS], LD);
+        for (int j = 0; j < LDT; j++) bad += f2u(xt[ROWS][j]) != f2u(xt0[ROWS][j]);
+        CHECK_MSG(bad == 0, "edge mode %d: %lld values differ from the composition or were written outside it", mode,
+                  (long long)bad);
+    }
+}
+
+NIB_TEST(ops_ref_edge_rejects) {
+    float f[64];
+    memset(f, 0, sizeof f);
+    const nib_edge_args a = {.mode = 3, .rows = 1, .dim = 8, .adim = 2, .eps = NIB_NORM_EPS, .x = f, .ldx = 8,
+                             .fscale = f, .fshift = f, .w_out = f, .xt = f, .ldxt = 2, .w_in_t = f, .h = f + 16,
+                             .ldh = 8, .nscale = f, .nshift = f, .y = f + 32, .ldy = 8};
+    nib_edge_args b = a;
+    CHECK_OK(nib_ref_edge(&b));
+    b.mode = 4;
+    CHECK_ST(nib_ref_edge(&b), NIB_ERR_INVALID_ARG);
+    b = a, b.dim = 12, b.ldx = b.ldh = b.ldy = 12;
+    CHECK_ST(nib_ref_edge(&b), NIB_ERR_SHAPE); /* not a multiple of 8 */
+    b = a, b.adim = 0;
+    CHECK_ST(nib_ref_edge(&b), NIB_ERR_SHAPE);
+    b = a, b.adim = NIB_EDGE_MAX_ADIM + 1;
+    CHECK_ST(nib_ref_edge(&b), NIB_ERR_SHAPE);
+    b = a, b.ldxt = 1;
+    CHECK_ST(nib_ref_edge(&b), NIB_ERR_SHAPE);
+    b = a, b.fshift = NULL;
+    CHECK_ST(nib_ref_edge(&b), NIB_ERR_INVALID_ARG);
+    b = a, b.y = NULL;
+    CHECK_ST(nib_ref_edge(&b), NIB_ERR_INVALID_ARG);
+    b = a, b.mode = NIB_EDGE_OUT, b.y = NULL, b.h = NULL; /* IN's outputs are not needed by OUT */
+    CHECK_OK(nib_ref_edge(&b));
+    b = a, b.ldy = 4;
+    CHECK_ST(nib_ref_edge(&b), NIB_ERR_SHAPE);
+    /* the kernel's shape rule: widths of whole 8-column chunks up to 2048, the weights within the shared-memory budget */
+    CHECK_OK(nib_edge_supported(3, 1024, 32));
+    CHECK_OK(nib_edge_supported(3, 1000, 32));
+    CHECK_OK(nib_edge_supported(3, 80, 1));
+    CHECK_ST(nib_edge_supported(3, 1020, 32), NIB_ERR_SHAPE);
+    CHECK_ST(nib_edge_supported(3, 4096, 8), NIB_ERR_SHAPE);
+    CHECK_ST(nib_edge_supported(3, 2048, 32), NIB_ERR_SHAPE);
+    CHECK_OK(nib_edge_supported(NIB_EDGE_OUT, 2048, 32));
+    CHECK_ST(nib_edge_supported(1, 1024, 33), NIB_ERR_SHAPE);
 }

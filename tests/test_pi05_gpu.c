@@ -579,6 +579,61 @@ static int run_two(nib_test_ctx *t, nib_pi05 *const *m, const run_in *x, float (
     return bad;
 }
 
+/* The flow step's edge in one kernel (ops/edge.h, the default) against its six ops (NIB_STEP_EDGE=0):
+ * the same roundings to bf16 (y, v, bf16(x_t), h), fp32 sums of the two action products in another
+ * order than cuBLAS's, so a value may land on the other side of a bf16 rounding boundary: a few ops per
+ * step of the ~40 of the bound between the expert paths above (0.04), so well within 0.02. Both
+ * presets, 1 camera H = 10 and 3 cameras H = 16, on the tiny model (expert width 128) and the awkward
+ * one (80: part of a warp); the path string says whether the edge runs; another value is refused. */
+NIB_TEST(pi05_gpu_step_edge_vs_six_ops) {
+    NIB_REQUIRE_GPU();
+    REQUIRE(ckpt());
+    REQUIRE(ckpt_awkward());
+    const char *files[2] = {ckpt(), ckpt_awkward()}, *presets[2] = {"bf16", "fast"};
+    nib_rng rng;
+    nib_test_rng(t, &rng);
+    static run_in x, y;
+    make_in(&rng, &x, 1, 7, 10);
+    make_in(&rng, &y, 3, 20, 16);
+    for (int fi = 0; fi < 2; fi++)
+        for (int pi = 0; pi < 2; pi++) {
+            nib_st_file *f[2] = {NULL, NULL};
+            nib_pi05 *m[2] = {NULL, NULL};
+            unsetenv("NIB_STEP_EDGE");
+            CHECK_OK(load_from(files[fi], presets[pi], NULL, &f[0], &m[0]));
+            setenv("NIB_STEP_EDGE", "0", 1);
+            CHECK_OK(load_from(files[fi], presets[pi], NULL, &f[1], &m[1]));
+            unsetenv("NIB_STEP_EDGE");
+            if (m[0] && m[1]) {
+                CHECK_MSG(strstr(nib_pi05_expert_path(m[0]), "step edges in one kernel") != NULL &&
+                              strstr(nib_pi05_expert_path(m[1]), "step edges") == NULL,
+                          "%s: the edge is not on by default or NIB_STEP_EDGE=0 did not turn it off: \"%s\" / \"%s\"",
+                          presets[pi], nib_pi05_expert_path(m[0]), nib_pi05_expert_path(m[1]));
+                run_in *seq[3] = {&x, &y, &x};
+                for (int i = 0; i < 3; i++) {
+                    const int n = seq[i]->in.horizon * 32;
+                    float a[2][16 * 32];
+                    nib_pi05_timing tm[2];
+                    const int bad = run_two(t, m, seq[i], a, tm);
+                    CHECK_MSG(!bad, "%s call %d: %d non-finite actions", presets[pi], i, bad);
+                    double cs, e = upd_err(a[0], a[1], seq[i]->noise, n, &cs);
+                    printf("  %s %s call %d H=%-2d: edge vs six ops update rel L2 %.5f cosine %.7f\n",
+                           fi ? "awkward" : "tiny", presets[pi], i, seq[i]->in.horizon, e, cs);
+                    CHECK_MSG(e <= 0.02, "%s call %d: edge vs six ops update rel L2 %g > 0.02", presets[pi], i, e);
+                }
+            }
+            for (int k = 0; k < 2; k++) nib_pi05_free(m[k]), nib_st_close(f[k]);
+        }
+    setenv("NIB_STEP_EDGE", "2", 1);
+    nib_st_file *f = NULL;
+    nib_pi05 *m = NULL;
+    CHECK_ST(load("fast", NULL, &f, &m), NIB_ERR_INVALID_ARG);
+    CHECK_MSG(strstr(nib_last_error(), "NIB_STEP_EDGE") != NULL, "the refusal does not name the variable: %s",
+              nib_last_error());
+    unsetenv("NIB_STEP_EDGE");
+    nib_pi05_free(m), nib_st_close(f);
+}
+
 /* The per-op path's first step beside the prefix (a second stream with scratch of its own, graph
  * edges after each prefix layer's cache write) gives bitwise the actions of the step after the
  * prefix (NIB_OVERLAP=0), over shapes x, y, x (captures and replays), for the cuBLASLt bf16 expert,

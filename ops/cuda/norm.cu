@@ -26,6 +26,7 @@
 
 #include "ops/cuda/fp8_rows.cuh"
 #include "ops/cuda/bf16x8.cuh"
+#include "ops/cuda/norm_row.cuh"
 #include "ops/norm.h"
 #include "runtime/cuda_check.h"
 #include "runtime/launch.cuh"
@@ -49,27 +50,6 @@ struct NormParams {
     long long ldq;
     float *ys;
 };
-
-static __device__ __forceinline__ uint4 ld16(const uint16_t *p) { return *(const uint4 *)p; }
-static __device__ __forceinline__ void st16(uint16_t *p, uint4 v) { *(uint4 *)p = v; }
-
-static __device__ __forceinline__ void load8f(const float *p, float (&f)[8]) {
-    const float4 a = *(const float4 *)p, b = *(const float4 *)(p + 4);
-    f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
-}
-
-/* Block-wide sums / max: warp xor tree, one slot per warp, then every thread adds the nw
- * partials in the same order (deterministic, identical in all threads). blockDim.x is a
- * multiple of 32 and every thread calls these (no early exits after the row check). */
-static __device__ __forceinline__ double block_sum(double v, double *sh, int nw) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
-    __syncthreads();
-    double s = 0.0;
-    for (int i = 0; i < nw; i++) s += sh[i];
-    return s;
-}
 
 template <int V>
 __device__ __forceinline__ void norm_body(const NormParams &p) {
@@ -121,7 +101,7 @@ __device__ __forceinline__ void norm_body(const NormParams &p) {
         for (int k = 0; k < 8; k++) /* inactive chunks hold zeros: they add nothing */
             acc += p.kind == NIB_NORM_LAYER ? (double)v[i][k] : (double)v[i][k] * (double)v[i][k];
     }
-    const double s = block_sum(acc, s_sum, nw);
+    const double s = nib::block_sum_f64(acc, s_sum, nw);
     float inv, mu = 0.f;
     if (p.kind == NIB_NORM_LAYER) {
         const double mean = p.inv_dim != 0.0 ? s * p.inv_dim : s / (double)p.dim;
@@ -135,14 +115,12 @@ __device__ __forceinline__ void norm_body(const NormParams &p) {
                     acc2 += d * d;
                 }
             }
-        const double s2 = block_sum(acc2, s_sq, nw);
+        const double s2 = nib::block_sum_f64(acc2, s_sq, nw);
         const double var = p.inv_dim != 0.0 ? s2 * p.inv_dim : s2 / (double)p.dim;
         mu = __double2float_rn(mean);
         inv = __frcp_rn(__fsqrt_rn(__fadd_rn(__double2float_rn(var), p.eps)));
     } else {
-        const float ms = __double2float_rn(p.inv_dim != 0.0 ? s * p.inv_dim : s / (double)p.dim);
-        /* the correctly rounded reciprocal: the value of 1.0f / x, without the division's slow path */
-        inv = __frcp_rn(__fsqrt_rn(__fadd_rn(ms, p.eps)));
+        inv = nib::rms_inv(s, p.inv_dim, p.dim, p.eps); /* norm_row.cuh */
     }
     float amax = 0.f;
 #pragma unroll
@@ -157,9 +135,7 @@ __device__ __forceinline__ void norm_body(const NormParams &p) {
                 if (p.pa) t = __fmul_rn(t, pa[i][k]);
                 if (p.pb) t = __fadd_rn(t, pb[i][k]);
             } else if (p.kind == NIB_NORM_ADARMS) {
-                t = __fmul_rn(v[i][k], inv);
-                t = __fmul_rn(t, __fadd_rn(1.0f, pa[i][k]));
-                t = __fadd_rn(t, pb[i][k]);
+                t = nib::adarms_of(v[i][k], inv, pa[i][k], pb[i][k]);
             } else {
                 t = __fmul_rn(v[i][k], inv);
                 if (p.pa) t = __fmul_rn(t, __fadd_rn(1.0f, pa[i][k]));
