@@ -1662,6 +1662,18 @@ static nib_status step_in(nib_pi05 *m, const call_shape *cs) {
     return nib_be_gemm(&m->be, &m->ain, m->xt_act, cs->H, A, m->ex, m->c.e_width, NULL);
 }
 
+/* the same, and layer 0's first adaRMS of step s, as one op (ops/edge.h): for a per-op step where the
+ * edge is on (the caller then skips that norm: op_step.n1_done) */
+static nib_status step_in_edge(nib_pi05 *m, const call_shape *cs, int s) {
+    const int64_t We = m->c.e_width, nmod = 2 * (int64_t)m->c.e_layers + 1;
+    const float *mn = m->mods + (int64_t)s * nmod * 3 * We;
+    nib_edge_args ea = {.mode = NIB_EDGE_IN, .rows = cs->H, .dim = We, .adim = m->c.action_dim, .eps = NIB_NORM_EPS,
+                        .xt = m->xt, .ldxt = m->c.action_dim, .w_in_t = m->ain_t, .b_in = m->ain.bias, .h = m->ex,
+                        .ldh = We, .nscale = mn, .nshift = mn + We, .y = m->ey, .ldy = We};
+    NIB_RETURN_IF_ERR(nib_be_edge(&m->be, &ea));
+    return check_stage(m, m->ex, cs->H, We, We, 0, "expert x", "step %d expert input", s);
+}
+
 static void op_step_begin(const nib_pi05 *m, int s, op_step *o) {
     const char *dg = getenv("NIB_DEFER_GATE");
     o->s = s, o->defer = !m->checking && !(dg && !strcmp(dg, "0")), o->pend = NULL, o->n1_done = 0;
@@ -1761,13 +1773,17 @@ static nib_status fwd_step(nib_pi05 *m, const call_shape *cs, int s, int body_do
     if (body_done == 2) return NIB_OK;
     const nib_pi05_config *c = &m->c;
     nib_be *be = &m->be;
-    const int edge_in = m->edge_next; /* the last step's edge ran this one's input (step_out) */
+    int edge_in = m->edge_next; /* the last step's edge ran this one's input (step_out) */
     m->edge_next = 0;
-    if (!body_done && !edge_in) NIB_RETURN_IF_ERR(step_in(m, cs));
     /* the first step op by op where it runs so beside the prefix: also in the eager first call of a
      * shape (get_graph), so every kernel the graph holds has run once before the capture */
     const int first_ops = s == 0 && m->oside && m->ofirst_ops;
     const int fused = body_done || (m->fused && cs->H <= m->xrows && !m->checking && !first_ops);
+    if (!body_done && !edge_in) {
+        if (!fused && m->edge) NIB_RETURN_IF_ERR(step_in_edge(m, cs, s));
+        else NIB_RETURN_IF_ERR(step_in(m, cs));
+        edge_in = !fused && m->edge;
+    }
     if (fused) {
         nib_expert_args xa;
         expert_args(m, (int32_t)cs->H, s, &xa);
@@ -1812,7 +1828,10 @@ static nib_status side_ops(nib_pi05 *m, const call_shape *cs, op_step *o, int l)
     NIB_RETURN_IF_ERR(nib_be_fork(be));
     nib_pdl_suspend(1);
     nib_status st = l == 0 ? rope_table(m, cs) : NIB_OK;
-    if (!st && l == 0) st = step_in(m, cs);
+    if (!st && l == 0) {
+        st = m->edge ? step_in_edge(m, cs, 0) : step_in(m, cs);
+        o->n1_done = m->edge;
+    }
     if (!st) st = op_layer(m, cs, o, l);
     if (!st && l == m->c.e_layers - 1) st = step_out(m, cs, 0, o);
     nib_pdl_suspend(0);
