@@ -621,9 +621,9 @@ out:
 }
 
 /* The lean instantiations (NIB_GEMM_LEAN: NVFP4 compiled for one epilogue kind and one K-split mode: the
- * mma.sync kernel's MT = 2 register plans, the action expert's products at H <= 16, and the wgmma kernel's
- * 64-token tiles, H = 50) against the general kernel: every MT = 2 register plan at M = 1, 10, 16, 17 (two M
- * chunks), 50, one K split and several; epilogues none, gate + residual (Pi0.5's o and down), the same in
+ * mma.sync kernel's MT = 1 and MT = 2 register plans, the latter the action expert's products at H <= 16, and
+ * the wgmma kernel's 64-token tiles, H = 50) against the general kernel: every MT = 1 / 2 register plan at
+ * M = 1, 10, 16, 17 (two M chunks), 50, one K split and several; epilogues none, gate + residual (Pi0.5's o and down), the same in
  * place, GeGLU (gate|up); the wgmma tiles at M = 50 / 100 with 1, 3 and 8 K splits, in a cluster and through
  * the workspace; and launches that must stay on the general kernel (a bias; GeGLU with a gate and residual;
  * X multicast; other formats). The q|k|v kind is gemm_gpu_qkv_epilogue's (its fused cases at MT = 2 run
@@ -648,10 +648,10 @@ NIB_TEST(gemm_gpu_lean_variants) {
             const int np = nib_cuda_gemm_plans(&q, ms[mi], ws.acc_elems, pls, (int)NIB_ARRAY_LEN(pls));
             CHECK_MSG(np > 0 && np < (int)NIB_ARRAY_LEN(pls), "M=%lld: %d plans", (long long)ms[mi], np);
             for (int p = 0; p < np; p++) {
-                if (pls[p].mt != 2 || pls[p].reg != 1 || pls[p].wgt) continue;
+                if ((pls[p].mt != 1 && pls[p].mt != 2) || pls[p].reg != 1 || pls[p].wgt) continue;
                 char what[96];
-                snprintf(what, sizeof what, "%s wk%d ks%d mchunks%d", geglu ? "geglu" : "plain", pls[p].wk, pls[p].ksplit,
-                         pls[p].m_chunks);
+                snprintf(what, sizeof what, "%s mt%d wk%d ks%d mchunks%d", geglu ? "geglu" : "plain", pls[p].mt, pls[p].wk,
+                         pls[p].ksplit, pls[p].m_chunks);
                 const case_opts variants[3] = {{geglu, 0, 0, 0, &pls[p], NULL},
                                                {0, 1, 1, 0, &pls[p], NULL},
                                                {0, 1, 1, 1, &pls[p], NULL}};

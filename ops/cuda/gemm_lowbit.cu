@@ -1499,17 +1499,18 @@ static int lean_kind(const GemmParams &p) {
     return LEAN(LEAN_PLAIN, split);
 }
 
-/* the lean instantiations: NVFP4's MT = 2 plans with register-loaded weights (the action expert's at H <= 16) */
-template <int FMT>
+/* the lean instantiations: NVFP4's MT = 2 plans with register-loaded weights (the action expert's at H <= 16)
+ * and MT = 1 ones (M <= 8: decoding, the issue-3 lab's M = 1 rows) */
+template <int FMT, int MT>
 static nib_status launch_lean(int lk, const GemmParams &p, dim3 g, size_t smem, cudaStream_t s) {
     __atomic_fetch_add(&g_lean_launches, 1, __ATOMIC_RELAXED);
     switch (lk) {
-    case LEAN(LEAN_PLAIN, 1): return launch_t<FMT, 2, 1, 2, 1, LEAN(LEAN_PLAIN, 1)>(p, g, smem, s);
-    case LEAN(LEAN_PLAIN, 2): return launch_t<FMT, 2, 1, 2, 1, LEAN(LEAN_PLAIN, 2)>(p, g, smem, s);
-    case LEAN(LEAN_GEGLU, 1): return launch_t<FMT, 2, 1, 2, 1, LEAN(LEAN_GEGLU, 1)>(p, g, smem, s);
-    case LEAN(LEAN_GEGLU, 2): return launch_t<FMT, 2, 1, 2, 1, LEAN(LEAN_GEGLU, 2)>(p, g, smem, s);
-    case LEAN(LEAN_QKV, 1): return launch_t<FMT, 2, 1, 2, 1, LEAN(LEAN_QKV, 1)>(p, g, smem, s);
-    case LEAN(LEAN_QKV, 2): return launch_t<FMT, 2, 1, 2, 1, LEAN(LEAN_QKV, 2)>(p, g, smem, s);
+    case LEAN(LEAN_PLAIN, 1): return launch_t<FMT, MT, 1, 2, 1, LEAN(LEAN_PLAIN, 1)>(p, g, smem, s);
+    case LEAN(LEAN_PLAIN, 2): return launch_t<FMT, MT, 1, 2, 1, LEAN(LEAN_PLAIN, 2)>(p, g, smem, s);
+    case LEAN(LEAN_GEGLU, 1): return launch_t<FMT, MT, 1, 2, 1, LEAN(LEAN_GEGLU, 1)>(p, g, smem, s);
+    case LEAN(LEAN_GEGLU, 2): return launch_t<FMT, MT, 1, 2, 1, LEAN(LEAN_GEGLU, 2)>(p, g, smem, s);
+    case LEAN(LEAN_QKV, 1): return launch_t<FMT, MT, 1, 2, 1, LEAN(LEAN_QKV, 1)>(p, g, smem, s);
+    case LEAN(LEAN_QKV, 2): return launch_t<FMT, MT, 1, 2, 1, LEAN(LEAN_QKV, 2)>(p, g, smem, s);
     default: return NIB_ERR(NIB_ERR_INTERNAL, "gemm: lean kind %d", lk);
     }
 }
@@ -1517,11 +1518,11 @@ static nib_status launch_lean(int lk, const GemmParams &p, dim3 g, size_t smem, 
 template <int FMT>
 static nib_status launch_mt(int mt, int occ, int reg, const GemmParams &p, dim3 g, size_t smem, cudaStream_t s) {
     if constexpr (FMT == NIB_WFMT_NVFP4) {
-        if (mt == 2 && reg == 1) {
+        if ((mt == 1 || mt == 2) && reg == 1) {
             const int env = lean_env();
             if (env < 0) return lean_env_error();
             const int lk = env ? lean_kind(p) : 0;
-            if (lk) return launch_lean<FMT>(lk, p, g, smem, s);
+            if (lk) return mt == 1 ? launch_lean<FMT, 1>(lk, p, g, smem, s) : launch_lean<FMT, 2>(lk, p, g, smem, s);
         }
     }
     switch (mt) {
