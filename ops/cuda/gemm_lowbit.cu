@@ -1515,8 +1515,25 @@ static nib_status launch_lean(int lk, const GemmParams &p, dim3 g, size_t smem, 
     }
 }
 
+/* INT4's: its MT = 1 plans without an epilogue (the issue-3 lab's M = 1 rows), weights in registers (REG 1)
+ * or by bulk copies (REG 2) */
+template <int REG>
+static nib_status launch_lean_int4(int lk, const GemmParams &p, dim3 g, size_t smem, cudaStream_t s) {
+    __atomic_fetch_add(&g_lean_launches, 1, __ATOMIC_RELAXED);
+    return lk == LEAN(LEAN_PLAIN, 1) ? launch_t<NIB_WFMT_INT4, 1, 1, 2, REG, LEAN(LEAN_PLAIN, 1)>(p, g, smem, s)
+                                     : launch_t<NIB_WFMT_INT4, 1, 1, 2, REG, LEAN(LEAN_PLAIN, 2)>(p, g, smem, s);
+}
+
 template <int FMT>
 static nib_status launch_mt(int mt, int occ, int reg, const GemmParams &p, dim3 g, size_t smem, cudaStream_t s) {
+    if constexpr (FMT == NIB_WFMT_INT4) {
+        if (mt == 1 && reg && !p.qkv && !p.geglu && !p.gate && !p.res) {
+            const int env = lean_env();
+            if (env < 0) return lean_env_error();
+            const int lk = env ? lean_kind(p) : 0;
+            if (lk) return reg == 2 ? launch_lean_int4<2>(lk, p, g, smem, s) : launch_lean_int4<1>(lk, p, g, smem, s);
+        }
+    }
     if constexpr (FMT == NIB_WFMT_NVFP4) {
         if ((mt == 1 || mt == 2) && reg == 1) {
             const int env = lean_env();
