@@ -1,4 +1,4 @@
-/* test_ops_gpu.c — the CUDA ops (ops/cuda/norm.cu, rope.cu, act.cu, qkv.cu) against the
+/* test_ops_gpu.c — the CUDA ops (ops/cuda/norm.cu, rope.cu, act.cu, qkv.cu, edge.cu) against the
  * reference (ops/ref/) on fresh random inputs at awkward row counts (1, 3, 17, 127, 532) and
  * every Pi0.5 dim, with outputs poisoned (bf16 NaN 0x7FC1, e4m3 NaN 0x7F, fp32 NaN, cache bytes
  * 0xA5) and surrounded by guard rows and columns, NaN/Inf checks first, then the error metric.
