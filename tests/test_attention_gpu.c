@@ -442,6 +442,29 @@ NIB_TEST(attn_gpu_prefix_gemma_large) {
     run_prefix(t, &rng, &cs[3]);
     unsetenv("NIB_ATTN_SPLITS");
     unsetenv("NIB_ATTN_TMA");
+    /* the TMA forms with and without the lazy rescale and wk2t's split merge (NIB_ATTN_WG_LZ: 1, the
+     * default, and 0). A logit scale of 1 on unscaled q
+     * (logits ~ N(0, 256)) moves the running maximum past the lazy threshold (2^8) from tile to tile, so
+     * both of its branches run; 0.0625 and the pre-scaled q (lsc 0) stay under it after the first tile.
+     * wk2: unsplit and split 2 ways (partials written by the first half only), an idle second half (17
+     * keys); wg1: unsplit and split */
+    static const char *const lzs[] = {"0", "1"};
+    for (size_t l = 0; l < NIB_ARRAY_LEN(lzs); l++) {
+        setenv("NIB_ATTN_WG_LZ", lzs[l], 1);
+        setenv("NIB_ATTN_VARIANT", "wk2", 1);
+        run_prefix(t, &rng, &(pcase){2, 2, 80, 71, 8, 1, 256, 0.0625f});
+        run_prefix(t, &rng, &(pcase){1, 1, 17, 17, 8, 1, 256, 1.0f});
+        run_prefix(t, &rng, &(pcase){1, 1, 532, 532, 8, 1, 256, 1.0f});
+        run_prefix(t, &rng, &(pcase){1, 1, 100, 100, 8, 2, 128, 1.0f});
+        setenv("NIB_ATTN_SPLITS", "2", 1);
+        run_prefix(t, &rng, &(pcase){1, 1, 968, 532, 8, 1, 256, 1.0f});
+        run_prefix(t, &rng, &cs[3]);
+        setenv("NIB_ATTN_VARIANT", "wg1", 1);
+        run_prefix(t, &rng, &(pcase){1, 1, 300, 300, 8, 1, 256, 1.0f});
+        unsetenv("NIB_ATTN_SPLITS");
+        run_prefix(t, &rng, &(pcase){1, 1, 300, 300, 8, 1, 256, 1.0f});
+    }
+    unsetenv("NIB_ATTN_WG_LZ");
     unsetenv("NIB_ATTN_VARIANT");
 }
 
@@ -1165,6 +1188,11 @@ NIB_TEST(attn_gpu_argument_errors) {
     b = a;
     b.n_kv_heads = 3;
     CHECK_ST(nib_cuda_attn_prefix(&b, d.p, NULL), NIB_ERR_INVALID_ARG);
+    setenv("NIB_ATTN_WG_LZ", "2", 1); /* 0 or 1 only */
+    CHECK_ST(nib_cuda_attn_prefix_plan(&a, &pl), NIB_ERR_INVALID_ARG);
+    setenv("NIB_ATTN_WG_LZ", "1x", 1);
+    CHECK_ST(nib_cuda_attn_prefix_plan(&a, &pl), NIB_ERR_INVALID_ARG);
+    unsetenv("NIB_ATTN_WG_LZ");
     b = a;
     b.logit_scale = -1.0f; /* finite and >= 0 only */
     CHECK_ST(nib_cuda_attn_prefix(&b, d.p, NULL), NIB_ERR_INVALID_ARG);

@@ -50,6 +50,9 @@
  *   wk2  wgmma, 64 rows, TK 32, 256 threads: two warpgroups split each CTA's keys in halves (own
  *        K/V rings) and merge in shared memory; the default for a bf16 K/V without a cache (the
  *        Gemma prefix; NIB_ATTN_WK2=0 keeps wg1 there)
+ *   wg1, wg and wk2 copy by TMA where the layout allows (wg1t, wgt, wk2t); wg1t and wk2t run their
+ *        "-lz" forms by default: the lazy O rescale, and for wk2t the merge split over both halves
+ *        (lz_variant; NIB_ATTN_WG_LZ=0 keeps the plain ones)
  * Tested by tests/test_attention_gpu.c (`build/nib_tests attn_gpu`), timed by `nib bench attn`.
  */
 #include <cuda_bf16.h>
@@ -122,6 +125,12 @@ static KInfo g_kinfo[] = {
     /* head_dim 80 with four token groups (16 or 8 warps): t4 (64 rows, one 256-key tile), t4h (64 rows,
      * 128-key tiles), r2t4 (32 rows, one 256-key tile) */
     KI(F_BF16, 80, 4, 4, 4, 1, "d80t4"), KI(F_BF16, 80, 4, 4, 2, 2, "d80t4h"), KI(F_BF16, 80, 2, 4, 4, 1, "d80r2t4"),
+    /* the TMA forms wg1t and wk2t with the lazy rescale (LZ bit 1) and, wk2t, the split merge (bit 2)
+     * (attn_wg.cuh; the default since the forty-sixth session, lz_variant picks them) */
+    {k_attn_wg<1, 1, 1, 1>, F_BF16, 256, 4, 1, WgCfg<1, 1, 1>::TK, WgCfg<1, 1, 1>::NT, WgCfg<1, 1, 1>::SMEM, "wg1t-lz",
+     WgCfg<1, 1, 1>::ROWS, 0, 0, 0, 0},
+    {k_attn_wg<1, 2, 1, 3>, F_BF16, 256, 4, 2, WgCfg<1, 2, 1>::TK, WgCfg<1, 2, 1>::NT, WgCfg<1, 2, 1>::SMEM, "wk2t-lz",
+     WgCfg<1, 2, 1>::ROWS, 0, 0, 0, 0},
 };
 #define K_D80 (3 * V_PER_FMT)
 #define K_CL (K_D80 + 1)     /* + fmt */
@@ -130,7 +139,22 @@ static KInfo g_kinfo[] = {
 #define K_WG (K_T2 + 2)      /* the wgmma kernel: wg, wg1, wk2; bf16, head_dim 256 */
 #define K_WGT (K_WG + 3)     /* the same with TMA copies */
 #define K_D80X (K_WGT + 3)   /* head_dim 80, four token groups: t4, t4h, r2t4 */
+#define K_LZ (K_D80X + 3)     /* wg1t-lz, wk2t-lz */
 static int is_rk(int ki) { return ki >= K_RK && ki < K_RK + 3; }
+
+/* The forty-sixth session's forms of wg1t and wk2t (attn_wg.cuh, LZ): the lazy rescale (O rescaled only
+ * where a row's maximum grew by more than 2^8) and, wk2t, the split merge (both key halves combine and
+ * store half the dims). H100, `scripts/ab.sh env -n 2 -e '' -e NIB_ATTN_WG_LZ=0 -- attn --sections
+ * prefix`, us, new against old: Gemma prefix S = 532 18.3 / 18.9 against 19.2 / 19.5, S = 788 24.7 / 25.5
+ * against 26.8 / 26.9, S = 968 29.6 / 29.8 against 31.5 / 31.7 (each change alone gave about half);
+ * fast 2 cameras H = 10 9.568 / 9.556 against 9.608 / 9.611 ms (bench/results/attn-wg-lazy-ab-h100.json).
+ * NIB_ATTN_WG_LZ=0 keeps the old forms (the A/B switch); a value other than 0 / 1 is an error (-1). */
+static int lz_variant(int ki) {
+    const char *e = getenv("NIB_ATTN_WG_LZ");
+    if (e && *e && strcmp(e, "0") && strcmp(e, "1")) return -1;
+    if (e && !strcmp(e, "0")) return ki;
+    return ki == K_WGT + 1 ? K_LZ : ki == K_WGT + 2 ? K_LZ + 1 : ki;
+}
 
 /* The TMA form of a wgmma plan where the layout allows it: a 64-row operand must be whole tokens of
  * one KV group (64 % group == 0), the key range non-empty (a map has no empty dimension) and each
@@ -331,6 +355,9 @@ static nib_status make_plan(int fmt, int dp, int64_t rows_max, int64_t t_max, in
         return NIB_ERR(NIB_ERR_UNSUPPORTED, "attention: NIB_ATTN_VARIANT=rk (the decode kernel) takes <= 8 query rows per "
                        "KV head; got %lld", (long long)rows_max);
     pl->ki = tma_variant(pl->ki, group, t_max, tma_ok);
+    pl->ki = lz_variant(pl->ki);
+    if (pl->ki < 0)
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "attention: NIB_ATTN_WG_LZ=%s (0 or 1)", getenv("NIB_ATTN_WG_LZ"));
     if (pl->ki == K_T2 + 1 && !getenv_set("NIB_ATTN_VARIANT") && !getenv_set("NIB_ATTN_D80")) {
         /* head_dim 80 (SigLIP), unforced: t4 (four token groups, one 256-key tile, 16 warps) where its CTAs
          * fit one wave, else d80t2 (two CTAs per SM). H100, fast, `NIB_ATTN_D80=t2|t4 nib bench pi05`, two

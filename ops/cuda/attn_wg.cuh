@@ -90,7 +90,46 @@ __device__ __forceinline__ uint32_t wg_chunk_off(int r, int c, int rows) {
     return (uint32_t)((c >> 3) * rows * 128 + r * 128 + ((((c & 7) ^ (r & 7))) << 4));
 }
 
-template <int WGS, int KSPLIT, int TMA = 0>
+/* LZ (bit mask, forty-sixth session): WG_LAZY rescales O only where a row's maximum grew by more than
+ * WG_TAU (log2 units) over the one P was last taken against; WG_SPLIT_MERGE (wk2) has both key halves
+ * combine and store half of the dimensions each. See "The lazy rescale and the split merge" below. */
+enum { WG_LAZY = 1, WG_SPLIT_MERGE = 2 };
+#define WG_TAU 8.0f /* P = 2^(x - m) <= 2^8 between rescales: exact in fp32 sums, bf16 P keeps its relative error */
+
+/* The lazy rescale (LZ & WG_LAZY). The online softmax keeps, per row, the maximum m its P and l are
+ * taken against; the eager form moves m to every new maximum and multiplies O (128 fp32 per thread)
+ * by alpha = 2^(m_old - m_new) whenever any row of the warp grew. Here m moves (and O is rescaled)
+ * only when some row of the warp grew by more than WG_TAU; otherwise the tile's P is taken against
+ * the old m, so P <= 2^WG_TAU. o = O / l is the same quantity either way (m cancels); what changes is
+ * only where the roundings fall (P's bf16 rounding is relative, l and O are fp32 sums). m stays the
+ * one P was taken against, so (m, l, O) stay consistent for the key-half combine and the split merge.
+ * Rows whose keys so far are all masked (m = -inf) take the eager path (any finite x exceeds them). */
+__device__ __forceinline__ void softmax_fold_lazy(float (&mx)[2], float (&mrow)[2], float (&lrow)[2],
+                                                  float (&alpha)[2], float (&mu)[2], bool &rescale) {
+    bool grow = false;
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+        mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+        grow |= mx[i] > mrow[i] + WG_TAU; /* -inf + tau = -inf: a first finite key grows */
+    }
+    rescale = __any_sync(0xffffffffu, grow);
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        if (rescale) {
+            const float mn = fmaxf(mrow[i], mx[i]);
+            mu[i] = mn == -INFINITY ? 0.f : mn;
+            alpha[i] = exp2f(mrow[i] - mu[i]);
+            mrow[i] = mn;
+            lrow[i] *= alpha[i];
+        } else {
+            mu[i] = mrow[i] == -INFINITY ? 0.f : mrow[i]; /* all masked so far: x = -inf, P = 0 */
+            alpha[i] = 1.f;
+        }
+    }
+}
+
+template <int WGS, int KSPLIT, int TMA = 0, int LZ = 0>
 __global__ void __launch_bounds__(WgCfg<WGS, KSPLIT, TMA>::NT, 1) k_attn_wg(const __grid_constant__ AttnParams p) {
     attn_prefetch_kv(p, WgCfg<WGS, KSPLIT, TMA>::TK); /* a hint before the wait: see there */
     nib::pdl_enter(); /* runtime/launch.cuh: first, before any other access or return */
@@ -313,7 +352,9 @@ __global__ void __launch_bounds__(WgCfg<WGS, KSPLIT, TMA>::NT, 1) k_attn_wg(cons
                 mx[q >> 1] = fmaxf(mx[q >> 1], x);
             }
         float alpha[2], mu[2];
-        softmax_fold(mx, mrow, lrow, alpha, mu);
+        bool rescale = true;
+        if constexpr ((LZ & WG_LAZY) != 0) softmax_fold_lazy(mx, mrow, lrow, alpha, mu, rescale);
+        else softmax_fold(mx, mrow, lrow, alpha, mu);
 #pragma unroll
         for (int i = 0; i < TK / 2; i++) {
             const float pr = exp2f(s[i] - mu[(i >> 1) & 1]);
@@ -321,8 +362,9 @@ __global__ void __launch_bounds__(WgCfg<WGS, KSPLIT, TMA>::NT, 1) k_attn_wg(cons
             s[i] = pr;
         }
         /* O *= alpha (128 products), skipped where it is the identity: on the first tile (O is 0) and
-         * where no row of the warp got a new maximum (alpha = 1); the same bits either way */
-        if (it > 0 && __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+         * where no row of the warp got a new maximum (alpha = 1); the same bits either way. Lazy: only
+         * where the warp moved its maxima (rescale), and then also where alpha = 1 */
+        if (it > 0 && ((LZ & WG_LAZY) != 0 ? rescale : __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f))) {
 #pragma unroll
             for (int j = 0; j < 32; j++) {
                 o[4 * j] *= alpha[0];
@@ -356,7 +398,10 @@ __global__ void __launch_bounds__(WgCfg<WGS, KSPLIT, TMA>::NT, 1) k_attn_wg(cons
         lrow[i] += __shfl_xor_sync(0xffffffffu, lrow[i], 1);
         lrow[i] += __shfl_xor_sync(0xffffffffu, lrow[i], 2);
     }
-    if constexpr (KSPLIT > 1) {
+    /* the dims this thread combines and stores: all (j = 0 .. 31), or with the split merge its key half's
+     * half of them (half 0: j < 16, dims 0 .. 127; half 1: j >= 16) */
+    constexpr bool SM = KSPLIT > 1 && (LZ & WG_SPLIT_MERGE) != 0;
+    if constexpr (KSPLIT > 1 && !SM) {
         /* wk2: the second half's (m, l, unnormalized O) -> smem, the first half combines them with its
          * own: M = max(m0, m1), a_h = 2^(m_h - M) (0 where M = -inf), L = l0 a0 + l1 a1,
          * O = O0 a0 + O1 a1. O1 in the second half's ring (64 KB), thread-major: float4 j of thread
@@ -407,6 +452,57 @@ __global__ void __launch_bounds__(WgCfg<WGS, KSPLIT, TMA>::NT, 1) k_attn_wg(cons
             o[4 * j + 3] = o[4 * j + 3] * a0[1] + v.w * a1[1];
         }
     }
+    if constexpr (SM) {
+        /* The split merge: each half puts (m, l) and the half of its unnormalized O that the OTHER half
+         * stores into its own ring (idle after its loop: 16 float4 per thread, [j][thread] as above, then
+         * m [64] and l [64] at 32 KB), one CTA barrier, then each half combines its 128 dims (the same M,
+         * a_h, L and O = O0 a0 + O1 a1 as above, in both halves) and stores them: the combine's shared-
+         * memory reads and the stores are halved on the critical path, and neither half waits idle while
+         * the other writes the result. j loops run over all 32 with a per-half predicate, so every index
+         * into o[] stays a compile-time constant (registers, no local memory). */
+        const int wt = tid & 127;
+        float *const xo = (float *)(smem + WGS * C::Q_WG_BYTES); /* ring h at xo + h * RING_BYTES / 4 */
+        float *const mine = xo + kh * (C::RING_BYTES / 4), *const other = xo + (1 - kh) * (C::RING_BYTES / 4);
+        constexpr int MLO = 16 * 128 * 4; /* floats: (m, l) after the 16 float4 per thread */
+        static_assert(MLO * 4 + 128 * 4 <= C::RING_BYTES, "split merge: a ring holds 32 KB of O and (m, l)");
+        if (kh == 0) asm volatile("bar.sync 1, 128;" ::: "memory"); /* this half's wgmma reads of its ring are done */
+        else asm volatile("bar.sync 2, 128;" ::: "memory");
+#pragma unroll
+        for (int j = 0; j < 32; j++)
+            if ((j >> 4) != kh) /* the other half's dims */
+                *(float4 *)(mine + ((j & 15) * 128 + wt) * 4) = make_float4(o[4 * j], o[4 * j + 1], o[4 * j + 2], o[4 * j + 3]);
+        if (t2 == 0)
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                const int rl = (warp & 3) * 16 + g + 8 * i;
+                mine[MLO + rl] = mrow[i];
+                mine[MLO + 64 + rl] = lrow[i];
+            }
+        __syncthreads();
+        const float *const h0 = kh ? other : mine, *const h1 = kh ? mine : other;
+        float a0[2], a1[2];
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const int rl = (warp & 3) * 16 + g + 8 * i;
+            const float m0 = h0[MLO + rl], l0 = h0[MLO + 64 + rl], m1 = h1[MLO + rl], l1 = h1[MLO + 64 + rl];
+            const float mm = fmaxf(m0, m1);
+            a0[i] = mm == -INFINITY ? 0.f : exp2f(m0 - mm);
+            a1[i] = mm == -INFINITY ? 0.f : exp2f(m1 - mm);
+            lrow[i] = l0 * a0[i] + l1 * a1[i];
+            mrow[i] = mm;
+        }
+        /* this half's weights and the other's */
+        const float aw0 = kh ? a1[0] : a0[0], aw1 = kh ? a1[1] : a0[1], ao0 = kh ? a0[0] : a1[0], ao1 = kh ? a0[1] : a1[1];
+#pragma unroll
+        for (int j = 0; j < 32; j++)
+            if ((j >> 4) == kh) {
+                const float4 v = *(const float4 *)(other + ((j & 15) * 128 + wt) * 4);
+                o[4 * j] = o[4 * j] * aw0 + v.x * ao0;
+                o[4 * j + 1] = o[4 * j + 1] * aw0 + v.y * ao0;
+                o[4 * j + 2] = o[4 * j + 2] * aw1 + v.z * ao1;
+                o[4 * j + 3] = o[4 * j + 3] * aw1 + v.w * ao1;
+            }
+    }
     const size_t part0 = ((size_t)z * p.n_splits + split) * p.rows_max; /* workspace row 0 of this split */
 #pragma unroll
     for (int i = 0; i < 2; i++) {
@@ -419,6 +515,7 @@ __global__ void __launch_bounds__(WgCfg<WGS, KSPLIT, TMA>::NT, 1) k_attn_wg(cons
 #pragma unroll
             for (int j = 0; j < 32; j++) {
                 const int dim = 8 * j + t2;
+                if (SM && (j >> 4) != kh) continue; /* the split merge: the other half stores these */
                 if (dim < p.d) *(uint32_t *)(dst + dim) = pack_bf16(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
             }
         } else {
@@ -426,9 +523,10 @@ __global__ void __launch_bounds__(WgCfg<WGS, KSPLIT, TMA>::NT, 1) k_attn_wg(cons
 #pragma unroll
             for (int j = 0; j < 32; j++) {
                 const int dim = 8 * j + t2;
+                if (SM && (j >> 4) != kh) continue;
                 if (dim < p.d) *(float2 *)(dst + dim) = make_float2(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
             }
-            if (t2 == 0) {
+            if (t2 == 0 && (!SM || kh == 0)) {
                 p.ws_m[part0 + row] = mrow[i];
                 p.ws_l[part0 + row] = lrow[i];
             }
