@@ -15,7 +15,7 @@ IN=${TMPDIR:-/tmp}/nib-pi05-inputs-c2.safetensors
 python3 scripts/pi05_inputs.py "$IN" --cameras 2 --text 20 >/dev/null
 layer=${ATTN_PROF_LAYER:-3}
 for kind in siglip gemma; do
-    if [ $kind = siglip ]; then rx='regex:k_attn<0, 80'; else rx='regex:k_attn_wg'; fi
+    if [ $kind = siglip ]; then rx='regex:k_attn<.int.0, .int.80'; else rx='regex:k_attn_wg'; fi
     common=(--clock-control none --kernel-name-base demangled --kernel-name "$rx" --launch-skip "$layer" --launch-count 1)
     run=(./build/nib run pi05 --checkpoint "$CKPT" --inputs "$IN" --out "$OUT/actions-$kind.safetensors" --preset fast)
     NIB_FUSED_STEP=0 "$ncu_bin" "${common[@]}" --section SpeedOfLight --section Occupancy --section LaunchStats \
