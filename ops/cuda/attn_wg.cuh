@@ -56,6 +56,12 @@
  * fewer instructions (ncu, wg1t), the Gemma prefix S = 968 32.6 -> 31.1 us, S = 788 27.8 -> 26.5; the
  * suffix unchanged (~9 us at H = 50, of which the merge kernel is ~3: the splits' partials combined
  * in a cluster through distributed shared memory instead measured ~3 us slower, not kept).
+ * LZ forms (wg1t-lz, wk2t-lz, the default since the forty-sixth session; NIB_ATTN_WG_LZ=0 keeps the
+ * plain ones): Nsight Compute on wk2t inside the model had FMUL at 29 % of the executed instructions,
+ * most of it O's rescale on every tile where a row's maximum grew; the lazy form rescales only where
+ * one grew by more than 2^8, and wk2t's two halves each combine and store half the dims instead of
+ * the second half idling while the first does all of it. Gemma prefix S = 532 / 788 / 968 ~19.4 / 26.8
+ * / 31.6 -> ~18.6 / 25.1 / 29.7 us; fast 2 cameras 9.61 -> 9.56 ms (bench/results/attn-wg-lazy-ab-h100.json).
  */
 #ifndef NIB_ATTN_WG_CUH
 #define NIB_ATTN_WG_CUH
@@ -91,8 +97,8 @@ __device__ __forceinline__ uint32_t wg_chunk_off(int r, int c, int rows) {
 }
 
 /* LZ (bit mask, forty-sixth session): WG_LAZY rescales O only where a row's maximum grew by more than
- * WG_TAU (log2 units) over the one P was last taken against; WG_SPLIT_MERGE (wk2) has both key halves
- * combine and store half of the dimensions each. See "The lazy rescale and the split merge" below. */
+ * WG_TAU (log2 units) over the one P was last taken against (softmax_fold_lazy); WG_SPLIT_MERGE (wk2)
+ * has both key halves combine and store half of the dimensions each (the kernel's end). */
 enum { WG_LAZY = 1, WG_SPLIT_MERGE = 2 };
 #define WG_TAU 8.0f /* P = 2^(x - m) <= 2^8 between rescales: exact in fp32 sums, bf16 P keeps its relative error */
 
