@@ -326,7 +326,7 @@ int nib_bench_attn(int argc, char **argv) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (nib_cli_is_help(a)) {
             printf("usage: nib bench attn [--sections prefix,cache,decode]\n"
-                   "                      [--variants auto,dec,r4,r8,cl,rk,t2,t4,t4h,r2t4,wg,wg1,wk2]\n"
+                   "                      [--variants auto,dec,r4,r8,cl,rk,t2,t4,t4h,r2t4,wgs,wg,wg1,wk2]\n"
                    "                      [--reps N] [--t T1,T2,..] [--kv bf16,fp8,nvfp4] [--decode-l2 cold,hot]\n"
                    "                      [--json FILE]\n"
                    "The attention kernel lab: prefix self-attention (Gemma S = 276, 532, 788, 968; SigLIP 1..3 images),\n"
@@ -341,7 +341,8 @@ int nib_bench_attn(int argc, char **argv) {
                    "cache rotated over copies > 3x L2, so every call reads it from DRAM).\n"
                    "--variants repeats the cache and decode sections with the kernel variant forced (auto: the\n"
                    "planner's); t2 (two token groups per CTA, bf16 only) repeats the prefix section instead; t4, t4h\n"
-                   "and r2t4 (four token groups, head_dim 80, bf16) repeat its SigLIP rows;\n"
+                   "and r2t4 (four token groups, head_dim 80, bf16) and wgs (head_dim 80 on wgmma, the default\n"
+                   "there) repeat its SigLIP rows;\n"
                    "r8 and wg / wg1 / wk2 (the wgmma kernel: bf16 caches only, no decode rows; wk2 splits each\n"
                    "CTA's keys between two warpgroups) also repeat the Gemma prefix (S = 276, 532, 788, 968).\n");
             return 0;
@@ -459,7 +460,7 @@ int nib_bench_attn(int argc, char **argv) {
             }
             continue;
         }
-        if (!strcmp(v, "t4") || !strcmp(v, "t4h") || !strcmp(v, "r2t4")) { /* head_dim 80 only: SigLIP */
+        if (!strcmp(v, "t4") || !strcmp(v, "t4h") || !strcmp(v, "r2t4") || !strcmp(v, "wgs")) { /* head_dim 80: SigLIP */
             setenv("NIB_ATTN_VARIANT", v, 1);
             if (do_prefix)
                 for (int n = 1; n <= 3; n++) RUN(bench_prefix(b, "siglip", n, 256, 16, 16, 72));
@@ -470,7 +471,7 @@ int nib_bench_attn(int argc, char **argv) {
                  !strcmp(v, "wg") || !strcmp(v, "wg1") || !strcmp(v, "wk2"))
             setenv("NIB_ATTN_VARIANT", v, 1);
         else {
-            printf("  unknown variant '%s' skipped (auto, dec, r4, r8, cl, rk, t2, t4, t4h, r2t4, wg, wg1, wk2)\n", v);
+            printf("  unknown variant '%s' skipped (auto, dec, r4, r8, cl, rk, t2, t4, t4h, r2t4, wgs, wg, wg1, wk2)\n", v);
             continue;
         }
         /* r8 and wg (the mma.sync and the wgmma kernel for many rows) also repeat the Gemma prefix */

@@ -40,20 +40,21 @@ def one(n):
     r = n // 2
     return wrapper("WgmmaE4M3", n, "uint64_t da, uint64_t db", f"%{r}", ['"l"(da)'], f"m64n{n}k32.f32.e4m3.e4m3", "1, 1")
 
-NS_BF16_SS = [32, 64]  # S = Q K^T: A (Q) and B (K) K-major in shared memory (32: wk2's 32-key tiles)
-NS_BF16_RS = [256]  # O += P V: A (P) in registers, B (V) MN-major (keys x dims, dims contiguous)
+NS_BF16_SS = [32, 64, 256]  # S = Q K^T: A (Q) and B (K) K-major in shared memory (32: wk2's 32-key tiles;
+# 256: the head_dim-80 kernel's 256-key tile, attn_wgs.cuh)
+NS_BF16_RS = [80, 256]  # O += P V: A (P) in registers, B (V) MN-major (keys x dims, dims contiguous; 80: attn_wgs.cuh)
 NS_BF16_RSK = [64, 128, 192, 256]  # low-bit GEMM: A (decoded weights) in registers, B (X tokens) K-major
 
 def bf16_ss(n):
     r = n // 2
     return wrapper("WgmmaBf16SS", n, "uint64_t da, uint64_t db", f"%{r}", ['"l"(da)'], f"m64n{n}k16.f32.bf16.bf16",
-                   "1, 1, 0, 0")
+                   "1, 1, 0, 0", with_sd=True)
 
 def bf16_rs(n):
     r = n // 2
     a_ops = "{" + ", ".join(f"%{r + i}" for i in range(4)) + "}"
     return wrapper("WgmmaBf16RS", n, "const uint32_t (&a)[4], uint64_t db", a_ops, [f'"r"(a[{i}])' for i in range(4)],
-                   f"m64n{n}k16.f32.bf16.bf16", "1, 1, 1")
+                   f"m64n{n}k16.f32.bf16.bf16", "1, 1, 1", with_sd=True)
 
 def bf16_rsk(n):
     r = n // 2
@@ -76,8 +77,8 @@ def main():
                 " * WgmmaBf16SS<N>: D (64 x N fp32) += A (64 x 16 bf16, K-major, shared) x B (N x 16 bf16, K-major,\n"
                 " * shared)ᵀ. WgmmaBf16RS<N>: D += A (64 x 16 bf16, registers: the m16n8k16 A fragment per warp)\n"
                 " * x B (16 x N bf16, MN-major in shared memory: imm-trans-b = 1). WgmmaBf16RSK<N>: the same with B\n"
-                " * (N x 16 bf16) K-major in shared memory (imm-trans-b = 0), and mma_sd(): scale-d from a register (0: D = A x B,\n"
-                " * no accumulation). mma(): scale-d = 1 (accumulate). */\n")
+                " * (N x 16 bf16) K-major in shared memory (imm-trans-b = 0). mma_sd() (every form): scale-d from a register\n"
+                " * (0: D = A x B, no accumulation). mma(): scale-d = 1 (accumulate). */\n")
         for n in NS_BF16_SS:
             f.write(bf16_ss(n))
         for n in NS_BF16_RS:

@@ -67,6 +67,7 @@
 #include "ops/cuda/attention.cuh"
 #include "ops/cuda/attn_dec.cuh"
 #include "ops/cuda/attn_wg.cuh"
+#include "ops/cuda/attn_wgs.cuh"
 #include "ops/cuda/tmap.h"
 #include "runtime/cuda_check.h"
 #include "runtime/device.h"
@@ -131,6 +132,9 @@ static KInfo g_kinfo[] = {
      WgCfg<1, 1, 1>::ROWS, 0, 0, 0, 0},
     {k_attn_wg<1, 2, 1, 3>, F_BF16, 256, 4, 2, WgCfg<1, 2, 1>::TK, WgCfg<1, 2, 1>::NT, WgCfg<1, 2, 1>::SMEM, "wk2t-lz",
      WgCfg<1, 2, 1>::ROWS, 0, 0, 0, 0},
+    /* head_dim <= 80 on wgmma, every key of a split (<= 256) in one tile (attn_wgs.cuh): SigLIP's default
+     * since the forty-seventh session */
+    {k_attn_wgs, F_BF16, 80, 4, 1, WgsCfg::TK, WgsCfg::NT, WgsCfg::SMEM, "d80wg", WgsCfg::ROWS, 0, 0, 0, 0},
 };
 #define K_D80 (3 * V_PER_FMT)
 #define K_CL (K_D80 + 1)     /* + fmt */
@@ -140,6 +144,7 @@ static KInfo g_kinfo[] = {
 #define K_WGT (K_WG + 3)     /* the same with TMA copies */
 #define K_D80X (K_WGT + 3)   /* head_dim 80, four token groups: t4, t4h, r2t4 */
 #define K_LZ (K_D80X + 3)     /* wg1t-lz, wk2t-lz */
+#define K_WGS (K_LZ + 2)     /* d80wg */
 static int is_rk(int ki) { return ki >= K_RK && ki < K_RK + 3; }
 
 /* The forty-sixth session's forms of wg1t and wk2t (attn_wg.cuh, LZ): the lazy rescale (O rescaled only
@@ -198,6 +203,7 @@ static int pick_variant(int fmt, int dp, int64_t rows, int cache) {
     if (e && !strcmp(e, "t2")) return fmt == F_BF16 ? (dp == 80 ? K_T2 + 1 : K_T2) : -2;
     const int x80 = !e ? -1 : !strcmp(e, "t4") ? 0 : !strcmp(e, "t4h") ? 1 : !strcmp(e, "r2t4") ? 2 : -1;
     if (x80 >= 0) return fmt == F_BF16 && dp == 80 ? K_D80X + x80 : -4;
+    if (e && !strcmp(e, "wgs")) return fmt == F_BF16 && dp == 80 ? K_WGS : -4;
     const int wgv = !e ? -1 : !strcmp(e, "wg") ? 0 : !strcmp(e, "wg1") ? 1 : !strcmp(e, "wk2") ? 2 : -1;
     if (wgv >= 0) return fmt == F_BF16 && dp == 256 ? K_WG + wgv : -3;
     /* head_dim 80 (SigLIP): d80t2 (make_plan then takes d80t4 where its CTAs fit one wave); H100, 256 tokens x
@@ -210,10 +216,16 @@ static int pick_variant(int fmt, int dp, int64_t rows, int cache) {
         if (d8 && *d8 && forced < 0) {
             if (!strcmp(d8, "r4")) return K_D80;
             if (!strcmp(d8, "t2")) return K_T2 + 1;
+            if (!strcmp(d8, "wgs")) return fmt == F_BF16 ? K_WGS : -4;
             const int x = !strcmp(d8, "t4") ? 0 : !strcmp(d8, "t4h") ? 1 : !strcmp(d8, "r2t4") ? 2 : -1;
             if (x < 0) return -5;
             return K_D80X + x;
         }
+        /* the wgmma kernel d80wg (attn_wgs.cuh), the default for a bf16 K/V since the forty-seventh session;
+         * NIB_ATTN_WGS=0 keeps the mma.sync kernels' rule below (d80t4 / d80t2: the A/B switch) */
+        const char *we = getenv("NIB_ATTN_WGS");
+        if (we && *we && strcmp(we, "0") && strcmp(we, "1")) return -6;
+        if (forced < 0 && fmt == F_BF16 && !(we && !strcmp(we, "0"))) return K_WGS;
         return forced == V_R4 ? K_D80 : K_T2 + 1;
     }
     if ((e && !strcmp(e, "rk")) || (forced < 0 && cache && rows <= 8)) return rows <= 8 ? K_RK + fmt : -1;
@@ -347,7 +359,9 @@ static nib_status make_plan(int fmt, int dp, int64_t rows_max, int64_t t_max, in
                        "head_dim 88..256 (padded to 256); got a %s K/V, head_dim padded to %d", getenv("NIB_ATTN_VARIANT"),
                        nib_kv_dtype_name((nib_kv_dtype)fmt), dp);
     if (pl->ki == -5)
-        return NIB_ERR(NIB_ERR_INVALID_ARG, "attention: NIB_ATTN_D80=%s (r4, t2, t4, t4h or r2t4)", getenv("NIB_ATTN_D80"));
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "attention: NIB_ATTN_D80=%s (r4, t2, t4, t4h, r2t4 or wgs)",
+                       getenv("NIB_ATTN_D80"));
+    if (pl->ki == -6) return NIB_ERR(NIB_ERR_INVALID_ARG, "attention: NIB_ATTN_WGS=%s (0 or 1)", getenv("NIB_ATTN_WGS"));
     if (pl->ki == -4)
         return NIB_ERR(NIB_ERR_UNSUPPORTED, "attention: NIB_ATTN_VARIANT=%s takes a bf16 K/V with head_dim <= 80; got a "
                        "%s K/V, head_dim padded to %d", getenv("NIB_ATTN_VARIANT"), nib_kv_dtype_name((nib_kv_dtype)fmt), dp);
@@ -358,6 +372,8 @@ static nib_status make_plan(int fmt, int dp, int64_t rows_max, int64_t t_max, in
     pl->ki = lz_variant(pl->ki);
     if (pl->ki < 0)
         return NIB_ERR(NIB_ERR_INVALID_ARG, "attention: NIB_ATTN_WG_LZ=%s (0 or 1)", getenv("NIB_ATTN_WG_LZ"));
+    /* d80wg holds one 256-key tile per split: a prefix of more tiles than splits can be takes d80t2 */
+    if (pl->ki == K_WGS && (t_max + WgsCfg::TK - 1) / WgsCfg::TK > MAX_SPLITS) pl->ki = K_T2 + 1;
     if (pl->ki == K_T2 + 1 && !getenv_set("NIB_ATTN_VARIANT") && !getenv_set("NIB_ATTN_D80")) {
         /* head_dim 80 (SigLIP), unforced: t4 (four token groups, one 256-key tile, 16 warps) where its CTAs
          * fit one wave, else d80t2 (two CTAs per SM). H100, fast, `NIB_ATTN_D80=t2|t4 nib bench pi05`, two
@@ -403,6 +419,7 @@ static nib_status make_plan(int fmt, int dp, int64_t rows_max, int64_t t_max, in
         long v = strtol(fs, NULL, 10);
         bs = (int)(v < 1 ? 1 : v > tiles ? tiles : v > MAX_SPLITS ? MAX_SPLITS : v);
     }
+    if (pl->ki == K_WGS) bs = (int)tiles; /* one tile per split: d80wg takes every key of a split at once */
     pl->row_blocks = (int)rb;
     pl->n_splits = bs;
     pl->z = (int)z;
