@@ -135,6 +135,8 @@ static KInfo g_kinfo[] = {
     /* head_dim <= 80 on wgmma, every key of a split (<= 256) in one tile (attn_wgs.cuh): SigLIP's default
      * since the forty-seventh session */
     {k_attn_wgs, F_BF16, 80, 4, 1, WgsCfg::TK, WgsCfg::NT, WgsCfg::SMEM, "d80wg", WgsCfg::ROWS, 0, 0, 0, 0},
+    /* the same kernel with its shared memory padded to 120 KB, so one CTA per SM (lab: NIB_ATTN_D80=wgs1) */
+    {k_attn_wgs, F_BF16, 80, 4, 1, WgsCfg::TK, WgsCfg::NT, 120 * 1024, "d80wg1", WgsCfg::ROWS, 0, 0, 0, 0},
 };
 #define K_D80 (3 * V_PER_FMT)
 #define K_CL (K_D80 + 1)     /* + fmt */
@@ -217,6 +219,7 @@ static int pick_variant(int fmt, int dp, int64_t rows, int cache) {
             if (!strcmp(d8, "r4")) return K_D80;
             if (!strcmp(d8, "t2")) return K_T2 + 1;
             if (!strcmp(d8, "wgs")) return fmt == F_BF16 ? K_WGS : -4;
+            if (!strcmp(d8, "wgs1")) return fmt == F_BF16 ? K_WGS + 1 : -4;
             const int x = !strcmp(d8, "t4") ? 0 : !strcmp(d8, "t4h") ? 1 : !strcmp(d8, "r2t4") ? 2 : -1;
             if (x < 0) return -5;
             return K_D80X + x;
@@ -373,7 +376,7 @@ static nib_status make_plan(int fmt, int dp, int64_t rows_max, int64_t t_max, in
     if (pl->ki < 0)
         return NIB_ERR(NIB_ERR_INVALID_ARG, "attention: NIB_ATTN_WG_LZ=%s (0 or 1)", getenv("NIB_ATTN_WG_LZ"));
     /* d80wg holds one 256-key tile per split: a prefix of more tiles than splits can be takes d80t2 */
-    if (pl->ki == K_WGS && (t_max + WgsCfg::TK - 1) / WgsCfg::TK > MAX_SPLITS) pl->ki = K_T2 + 1;
+    if ((pl->ki == K_WGS || pl->ki == K_WGS + 1) && (t_max + WgsCfg::TK - 1) / WgsCfg::TK > MAX_SPLITS) pl->ki = K_T2 + 1;
     if (pl->ki == K_T2 + 1 && !getenv_set("NIB_ATTN_VARIANT") && !getenv_set("NIB_ATTN_D80")) {
         /* head_dim 80 (SigLIP), unforced: t4 (four token groups, one 256-key tile, 16 warps) where its CTAs
          * fit one wave, else d80t2 (two CTAs per SM). H100, fast, `NIB_ATTN_D80=t2|t4 nib bench pi05`, two
@@ -419,7 +422,7 @@ static nib_status make_plan(int fmt, int dp, int64_t rows_max, int64_t t_max, in
         long v = strtol(fs, NULL, 10);
         bs = (int)(v < 1 ? 1 : v > tiles ? tiles : v > MAX_SPLITS ? MAX_SPLITS : v);
     }
-    if (pl->ki == K_WGS) bs = (int)tiles; /* one tile per split: d80wg takes every key of a split at once */
+    if (pl->ki == K_WGS || pl->ki == K_WGS + 1) bs = (int)tiles; /* one tile per split: d80wg takes every key of a split at once */
     pl->row_blocks = (int)rb;
     pl->n_splits = bs;
     pl->z = (int)z;
