@@ -341,7 +341,7 @@ int nib_bench_attn(int argc, char **argv) {
                    "cache rotated over copies > 3x L2, so every call reads it from DRAM).\n"
                    "--variants repeats the cache and decode sections with the kernel variant forced (auto: the\n"
                    "planner's); t2 (two token groups per CTA, bf16 only) repeats the prefix section instead; t4, t4h\n"
-                   "and r2t4 (four token groups, head_dim 80, bf16) and wgs (head_dim 80 on wgmma, the default\n"
+                   "and r2t4 (four token groups, head_dim 80, bf16) and wgs, wgs1, wgs2, wgs4 (head_dim 80 on wgmma)\n"
                    "there) repeat its SigLIP rows;\n"
                    "r8 and wg / wg1 / wk2 (the wgmma kernel: bf16 caches only, no decode rows; wk2 splits each\n"
                    "CTA's keys between two warpgroups) also repeat the Gemma prefix (S = 276, 532, 788, 968).\n");
@@ -460,7 +460,7 @@ int nib_bench_attn(int argc, char **argv) {
             }
             continue;
         }
-        if (!strcmp(v, "t4") || !strcmp(v, "t4h") || !strcmp(v, "r2t4") || !strcmp(v, "wgs")) { /* head_dim 80: SigLIP */
+        if (!strcmp(v, "t4") || !strcmp(v, "t4h") || !strcmp(v, "r2t4") || !strncmp(v, "wgs", 3)) { /* head_dim 80: SigLIP */
             setenv("NIB_ATTN_VARIANT", v, 1);
             if (do_prefix)
                 for (int n = 1; n <= 3; n++) RUN(bench_prefix(b, "siglip", n, 256, 16, 16, 72));

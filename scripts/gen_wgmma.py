@@ -40,8 +40,8 @@ def one(n):
     r = n // 2
     return wrapper("WgmmaE4M3", n, "uint64_t da, uint64_t db", f"%{r}", ['"l"(da)'], f"m64n{n}k32.f32.e4m3.e4m3", "1, 1")
 
-NS_BF16_SS = [32, 64, 256]  # S = Q K^T: A (Q) and B (K) K-major in shared memory (32: wk2's 32-key tiles;
-# 256: the head_dim-80 kernel's 256-key tile, attn_wgs.cuh)
+NS_BF16_SS = [32, 64, 128, 256]  # S = Q K^T: A (Q) and B (K) K-major in shared memory (32: wk2's 32-key tiles;
+# 64 / 128 / 256: the head_dim-80 kernel's keys per warpgroup, attn_wgs.cuh)
 NS_BF16_RS = [80, 256]  # O += P V: A (P) in registers, B (V) MN-major (keys x dims, dims contiguous; 80: attn_wgs.cuh)
 NS_BF16_RSK = [64, 128, 192, 256]  # low-bit GEMM: A (decoded weights) in registers, B (X tokens) K-major
 

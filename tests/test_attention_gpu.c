@@ -520,7 +520,7 @@ NIB_TEST(attn_gpu_siglip) {
     /* the one-token-group kernel d80 (NIB_ATTN_VARIANT=r4), the two-token-group d80t2 (the default past
      * one wave of t4) and the four-token-group kernels (t4, the default where one wave fits; t4h; r2t4),
      * unsplit and split */
-    static const char *const v80[] = {"r4", "t2", "t4", "t4h", "r2t4", "wgs"};
+    static const char *const v80[] = {"r4", "t2", "t4", "t4h", "r2t4", "wgs", "wgs2", "wgs4"};
     for (size_t v = 0; v < NIB_ARRAY_LEN(v80); v++) {
         setenv("NIB_ATTN_VARIANT", v80[v], 1);
         for (size_t i = 0; i < NIB_ARRAY_LEN(cs); i++) run_prefix(t, &rng, &cs[i]);
@@ -532,11 +532,14 @@ NIB_TEST(attn_gpu_siglip) {
      * splits by 256 (600 keys: 3 splits of 256 / 256 / 88, and of them 431 valid: 256 / 175 / none), forced
      * to 2 (one split past 256 keys is clamped to 256-key tiles: 3 again); GQA (2 query heads per KV head)
      * at head_dim 64, rows past the valid tokens in a partial 64-row block */
-    setenv("NIB_ATTN_VARIANT", "wgs", 1);
-    run_prefix(t, &rng, &(pcase){1, 1, 600, 600, 16, 16, 72, 0.11785113f});
-    run_prefix(t, &rng, &(pcase){2, 2, 600, 431, 4, 4, 72, 0});
-    run_prefix(t, &rng, &(pcase){2, 2, 100, 77, 8, 4, 64, 0});
-    run_prefix(t, &rng, &(pcase){1, 1, 1, 1, 16, 16, 72, 0});
+    static const char *const vwg[] = {"wgs", "wgs2", "wgs4"}; /* one, two and four warpgroups per key range */
+    for (size_t v = 0; v < NIB_ARRAY_LEN(vwg); v++) {
+        setenv("NIB_ATTN_VARIANT", vwg[v], 1);
+        run_prefix(t, &rng, &(pcase){1, 1, 600, 600, 16, 16, 72, 0.11785113f});
+        run_prefix(t, &rng, &(pcase){2, 2, 600, 431, 4, 4, 72, 0});
+        run_prefix(t, &rng, &(pcase){2, 2, 100, 77, 8, 4, 64, 0});
+        run_prefix(t, &rng, &(pcase){1, 1, 1, 1, 16, 16, 72, 0});
+    }
     unsetenv("NIB_ATTN_VARIANT");
     /* the rule: d80wg for every image count; NIB_ATTN_WGS=0 keeps the mma.sync kernels' rule, t4 where its
      * CTAs (64 rows x 16 heads x images) fit one wave, d80t2 past it (on H100's 132 SMs: 1 and 2 images t4,

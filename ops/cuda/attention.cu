@@ -134,9 +134,12 @@ static KInfo g_kinfo[] = {
      WgCfg<1, 2, 1>::ROWS, 0, 0, 0, 0},
     /* head_dim <= 80 on wgmma, every key of a split (<= 256) in one tile (attn_wgs.cuh): SigLIP's default
      * since the forty-seventh session */
-    {k_attn_wgs, F_BF16, 80, 4, 1, WgsCfg::TK, WgsCfg::NT, WgsCfg::SMEM, "d80wg", WgsCfg::ROWS, 0, 0, 0, 0},
+    {k_attn_wgs<1>, F_BF16, 80, 4, 1, WgsCfg<1>::TK, WgsCfg<1>::NT, WgsCfg<1>::SMEM, "d80wg", 64, 0, 0, 0, 0},
     /* the same kernel with its shared memory padded to 120 KB, so one CTA per SM (lab: NIB_ATTN_D80=wgs1) */
-    {k_attn_wgs, F_BF16, 80, 4, 1, WgsCfg::TK, WgsCfg::NT, 120 * 1024, "d80wg1", WgsCfg::ROWS, 0, 0, 0, 0},
+    {k_attn_wgs<1>, F_BF16, 80, 4, 1, WgsCfg<1>::TK, WgsCfg<1>::NT, 120 * 1024, "d80wg1", 64, 0, 0, 0, 0},
+    /* the keys of a split in 2 or 4 parts, one warpgroup each, combined in shared memory (NIB_ATTN_D80=wgs2, wgs4) */
+    {k_attn_wgs<2>, F_BF16, 80, 4, 2, WgsCfg<2>::TK, WgsCfg<2>::NT, WgsCfg<2>::SMEM, "d80wg2", 64, 0, 0, 0, 0},
+    {k_attn_wgs<4>, F_BF16, 80, 4, 4, WgsCfg<4>::TK, WgsCfg<4>::NT, WgsCfg<4>::SMEM, "d80wg4", 64, 0, 0, 0, 0},
 };
 #define K_D80 (3 * V_PER_FMT)
 #define K_CL (K_D80 + 1)     /* + fmt */
@@ -146,7 +149,7 @@ static KInfo g_kinfo[] = {
 #define K_WGT (K_WG + 3)     /* the same with TMA copies */
 #define K_D80X (K_WGT + 3)   /* head_dim 80, four token groups: t4, t4h, r2t4 */
 #define K_LZ (K_D80X + 3)     /* wg1t-lz, wk2t-lz */
-#define K_WGS (K_LZ + 2)     /* d80wg */
+#define K_WGS (K_LZ + 2)     /* d80wg, d80wg1, d80wg2, d80wg4 */
 static int is_rk(int ki) { return ki >= K_RK && ki < K_RK + 3; }
 
 /* The forty-sixth session's forms of wg1t and wk2t (attn_wg.cuh, LZ): the lazy rescale (O rescaled only
@@ -205,7 +208,8 @@ static int pick_variant(int fmt, int dp, int64_t rows, int cache) {
     if (e && !strcmp(e, "t2")) return fmt == F_BF16 ? (dp == 80 ? K_T2 + 1 : K_T2) : -2;
     const int x80 = !e ? -1 : !strcmp(e, "t4") ? 0 : !strcmp(e, "t4h") ? 1 : !strcmp(e, "r2t4") ? 2 : -1;
     if (x80 >= 0) return fmt == F_BF16 && dp == 80 ? K_D80X + x80 : -4;
-    if (e && !strcmp(e, "wgs")) return fmt == F_BF16 && dp == 80 ? K_WGS : -4;
+    const int xwg = !e ? -1 : !strcmp(e, "wgs") ? 0 : !strcmp(e, "wgs1") ? 1 : !strcmp(e, "wgs2") ? 2 : !strcmp(e, "wgs4") ? 3 : -1;
+    if (xwg >= 0) return fmt == F_BF16 && dp == 80 ? K_WGS + xwg : -4;
     const int wgv = !e ? -1 : !strcmp(e, "wg") ? 0 : !strcmp(e, "wg1") ? 1 : !strcmp(e, "wk2") ? 2 : -1;
     if (wgv >= 0) return fmt == F_BF16 && dp == 256 ? K_WG + wgv : -3;
     /* head_dim 80 (SigLIP): d80t2 (make_plan then takes d80t4 where its CTAs fit one wave); H100, 256 tokens x
@@ -220,6 +224,8 @@ static int pick_variant(int fmt, int dp, int64_t rows, int cache) {
             if (!strcmp(d8, "t2")) return K_T2 + 1;
             if (!strcmp(d8, "wgs")) return fmt == F_BF16 ? K_WGS : -4;
             if (!strcmp(d8, "wgs1")) return fmt == F_BF16 ? K_WGS + 1 : -4;
+            if (!strcmp(d8, "wgs2")) return fmt == F_BF16 ? K_WGS + 2 : -4;
+            if (!strcmp(d8, "wgs4")) return fmt == F_BF16 ? K_WGS + 3 : -4;
             const int x = !strcmp(d8, "t4") ? 0 : !strcmp(d8, "t4h") ? 1 : !strcmp(d8, "r2t4") ? 2 : -1;
             if (x < 0) return -5;
             return K_D80X + x;
@@ -376,7 +382,7 @@ static nib_status make_plan(int fmt, int dp, int64_t rows_max, int64_t t_max, in
     if (pl->ki < 0)
         return NIB_ERR(NIB_ERR_INVALID_ARG, "attention: NIB_ATTN_WG_LZ=%s (0 or 1)", getenv("NIB_ATTN_WG_LZ"));
     /* d80wg holds one 256-key tile per split: a prefix of more tiles than splits can be takes d80t2 */
-    if ((pl->ki == K_WGS || pl->ki == K_WGS + 1) && (t_max + WgsCfg::TK - 1) / WgsCfg::TK > MAX_SPLITS) pl->ki = K_T2 + 1;
+    if (pl->ki >= K_WGS && (t_max + WgsCfg<>::TK - 1) / WgsCfg<>::TK > MAX_SPLITS) pl->ki = K_T2 + 1;
     if (pl->ki == K_T2 + 1 && !getenv_set("NIB_ATTN_VARIANT") && !getenv_set("NIB_ATTN_D80")) {
         /* head_dim 80 (SigLIP), unforced: t4 (four token groups, one 256-key tile, 16 warps) where its CTAs
          * fit one wave, else d80t2 (two CTAs per SM). H100, fast, `NIB_ATTN_D80=t2|t4 nib bench pi05`, two
@@ -422,7 +428,7 @@ static nib_status make_plan(int fmt, int dp, int64_t rows_max, int64_t t_max, in
         long v = strtol(fs, NULL, 10);
         bs = (int)(v < 1 ? 1 : v > tiles ? tiles : v > MAX_SPLITS ? MAX_SPLITS : v);
     }
-    if (pl->ki == K_WGS || pl->ki == K_WGS + 1) bs = (int)tiles; /* one tile per split: d80wg takes every key of a split at once */
+    if (pl->ki >= K_WGS) bs = (int)tiles; /* one tile per split: d80wg takes every key of a split at once */
     pl->row_blocks = (int)rb;
     pl->n_splits = bs;
     pl->z = (int)z;
