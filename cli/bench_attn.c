@@ -326,7 +326,7 @@ int nib_bench_attn(int argc, char **argv) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (nib_cli_is_help(a)) {
             printf("usage: nib bench attn [--sections prefix,cache,decode]\n"
-                   "                      [--variants auto,dec,r4,r8,cl,rk,t2,t4,t4h,r2t4,wgs,wg,wg1,wk2]\n"
+                   "                      [--variants auto,dec,r4,r8,cl,rk,t2,t4,t4h,r2t4,wgs,wgs1,wgs2,wgs4,wg,wg1,wk2]\n"
                    "                      [--reps N] [--t T1,T2,..] [--kv bf16,fp8,nvfp4] [--decode-l2 cold,hot]\n"
                    "                      [--json FILE]\n"
                    "The attention kernel lab: prefix self-attention (Gemma S = 276, 532, 788, 968; SigLIP 1..3 images),\n"
@@ -342,7 +342,7 @@ int nib_bench_attn(int argc, char **argv) {
                    "--variants repeats the cache and decode sections with the kernel variant forced (auto: the\n"
                    "planner's); t2 (two token groups per CTA, bf16 only) repeats the prefix section instead; t4, t4h\n"
                    "and r2t4 (four token groups, head_dim 80, bf16) and wgs, wgs1, wgs2, wgs4 (head_dim 80 on wgmma)\n"
-                   "there) repeat its SigLIP rows;\n"
+                   "repeat its SigLIP rows;\n"
                    "r8 and wg / wg1 / wk2 (the wgmma kernel: bf16 caches only, no decode rows; wk2 splits each\n"
                    "CTA's keys between two warpgroups) also repeat the Gemma prefix (S = 276, 532, 788, 968).\n");
             return 0;
