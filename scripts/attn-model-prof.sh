@@ -14,8 +14,10 @@ IN=${TMPDIR:-/tmp}/nib-pi05-inputs-c2.safetensors
 [ -f "$CKPT" ] || ./build/nib demo >/dev/null 2>&1
 python3 scripts/pi05_inputs.py "$IN" --cameras 2 --text 20 >/dev/null
 layer=${ATTN_PROF_LAYER:-3}
-for kind in siglip gemma; do
-    if [ $kind = siglip ]; then rx='regex:k_attn<.int.0, .int.80'; else rx='regex:k_attn_wg'; fi
+# ATTN_PROF_KINDS (default "siglip gemma") picks the kinds; ATTN_PROF_SIGLIP_RX overrides the SigLIP kernel's
+# name pattern (e.g. 'regex:k_attn_wgs' with NIB_ATTN_D80=wgs2 in the environment for the wgmma lab variant)
+for kind in ${ATTN_PROF_KINDS:-siglip gemma}; do
+    if [ $kind = siglip ]; then rx=${ATTN_PROF_SIGLIP_RX:-'regex:k_attn<.int.0, .int.80'}; else rx='regex:k_attn_wg<'; fi
     common=(--clock-control none --kernel-name-base demangled --kernel-name "$rx" --launch-skip "$layer" --launch-count 1)
     run=(./build/nib run pi05 --checkpoint "$CKPT" --inputs "$IN" --out "$OUT/actions-$kind.safetensors" --preset fast)
     NIB_FUSED_STEP=0 "$ncu_bin" "${common[@]}" --section SpeedOfLight --section Occupancy --section LaunchStats \

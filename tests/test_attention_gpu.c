@@ -528,7 +528,7 @@ NIB_TEST(attn_gpu_siglip) {
         for (size_t i = 0; i < NIB_ARRAY_LEN(split); i++) run_prefix(t, &rng, &split[i]);
         unsetenv("NIB_ATTN_SPLITS");
     }
-    /* d80wg (the default) takes every key of a split, at most 256, in one tile: past 256 keys the planner
+    /* d80wg (lab variants wgs, wgs2, wgs4: one, two or four warpgroups) takes every key of a split, at most 256, in one tile: past 256 keys the planner
      * splits by 256 (600 keys: 3 splits of 256 / 256 / 88, and of them 431 valid: 256 / 175 / none), forced
      * to 2 (one split past 256 keys is clamped to 256-key tiles: 3 again); GQA (2 query heads per KV head)
      * at head_dim 64, rows past the valid tokens in a partial 64-row block */
@@ -541,17 +541,13 @@ NIB_TEST(attn_gpu_siglip) {
         run_prefix(t, &rng, &(pcase){1, 1, 1, 1, 16, 16, 72, 0});
     }
     unsetenv("NIB_ATTN_VARIANT");
-    /* the rule: d80wg for every image count; NIB_ATTN_WGS=0 keeps the mma.sync kernels' rule, t4 where its
-     * CTAs (64 rows x 16 heads x images) fit one wave, d80t2 past it (on H100's 132 SMs: 1 and 2 images t4,
-     * 3 images d80t2) */
+    /* the rule: t4 where its CTAs (64 rows x 16 heads x images) fit one wave, d80t2 past it (on H100's 132
+     * SMs: 1 and 2 images t4, 3 images d80t2) */
     nib_device_info di;
     CHECK_OK(nib_device_require(&di));
-    for (int n = 1; n <= 3; n++) expect_siglip_plan(t, n, "d80wg ");
-    setenv("NIB_ATTN_WGS", "0", 1);
     expect_siglip_plan(t, 1, "d80t4 ");
     if (di.sm_count >= 128) expect_siglip_plan(t, 2, "d80t4 ");
     if (di.sm_count < 192) expect_siglip_plan(t, 3, "d80t2 ");
-    unsetenv("NIB_ATTN_WGS");
 }
 
 /* ======================================================================================
@@ -1210,12 +1206,13 @@ NIB_TEST(attn_gpu_argument_errors) {
     CHECK_ST(nib_cuda_attn_prefix_plan(&a, &pl), NIB_ERR_INVALID_ARG);
     unsetenv("NIB_ATTN_WG_LZ");
     b = a;
-    b.head_dim = 72; /* the head_dim-80 kernels' switch: 0 or 1 only */
-    setenv("NIB_ATTN_WGS", "2", 1);
+    b.head_dim = 72; /* the head_dim-80 kernel switch names a variant */
+    setenv("NIB_ATTN_D80", "wgs3", 1);
     CHECK_ST(nib_cuda_attn_prefix_plan(&b, &pl), NIB_ERR_INVALID_ARG);
-    setenv("NIB_ATTN_WGS", "1", 1);
+    setenv("NIB_ATTN_D80", "wgs2", 1);
     CHECK_OK(nib_cuda_attn_prefix_plan(&b, &pl));
-    unsetenv("NIB_ATTN_WGS");
+    CHECK_MSG(strstr(pl.kernel, "d80wg2 ") != NULL, "NIB_ATTN_D80=wgs2: plan %s", pl.kernel);
+    unsetenv("NIB_ATTN_D80");
     b = a;
     b.logit_scale = -1.0f; /* finite and >= 0 only */
     CHECK_ST(nib_cuda_attn_prefix(&b, d.p, NULL), NIB_ERR_INVALID_ARG);

@@ -132,8 +132,8 @@ static KInfo g_kinfo[] = {
      WgCfg<1, 1, 1>::ROWS, 0, 0, 0, 0},
     {k_attn_wg<1, 2, 1, 3>, F_BF16, 256, 4, 2, WgCfg<1, 2, 1>::TK, WgCfg<1, 2, 1>::NT, WgCfg<1, 2, 1>::SMEM, "wk2t-lz",
      WgCfg<1, 2, 1>::ROWS, 0, 0, 0, 0},
-    /* head_dim <= 80 on wgmma, every key of a split (<= 256) in one tile (attn_wgs.cuh): SigLIP's default
-     * since the forty-seventh session */
+    /* head_dim <= 80 on wgmma, every key of a split (<= 256) in one tile (attn_wgs.cuh): lab variants (slower
+     * than d80t4 in the model, forty-seventh session) */
     {k_attn_wgs<1>, F_BF16, 80, 4, 1, WgsCfg<1>::TK, WgsCfg<1>::NT, WgsCfg<1>::SMEM, "d80wg", 64, 0, 0, 0, 0},
     /* the same kernel with its shared memory padded to 120 KB, so one CTA per SM (lab: NIB_ATTN_D80=wgs1) */
     {k_attn_wgs<1>, F_BF16, 80, 4, 1, WgsCfg<1>::TK, WgsCfg<1>::NT, 120 * 1024, "d80wg1", 64, 0, 0, 0, 0},
@@ -230,11 +230,9 @@ static int pick_variant(int fmt, int dp, int64_t rows, int cache) {
             if (x < 0) return -5;
             return K_D80X + x;
         }
-        /* the wgmma kernel d80wg (attn_wgs.cuh), the default for a bf16 K/V since the forty-seventh session;
-         * NIB_ATTN_WGS=0 keeps the mma.sync kernels' rule below (d80t4 / d80t2: the A/B switch) */
-        const char *we = getenv("NIB_ATTN_WGS");
-        if (we && *we && strcmp(we, "0") && strcmp(we, "1")) return -6;
-        if (forced < 0 && fmt == F_BF16 && !(we && !strcmp(we, "0"))) return K_WGS;
+        /* the wgmma kernels d80wg / d80wg1 / d80wg2 / d80wg4 (attn_wgs.cuh, NIB_ATTN_D80=wgs / wgs1 / wgs2 / wgs4)
+         * are lab variants: correct, and slower in the model than d80t4 (H100, fast, 2 cameras, vision 1.579-1.653
+         * against 1.544 ms; forty-seventh session, docs/design.md) */
         return forced == V_R4 ? K_D80 : K_T2 + 1;
     }
     if ((e && !strcmp(e, "rk")) || (forced < 0 && cache && rows <= 8)) return rows <= 8 ? K_RK + fmt : -1;
@@ -368,9 +366,8 @@ static nib_status make_plan(int fmt, int dp, int64_t rows_max, int64_t t_max, in
                        "head_dim 88..256 (padded to 256); got a %s K/V, head_dim padded to %d", getenv("NIB_ATTN_VARIANT"),
                        nib_kv_dtype_name((nib_kv_dtype)fmt), dp);
     if (pl->ki == -5)
-        return NIB_ERR(NIB_ERR_INVALID_ARG, "attention: NIB_ATTN_D80=%s (r4, t2, t4, t4h, r2t4 or wgs)",
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "attention: NIB_ATTN_D80=%s (r4, t2, t4, t4h, r2t4, wgs, wgs1, wgs2 or wgs4)",
                        getenv("NIB_ATTN_D80"));
-    if (pl->ki == -6) return NIB_ERR(NIB_ERR_INVALID_ARG, "attention: NIB_ATTN_WGS=%s (0 or 1)", getenv("NIB_ATTN_WGS"));
     if (pl->ki == -4)
         return NIB_ERR(NIB_ERR_UNSUPPORTED, "attention: NIB_ATTN_VARIANT=%s takes a bf16 K/V with head_dim <= 80; got a "
                        "%s K/V, head_dim padded to %d", getenv("NIB_ATTN_VARIANT"), nib_kv_dtype_name((nib_kv_dtype)fmt), dp);

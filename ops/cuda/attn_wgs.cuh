@@ -1,4 +1,7 @@
-/* attn_wgs.cuh — the warpgroup-MMA attention for head_dim <= 80 ("d80wg": SigLIP's 16 heads x 72): bf16 Q/K/V,
+/* attn_wgs.cuh — the warpgroup-MMA attention for head_dim <= 80 ("d80wg": SigLIP's 16 heads x 72), LAB VARIANTS
+ * (NIB_ATTN_D80=wgs / wgs1 / wgs2 / wgs4): correct, and slower inside Pi0.5 than the mma.sync kernel d80t4 they
+ * were written to replace (H100, fast, 2 cameras: vision 1.653 / 1.593 / 1.579 / 1.614 against 1.544 ms;
+ * docs/design.md, "Forty-seventh session"). bf16 Q/K/V,
  * 64 query rows per CTA of one warpgroup (128 threads), every key of the CTA's split (at most 256) in one
  * tile, so the softmax is taken once over whole rows (no running maximum, no O rescale). Included by
  * ops/cuda/attention.cu, which plans and launches it like the other variants (same parameters, split
