@@ -211,7 +211,7 @@ int main(int argc, char **argv) {
     Lay best_vec = {1, 1}, best_blk = {1, 1};
     for (int si = 0; si < nshapes; si++) {
         const int M = shapes[si].m, K = shapes[si].k, N = shapes[si].n;
-        const int KB = (K + 127) / 128, NB = (N + 127) / 128, M4 = (M + 3) / 4 * 4;
+        const int KB = (K + 127) / 128, M4 = (M + 3) / 4 * 4;
         const size_t wbytes = (size_t)N * K;
         const int copies = (int)std::min<size_t>(8, std::max<size_t>(1, (120u << 20) / wbytes + 1));
         __nv_fp8_e4m3 *x, *w;
