@@ -40,7 +40,7 @@
 
 #include "probe.cuh"
 
-#define LT(x)                                                                                         \
+#define NIB_BLAS_CHECK(x)                                                                                         \
     do {                                                                                              \
         cublasStatus_t s_ = (x);                                                                      \
         if (s_ != CUBLAS_STATUS_SUCCESS) {                                                            \
@@ -130,56 +130,56 @@ struct Prod {
 
 static void prod_make(cublasLtHandle_t lt, Prod *p, int mode, int M, int N, int K, const float *sx, const float *sw,
                       size_t ws_bytes) {
-    LT(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    NIB_BLAS_CHECK(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-    LT(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-    LT(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    NIB_BLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    NIB_BLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
     int32_t am, bm;
     if (mode == OUTER || mode == OUTER_ACC) am = bm = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
     else if (mode == VEC) am = bm = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
     else am = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F, bm = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
-    LT(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &am, sizeof am));
-    LT(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &bm, sizeof bm));
-    LT(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sw, sizeof sw));
-    LT(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sx, sizeof sx));
+    NIB_BLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &am, sizeof am));
+    NIB_BLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &bm, sizeof bm));
+    NIB_BLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sw, sizeof sw));
+    NIB_BLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sx, sizeof sx));
     if (mode == OUTER) {
         const int8_t fa = 1;
-        LT(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fa, sizeof fa));
+        NIB_BLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fa, sizeof fa));
     }
-    LT(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_8F_E4M3, K, N, K));
-    LT(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_8F_E4M3, K, M, K));
-    LT(cublasLtMatrixLayoutCreate(&p->c, CUDA_R_16BF, N, M, N));
-    LT(cublasLtMatrixLayoutCreate(&p->d, CUDA_R_16BF, N, M, N));
+    NIB_BLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_8F_E4M3, K, N, K));
+    NIB_BLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_8F_E4M3, K, M, K));
+    NIB_BLAS_CHECK(cublasLtMatrixLayoutCreate(&p->c, CUDA_R_16BF, N, M, N));
+    NIB_BLAS_CHECK(cublasLtMatrixLayoutCreate(&p->d, CUDA_R_16BF, N, M, N));
     cublasLtMatmulPreference_t pref;
-    LT(cublasLtMatmulPreferenceCreate(&pref));
+    NIB_BLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     uint64_t wsb = ws_bytes;
-    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb));
+    NIB_BLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb));
     p->found = 0;
     cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(lt, p->op, p->a, p->b, p->c, p->d, pref, 8, p->res, &p->found);
     if (s != CUBLAS_STATUS_SUCCESS) {
         fprintf(stderr, "heuristic mode %s M %d K %d N %d: %s\n", mode_name[mode], M, K, N, cublasLtGetStatusString(s));
         p->found = 0;
     }
-    cublasLtMatmulPreferenceDestroy(pref);
+    cublasLtMatmulPreferenceDestroy(pref); /* unchecked: cleanup */
 }
 static void prod_free(Prod *p) {
-    cublasLtMatmulDescDestroy(p->op);
-    cublasLtMatrixLayoutDestroy(p->a);
-    cublasLtMatrixLayoutDestroy(p->b);
-    cublasLtMatrixLayoutDestroy(p->c);
-    cublasLtMatrixLayoutDestroy(p->d);
+    cublasLtMatmulDescDestroy(p->op); /* unchecked: cleanup */
+    cublasLtMatrixLayoutDestroy(p->a); /* unchecked: cleanup */
+    cublasLtMatrixLayoutDestroy(p->b); /* unchecked: cleanup */
+    cublasLtMatrixLayoutDestroy(p->c); /* unchecked: cleanup */
+    cublasLtMatrixLayoutDestroy(p->d); /* unchecked: cleanup */
 }
 static cublasStatus_t prod_run(cublasLtHandle_t lt, Prod *p, int cand, const void *w, const void *x, const void *c,
                                void *d, void *ws, size_t wsb, cudaStream_t s) {
     const float alpha = 1.0f, beta = 1.0f;
-    return cublasLtMatmul(lt, p->op, &alpha, w, p->a, x, p->b, &beta, c, p->c, d, p->d, &p->res[cand].algo, ws,
+    return cublasLtMatmul(lt, p->op, &alpha, w, p->a, x, p->b, &beta, c, p->c, d, p->d, &p->res[cand].algo, ws, /* unchecked: returned */
                           p->res[cand].workspaceSize, s);
 }
 
 static uint32_t tile_of(const cublasLtMatmulAlgo_t *a) {
     uint32_t v = 0;
     size_t wr = 0;
-    cublasLtMatmulAlgoConfigGetAttribute(a, CUBLASLT_ALGO_CONFIG_TILE_ID, &v, sizeof v, &wr);
+    cublasLtMatmulAlgoConfigGetAttribute(a, CUBLASLT_ALGO_CONFIG_TILE_ID, &v, sizeof v, &wr); /* unchecked: 0 if absent */
     return v;
 }
 
@@ -187,7 +187,7 @@ int main(int argc, char **argv) {
     (void)argc;
     (void)argv;
     cublasLtHandle_t lt;
-    LT(cublasLtCreate(&lt));
+    NIB_BLAS_CHECK(cublasLtCreate(&lt));
     cudaStream_t st;
     CHECK(cudaStreamCreate(&st));
     const size_t wsb = 32u << 20;
@@ -230,6 +230,7 @@ int main(int argc, char **argv) {
         k_fill_scales<<<256, 256>>>(sx, nsx, 13u + si);
         k_fill_scales<<<256, 256>>>(sw, nsw, 14u + si);
         k_fill_bf16<<<256, 256>>>(c, (size_t)M * N, 15u + si);
+        CHECK(cudaGetLastError());
         CHECK(cudaDeviceSynchronize());
         for (int mode = 0; mode < NMODES; mode++) {
             Prod p;
@@ -260,6 +261,7 @@ int main(int argc, char **argv) {
                     CHECK(cudaMemset(err, 0, sizeof(float)));
                     Lay lay = {xl, wl};
                     k_ref<<<dim3((N + 127) / 128, M), 128>>>(x, w, sx, sw, c, d, M, N, K, mode, lay, err);
+                    CHECK(cudaGetLastError());
                     float e;
                     CHECK(cudaMemcpy(&e, err, sizeof e, cudaMemcpyDeviceToHost));
                     size_t l = strlen(lay_txt);
