@@ -41,6 +41,9 @@
  *        d80t4h (TK 128, two stages) and d80r2t4 (WR2: 32 rows, 256 threads) are lab variants
  *        (NIB_ATTN_VARIANT=t4h / r2t4; NIB_ATTN_D80 picks any head_dim-80 variant alone)
  *   d80  WR4 x WT1, TK 64, head_dim <= 80, bf16     (NIB_ATTN_VARIANT=r4)
+ *   d80wg, d80wg1, d80wg2, d80wg4: wgmma, head_dim <= 80, bf16, every key of a split (<= 256) in one tile,
+ *        one / one (one CTA per SM) / two / four warpgroups (attn_wgs.cuh): lab variants, slower than d80t4
+ *        in the model (NIB_ATTN_D80=wgs / wgs1 / wgs2 / wgs4)
  *   r4t2 WR4 x WT2, TK 64, 256 threads, head_dim 256, bf16 (lab: NIB_ATTN_VARIANT=t2; measured
  *        level with r8 on the Gemma prefix: 30.5 vs 30.0 us at S = 532)
  *   wg1  wgmma (attn_wg.cuh), 64 rows, TK 64, 128 threads, head_dim <= 256, bf16: the default
