@@ -183,6 +183,11 @@ static int tma_variant(int ki, int group, int64_t t_max, int tma_ok) {
 
 static int g_sms;
 
+/* the d80wg lab variant a knob names (wgs, wgs1, wgs2, wgs4: K_WGS + 0 .. 3), or -1 */
+static int wgs_index(const char *v) {
+    return !v ? -1 : !strcmp(v, "wgs") ? 0 : !strcmp(v, "wgs1") ? 1 : !strcmp(v, "wgs2") ? 2 : !strcmp(v, "wgs4") ? 3 : -1;
+}
+
 static int getenv_set(const char *name) {
     const char *e = getenv(name);
     return e && *e;
@@ -211,7 +216,7 @@ static int pick_variant(int fmt, int dp, int64_t rows, int cache) {
     if (e && !strcmp(e, "t2")) return fmt == F_BF16 ? (dp == 80 ? K_T2 + 1 : K_T2) : -2;
     const int x80 = !e ? -1 : !strcmp(e, "t4") ? 0 : !strcmp(e, "t4h") ? 1 : !strcmp(e, "r2t4") ? 2 : -1;
     if (x80 >= 0) return fmt == F_BF16 && dp == 80 ? K_D80X + x80 : -4;
-    const int xwg = !e ? -1 : !strcmp(e, "wgs") ? 0 : !strcmp(e, "wgs1") ? 1 : !strcmp(e, "wgs2") ? 2 : !strcmp(e, "wgs4") ? 3 : -1;
+    const int xwg = wgs_index(e);
     if (xwg >= 0) return fmt == F_BF16 && dp == 80 ? K_WGS + xwg : -4;
     const int wgv = !e ? -1 : !strcmp(e, "wg") ? 0 : !strcmp(e, "wg1") ? 1 : !strcmp(e, "wk2") ? 2 : -1;
     if (wgv >= 0) return fmt == F_BF16 && dp == 256 ? K_WG + wgv : -3;
@@ -225,10 +230,7 @@ static int pick_variant(int fmt, int dp, int64_t rows, int cache) {
         if (d8 && *d8 && forced < 0) {
             if (!strcmp(d8, "r4")) return K_D80;
             if (!strcmp(d8, "t2")) return K_T2 + 1;
-            if (!strcmp(d8, "wgs")) return fmt == F_BF16 ? K_WGS : -4;
-            if (!strcmp(d8, "wgs1")) return fmt == F_BF16 ? K_WGS + 1 : -4;
-            if (!strcmp(d8, "wgs2")) return fmt == F_BF16 ? K_WGS + 2 : -4;
-            if (!strcmp(d8, "wgs4")) return fmt == F_BF16 ? K_WGS + 3 : -4;
+            if (wgs_index(d8) >= 0) return fmt == F_BF16 ? K_WGS + wgs_index(d8) : -4;
             const int x = !strcmp(d8, "t4") ? 0 : !strcmp(d8, "t4h") ? 1 : !strcmp(d8, "r2t4") ? 2 : -1;
             if (x < 0) return -5;
             return K_D80X + x;
