@@ -24,6 +24,7 @@
 #include "harness.h"
 #include "ops/gemm.h"
 #include "ops/kvcache.h"
+#include "ops/norm.h"
 #include "ops/qkv.h"
 #include "ops/rope.h"
 #include "runtime/device.h"
@@ -2099,4 +2100,179 @@ NIB_TEST(gemm_gpu_qkv_rejects) {
     nib_dev_free(d, 1 << 16);
     nib_dev_arena_free(&a);
     rand_w_free(&rw);
+}
+
+/* ---- the product with the next adaRMS as its tail (nib_cuda_gemm_norm) ---------------------------------
+ * Against the two kernels it replaces: the same product on the same plan (nib_cuda_gemm_planned), then
+ * nib_cuda_norm over its output. The tail is k_norm's arithmetic in k_norm's order on the stored bf16 y, so
+ * y, the normalized rows and every guard around them must be bitwise equal. Cases: NVFP4 weights whose
+ * output widths put k_norm's row on 32 / 64 / 128 / 256 threads (and 768 columns, 96 threads: not a divisor
+ * of the CTA, two kernels), the Pi0.5 expert's o and down shapes (2048 / 4096 -> 1024), every mma.sync plan
+ * at 1, 3, 10 and 16 tokens (the fused ones: MT <= 2, register-loaded weights, a K split; the others run two
+ * kernels), with and without the gated residual in place, each fused call twice (the launch counter resets
+ * itself: the second call is bitwise the first and the counter reads 0 after), NIB_GEMM_NORM=0 and
+ * NIB_GEMM_LEAN=0 (two kernels), and a bad NIB_GEMM_NORM refused. */
+typedef struct tn_case {
+    int64_t n, k;
+} tn_case;
+
+static int tn_run(nib_test_ctx *t, nib_rng *rng, const tn_case *c, const nib_qweight *w, int64_t m, const nib_gemm_plan *plan,
+                  int gated, nib_gemm_ws *ws, int *fused_out) {
+    const int64_t ldy = c->n + 8, ldz = c->n + 16;
+    const size_t xb = (size_t)(m * c->k) * 2, yb = (size_t)(m * ldy) * 2, zb = (size_t)(m * ldz) * 2;
+    void *dx = NULL, *dy[2] = {NULL, NULL}, *dz[2] = {NULL, NULL}, *dv = NULL;
+    uint16_t *hx = nib_malloc(xb), *hr = nib_malloc(yb), *hy[2] = {nib_malloc(yb), nib_malloc(yb)};
+    uint16_t *hz[2] = {nib_malloc(zb), nib_malloc(zb)};
+    float *hv = nib_malloc((size_t)c->n * 3 * 4);
+    int ok = 1;
+    *fused_out = -1;
+    if (!hx || !hr || !hy[0] || !hy[1] || !hz[0] || !hz[1] || !hv) {
+        CHECK_MSG(0, "host buffers");
+        ok = 0;
+        goto done;
+    }
+    for (int64_t i = 0; i < m * c->k; i++) hx[i] = nib_f32_to_bf16((float)nib_rng_normal(rng));
+    for (int64_t i = 0; i < m * ldy; i++) hr[i] = (i % ldy) < c->n ? nib_f32_to_bf16((float)nib_rng_normal(rng)) : POISON;
+    for (int64_t i = 0; i < c->n; i++) {
+        hv[i] = (float)(0.5 * nib_rng_normal(rng));                 /* gate */
+        hv[c->n + i] = (float)(0.1 * nib_rng_normal(rng));          /* scale */
+        hv[2 * c->n + i] = (float)(0.1 * nib_rng_normal(rng));      /* shift */
+    }
+    CHECK_OK(nib_dev_malloc(&dx, xb, "x"));
+    CHECK_OK(nib_dev_malloc(&dv, (size_t)c->n * 3 * 4, "vectors"));
+    for (int i = 0; i < 2; i++) {
+        CHECK_OK(nib_dev_malloc(&dy[i], yb, "y"));
+        CHECK_OK(nib_dev_malloc(&dz[i], zb, "z"));
+    }
+    CHECK_OK(nib_dev_upload(dx, hx, xb));
+    CHECK_OK(nib_dev_upload(dv, hv, (size_t)c->n * 3 * 4));
+    const float *gate = (const float *)dv, *scale = (const float *)dv + c->n, *shift = (const float *)dv + 2 * c->n;
+    /* path 0: the two kernels; 1: nib_cuda_gemm_norm, twice; 2: NIB_GEMM_NORM=0; 3: NIB_GEMM_LEAN=0 */
+    for (int path = 0; path < 4; path++) {
+        const int b = path ? 1 : 0;
+        for (int rep = 0; rep < (path == 1 ? 2 : 1); rep++) {
+            for (int64_t i = 0; i < m * ldz; i++) hz[b][i] = POISON;
+            CHECK_OK(nib_dev_upload(dy[b], hr, yb)); /* the residual, in place (guards poisoned) */
+            CHECK_OK(nib_dev_upload(dz[b], hz[b], zb));
+            nib_gemm_epi epi = {0, gate, dy[b], ldy};
+            nib_norm_args n;
+            memset(&n, 0, sizeof n);
+            n.kind = NIB_NORM_ADARMS, n.rows = m, n.dim = c->n, n.eps = NIB_NORM_EPS, n.x = dy[b], n.ldx = ldy;
+            n.scale = scale, n.shift = shift, n.y = dz[b], n.ldy = ldz;
+            if (path == 0) {
+                CHECK_OK(nib_cuda_gemm_planned(w, dx, m, c->k, dy[b], ldy, gated ? &epi : NULL, ws, plan, NULL));
+                CHECK_OK(nib_cuda_norm(&n, NULL));
+            } else {
+                if (path == 2) setenv("NIB_GEMM_NORM", "0", 1);
+                if (path == 3) setenv("NIB_GEMM_LEAN", "0", 1);
+                const int f = nib_cuda_gemm_norm_fuses(w, m, dy[b], ldy, gated ? &epi : NULL, &n, ws, plan);
+                CHECK_OK(nib_cuda_gemm_norm(w, dx, m, c->k, dy[b], ldy, gated ? &epi : NULL, &n, ws, plan, NULL));
+                unsetenv("NIB_GEMM_NORM");
+                unsetenv("NIB_GEMM_LEAN");
+                if (path == 1) *fused_out = f;
+                else CHECK_MSG(f == 0, "path %d still fuses", path);
+            }
+            CHECK_OK(nib_dev_sync());
+            CHECK_OK(nib_dev_download(hy[b], dy[b], yb));
+            CHECK_OK(nib_dev_download(hz[b], dz[b], zb));
+            if (path) {
+                size_t bad_y = 0, bad_z = 0, first = 0;
+                for (int64_t i = 0; i < m * ldy; i++) bad_y += hy[1][i] != hy[0][i];
+                for (int64_t i = 0; i < m * ldz; i++)
+                    if (hz[1][i] != hz[0][i] && !bad_z++) first = (size_t)i;
+                CHECK_MSG(!bad_y && !bad_z,
+                          "N=%lld K=%lld M=%lld plan mt%d wk%d ks%d reg%d%s path %d rep %d (fused %d): %zu y values, "
+                          "%zu normalized values differ (first at %zu: %04x vs %04x)", (long long)c->n, (long long)c->k,
+                          (long long)m, plan->mt, plan->wk, plan->ksplit, plan->reg, gated ? " gated" : "", path, rep,
+                          *fused_out, bad_y, bad_z, first, hz[1][first], hz[0][first]);
+                if (bad_y || bad_z) ok = 0;
+            }
+        }
+    }
+    /* the composition wrote the rows (a poisoned output left poisoned would pass the comparison) */
+    CHECK_MSG(hz[0][0] != POISON && hz[0][(m - 1) * ldz + c->n - 1] != POISON && hz[0][c->n] == POISON,
+              "the normalized rows not written, or written past N");
+    {
+        int ctr = -1;
+        CHECK_OK(nib_dev_download(&ctr, ws->counters + ws->n_counters, 4));
+        CHECK_MSG(ctr == 0, "the tail's launch counter reads %d after the calls", ctr);
+    }
+done:
+    nib_dev_free(dx, xb);
+    nib_dev_free(dv, (size_t)c->n * 3 * 4);
+    for (int i = 0; i < 2; i++) {
+        nib_dev_free(dy[i], yb);
+        nib_dev_free(dz[i], zb);
+        nib_free(hy[i]);
+        nib_free(hz[i]);
+    }
+    nib_free(hx), nib_free(hr), nib_free(hv);
+    return ok;
+}
+
+NIB_TEST(gemm_gpu_norm_tail) {
+    NIB_REQUIRE_GPU();
+    nib_rng rng;
+    nib_gemm_ws ws;
+    gemm_test_begin(t, &rng, &ws, 64, 4096);
+    const tn_case cases[] = {{1024, 2048}, {1024, 4096}, {512, 384}, {256, 640}, {2048, 256}, {768, 512}};
+    const int64_t ms[] = {1, 3, 10, 16};
+    int runs = 0, fused = 0, unfused = 0;
+    for (size_t ci = 0; ci < NIB_ARRAY_LEN(cases); ci++) {
+        const tn_case *c = &cases[ci];
+        rand_w rw;
+        REQUIRE(make_rand_w(&rng, NIB_WFMT_NVFP4, c->n, c->k, 0, 0, 0, 0, &rw));
+        nib_dev_arena a;
+        nib_qweight w;
+        load_probe(t, &rw.w, 0, &a, &w);
+        for (size_t mi = 0; mi < NIB_ARRAY_LEN(ms); mi++) {
+            static nib_gemm_plan pls[1024];
+            const int np = nib_cuda_gemm_plans(&w, ms[mi], ws.acc_elems, pls, (int)NIB_ARRAY_LEN(pls));
+            CHECK_MSG(np >= 1 && np < (int)NIB_ARRAY_LEN(pls), "M=%lld: %d plans", (long long)ms[mi], np);
+            for (int p = 0; p < np; p++) {
+                const nib_gemm_plan *pl = &pls[p];
+                /* the large shapes: the plans the tail runs on, and one of the others */
+                const int want = !pl->wgt && pl->mt <= 2 && pl->reg == 1 && pl->ksplit > 1 && c->n != 768;
+                if (c->k >= 2048 && !want && p % 7) continue;
+                int f = -1;
+                const int ok = tn_run(t, &rng, c, &w, ms[mi], pl, (p + (int)mi) % 2 == 0, &ws, &f);
+                CHECK_MSG(f == want, "N=%lld K=%lld M=%lld plan %d (mt%d reg%d ks%d): fuses %d, expected %d",
+                          (long long)c->n, (long long)c->k, (long long)ms[mi], p, pl->mt, pl->reg, pl->ksplit, f, want);
+                runs++;
+                fused += f == 1;
+                unfused += f == 0;
+                if (!ok) break;
+            }
+        }
+        nib_dev_arena_free(&a);
+        rand_w_free(&rw);
+    }
+    printf("  %d cases bitwise equal to the product + nib_cuda_norm (%d with the norm in the product's launch, %d as "
+           "two kernels)\n", runs, fused, unfused);
+    CHECK_MSG(fused > 0 && unfused > 0, "both paths must be exercised");
+    /* a bad switch is an error naming it */
+    {
+        rand_w rw;
+        REQUIRE(make_rand_w(&rng, NIB_WFMT_NVFP4, 256, 256, 0, 0, 0, 0, &rw));
+        nib_dev_arena a;
+        nib_qweight w;
+        load_probe(t, &rw.w, 0, &a, &w);
+        void *d = NULL;
+        CHECK_OK(nib_dev_malloc(&d, 1 << 16, "buf"));
+        nib_norm_args n;
+        memset(&n, 0, sizeof n);
+        n.kind = NIB_NORM_ADARMS, n.rows = 2, n.dim = 256, n.eps = NIB_NORM_EPS, n.x = d, n.ldx = 256;
+        n.scale = (const float *)d, n.shift = (const float *)d, n.y = (char *)d + 8192, n.ldy = 256;
+        setenv("NIB_GEMM_NORM", "2", 1);
+        CHECK_ST(nib_cuda_gemm_norm(&w, d, 2, 256, d, 256, NULL, &n, &ws, NULL, NULL), NIB_ERR_INVALID_ARG);
+        CHECK_MSG(strstr(nib_last_error(), "NIB_GEMM_NORM") != NULL, "message: %s", nib_last_error());
+        unsetenv("NIB_GEMM_NORM");
+        n.x = (char *)d + 4096; /* not the product's output */
+        CHECK_ST(nib_cuda_gemm_norm(&w, d, 2, 256, d, 256, NULL, &n, &ws, NULL, NULL), NIB_ERR_INVALID_ARG);
+        CHECK_OK(nib_dev_sync());
+        nib_dev_free(d, 1 << 16);
+        nib_dev_arena_free(&a);
+        rand_w_free(&rw);
+    }
+    nib_cuda_gemm_ws_free(&ws);
 }
