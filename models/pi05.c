@@ -1714,13 +1714,11 @@ static nib_status op_layer(nib_pi05 *m, const call_shape *cs, op_step *o, int l)
     if (o->defer && !nib_be_gemm_fuses_gate(be, &L->o)) {
         NIB_RETURN_IF_ERR(nib_be_gemm(be, &L->o, m->eattn, H, nh * hd, m->ey, We, NULL));
         n2.x = m->ey, n2.residual = m->ex, n2.ldr = We, n2.res_gate = ma + 2 * We;
-        NIB_RETURN_IF_ERR(nib_be_norm(be, &n2));
     } else {
-        /* the gated residual in the product's epilogue, then the norm of the new x (one launch where
-         * nib_cuda_gemm_norm can) */
-        nib_gemm_epi ga = {0, ma + 2 * We, m->ex, We};
-        NIB_RETURN_IF_ERR(nib_be_gemm_norm(be, &L->o, m->eattn, H, nh * hd, m->ex, We, &ga, &n2));
+        nib_gemm_epi ga = {0, ma + 2 * We, m->ex, We}; /* gated residual */
+        NIB_RETURN_IF_ERR(nib_be_gemm(be, &L->o, m->eattn, H, nh * hd, m->ex, We, &ga));
     }
+    NIB_RETURN_IF_ERR(nib_be_norm(be, &n2));
     nib_gemm_epi gg = {1, NULL, NULL, 0};
     NIB_RETURN_IF_ERR(nib_be_gemm(be, &L->gu, m->ey, H, We, m->emlp, c->e_mlp, &gg));
     if (o->defer && !nib_be_gemm_fuses_gate(be, &L->down)) {
@@ -1729,15 +1727,6 @@ static nib_status op_layer(nib_pi05 *m, const call_shape *cs, op_step *o, int l)
         return NIB_OK;
     }
     nib_gemm_epi gf = {0, mf + 2 * We, m->ex, We};
-    if (l + 1 < c->e_layers && !m->checking) {
-        /* the next layer's first adaRMS after the product (its op_layer skips it: n1_done) */
-        const float *mn = o->mods + (int64_t)(2 * (l + 1)) * 3 * We;
-        nib_norm_args nn = {.kind = NIB_NORM_ADARMS, .rows = H, .dim = We, .eps = NIB_NORM_EPS, .x = m->ex, .ldx = We,
-                            .scale = mn, .shift = mn + We, .y = m->ey, .ldy = We};
-        NIB_RETURN_IF_ERR(nib_be_gemm_norm(be, &L->down, m->emlp, H, c->e_mlp, m->ex, We, &gf, &nn));
-        o->n1_done = 1;
-        return NIB_OK;
-    }
     NIB_RETURN_IF_ERR(nib_be_gemm(be, &L->down, m->emlp, H, c->e_mlp, m->ex, We, &gf));
     return check_stage(m, m->ex, H, We, We, 0, "expert x", "step %d expert layer %d output", o->s, l);
 }

@@ -151,22 +151,6 @@ nib_status nib_cuda_gemm_qkv(const nib_qweight *w, const void *x, int64_t m, int
 int nib_cuda_gemm_qkv_fuses(const nib_qweight *w, int64_t m, const struct nib_qkv_args *qa, const nib_gemm_ws *ws,
                             const struct nib_gemm_plan *plan);
 
-/* y = epilogue(X · Wᵀ) as nib_cuda_gemm, then n: ops/norm.h's adaRMS of those y rows (n->x = y, n->ldx =
- * ldy, n->rows = M, n->dim = N_out) into n->y. Where the launch plan (given, or the planner's) is the
- * mma.sync kernel's NVFP4 lean plan with a K split (MT <= 2, register-loaded weights: the action
- * expert's o and down products at H <= 16) and the norm has no residual, n_valid or FP8 output, the
- * norm runs in the product's own launch: its last CTA to finish normalizes the rows once every tile is
- * stored (k_norm's arithmetic and order, so n->y is bitwise nib_cuda_norm's; the arrival counter is
- * the workspace's, self-resetting). Elsewhere two kernels. NIB_GEMM_NORM=0 keeps the two kernels (A/B);
- * other values than 0 / 1 are errors. */
-struct nib_norm_args;
-nib_status nib_cuda_gemm_norm(const nib_qweight *w, const void *x, int64_t m, int64_t ldx, void *y, int64_t ldy,
-                              const nib_gemm_epi *epi, const struct nib_norm_args *n, nib_gemm_ws *ws,
-                              const struct nib_gemm_plan *plan, void *stream);
-/* Whether nib_cuda_gemm_norm would run in one launch for these arguments (0 / 1; -1: an error). */
-int nib_cuda_gemm_norm_fuses(const nib_qweight *w, int64_t m, const void *y, int64_t ldy, const nib_gemm_epi *epi,
-                             const struct nib_norm_args *n, const nib_gemm_ws *ws, const struct nib_gemm_plan *plan);
-
 /* Launches of the low-bit GEMM's lean instantiations so far in this process. NIB_GEMM_LEAN=1 (the default)
  * runs a kernel compiled for one epilogue kind and K-split mode where one applies: NVFP4 without a bias on
  * the mma.sync kernel's MT = 2 plans with register-loaded weights (no gate or residual beside GeGLU or the

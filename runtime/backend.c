@@ -478,15 +478,6 @@ nib_status nib_be_gemm(nib_be *be, const nib_be_linear *L, const void *x, int64_
     return nib_cuda_epilogue(&e, be->stream);
 }
 
-nib_status nib_be_gemm_norm(nib_be *be, const nib_be_linear *L, const void *x, int64_t m, int64_t ldx, void *y,
-                            int64_t ldy, const nib_gemm_epi *epi, const nib_norm_args *n) {
-    if (!n) return NIB_ERR(NIB_ERR_INVALID_ARG, "linear + norm: NULL norm args");
-    if (m > 0 && be->kind == NIB_BE_CUDA && L->fmt != NIB_WFMT_BF16 && !L->w8a8 && x && (!epi || epi->geglu == L->geglu))
-        return nib_cuda_gemm_norm(&L->q, x, m, ldx, y, ldy, epi, n, &be->sc.ws, NULL, be->stream);
-    NIB_RETURN_IF_ERR(nib_be_gemm(be, L, x, m, ldx, y, ldy, epi));
-    return nib_be_norm(be, n);
-}
-
 int nib_be_gemm_fuses_gate(const nib_be *be, const nib_be_linear *L) {
     return be->kind == NIB_BE_REF || (L->fmt != NIB_WFMT_BF16 && !L->w8a8);
 }

@@ -123,11 +123,6 @@ nib_status nib_be_linear_load(nib_be *be, const nib_wsrc *src, int geglu, int w8
 nib_status nib_be_gemm(nib_be *be, const nib_be_linear *L, const void *x, int64_t m, int64_t ldx, void *y,
                          int64_t ldy, const nib_gemm_epi *epi);
 
-/* nib_be_gemm, then nib_be_norm(n) over its output (n->x = y): on CUDA low-bit weights through
- * nib_cuda_gemm_norm (one launch where its plan allows; the same values either way). */
-nib_status nib_be_gemm_norm(nib_be *be, const nib_be_linear *L, const void *x, int64_t m, int64_t ldx, void *y,
-                            int64_t ldy, const nib_gemm_epi *epi, const nib_norm_args *n);
-
 /* Whether nib_be_gemm applies a gated residual inside the product's own kernel (the reference;
  * the CUDA low-bit GEMM). Otherwise (cuBLAS: bf16, W8A8) it costs a separate epilogue kernel,
  * and a caller may instead write the bare product and defer the gated residual into the next

@@ -45,17 +45,6 @@ int nib_cuda_gemm_qkv_fuses(const nib_qweight *w, int64_t m, const struct nib_qk
     (void)w, (void)m, (void)qa, (void)ws, (void)plan;
     return -1;
 }
-nib_status nib_cuda_gemm_norm(const nib_qweight *w, const void *x, int64_t m, int64_t ldx, void *y, int64_t ldy,
-                              const nib_gemm_epi *epi, const struct nib_norm_args *n, nib_gemm_ws *ws,
-                              const struct nib_gemm_plan *plan, void *stream) {
-    (void)w, (void)x, (void)m, (void)ldx, (void)y, (void)ldy, (void)epi, (void)n, (void)ws, (void)plan, (void)stream;
-    return NO_CUDA("nib_cuda_gemm_norm");
-}
-int nib_cuda_gemm_norm_fuses(const nib_qweight *w, int64_t m, const void *y, int64_t ldy, const nib_gemm_epi *epi,
-                             const struct nib_norm_args *n, const nib_gemm_ws *ws, const struct nib_gemm_plan *plan) {
-    (void)w, (void)m, (void)y, (void)ldy, (void)epi, (void)n, (void)ws, (void)plan;
-    return -1;
-}
 long long nib_cuda_gemm_lean_launches(void) { return 0; }
 nib_status nib_cuda_gemm_plan(const nib_qweight *w, int64_t m, uint64_t ws_elems, nib_gemm_plan *plan) {
     (void)w, (void)m, (void)ws_elems;

@@ -24,13 +24,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ops/cuda/bf16x8.cuh"
 #include "ops/cuda/gemm_lowbit.cuh"
-#include "ops/cuda/norm_row.cuh"
 #include "ops/cuda/tmap.h"
 #include "ops/cuda/wgmma.cuh" /* mbarriers (the bulk ring) */
 #include "ops/gemm.h"
-#include "ops/norm.h"
 #include "ops/qkv.h"
 #include "runtime/cuda_check.h"
 #include "runtime/device.h"
@@ -78,15 +75,6 @@ struct GemmParams {
     long long ldq;
     int t_max, slot_off;
     const int32_t *slot_base;
-    /* nib_cuda_gemm_norm (the lean kind bit LEAN_TAIL): after the last tile, the launch's last CTA runs the
-     * adaRMS of ops/norm.h over the finished y rows (k_norm's arithmetic and order: norm_row.cuh) */
-    const float *tn_scale, *tn_shift;
-    __nv_bfloat16 *tn_y;
-    long long tn_ldy;
-    float tn_eps;
-    double tn_inv_dim;
-    int tn_threads; /* threads per row, k_norm's: dim / 8 rounded up to 32, a divisor of 256 */
-    int *tn_ctr;    /* the launch's arrival counter (the workspace's extra counter; reset by the last CTA) */
 };
 
 /* ---- the per-thread cp.async ring -------------------------------------------------------
@@ -501,67 +489,6 @@ __device__ __forceinline__ void load_chunks_reg(Chunk<FMT> (&dst)[CPS], const ui
  * residual (lean_kind() on the host checks all of it). */
 enum { LEAN_PLAIN = 1, LEAN_GEGLU = 2, LEAN_QKV = 3 };
 #define LEAN(kind, split) ((kind) | ((split) << 2))
-/* L | LEAN_TAIL (with LEAN(LEAN_PLAIN, 2) only): the launch's last CTA normalizes y (tail_norm) */
-#define LEAN_TAIL 16
-#define LEAN_SPLIT(L) (((L) >> 2) & 3)
-
-/* nib_cuda_gemm_norm's tail, run by the launch's last CTA once every tile's y is stored: y' = adaRMS(y)
- * (ops/norm.h) for the p.m rows, in k_norm's arithmetic and order (norm.cu at V = 1: a row's dim / 8
- * 16-byte chunks on T = tn_threads threads, fp64 squares in chunk order, the warp xor tree, the row's
- * T / 32 warp partials added in order; norm_row.cuh), so y' is bitwise k_norm's. 256 / T rows per pass;
- * every pass's loads are issued before the sums and one CTA barrier serves up to 8 passes. */
-__device__ __forceinline__ void tail_norm(const GemmParams &p) {
-    constexpr int PB = 8; /* passes per batch */
-    __shared__ double s_part[PB][WARPS];
-    const int T = p.tn_threads, rpp = (WARPS * 32) / T, nch = p.n_out / 8;
-    const int c = threadIdx.x % T, rsub = threadIdx.x / T, warp = threadIdx.x >> 5, nw = T >> 5;
-    const int wg0 = (warp / nw) * nw; /* this row's first warp */
-    const bool active = rsub < rpp && c < nch;
-    float sc[8], sh[8];
-#pragma unroll
-    for (int k = 0; k < 8; k++) sc[k] = sh[k] = 0.f;
-    if (active) {
-        load8f(p.tn_scale + 8 * c, sc);
-        load8f(p.tn_shift + 8 * c, sh);
-    }
-    const int passes = (p.m + rpp - 1) / rpp;
-    for (int b0 = 0; b0 < passes; b0 += PB) {
-        uint4 xv[PB];
-#pragma unroll
-        for (int i = 0; i < PB; i++) {
-            const int row = (b0 + i) * rpp + rsub;
-            xv[i] = make_uint4(0u, 0u, 0u, 0u);
-            if (b0 + i < passes && active && row < p.m) /* L2: the other CTAs' stores (acquired by the arrival) */
-                xv[i] = __ldcg((const uint4 *)(p.y + (long long)row * p.ldy + 8 * c));
-        }
-#pragma unroll
-        for (int i = 0; i < PB; i++) {
-            float v[8];
-            unpack8(xv[i], v);
-            double acc = 0.0;
-#pragma unroll
-            for (int k = 0; k < 8; k++) acc += (double)v[k] * (double)v[k];
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-            if ((threadIdx.x & 31) == 0) s_part[i][warp] = acc;
-        }
-        __syncthreads();
-#pragma unroll
-        for (int i = 0; i < PB; i++) {
-            const int row = (b0 + i) * rpp + rsub;
-            if (b0 + i >= passes || !active || row >= p.m) continue;
-            double s = 0.0;
-            for (int w = 0; w < nw; w++) s += s_part[i][wg0 + w];
-            const float inv = nib::rms_inv(s, p.tn_inv_dim, p.n_out, p.tn_eps);
-            float v[8];
-            unpack8(xv[i], v);
-#pragma unroll
-            for (int k = 0; k < 8; k++) v[k] = nib::adarms_of(v[k], inv, sc[k], sh[k]);
-            *(uint4 *)(p.tn_y + (long long)row * p.tn_ldy + 8 * c) = pack8(v);
-        }
-        __syncthreads(); /* s_part is reused by the next batch */
-    }
-}
 
 template <int FMT, int MT, int R, int REG, int L>
 __device__ __forceinline__ void gemm_lowbit_body(const GemmParams &p) {
@@ -683,7 +610,7 @@ __device__ __forceinline__ void gemm_lowbit_body(const GemmParams &p) {
     constexpr bool EPRE = MT <= 2 && !(FMT == NIB_WFMT_FP8 && REG == 1);
     EpiIn epre[EPRE ? R : 1][EPRE ? MT : 1][2];
     if constexpr (EPRE) {
-        if (LEAN_SPLIT(L) != 2 && p.ksplit == 1 && wkk == 0) {
+        if ((L >> 2) != 2 && p.ksplit == 1 && wkk == 0) {
             const int sb = p.qkv ? qkv_slot_base(p) : 0;
 #pragma unroll
             for (int r = 0; r < R; r++) {
@@ -781,7 +708,7 @@ __device__ __forceinline__ void gemm_lowbit_body(const GemmParams &p) {
 #pragma unroll
                     for (int i = 0; i < 4; i++) acc[r][nt][i] += src[((r * MT + nt) * 4 + i) * 32 + lane];
         }
-        if (LEAN_SPLIT(L) != 2 && p.ksplit == 1) {
+        if ((L >> 2) != 2 && p.ksplit == 1) {
 #pragma unroll
             for (int r = 0; r < R; r++) {
                 if (!rg_ok[r]) continue;
@@ -815,7 +742,7 @@ __device__ __forceinline__ void gemm_lowbit_body(const GemmParams &p) {
             }
         }
     }
-    if (p.ksplit == 1 || LEAN_SPLIT(L) == 1) return;
+    if (p.ksplit == 1 || (L >> 2) == 1) return;
 
     /* split-K: the last CTA of this (row block, M chunk) finishes the tile */
     __shared__ int s_last;
@@ -893,15 +820,6 @@ __device__ __forceinline__ void gemm_lowbit_body(const GemmParams &p) {
     }
     __syncthreads();
     if (threadIdx.x == 0) *ctr = 0;
-    if constexpr ((L & LEAN_TAIL) != 0) {
-        /* every tile's y stored: the launch's last finishing CTA normalizes the rows (the same publish /
-         * acquire as the tile counter above: one acq_rel add between two CTA barriers) */
-        if (threadIdx.x == 0) s_last = atomic_add_acq_rel_gpu(p.tn_ctr, 1) == (int)(gridDim.x * gridDim.z) - 1;
-        __syncthreads();
-        if (!s_last) return;
-        tail_norm(p);
-        if (threadIdx.x == 0) *p.tn_ctr = 0;
-    }
 }
 
 template <int FMT, int MT, int R, int OCC, int REG, int L = 0>
@@ -918,7 +836,7 @@ __global__ void __launch_bounds__(WARPS * 32, OCC) k_gemm_lowbit(GemmParams pa) 
             p.gate = nullptr;
             p.res = nullptr;
         }
-        if constexpr (LEAN_SPLIT(L) == 1) p.ksplit = 1;
+        if constexpr ((L >> 2) == 1) p.ksplit = 1;
         gemm_lowbit_body<FMT, MT, R, REG, L>(p);
     }
 }
@@ -1304,21 +1222,20 @@ nib_status nib_cuda_gemm_ws_init(nib_gemm_ws *ws, int64_t max_m, int64_t max_np)
     ws->n_counters = (uint64_t)((max_m + 7) / 8) * (max_np / 16 + 1);
     nib_status st = nib_dev_malloc((void **)&ws->acc, ws->acc_elems * 4, "gemm split-K workspace");
     if (st) return st;
-    /* + 1: the launch counter of nib_cuda_gemm_norm's tail, after the tile counters */
-    st = nib_dev_malloc((void **)&ws->counters, (ws->n_counters + 1) * 4, "gemm split-K counters");
+    st = nib_dev_malloc((void **)&ws->counters, ws->n_counters * 4, "gemm split-K counters");
     if (st) {
         nib_dev_free(ws->acc, ws->acc_elems * 4);
         ws->acc = NULL;
         return st;
     }
-    NIB_CUDA_CHECK(cudaMemset(ws->counters, 0, (ws->n_counters + 1) * 4));
+    NIB_CUDA_CHECK(cudaMemset(ws->counters, 0, ws->n_counters * 4));
     return NIB_OK;
 }
 
 void nib_cuda_gemm_ws_free(nib_gemm_ws *ws) {
     if (!ws) return;
     nib_dev_free(ws->acc, ws->acc_elems * 4);
-    nib_dev_free(ws->counters, (ws->n_counters + 1) * 4);
+    nib_dev_free(ws->counters, ws->n_counters * 4);
     memset(ws, 0, sizeof *ws);
 }
 
@@ -1577,8 +1494,6 @@ static nib_status launch_wg(const nib_qweight *w, const GemmParams &p, const voi
 static int lean_kind(const GemmParams &p) {
     if (p.perm || p.bias) return 0;
     const int split = p.ksplit == 1 ? 1 : 2;
-    if (p.tn_y) /* nib_cuda_gemm_norm checked the rest (norm_fusable) */
-        return !p.qkv && !p.geglu && split == 2 ? LEAN(LEAN_PLAIN, 2) | LEAN_TAIL : 0;
     if (p.qkv) return p.geglu || p.gate || p.res ? 0 : LEAN(LEAN_QKV, split);
     if (p.geglu) return p.gate || p.res ? 0 : LEAN(LEAN_GEGLU, split);
     return LEAN(LEAN_PLAIN, split);
@@ -1596,7 +1511,6 @@ static nib_status launch_lean(int lk, const GemmParams &p, dim3 g, size_t smem, 
     case LEAN(LEAN_GEGLU, 2): return launch_t<FMT, MT, 1, 2, 1, LEAN(LEAN_GEGLU, 2)>(p, g, smem, s);
     case LEAN(LEAN_QKV, 1): return launch_t<FMT, MT, 1, 2, 1, LEAN(LEAN_QKV, 1)>(p, g, smem, s);
     case LEAN(LEAN_QKV, 2): return launch_t<FMT, MT, 1, 2, 1, LEAN(LEAN_QKV, 2)>(p, g, smem, s);
-    case LEAN(LEAN_PLAIN, 2) | LEAN_TAIL: return launch_t<FMT, MT, 1, 2, 1, LEAN(LEAN_PLAIN, 2) | LEAN_TAIL>(p, g, smem, s);
     default: return NIB_ERR(NIB_ERR_INTERNAL, "gemm: lean kind %d", lk);
     }
 }
@@ -1612,9 +1526,6 @@ static nib_status launch_lean_int4(int lk, const GemmParams &p, dim3 g, size_t s
 
 template <int FMT>
 static nib_status launch_mt(int mt, int occ, int reg, const GemmParams &p, dim3 g, size_t smem, cudaStream_t s) {
-    if (p.tn_y && !(FMT == NIB_WFMT_NVFP4 && (mt == 1 || mt == 2) && reg == 1 && lean_env() == 1 &&
-                    lean_kind(p) == (LEAN(LEAN_PLAIN, 2) | LEAN_TAIL)))
-        return NIB_ERR(NIB_ERR_INTERNAL, "gemm: a norm tail on a launch without the tail kernel (mt %d, weights %d)", mt, reg);
     if constexpr (FMT == NIB_WFMT_INT4) {
         if (mt == 1 && reg && !p.qkv && !p.geglu && !p.gate && !p.res) {
             const int env = lean_env();
@@ -1650,12 +1561,12 @@ nib_status nib_cuda_gemm(const nib_qweight *w, const void *x, int64_t m, int64_t
 
 static nib_status gemm_run(const nib_qweight *w, const void *x, int64_t m, int64_t ldx, void *y, int64_t ldy,
                            const nib_gemm_epi *epi, nib_gemm_ws *ws, const nib_gemm_plan *plan, const nib_qkv_args *qa,
-                           const nib_norm_args *tn, void *stream);
+                           void *stream);
 
 nib_status nib_cuda_gemm_planned(const nib_qweight *w, const void *x, int64_t m, int64_t ldx, void *y,
                                  int64_t ldy, const nib_gemm_epi *epi, nib_gemm_ws *ws,
                                  const nib_gemm_plan *plan, void *stream) {
-    return gemm_run(w, x, m, ldx, y, ldy, epi, ws, plan, NULL, NULL, stream);
+    return gemm_run(w, x, m, ldx, y, ldy, epi, ws, plan, NULL, stream);
 }
 
 /* NIB_GEMM_QKV: 1 (default) fuses ops/qkv.h's epilogue where it can, 0 never (A/B); -1: another value */
@@ -1708,78 +1619,15 @@ nib_status nib_cuda_gemm_qkv(const nib_qweight *w, const void *x, int64_t m, int
         return NIB_ERR(NIB_ERR_INTERNAL, "%s: no plan", who);
     }
     if (!fuse) {
-        NIB_RETURN_IF_ERR(gemm_run(w, x, m, ldx, (void *)a.qkv, a.ld_qkv, NULL, ws, plan, NULL, NULL, stream));
+        NIB_RETURN_IF_ERR(gemm_run(w, x, m, ldx, (void *)a.qkv, a.ld_qkv, NULL, ws, plan, NULL, stream));
         return nib_cuda_qkv(&a, stream);
     }
-    return gemm_run(w, x, m, ldx, (void *)a.qkv, a.ld_qkv, NULL, ws, plan, &a, NULL, stream);
-}
-
-/* NIB_GEMM_NORM: 1 (default) runs nib_cuda_gemm_norm's norm in the product's launch where it can, 0 never (A/B);
- * -1: another value */
-static int gemm_norm_env(void) {
-    const char *e = getenv("NIB_GEMM_NORM");
-    if (!e || !*e || !strcmp(e, "1")) return 1;
-    return strcmp(e, "0") ? -1 : 0;
-}
-
-static bool al16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
-
-/* *fuse = 1 where nib_cuda_gemm_norm runs the norm as the product's tail: the plan (given, or the
- * planner's) is the mma.sync kernel's NVFP4 lean one (MT <= 2, register-loaded weights, no bias or
- * act-order, no GeGLU) with a K split; the norm an adaRMS of y itself (no residual, n_valid or FP8
- * output) whose rows k_norm lays out on a divisor of 256 threads. 0 elsewhere. An error for a bad
- * NIB_GEMM_NORM / NIB_GEMM_LEAN or where the planner has no plan. */
-static nib_status norm_fusable(const nib_qweight *w, int64_t m, const void *y, int64_t ldy, const nib_gemm_epi *epi,
-                               const nib_norm_args *n, const nib_gemm_ws *ws, const nib_gemm_plan *plan, int *fuse) {
-    *fuse = 0;
-    const int env = gemm_norm_env(), lean = lean_env();
-    if (env < 0)
-        return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_GEMM_NORM=%s: 1 (the norm in the product's launch where it can, the "
-                       "default) or 0 (two kernels)", getenv("NIB_GEMM_NORM"));
-    if (lean < 0) return lean_env_error();
-    if (!env || !lean || !ws || w->fmt != NIB_WFMT_NVFP4 || w->perm || w->bias || w->geglu || (epi && epi->geglu))
-        return NIB_OK;
-    const int64_t T = (n->dim / 8 + 31) / 32 * 32;
-    if (n->kind != NIB_NORM_ADARMS || n->residual || n->n_valid || n->y_q || !n->y || n->x != y || n->ldx != ldy ||
-        n->rows != m || n->dim != w->n_out || T > 256 || 256 % T || n->ldy % 8 || ldy % 8 || !al16(n->y) ||
-        !al16(y) || !al16(n->scale) || !al16(n->shift))
-        return NIB_OK;
-    nib_gemm_plan pl;
-    if (plan) pl = *plan;
-    else NIB_RETURN_IF_ERR(nib_cuda_gemm_plan(w, m, ws->acc_elems, &pl));
-    *fuse = !pl.wgt && (pl.mt == 1 || pl.mt == 2) && pl.reg == 1 && pl.ksplit > 1;
-    return NIB_OK;
-}
-
-int nib_cuda_gemm_norm_fuses(const nib_qweight *w, int64_t m, const void *y, int64_t ldy, const nib_gemm_epi *epi,
-                             const nib_norm_args *n, const nib_gemm_ws *ws, const nib_gemm_plan *plan) {
-    int f = 0;
-    if (!w || !n || norm_fusable(w, m, y, ldy, epi, n, ws, plan, &f)) return -1;
-    return f;
-}
-
-nib_status nib_cuda_gemm_norm(const nib_qweight *w, const void *x, int64_t m, int64_t ldx, void *y, int64_t ldy,
-                              const nib_gemm_epi *epi, const nib_norm_args *n, nib_gemm_ws *ws,
-                              const nib_gemm_plan *plan, void *stream) {
-    static const char *who = "gemm + norm (cuda)";
-    if (!w || !n) return NIB_ERR(NIB_ERR_INVALID_ARG, "%s: NULL weight or norm args", who);
-    NIB_RETURN_IF_ERR(nib_norm_validate(n, who));
-    if (n->x != y || n->ldx != ldy || n->rows != m || n->dim != w->n_out)
-        return NIB_ERR(NIB_ERR_INVALID_ARG, "%s: the norm must read the product's output (x = y, ldx %lld = ldy %lld, "
-                       "rows %lld = M %lld, dim %lld = N %lld)", who, (long long)n->ldx, (long long)ldy,
-                       (long long)n->rows, (long long)m, (long long)n->dim, (long long)w->n_out);
-    int f = 0;
-    NIB_RETURN_IF_ERR(norm_fusable(w, m, y, ldy, epi, n, ws, plan, &f));
-    if (!f) {
-        NIB_RETURN_IF_ERR(gemm_run(w, x, m, ldx, y, ldy, epi, ws, plan, NULL, NULL, stream));
-        return nib_cuda_norm(n, stream);
-    }
-    return gemm_run(w, x, m, ldx, y, ldy, epi, ws, plan, NULL, n, stream);
+    return gemm_run(w, x, m, ldx, (void *)a.qkv, a.ld_qkv, NULL, ws, plan, &a, stream);
 }
 
 static nib_status gemm_run(const nib_qweight *w, const void *x, int64_t m, int64_t ldx, void *y, int64_t ldy,
                            const nib_gemm_epi *epi, nib_gemm_ws *ws, const nib_gemm_plan *plan, const nib_qkv_args *qa,
-                           const nib_norm_args *tn, void *stream) {
+                           void *stream) {
     if (!w || !x || !y) return NIB_ERR(NIB_ERR_INVALID_ARG, "gemm: NULL weight, x or y");
     if (w->fmt == NIB_WFMT_BF16)
         return NIB_ERR(NIB_ERR_UNSUPPORTED, "gemm: bf16 weights go through nib_blas_gemm_bf16");
@@ -1869,17 +1717,6 @@ static nib_status gemm_run(const nib_qweight *w, const void *x, int64_t m, int64
         }
         p.slot_off = qa->slot_offset;
         p.slot_base = qa->slot_base;
-    }
-    if (tn) { /* nib_cuda_gemm_norm checked that this launch runs the tail (norm_fusable) */
-        if (pl.wgt || !ws) return NIB_ERR(NIB_ERR_INTERNAL, "gemm: the norm tail on the wgmma kernel or without a workspace");
-        p.tn_scale = tn->scale;
-        p.tn_shift = tn->shift;
-        p.tn_y = (__nv_bfloat16 *)tn->y;
-        p.tn_ldy = tn->ldy;
-        p.tn_eps = tn->eps;
-        p.tn_inv_dim = (tn->dim & (tn->dim - 1)) == 0 ? 1.0 / (double)tn->dim : 0.0;
-        p.tn_threads = (int)((tn->dim / 8 + 31) / 32 * 32);
-        p.tn_ctr = ws->counters + ws->n_counters; /* the extra counter (nib_cuda_gemm_ws_init) */
     }
     if (pl.wgt) return launch_wg(w, p, x, ldx, pl.wgt, pl.wgc ? pl.wgc : 1, ws, (cudaStream_t)stream);
     {
