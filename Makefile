@@ -115,8 +115,8 @@ lint:
 # (use a separate BUILD dir: the flag is not tracked). tests/test_negative_control_gpu.c runs it.
 ifeq ($(HAVE_CUDA),1)
 NEGCTL_OBJ := $(BUILD)/tests/negative_control_gpu.o
-TEST_OBJ   += $(NEGCTL_OBJ) $(BUILD)/tests/fp4_layout_check.o $(BUILD)/tests/fp8_quot_check.o
-$(TESTS): $(NEGCTL_OBJ) $(BUILD)/tests/fp4_layout_check.o $(BUILD)/tests/fp8_quot_check.o
+TEST_OBJ   += $(NEGCTL_OBJ) $(BUILD)/tests/fp4_layout_check.o $(BUILD)/tests/fp8_quot_check.o $(BUILD)/tests/tanh_approx_check.o
+$(TESTS): $(NEGCTL_OBJ) $(BUILD)/tests/fp4_layout_check.o $(BUILD)/tests/fp8_quot_check.o $(BUILD)/tests/tanh_approx_check.o
 ifeq ($(NIB_NEGATIVE_CONTROL),1)
 $(NEGCTL_OBJ): NVCCFLAGS += -DNIB_NEGATIVE_CONTROL=1
 endif

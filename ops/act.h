@@ -23,6 +23,13 @@
  * the same rule as the norms' FP8 output (ops/norm.h). The reference reports NIB_ERR_NUMERICS
  * for a row with NaN/Inf when y_q is asked for.
  *
+ * CUDA, FP8 output only (y_q without y) for GEGLU_TANH / GELU_TANH: tanhf is replaced by the hardware
+ * approximation tanh.approx.f32 (ops/cuda/gelu.cuh), whose relative error is at most
+ * NIB_ACT_TANH_APPROX_ERR (twice the worst measured over every float by ops_gpu_tanh_approx_bound): gelu
+ * moves by at most NIB_ACT_TANH_APPROX_ERR |g| / 2 before the last roundings, far below the following
+ * E4M3 quantization wherever g > 0 (the same holds for the W8A8 gate|up product's GeGLU, ops/gemm.h).
+ * NIB_FAST_TANH=0 keeps tanhf there; other values than 0 / 1 are errors.
+ *
  * Strides in elements. H is a multiple of 8. Gated: ldx >= 2H; GELU: ldx >= H; ldy >= H; ldq >= H.
  * On the GPU ldx and ldy are multiples of 8 and x, y 16-byte aligned; ldq a multiple of 8 and
  * y_q 8-byte aligned; with y_q, H <= 32768. y may be x (in place, ldy == ldx); otherwise they
@@ -45,6 +52,9 @@ typedef enum nib_act_kind {
     NIB_ACT_GELU_TANH = 2,  /* ungated (SigLIP) */
     NIB_ACT_KIND_COUNT
 } nib_act_kind;
+
+/* bound on |tanh.approx.f32(z) - tanh(z)| / |tanh(z)| over the normal floats, carried by the tests (2^-10) */
+#define NIB_ACT_TANH_APPROX_ERR 0.0009765625
 
 typedef struct nib_act_args {
     nib_act_kind kind;

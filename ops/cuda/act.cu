@@ -7,7 +7,8 @@
  * 16-byte gate chunk and one 16-byte up chunk; CTAs of 128 threads tile a row (grid = rows x
  * ceil(H / 8 / 128), flattened into x). In place (y == x) is safe: a thread reads its gate and
  * up chunks before writing the output chunk that overlaps only its own gate chunk.
- * FP8 output (y_q): a row per CTA of up to 512 threads (per cluster of 2..8 such CTAs beyond
+ * FP8 output only (y_q, no y): GELU / GeGLU with the hardware tanh (gelu.cuh gelu_tanh_approx; ops/act.h;
+ * NIB_FAST_TANH=0: tanhf). FP8 output (y_q): a row per CTA of up to 512 threads (per cluster of 2..8 such CTAs beyond
  * H = 16384; see k_act_q), each thread keeps its (up to 4) chunks in registers, so the row max
  * and the codes come from one read of the input (fp8_rows.cuh).
  * Tested by tests/test_ops_gpu.c (`nib_tests ops_gpu_act`), timed by `nib bench ops`.
@@ -31,6 +32,7 @@
 struct ActParams {
     int kind, nch, cblocks; /* nch = H / 8 chunks per row; cblocks = CTAs per row */
     int cl_shift;           /* FP8 output: log2 of the CTAs (cluster) per row */
+    int fast;               /* FP8 output only (no y): gelu_tanh_approx (gelu.cuh; NIB_FAST_TANH) */
     long long h;
     const int32_t *n_valid;
     const uint16_t *x;
@@ -47,18 +49,18 @@ struct ActParams {
 static __device__ __forceinline__ float silu_f(float g) { return __fdiv_rn(g, __fadd_rn(1.0f, expf(-g))); }
 
 /* the 8 outputs of one chunk from its gate (or x) and up words (fp32, the reference's arithmetic) */
-static __device__ __forceinline__ void act_vals(int kind, uint4 gw, uint4 uw, float (&o)[8]) {
+static __device__ __forceinline__ void act_vals(int kind, uint4 gw, uint4 uw, float (&o)[8], bool fast = false) {
     float g[8];
     unpack8(gw, g);
     if (kind == NIB_ACT_GELU_TANH) {
 #pragma unroll
-        for (int k = 0; k < 8; k++) o[k] = gelu_tanh_f(g[k]);
+        for (int k = 0; k < 8; k++) o[k] = fast ? gelu_tanh_approx(g[k]) : gelu_tanh_f(g[k]);
     } else {
         float u[8];
         unpack8(uw, u);
         if (kind == NIB_ACT_GEGLU_TANH) {
 #pragma unroll
-            for (int k = 0; k < 8; k++) o[k] = __fmul_rn(gelu_tanh_f(g[k]), u[k]);
+            for (int k = 0; k < 8; k++) o[k] = __fmul_rn(fast ? gelu_tanh_approx(g[k]) : gelu_tanh_f(g[k]), u[k]);
         } else {
 #pragma unroll
             for (int k = 0; k < 8; k++) o[k] = __fmul_rn(silu_f(g[k]), u[k]);
@@ -125,7 +127,7 @@ __global__ void __launch_bounds__(ACTQ_TMAX, 2) k_act_q(const ActParams p) {
     for (int i = 0; i < V; i++) {
         const int c = c0 + i * T;
         if (c >= p.nch) continue;
-        act_vals(p.kind, gw[i], uw[i], o[i]);
+        act_vals(p.kind, gw[i], uw[i], o[i], p.fast != 0);
 #pragma unroll
         for (int k = 0; k < 8; k++) amax = fmaxf(amax, fabsf(o[i][k]));
         if (p.y) *(uint4 *)(p.y + row * p.ldy + 8 * c) = pack8(o[i]);
@@ -159,8 +161,13 @@ nib_status nib_cuda_act(const nib_act_args *a, void *stream) {
         return NIB_ERR(NIB_ERR_SHAPE, "%s: FP8 output needs ldq (%lld) a multiple of 8, y_q 8-byte aligned and H (%lld) "
                        "<= %d", who, (long long)a->ldq, (long long)a->h, ACTQ_HMAX);
     if (a->rows == 0) return NIB_OK;
+    const int fast = nib_fast_tanh();
+    if (fast < 0)
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_FAST_TANH=%s: 1 (the hardware tanh where the activation goes to FP8 "
+                       "only, the default) or 0 (tanhf everywhere)", getenv("NIB_FAST_TANH"));
     ActParams p;
     p.cl_shift = 0;
+    p.fast = fast && a->y_q && !a->y;
     p.kind = (int)a->kind;
     p.h = a->h;
     const long long nch = a->h / 8;

@@ -61,6 +61,7 @@ struct Fp8Args {
     int m, n, k, ldc, ldy;
     int sx_vec, sw_vec;
     int gh; /* GeGLU: the output width H (W rows: gate [0, H), up [H, 2H)); 0: a plain product */
+    int ft; /* GeGLU with gelu_tanh_approx (gelu.cuh: h goes to FP8 next; NIB_FAST_TANH) */
 };
 
 /* the tile's column scales and bias (0 past N) into shared memory, by the consumer threads, then
@@ -133,7 +134,7 @@ __device__ __forceinline__ void epilogue(const Fp8Args &p, const float (&acc)[BN
             const float *g = t + row * P + 8 * ch, *u = g + BN / 2;
             float o[8];
 #pragma unroll
-            for (int q = 0; q < 8; q++) o[q] = __fmul_rn(gelu_tanh_f(g[q]), u[q]);
+            for (int q = 0; q < 8; q++) o[q] = __fmul_rn(p.ft ? gelu_tanh_approx(g[q]) : gelu_tanh_f(g[q]), u[q]);
             uint32_t w[4];
 #pragma unroll
             for (int q = 0; q < 4; q++) {
@@ -465,6 +466,14 @@ static nib_status gemm_fp8(const nib_blas_gemm_args *a, const nib_fp8_tile *tile
     p.m = (int)a->m, p.n = (int)a->n, p.k = (int)a->k, p.ldc = (int)a->ldc, p.ldy = (int)a->ldy;
     p.sx_vec = a->sx_per_token != 0, p.sw_vec = a->sw_per_channel != 0;
     p.gh = (int)gh;
+    p.ft = 0;
+    if (gh) {
+        const int ft = nib_fast_tanh();
+        if (ft < 0)
+            return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_FAST_TANH=%s: 1 (the hardware tanh in the GeGLU of a W8A8 "
+                           "product, the default) or 0 (tanhf)", getenv("NIB_FAST_TANH"));
+        p.ft = ft;
+    }
     CUtensorMap tmx, tmw;
     NIB_RETURN_IF_ERR(encode_rows(&tmx, a->x, a->m, a->k, 64 * tk->t.wg, "fp8 gemm (nib) X"));
     NIB_RETURN_IF_ERR(
