@@ -408,7 +408,9 @@ nib_status nib_cuda_fp8_tile_slots(const nib_fp8_tile *tile, int *ctas);
 nib_status nib_cuda_gemm_fp8(const nib_blas_gemm_args *a, const nib_fp8_tile *tile, void *stream);
 /* GeGLU-tanh fused into the epilogue: W is gate | up (a->n = 2H rows), Y[m, j] = bf16(gelu_tanh(g)
  * u) with g, u the fp32 epilogue values (scales, bias) of columns j and H + j, before any rounding
- * (the unfused path rounds g and u to bf16 first); Y is M x H (ldy >= H), no C. H % 8 == 0. */
+ * (the unfused path rounds g and u to bf16 first); Y is M x H (ldy >= H), no C. H % 8 == 0.
+ * gelu_tanh takes the hardware tanh (ops/act.h NIB_ACT_TANH_APPROX_ERR; Y feeds the W8A8 down product's
+ * FP8 quantization); NIB_FAST_TANH=0: tanhf. */
 nib_status nib_cuda_gemm_fp8_geglu(const nib_blas_gemm_args *a, const nib_fp8_tile *tile, void *stream);
 
 /* Quantize bf16 X [M,K] to e4m3 with per-token (or per-tensor) scale = amax/448 (device). */
