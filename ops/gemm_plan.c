@@ -131,7 +131,9 @@ static int mt_allowed(int64_t m, int mt) {
  * these shapes the search keeps only plans with a K split, at most 2 warps along K (the K split
  * goes across CTAs, not across the warps of one) and more than one CTA, at most two, per SM; the
  * cost model picks among them (its ties keep the fewer K splits: wk2 ks8 there). */
-static int long_k_gemv(const nib_gemm_shape *w, int64_t m) { return m <= 8 && w->kp / NIB_GEMM_KCH >= 64; }
+static int long_k_gemv(const nib_gemm_shape *w, int64_t m) {
+    return m <= 8 && w->kp / NIB_GEMM_KCH >= 64 && !(w->lean && w->fmt == NIB_WFMT_INT4 && m == 1);
+}
 
 /* Bulk-ring rule. For INT4 and MXFP4 at M <= 8 (MT = 1) the weights move by cp.async.bulk into
  * per-warp shared-memory rings (reg = 2: S - 1 pipeline steps in flight per warp, no registers)
@@ -141,13 +143,22 @@ static int long_k_gemv(const nib_gemm_shape *w, int64_t m) { return m <= 8 && w-
  * 4.80 against 5.68 / 5.63; 4096 -> 1024 4.60 / 4.62 against 5.02 / 4.95; 16384 -> 2048 (K split 16,
  * one warp along K) 11.15 / 11.01 against the register plan's 11.84 / 11.32. Where a warp has
  * one step (1024 -> 2560: 3.40 against 3.34 us) there is nothing to pipeline, so the rule needs
- * two. NVFP4 and FP8 stay on register weights: their bulk plans were slower on every shape of
- * that sweep (2048 -> 32768 NVFP4 17.92 against 16.68 us); the bulk path moves ~2.1 TB/s whatever
+ * two. NVFP4 and FP8 stay on register weights (NVFP4 with the lean kernels: the lean rule below): their
+ * bulk plans were slower on every shape of that sweep (2048 -> 32768 NVFP4 17.92 against 16.68 us); the bulk path moves ~2.1 TB/s whatever
  * the format, where NVFP4's register path reaches ~2.26. The model prices a bulk plan as the
  * register plan it replaces; among equal costs it keeps the fewer warps along K (one warp per
  * row group streams its own run of chunks: 16384 -> 2048 wk1 ks16 11.15 us, wk2 ks8 12.03). */
-static int bulk_ring(nib_wfmt fmt, int64_t m, int mt, int64_t nchunks, int wk, int ks) {
-    if ((fmt != NIB_WFMT_INT4 && fmt != NIB_WFMT_MXFP4) || m > 8 || mt != 1) return 0;
+/* Lean rule (forty-ninth session). With the lean MT = 1 instantiations (nib_gemm_shape.lean) two picks
+ * change, from `nib bench gemm --sweep` at M = 1 and 4 (bench/results/gemm-sweep-h100-v7-lean.json):
+ * - INT4 at M = 1 on a long K: one K split, 8 warps along K, bulk rings (16384 -> 2048: 9.51 us against
+ *   the long-K rule's wk1 ks16 11.26; without the lean kernel the same plan took 13.14 in v6), which is
+ *   the model's own pick once the long-K rule is lifted;
+ * - NVFP4 plans with one K split at M <= 8 take the bulk rings, as INT4 / MXFP4 do (2048 -> 32768: 14.09
+ *   against 14.39 us at M = 1, 15.38 against 15.96 at M = 4). NVFP4 plans with K splits keep register
+ *   weights (16384 -> 2048: wk2 ks8 regw 9.24 us stays the fastest). */
+static int bulk_ring(nib_wfmt fmt, int lean, int64_t m, int mt, int64_t nchunks, int wk, int ks) {
+    const int nv = fmt == NIB_WFMT_NVFP4 && lean && ks == 1;
+    if ((fmt != NIB_WFMT_INT4 && fmt != NIB_WFMT_MXFP4 && !nv) || m > 8 || mt != 1) return 0;
     const int64_t cpc = (nchunks + ks - 1) / ks, per_step = (int64_t)wk * NIB_GEMM_CPS(1);
     return (cpc + per_step - 1) / per_step >= 2;
 }
@@ -171,7 +182,7 @@ static void plan_search_in(const nib_gemm_shape *w, int64_t m, uint64_t ws_elems
                         double cost;
                         /* equal cost: the fewer K splits (fewer partial slots to write and add);
                          * bulk plans: the fewer warps along K */
-                        int rk = reg && bulk_ring(w->fmt, m, mt, nchunks, wk, ks) ? 2 : reg;
+                        int rk = reg && bulk_ring(w->fmt, w->lean, m, mt, nchunks, wk, ks) ? 2 : reg;
                         if (rk == 2 && !plan_eval(w, m, ws_elems, sms, mt, wk, occ, ks, rk, &cand, &cost))
                             rk = 1; /* the rings do not fit: register weights */
                         if (!plan_eval(w, m, ws_elems, sms, mt, wk, occ, ks, rk, &cand, &cost)) continue;
@@ -204,7 +215,7 @@ static nib_status plan_search(const nib_gemm_shape *w, int64_t m, uint64_t ws_el
 typedef struct plan_key {
     int64_t np, kp, m;
     uint64_t ws_elems;
-    int fmt, sms;
+    int fmt, sms, lean;
 } plan_key;
 typedef struct plan_cache_entry {
     plan_key key;
@@ -254,8 +265,10 @@ nib_status nib_gemm_plan_for(const nib_gemm_shape *w, int64_t m, uint64_t ws_ele
     key.ws_elems = ws_elems;
     key.fmt = (int)w->fmt;
     key.sms = sms;
+    key.lean = w->lean;
     uint64_t h = (uint64_t)key.np * 0x9E3779B97F4A7C15ull ^ (uint64_t)key.kp * 0xC2B2AE3D27D4EB4Full ^
-                 (uint64_t)m * 0x165667B19E3779F9ull ^ ws_elems ^ (uint64_t)key.fmt << 7 ^ (uint64_t)sms << 17;
+                 (uint64_t)m * 0x165667B19E3779F9ull ^ ws_elems ^ (uint64_t)key.fmt << 7 ^ (uint64_t)sms << 17 ^
+                 (uint64_t)key.lean << 40;
     plan_cache_entry *e = &t_plan_cache[(h ^ (h >> 29)) & 63];
     if (e->valid && !memcmp(&e->key, &key, sizeof key)) {
         *pl = e->plan;

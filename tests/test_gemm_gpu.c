@@ -622,7 +622,8 @@ out:
 }
 
 /* The lean instantiations (NIB_GEMM_LEAN: NVFP4 compiled for one epilogue kind and one K-split mode: the
- * mma.sync kernel's MT = 1 and MT = 2 register plans, the latter the action expert's products at H <= 16, and
+ * mma.sync kernel's MT = 1 and MT = 2 register plans, the latter the action expert's products at H <= 16, its
+ * MT = 1 bulk-ring plans (lean without GeGLU since the forty-ninth session's lean rule), and
  * the wgmma kernel's 64-token tiles, H = 50) against the general kernel: every MT = 1 / 2 register plan at
  * M = 1, 10, 16, 17 (two M chunks), 50, one K split and several; epilogues none, gate + residual (Pi0.5's o and down), the same in
  * place, GeGLU (gate|up); the wgmma tiles at M = 50 / 100 with 1, 3 and 8 K splits, in a cluster and through
@@ -636,7 +637,7 @@ NIB_TEST(gemm_gpu_lean_variants) {
     nib_gemm_ws ws;
     gemm_test_begin(t, &rng, &ws, 128, 2048);
     const int64_t ms[] = {1, 10, 16, 17, 50};
-    int cases = 0, lean_ks1 = 0, lean_ks2 = 0, wg_cases = 0, wg_kcl = 0;
+    int cases = 0, lean_ks1 = 0, lean_ks2 = 0, wg_cases = 0, wg_kcl = 0, bulk_cases = 0;
     double worst = 0.0;
     for (int geglu = 0; geglu < 2; geglu++) {
         rand_w rw;
@@ -650,10 +651,18 @@ NIB_TEST(gemm_gpu_lean_variants) {
             const int np = nib_cuda_gemm_plans(&q, ms[mi], ws.acc_elems, pls, (int)NIB_ARRAY_LEN(pls));
             CHECK_MSG(np > 0 && np < (int)NIB_ARRAY_LEN(pls), "M=%lld: %d plans", (long long)ms[mi], np);
             for (int p = 0; p < np; p++) {
-                if ((pls[p].mt != 1 && pls[p].mt != 2) || pls[p].reg != 1 || pls[p].wgt) continue;
+                /* register plans at MT = 1 and 2; bulk-ring plans at MT = 1 (lean without GeGLU) */
+                const int bulk = pls[p].reg == 2 && pls[p].mt == 1;
+                if ((pls[p].mt != 1 && pls[p].mt != 2) || (pls[p].reg != 1 && !bulk) || pls[p].wgt) continue;
                 char what[96];
-                snprintf(what, sizeof what, "%s mt%d wk%d ks%d mchunks%d", geglu ? "geglu" : "plain", pls[p].mt, pls[p].wk,
-                         pls[p].ksplit, pls[p].m_chunks);
+                snprintf(what, sizeof what, "%s mt%d wk%d ks%d mchunks%d%s", geglu ? "geglu" : "plain", pls[p].mt, pls[p].wk,
+                         pls[p].ksplit, pls[p].m_chunks, bulk ? " bulkw" : "");
+                if (bulk && geglu) { /* NVFP4 GeGLU with bulk rings: the general kernel */
+                    const case_opts og = {1, 0, 0, 0, &pls[p], NULL};
+                    worst = fmax(worst, lean_pair(t, &rng, &rw.w, ms[mi], &og, &ws, 0, what));
+                    bulk_cases++;
+                    continue;
+                }
                 const case_opts variants[3] = {{geglu, 0, 0, 0, &pls[p], NULL},
                                                {0, 1, 1, 0, &pls[p], NULL},
                                                {0, 1, 1, 1, &pls[p], NULL}};
@@ -664,6 +673,7 @@ NIB_TEST(gemm_gpu_lean_variants) {
                     cases++;
                     lean_ks1 += pls[p].ksplit == 1;
                     lean_ks2 += pls[p].ksplit > 1;
+                    bulk_cases += bulk;
                 }
                 if (geglu) { /* GeGLU with a gate and residual: the general kernel */
                     const case_opts og = {1, 1, 1, 0, &pls[p], NULL};
@@ -746,6 +756,51 @@ NIB_TEST(gemm_gpu_lean_variants) {
         rand_w_free(&rb);
         rand_w_free(&ri);
     }
+    { /* the planner's lean rule (ops/gemm_plan.c) through nib_cuda_gemm_plan: an INT4 weight with a long K at
+       * M = 1 (16384 -> 2048's kind) takes one K split, 8 warps along K and bulk rings where the lean kernel
+       * runs, the long-K rule's K split with NIB_GEMM_LEAN=0 or act-order (no lean kernel); NVFP4 at M = 1
+       * with one K split takes the bulk rings, with NIB_GEMM_LEAN=0 register weights */
+        rand_w r4, r4p, rn;
+        REQUIRE(make_rand_w(&rng, NIB_WFMT_INT4, 128, 8192, 0, 0, 0, 0, &r4));
+        REQUIRE(make_rand_w(&rng, NIB_WFMT_INT4, 128, 8192, 0, 1, 0, 0, &r4p));
+        REQUIRE(make_rand_w(&rng, NIB_WFMT_NVFP4, 4096, 2048, 0, 0, 0, 0, &rn));
+        nib_dev_arena a4, a4p, an;
+        nib_qweight q4, q4p, qn;
+        load_probe(t, &r4.w, 0, &a4, &q4);
+        load_probe(t, &r4p.w, 0, &a4p, &q4p);
+        load_probe(t, &rn.w, 0, &an, &qn);
+        nib_gemm_plan pl, pl0, plp, pln, pln0;
+        CHECK_OK(nib_cuda_gemm_plan(&q4, 1, ws.acc_elems, &pl));
+        CHECK_OK(nib_cuda_gemm_plan(&q4p, 1, ws.acc_elems, &plp));
+        CHECK_OK(nib_cuda_gemm_plan(&qn, 1, ws.acc_elems, &pln));
+        setenv("NIB_GEMM_LEAN", "0", 1);
+        CHECK_OK(nib_cuda_gemm_plan(&q4, 1, ws.acc_elems, &pl0));
+        CHECK_OK(nib_cuda_gemm_plan(&qn, 1, ws.acc_elems, &pln0));
+        unsetenv("NIB_GEMM_LEAN");
+        CHECK_MSG(pl.ksplit == 1 && pl.wk == 8 && pl.reg == 2, "INT4 8192 -> 128, M = 1, lean: wk%d ks%d reg%d", pl.wk,
+                  pl.ksplit, pl.reg);
+        CHECK_MSG(pl0.ksplit > 1 && plp.ksplit > 1, "INT4 8192 -> 128, M = 1 without the lean kernel: ks%d / ks%d (act-order)",
+                  pl0.ksplit, plp.ksplit);
+        CHECK_MSG(pln.ksplit == 1 && pln.reg == 2 && pln0.ksplit == 1 && pln0.reg == 1,
+                  "NVFP4 2048 -> 4096, M = 1: ks%d reg%d lean, ks%d reg%d not", pln.ksplit, pln.reg, pln0.ksplit, pln0.reg);
+        /* the plain product on the lean rule's plans (one lean launch each), against the reference, twice bitwise */
+        const case_opts plain = {0, 0, 0, 0, NULL, NULL};
+        const rand_w *pw[2] = {&r4, &rn};
+        for (int i = 0; i < 2; i++) {
+            const long long before = nib_cuda_gemm_lean_launches();
+            const double r = run_case(t, &rng, &pw[i]->w, 1, &plain, &ws, 1);
+            CHECK_MSG(r <= 1.0, "%s by the planner: err/bound %.3f", i ? "nvfp4" : "int4", r);
+            CHECK_MSG(nib_cuda_gemm_lean_launches() - before == 2, "%s by the planner: %lld lean launches, expected 2",
+                      i ? "nvfp4" : "int4", nib_cuda_gemm_lean_launches() - before);
+            worst = fmax(worst, r);
+        }
+        nib_dev_arena_free(&a4);
+        nib_dev_arena_free(&a4p);
+        nib_dev_arena_free(&an);
+        rand_w_free(&r4);
+        rand_w_free(&r4p);
+        rand_w_free(&rn);
+    }
     { /* a bad value of NIB_GEMM_LEAN is an error naming it, not a silent choice */
         rand_w rw;
         REQUIRE(make_rand_w(&rng, NIB_WFMT_NVFP4, 64, 1024, 0, 0, 0, 0, &rw));
@@ -778,6 +833,8 @@ NIB_TEST(gemm_gpu_lean_variants) {
     CHECK_MSG(lean_ks1 > 0 && lean_ks2 > 0, "both K-split modes of the lean kernels must be exercised (%d / %d)",
               lean_ks1, lean_ks2);
     CHECK_MSG(wg_kcl > 0, "the wgmma kernel's cluster K split must be exercised");
+    CHECK_MSG(bulk_cases > 0, "NVFP4's MT = 1 bulk-ring plans must be exercised");
+    printf("  %d NVFP4 MT = 1 bulk-ring cases\n", bulk_cases);
     nib_cuda_gemm_ws_free(&ws);
 }
 

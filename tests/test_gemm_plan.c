@@ -96,8 +96,8 @@ static void plan_text(const nib_gemm_plan *pl, char *buf, size_t n) {
 /* The planner's picks against one recorded sweep: every (K, N, M) case of its NVFP4 rows, the
  * best measured mma.sync plan (rows whose plan starts with "mt": newer sweeps also time the wgmma
  * kernel, which the engine picks by its own rule) against the time of the plan the planner picks. */
-static void plan_regret_fmt(nib_test_ctx *t, const char *file, const char *variant, nib_wfmt fmt, int64_t m_max,
-                            uint64_t ws_elems, int want_cases, double geo_max, double worst_max) {
+static void plan_regret_fmt_lean(nib_test_ctx *t, const char *file, const char *variant, nib_wfmt fmt, int lean,
+                                 int64_t m_max, uint64_t ws_elems, int want_cases, double geo_max, double worst_max) {
     nib_json_doc *doc = read_recorded(t, file);
     if (!doc) return;
     const nib_json_value *rows = nib_json_get(nib_json_root(doc), "rows");
@@ -114,7 +114,7 @@ static void plan_regret_fmt(nib_test_ctx *t, const char *file, const char *varia
         CHECK_OK(nib_json_int64(nib_json_get(r, "m"), &m));
         if (m > m_max) continue;
         double best = INFINITY, picked = NAN;
-        nib_gemm_shape sh = {fmt, (n + 15) / 16 * 16, (k + NIB_GEMM_KCH - 1) / NIB_GEMM_KCH * NIB_GEMM_KCH};
+        nib_gemm_shape sh = {fmt, (n + 15) / 16 * 16, (k + NIB_GEMM_KCH - 1) / NIB_GEMM_KCH * NIB_GEMM_KCH, lean};
         nib_gemm_plan pl;
         CHECK_OK(nib_gemm_plan_for(&sh, m, ws_elems, SWEEP_SMS, &pl));
         char want[96];
@@ -141,8 +141,12 @@ static void plan_regret_fmt(nib_test_ctx *t, const char *file, const char *varia
     }
     nib_json_free(doc);
     char what[160];
-    snprintf(what, sizeof what, "%s (%s): the planner's plans are", file, variant);
+    snprintf(what, sizeof what, "%s (%s%s): the planner's plans are", file, variant, lean ? ", lean" : "");
     regret_check(t, &rs, what, want_cases, geo_max, worst_max);
+}
+static void plan_regret_fmt(nib_test_ctx *t, const char *file, const char *variant, nib_wfmt fmt, int64_t m_max,
+                            uint64_t ws_elems, int want_cases, double geo_max, double worst_max) {
+    plan_regret_fmt_lean(t, file, variant, fmt, 0, m_max, ws_elems, want_cases, geo_max, worst_max);
 }
 static void plan_regret_on(nib_test_ctx *t, const char *file, int64_t m_max, int want_cases, double geo_max,
                            double worst_max) {
@@ -166,6 +170,21 @@ NIB_TEST(gemm_plan_matches_recorded_sweep) {
 NIB_TEST(gemm_plan_bulk_matches_recorded_sweep) {
     plan_regret_fmt(t, SWEEP_FILE_V6, "int4-g128", NIB_WFMT_INT4, 8, 32768ull * 64 * 2, 10, V6_INT4_GEO, V6_INT4_WORST);
     plan_regret_fmt(t, SWEEP_FILE_V6, "mxfp4", NIB_WFMT_MXFP4, 8, 32768ull * 64 * 2, 10, V6_MX_GEO, V6_MX_WORST);
+}
+
+/* The lean rule (ops/gemm_plan.c): the planner for products that run the lean MT = 1 instantiations, against
+ * v7 (the issue-3 shapes 16384 -> 2048 and 2048 -> 32768 at M = 1 and 4, every mma.sync plan timed with the
+ * lean kernels, forty-ninth session; the lab's workspace for M <= 16: 1 x 32768 x 64 x 2 floats). The same cases without the rule (lean = 0): the picks were 1.064x (INT4) and 1.015x (NVFP4) off the best plan
+ * (geometric mean; worst 1.184x / 1.038x). Bounds: the rule's values on that file rounded up (a ratchet). */
+#define SWEEP_FILE_V7 "bench/results/gemm-sweep-h100-v7-lean.json"
+#define V7_WS_ELEMS (32768ull * 64 * 2)
+#define V7_INT4_GEO 1.021 /* the lean rule's values on v7 (1.0203x, 1.084x; NVFP4 1.0000x, 1.000x), rounded up */
+#define V7_INT4_WORST 1.085
+#define V7_NV_GEO 1.001
+#define V7_NV_WORST 1.001
+NIB_TEST(gemm_plan_lean_matches_recorded_sweep) {
+    plan_regret_fmt_lean(t, SWEEP_FILE_V7, "int4-g128", NIB_WFMT_INT4, 1, 4, V7_WS_ELEMS, 4, V7_INT4_GEO, V7_INT4_WORST);
+    plan_regret_fmt_lean(t, SWEEP_FILE_V7, "nvfp4", NIB_WFMT_NVFP4, 1, 4, V7_WS_ELEMS, 4, V7_NV_GEO, V7_NV_WORST);
 }
 
 /* INT4 on the wgmma kernel: the token tile the planner picks (nib_gemm_wg_tile), against the
@@ -230,7 +249,7 @@ NIB_TEST(gemm_wg_int4_tile_matches_recorded) {
  * is read before it), and a malformed entry or a plan that does not fit is an error naming the
  * knob, never a silent fallback. */
 NIB_TEST(gemm_plan_force_knob) {
-    const nib_gemm_shape o = {NIB_WFMT_NVFP4, 1024, 2048}, down = {NIB_WFMT_NVFP4, 1024, 4096};
+    const nib_gemm_shape o = {NIB_WFMT_NVFP4, 1024, 2048, 0}, down = {NIB_WFMT_NVFP4, 1024, 4096, 0};
     nib_gemm_plan p0, p16, p, q;
     unsetenv("NIB_GEMM_FORCE");
     CHECK_OK(nib_gemm_plan_for(&o, 10, SWEEP_WS_ELEMS, SWEEP_SMS, &p0));
@@ -266,9 +285,9 @@ NIB_TEST(gemm_plan_force_knob) {
  * model; elsewhere (M, K, rule 0, a workspace too small for the split) no hit, and the planner
  * decides. NIB_GEMM_FORCE wins; NIB_GEMM_RULE=0 turns it off; other values are errors. */
 NIB_TEST(gemm_plan_rule_k1024) {
-    const nib_gemm_shape qkv = {NIB_WFMT_NVFP4, 2560, 1024}, o = {NIB_WFMT_NVFP4, 1024, 2048},
-                         gu = {NIB_WFMT_NVFP4, 8192, 1024}, down = {NIB_WFMT_NVFP4, 1024, 4096},
-                         odd = {NIB_WFMT_NVFP4, 1024, 1152};
+    const nib_gemm_shape qkv = {NIB_WFMT_NVFP4, 2560, 1024, 0}, o = {NIB_WFMT_NVFP4, 1024, 2048, 0},
+                         gu = {NIB_WFMT_NVFP4, 8192, 1024, 0}, down = {NIB_WFMT_NVFP4, 1024, 4096, 0},
+                         odd = {NIB_WFMT_NVFP4, 1024, 1152, 0};
     const struct {
         const nib_gemm_shape *w;
         int ks;
@@ -331,7 +350,7 @@ NIB_TEST(gemm_plan_invariants) {
                 for (size_t wi = 0; wi < NIB_ARRAY_LEN(wss); wi++) {
                     const int64_t m = ms[mi];
                     nib_gemm_shape sh = {fmts[f], (shapes[s][1] + 15) / 16 * 16,
-                                         (shapes[s][0] + NIB_GEMM_KCH - 1) / NIB_GEMM_KCH * NIB_GEMM_KCH};
+                                         (shapes[s][0] + NIB_GEMM_KCH - 1) / NIB_GEMM_KCH * NIB_GEMM_KCH, 0};
                     const int ng = (int)(sh.np / 16), nchunks = (int)(sh.kp / NIB_GEMM_KCH);
                     int n = nib_gemm_plans_for(&sh, m, wss[wi], SWEEP_SMS, all, NIB_ARRAY_LEN(all));
                     REQUIRE(n > 0 && n < (int)NIB_ARRAY_LEN(all));
@@ -370,20 +389,27 @@ NIB_TEST(gemm_plan_invariants) {
                                       "plan mt%d wk%d ks%d occ%d reg%d enumerated twice", p->mt, p->wk, p->ksplit, p->occ,
                                       p->reg);
                     }
-                    nib_gemm_plan pick, again;
-                    CHECK_OK(nib_gemm_plan_for(&sh, m, wss[wi], SWEEP_SMS, &pick));
-                    CHECK_OK(nib_gemm_plan_for(&sh, m, wss[wi], SWEEP_SMS, &again)); /* from the cache */
-                    CHECK_MSG(!memcmp(&pick, &again, sizeof pick), "cached plan differs");
-                    int found = 0;
-                    for (int i = 0; i < n; i++) found |= !memcmp(&all[i], &pick, sizeof pick);
-                    CHECK_MSG(found, "fmt %d K=%lld N=%lld M=%lld: the pick wk%d ks%d occ%d is not an enumerated plan",
-                              (int)fmts[f], (long long)sh.kp, (long long)sh.np, (long long)m, pick.wk, pick.ksplit,
-                              pick.occ);
+                    for (int lean = 0; lean < 2; lean++) { /* the lean rule picks among the same plans */
+                        sh.lean = lean;
+                        nib_gemm_plan pick, again;
+                        CHECK_OK(nib_gemm_plan_for(&sh, m, wss[wi], SWEEP_SMS, &pick));
+                        CHECK_OK(nib_gemm_plan_for(&sh, m, wss[wi], SWEEP_SMS, &again)); /* from the cache */
+                        CHECK_MSG(!memcmp(&pick, &again, sizeof pick), "cached plan differs");
+                        int found = 0;
+                        for (int i = 0; i < n; i++) found |= !memcmp(&all[i], &pick, sizeof pick);
+                        CHECK_MSG(found, "fmt %d lean %d K=%lld N=%lld M=%lld: the pick wk%d ks%d occ%d is not an enumerated "
+                                  "plan", (int)fmts[f], lean, (long long)sh.kp, (long long)sh.np, (long long)m, pick.wk,
+                                  pick.ksplit, pick.occ);
+                        /* the lean kernels' bulk rings: NVFP4 only with one K split; FP8 never */
+                        CHECK_MSG(pick.reg != 2 || fmts[f] != NIB_WFMT_FP8, "FP8 plan with bulk rings");
+                        CHECK_MSG(pick.reg != 2 || fmts[f] != NIB_WFMT_NVFP4 || (lean && pick.ksplit == 1),
+                                  "NVFP4 bulk plan (lean %d, ks%d) outside the lean rule", lean, pick.ksplit);
+                    }
                     checked += n;
                 }
     printf("  %d plans checked\n", checked);
     nib_gemm_plan pl;
-    nib_gemm_shape odd = {NIB_WFMT_NVFP4, 100, 1024}, ok = {NIB_WFMT_NVFP4, 128, 1024}, kodd = {NIB_WFMT_NVFP4, 128, 1000};
+    nib_gemm_shape odd = {NIB_WFMT_NVFP4, 100, 1024, 0}, ok = {NIB_WFMT_NVFP4, 128, 1024, 0}, kodd = {NIB_WFMT_NVFP4, 128, 1000, 0};
     CHECK_ST(nib_gemm_plan_for(&odd, 1, 0, SWEEP_SMS, &pl), NIB_ERR_INVALID_ARG);
     CHECK_ST(nib_gemm_plan_for(&kodd, 1, 0, SWEEP_SMS, &pl), NIB_ERR_INVALID_ARG);
     CHECK_ST(nib_gemm_plan_for(&ok, 0, 0, SWEEP_SMS, &pl), NIB_ERR_INVALID_ARG);

@@ -1255,6 +1255,7 @@ static nib_status weight_shape(const nib_qweight *w, int64_t m, nib_gemm_shape *
     sh->fmt = w->fmt;
     sh->np = w->np;
     sh->kp = w->kp;
+    sh->lean = 0;
     return NIB_OK;
 }
 
@@ -1363,9 +1364,19 @@ nib_status nib_cuda_gemm_wg_plan(const nib_qweight *w, int64_t m, int bt, int ks
     return NIB_OK;
 }
 
-nib_status nib_cuda_gemm_plan(const nib_qweight *w, int64_t m, uint64_t ws_elems, nib_gemm_plan *pl) {
+static int lean_env(void);
+/* Whether the lean MT = 1 instantiations would run this product (launch_mt: NVFP4 and INT4, no act-order, no
+ * bias, no GeGLU or q|k|v epilogue, INT4 also no gate or residual), for the planner's lean rule */
+static int plan_lean(const nib_qweight *w, const nib_gemm_epi *epi, int qkv) {
+    if (lean_env() != 1 || w->perm || w->bias || w->geglu || qkv) return 0;
+    if (w->fmt == NIB_WFMT_INT4) return !(epi && (epi->gate || epi->residual));
+    return w->fmt == NIB_WFMT_NVFP4;
+}
+
+static nib_status cuda_plan(const nib_qweight *w, int64_t m, uint64_t ws_elems, int lean, nib_gemm_plan *pl) {
     nib_gemm_shape sh;
     NIB_RETURN_IF_ERR(weight_shape(w, m, &sh));
+    sh.lean = lean;
     int hit = 0;
     NIB_RETURN_IF_ERR(nib_gemm_plan_rule(&sh, w->plan_rule, m, ws_elems, g_num_sms, pl, &hit));
     if (hit) return NIB_OK;
@@ -1373,6 +1384,11 @@ nib_status nib_cuda_gemm_plan(const nib_qweight *w, int64_t m, uint64_t ws_elems
     const int bt = nib_gemm_wg_tile(w->fmt, w->perm != NULL, m, w->np, w->kp, ws_elems, g_num_sms, &ks, &cm);
     if (bt) return nib_cuda_gemm_wg_plan(w, m, bt, ks, cm, pl);
     return nib_gemm_plan_for(&sh, m, ws_elems, g_num_sms, pl);
+}
+
+nib_status nib_cuda_gemm_plan(const nib_qweight *w, int64_t m, uint64_t ws_elems, nib_gemm_plan *pl) {
+    if (!w) return NIB_ERR(NIB_ERR_INVALID_ARG, "gemm: NULL weight");
+    return cuda_plan(w, m, ws_elems, plan_lean(w, NULL, 0), pl);
 }
 
 int nib_cuda_gemm_plans(const nib_qweight *w, int64_t m, uint64_t ws_elems, nib_gemm_plan *out, int max) {
@@ -1501,16 +1517,16 @@ static int lean_kind(const GemmParams &p) {
 
 /* the lean instantiations: NVFP4's MT = 2 plans with register-loaded weights (the action expert's at H <= 16)
  * and MT = 1 ones (M <= 8: decoding, the issue-3 lab's M = 1 rows) */
-template <int FMT, int MT>
+template <int FMT, int MT, int REG = 1>
 static nib_status launch_lean(int lk, const GemmParams &p, dim3 g, size_t smem, cudaStream_t s) {
     __atomic_fetch_add(&g_lean_launches, 1, __ATOMIC_RELAXED);
     switch (lk) {
-    case LEAN(LEAN_PLAIN, 1): return launch_t<FMT, MT, 1, 2, 1, LEAN(LEAN_PLAIN, 1)>(p, g, smem, s);
-    case LEAN(LEAN_PLAIN, 2): return launch_t<FMT, MT, 1, 2, 1, LEAN(LEAN_PLAIN, 2)>(p, g, smem, s);
-    case LEAN(LEAN_GEGLU, 1): return launch_t<FMT, MT, 1, 2, 1, LEAN(LEAN_GEGLU, 1)>(p, g, smem, s);
-    case LEAN(LEAN_GEGLU, 2): return launch_t<FMT, MT, 1, 2, 1, LEAN(LEAN_GEGLU, 2)>(p, g, smem, s);
-    case LEAN(LEAN_QKV, 1): return launch_t<FMT, MT, 1, 2, 1, LEAN(LEAN_QKV, 1)>(p, g, smem, s);
-    case LEAN(LEAN_QKV, 2): return launch_t<FMT, MT, 1, 2, 1, LEAN(LEAN_QKV, 2)>(p, g, smem, s);
+    case LEAN(LEAN_PLAIN, 1): return launch_t<FMT, MT, 1, 2, REG, LEAN(LEAN_PLAIN, 1)>(p, g, smem, s);
+    case LEAN(LEAN_PLAIN, 2): return launch_t<FMT, MT, 1, 2, REG, LEAN(LEAN_PLAIN, 2)>(p, g, smem, s);
+    case LEAN(LEAN_GEGLU, 1): return launch_t<FMT, MT, 1, 2, REG, LEAN(LEAN_GEGLU, 1)>(p, g, smem, s);
+    case LEAN(LEAN_GEGLU, 2): return launch_t<FMT, MT, 1, 2, REG, LEAN(LEAN_GEGLU, 2)>(p, g, smem, s);
+    case LEAN(LEAN_QKV, 1): return launch_t<FMT, MT, 1, 2, REG, LEAN(LEAN_QKV, 1)>(p, g, smem, s);
+    case LEAN(LEAN_QKV, 2): return launch_t<FMT, MT, 1, 2, REG, LEAN(LEAN_QKV, 2)>(p, g, smem, s);
     default: return NIB_ERR(NIB_ERR_INTERNAL, "gemm: lean kind %d", lk);
     }
 }
@@ -1524,6 +1540,14 @@ static nib_status launch_lean_int4(int lk, const GemmParams &p, dim3 g, size_t s
                                      : launch_t<NIB_WFMT_INT4, 1, 1, 2, REG, LEAN(LEAN_PLAIN, 2)>(p, g, smem, s);
 }
 
+/* NVFP4's MT = 1 plans with bulk-copied weights (REG 2) and a plain epilogue */
+template <int FMT>
+static nib_status launch_lean_bulk(int lk, const GemmParams &p, dim3 g, size_t smem, cudaStream_t s) {
+    __atomic_fetch_add(&g_lean_launches, 1, __ATOMIC_RELAXED);
+    return lk == LEAN(LEAN_PLAIN, 1) ? launch_t<FMT, 1, 1, 2, 2, LEAN(LEAN_PLAIN, 1)>(p, g, smem, s)
+                                     : launch_t<FMT, 1, 1, 2, 2, LEAN(LEAN_PLAIN, 2)>(p, g, smem, s);
+}
+
 template <int FMT>
 static nib_status launch_mt(int mt, int occ, int reg, const GemmParams &p, dim3 g, size_t smem, cudaStream_t s) {
     if constexpr (FMT == NIB_WFMT_INT4) {
@@ -1535,10 +1559,11 @@ static nib_status launch_mt(int mt, int occ, int reg, const GemmParams &p, dim3 
         }
     }
     if constexpr (FMT == NIB_WFMT_NVFP4) {
-        if ((mt == 1 || mt == 2) && reg == 1) {
+        if (((mt == 1 || mt == 2) && reg == 1) || (mt == 1 && reg == 2 && !p.qkv && !p.geglu)) {
             const int env = lean_env();
             if (env < 0) return lean_env_error();
             const int lk = env ? lean_kind(p) : 0;
+            if (lk && reg == 2) return launch_lean_bulk<FMT>(lk, p, g, smem, s);
             if (lk) return mt == 1 ? launch_lean<FMT, 1>(lk, p, g, smem, s) : launch_lean<FMT, 2>(lk, p, g, smem, s);
         }
     }
@@ -1657,7 +1682,7 @@ static nib_status gemm_run(const nib_qweight *w, const void *x, int64_t m, int64
             return NIB_ERR(NIB_ERR_SHAPE, "gemm: the given plan's %d K splits do not fit the workspace", plan->ksplit);
         pl = *plan;
     } else {
-        NIB_RETURN_IF_ERR(nib_cuda_gemm_plan(w, m, ws ? ws->acc_elems : 0, &pl));
+        NIB_RETURN_IF_ERR(cuda_plan(w, m, ws ? ws->acc_elems : 0, plan_lean(w, epi, qa != NULL), &pl));
     }
     if (!pl.wgt && pl.ksplit > 1 && (uint64_t)pl.m_chunks * pl.row_blocks > ws->n_counters)
         return NIB_ERR(NIB_ERR_SHAPE, "gemm: workspace has %llu tile counters, M=%lld with padded N=%lld needs %llu",
