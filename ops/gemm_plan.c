@@ -131,8 +131,11 @@ static int mt_allowed(int64_t m, int mt) {
  * these shapes the search keeps only plans with a K split, at most 2 warps along K (the K split
  * goes across CTAs, not across the warps of one) and more than one CTA, at most two, per SM; the
  * cost model picks among them (its ties keep the fewer K splits: wk2 ks8 there). */
-static int long_k_gemv(const nib_gemm_shape *w, int64_t m) {
-    return m <= 8 && w->kp / NIB_GEMM_KCH >= 64 && !(w->lean && w->fmt == NIB_WFMT_INT4 && m == 1);
+static int long_k_gemv(const nib_gemm_shape *w, int64_t m, int sms) {
+    /* the lean rule's INT4 exception (below): where one CTA per row group (8 warps along K) fills >= 3/4 of the
+     * SMs, as 16384 -> 2048's 128 do; narrower weights keep the K split (not measured) */
+    const int int4_lean = w->lean && w->fmt == NIB_WFMT_INT4 && m == 1 && w->np / 16 * 4 >= 3 * (int64_t)sms;
+    return m <= 8 && w->kp / NIB_GEMM_KCH >= 64 && !int4_lean;
 }
 
 /* Bulk-ring rule. For INT4 and MXFP4 at M <= 8 (MT = 1) the weights move by cp.async.bulk into
@@ -150,17 +153,22 @@ static int long_k_gemv(const nib_gemm_shape *w, int64_t m) {
  * row group streams its own run of chunks: 16384 -> 2048 wk1 ks16 11.15 us, wk2 ks8 12.03). */
 /* Lean rule (forty-ninth session). With the lean MT = 1 instantiations (nib_gemm_shape.lean) two picks
  * change, from `nib bench gemm --sweep` at M = 1 and 4 (bench/results/gemm-sweep-h100-v7-lean.json):
- * - INT4 at M = 1 on a long K: one K split, 8 warps along K, bulk rings (16384 -> 2048: 9.51 us against
- *   the long-K rule's wk1 ks16 11.26; without the lean kernel the same plan took 13.14 in v6), which is
- *   the model's own pick once the long-K rule is lifted;
- * - NVFP4 plans with one K split at M <= 8 take the bulk rings, as INT4 / MXFP4 do (2048 -> 32768: 14.09
- *   against 14.39 us at M = 1, 15.38 against 15.96 at M = 4). NVFP4 plans with K splits keep register
- *   weights (16384 -> 2048: wk2 ks8 regw 9.24 us stays the fastest). */
+ * - INT4 at M = 1 on a long K with at least 3/4 of the SM count in row groups: one K split, 8 warps along
+ *   K, bulk rings (16384 -> 2048: 9.51 us against the long-K rule's wk1 ks16 11.26; without the lean
+ *   kernel the same plan took 13.14 in v6), which is the model's own pick once the long-K rule is lifted;
+ * - NVFP4 plans with one K split and at least 4 pipeline steps per warp at M <= 8 take the bulk rings, as
+ *   INT4 / MXFP4 do (2048 -> 32768: 14.09 against 14.39 us at M = 1, 15.38 against 15.96 at M = 4). With
+ *   2 or 3 steps per warp it was a draw over the lab's other shapes at M = 1, 4, 8
+ *   (bench/results/gemm-sweep-h100-v7b-lean-shapes.json, bulk against the same plan with register
+ *   weights: 1024 -> 8192 3.57 / 4.19 / 4.27 against 3.27 / 4.58 / 4.68 us, 2048 -> 2560 3.19 / 3.78 / 3.94
+ *   against 3.09 / 3.65 / 3.92, 1152 -> 4304 3.46 / 3.94 / 4.05 against 3.67 / 3.86 / 3.99), so those keep
+ *   register weights. NVFP4 plans with K splits keep register weights too (16384 -> 2048: wk2 ks8 regw
+ *   9.24 us stays the fastest). */
 static int bulk_ring(nib_wfmt fmt, int lean, int64_t m, int mt, int64_t nchunks, int wk, int ks) {
     const int nv = fmt == NIB_WFMT_NVFP4 && lean && ks == 1;
     if ((fmt != NIB_WFMT_INT4 && fmt != NIB_WFMT_MXFP4 && !nv) || m > 8 || mt != 1) return 0;
     const int64_t cpc = (nchunks + ks - 1) / ks, per_step = (int64_t)wk * NIB_GEMM_CPS(1);
-    return (cpc + per_step - 1) / per_step >= 2;
+    return (cpc + per_step - 1) / per_step >= (nv ? 4 : 2);
 }
 
 /* The cheapest plan by the model (lk: only the long-K GEMV rule's plans); pl->wk = 0 when none fits. */
@@ -201,7 +209,7 @@ static void plan_search_in(const nib_gemm_shape *w, int64_t m, uint64_t ws_elems
 }
 
 static nib_status plan_search(const nib_gemm_shape *w, int64_t m, uint64_t ws_elems, int sms, nib_gemm_plan *pl) {
-    const int lk = long_k_gemv(w, m);
+    const int lk = long_k_gemv(w, m, sms);
     plan_search_in(w, m, ws_elems, sms, lk, pl);
     if (!pl->wk && lk) plan_search_in(w, m, ws_elems, sms, 0, pl); /* no long-K plan fits (a small split-K
                                                                        * workspace): the model's pick */

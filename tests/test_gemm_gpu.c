@@ -757,13 +757,14 @@ NIB_TEST(gemm_gpu_lean_variants) {
         rand_w_free(&ri);
     }
     { /* the planner's lean rule (ops/gemm_plan.c) through nib_cuda_gemm_plan: an INT4 weight with a long K at
-       * M = 1 (16384 -> 2048's kind) takes one K split, 8 warps along K and bulk rings where the lean kernel
+       * M = 1 (16384 -> 2048's kind; here 8192 -> 2048) takes one K split, 8 warps along K and bulk rings where the lean kernel
        * runs, the long-K rule's K split with NIB_GEMM_LEAN=0 or act-order (no lean kernel); NVFP4 at M = 1
-       * with one K split takes the bulk rings, with NIB_GEMM_LEAN=0 register weights */
+       * with one K split and 4+ steps per warp (2048 -> 16384: wk1, 8 steps) takes the bulk rings, with
+       * NIB_GEMM_LEAN=0 register weights */
         rand_w r4, r4p, rn;
-        REQUIRE(make_rand_w(&rng, NIB_WFMT_INT4, 128, 8192, 0, 0, 0, 0, &r4));
-        REQUIRE(make_rand_w(&rng, NIB_WFMT_INT4, 128, 8192, 0, 1, 0, 0, &r4p));
-        REQUIRE(make_rand_w(&rng, NIB_WFMT_NVFP4, 4096, 2048, 0, 0, 0, 0, &rn));
+        REQUIRE(make_rand_w(&rng, NIB_WFMT_INT4, 2048, 8192, 0, 0, 0, 0, &r4));
+        REQUIRE(make_rand_w(&rng, NIB_WFMT_INT4, 2048, 8192, 0, 1, 0, 0, &r4p));
+        REQUIRE(make_rand_w(&rng, NIB_WFMT_NVFP4, 16384, 2048, 0, 0, 0, 0, &rn));
         nib_dev_arena a4, a4p, an;
         nib_qweight q4, q4p, qn;
         load_probe(t, &r4.w, 0, &a4, &q4);
@@ -777,12 +778,12 @@ NIB_TEST(gemm_gpu_lean_variants) {
         CHECK_OK(nib_cuda_gemm_plan(&q4, 1, ws.acc_elems, &pl0));
         CHECK_OK(nib_cuda_gemm_plan(&qn, 1, ws.acc_elems, &pln0));
         unsetenv("NIB_GEMM_LEAN");
-        CHECK_MSG(pl.ksplit == 1 && pl.wk == 8 && pl.reg == 2, "INT4 8192 -> 128, M = 1, lean: wk%d ks%d reg%d", pl.wk,
+        CHECK_MSG(pl.ksplit == 1 && pl.wk == 8 && pl.reg == 2, "INT4 8192 -> 2048, M = 1, lean: wk%d ks%d reg%d", pl.wk,
                   pl.ksplit, pl.reg);
-        CHECK_MSG(pl0.ksplit > 1 && plp.ksplit > 1, "INT4 8192 -> 128, M = 1 without the lean kernel: ks%d / ks%d (act-order)",
+        CHECK_MSG(pl0.ksplit > 1 && plp.ksplit > 1, "INT4 8192 -> 2048, M = 1 without the lean kernel: ks%d / ks%d (act-order)",
                   pl0.ksplit, plp.ksplit);
         CHECK_MSG(pln.ksplit == 1 && pln.reg == 2 && pln0.ksplit == 1 && pln0.reg == 1,
-                  "NVFP4 2048 -> 4096, M = 1: ks%d reg%d lean, ks%d reg%d not", pln.ksplit, pln.reg, pln0.ksplit, pln0.reg);
+                  "NVFP4 2048 -> 16384, M = 1: ks%d reg%d lean, ks%d reg%d not", pln.ksplit, pln.reg, pln0.ksplit, pln0.reg);
         /* the plain product on the lean rule's plans (one lean launch each), against the reference, twice bitwise */
         const case_opts plain = {0, 0, 0, 0, NULL, NULL};
         const rand_w *pw[2] = {&r4, &rn};
