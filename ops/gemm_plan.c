@@ -132,9 +132,10 @@ static int mt_allowed(int64_t m, int mt) {
  * goes across CTAs, not across the warps of one) and more than one CTA, at most two, per SM; the
  * cost model picks among them (its ties keep the fewer K splits: wk2 ks8 there). */
 static int long_k_gemv(const nib_gemm_shape *w, int64_t m, int sms) {
-    /* the lean rule's INT4 exception (below): where one CTA per row group (8 warps along K) fills >= 3/4 of the
-     * SMs, as 16384 -> 2048's 128 do; narrower weights keep the K split (not measured) */
-    const int int4_lean = w->lean && w->fmt == NIB_WFMT_INT4 && m == 1 && w->np / 16 * 4 >= 3 * (int64_t)sms;
+    /* the lean rule's INT4 exception (below): where one CTA per row group (8 warps along K) makes one wave of
+     * 3/4 of the SMs or more, as 16384 -> 2048's 128 do */
+    const int64_t ng = w->np / 16;
+    const int int4_lean = w->lean && w->fmt == NIB_WFMT_INT4 && m == 1 && ng * 4 >= 3 * (int64_t)sms && ng <= sms;
     return m <= 8 && w->kp / NIB_GEMM_KCH >= 64 && !int4_lean;
 }
 
@@ -153,9 +154,15 @@ static int long_k_gemv(const nib_gemm_shape *w, int64_t m, int sms) {
  * row group streams its own run of chunks: 16384 -> 2048 wk1 ks16 11.15 us, wk2 ks8 12.03). */
 /* Lean rule (forty-ninth session). With the lean MT = 1 instantiations (nib_gemm_shape.lean) two picks
  * change, from `nib bench gemm --sweep` at M = 1 and 4 (bench/results/gemm-sweep-h100-v7-lean.json):
- * - INT4 at M = 1 on a long K with at least 3/4 of the SM count in row groups: one K split, 8 warps along
+ * - INT4 at M = 1 on a long K with 3/4 to 1 times the SM count in row groups: one K split, 8 warps along
  *   K, bulk rings (16384 -> 2048: 9.51 us against the long-K rule's wk1 ks16 11.26; without the lean
- *   kernel the same plan took 13.14 in v6), which is the model's own pick once the long-K rule is lifted;
+ *   kernel the same plan took 13.14 in v6), which is the model's own pick once the long-K rule is lifted.
+ *   Over more long-K shapes (bench/results/gemm-sweep-h100-v7d-longk.json) it is the fastest plan at
+ *   8192 / 12288 -> 2048 too (5.24 / 7.47 us against 6.96 / 8.05 for the next); with more row groups than
+ *   SMs the model's pick without the rule went wrong (24576 -> 3072: wk4 ks1 on 96 CTAs 23.57 us against
+ *   the long-K rule's wk1 ks11 18.06); with fewer row groups than 3/4 of the SMs the sweep is mixed
+ *   (8192 -> 1024: the one-split plan on 64 CTAs fastest, 4.82 against 5.30 us; 16384 -> 1024: not among the
+ *   five fastest), so those keep the long-K rule;
  * - NVFP4 plans with one K split and at least 4 pipeline steps per warp at M <= 8 take the bulk rings, as
  *   INT4 / MXFP4 do (2048 -> 32768: 14.09 against 14.39 us at M = 1, 15.38 against 15.96 at M = 4). With
  *   2 or 3 steps per warp it was a draw over the lab's other shapes at M = 1, 4, 8
