@@ -41,7 +41,7 @@ typedef struct bench_cfg {
     int lt_search;  /* --lt-search: a coordinate search over cuBLASLt's configurations (cuBLAS variants) */
     int bf16_listed; /* cublas-bf16 was named in --variants (not only run as the baseline) */
     int hot;   /* --hot: one weight copy (L2-resident after the first call) instead of > 3x L2 */
-    int inplace; /* --inplace: cublas-bf16 adds the product to Y in place (C = Y), as the model's residuals */
+    int inplace; /* --inplace: Y += X W^T in place (cublas-bf16: C = Y; nib's weight-only kernels: the residual) */
     int sms;   /* the device's SM count */
     const char *json_path;
 } bench_cfg;
@@ -68,7 +68,7 @@ typedef struct gemm_ctx {
     nib_gemm_ws *ws;
     const nib_gemm_plan *plan; /* NULL: the planner's choice */
     const nib_fp8_tile *tile;  /* fp8-nib: NULL for the planner's tile */
-    int inplace;               /* cublas-bf16: Y += X W^T (C = Y, beta 1) */
+    int inplace;               /* Y += X W^T (cublas-bf16: C = Y, beta 1; nib's: the epilogue's residual) */
 } gemm_ctx;
 
 static nib_status gemm_call(void *c, int i, void *stream) {
@@ -92,7 +92,13 @@ static nib_status gemm_call(void *c, int i, void *stream) {
         nib_blas_gemm_args a = {1, g->xq, g->sx, 1, g->bw[j], g->sw, 1, g->m, g->n, g->k, NULL, NULL, 0, g->y, g->n};
         return nib_cuda_gemm_fp8(&a, g->tile, stream);
     }
-    default: return nib_cuda_gemm_planned(&g->w[j], g->x, g->m, g->k, g->y, g->n, NULL, g->ws, g->plan, stream);
+    default: {
+        /* --inplace: Y += X W^T through the epilogue's residual (y as its own residual), as a decoder's o and down
+         * products run */
+        const nib_gemm_epi res = {0, NULL, g->y, g->n};
+        return nib_cuda_gemm_planned(&g->w[j], g->x, g->m, g->k, g->y, g->n, g->inplace ? &res : NULL, g->ws, g->plan,
+                                     stream);
+    }
     }
 }
 
@@ -749,7 +755,8 @@ static int bench_gemm(int argc, char **argv) {
                    "every value cuBLASLt accepts timed with the other fields at the best so far (5 reps), the\n"
                    "fastest kept if >= 1 %% faster; two passes. Prints each candidate's result and the best.\n"
                    "--inplace: cublas-bf16 adds its product to Y in place (C = Y, as the model's residual\n"
-                   "products run; cuBLASLt plans those separately).\n");
+                   "products run; cuBLASLt plans those separately), and nib's weight-only variants do the\n"
+                   "same through their epilogue's residual (Y as its own residual, a decoder's o and down).\n");
             return 0;
         } else if (!strcmp(a, "--shapes") && val) {
             if (parse_shapes(val, &cfg) <= 0) {

@@ -225,8 +225,8 @@ typedef struct nib_gemm_plan {
 typedef struct nib_gemm_shape {
     nib_wfmt fmt;
     int64_t np, kp;
-    int lean; /* 1: the product runs the lean MT = 1 instantiations (NVFP4 or INT4, no act-order, no bias, an
-               * epilogue they cover, NIB_GEMM_LEAN not 0); the planner then weighs the plans those made faster
+    int lean; /* 1: the product runs the lean MT = 1 instantiations (NVFP4 or INT4, no act-order, no bias, no
+               * GeGLU or q|k|v epilogue, NIB_GEMM_LEAN not 0); the planner then weighs the plans those made faster
                * (ops/gemm_plan.c, "Lean rule"). 0: the general kernels' rules (the recorded sweeps v4 - v6) */
 } nib_gemm_shape;
 /* NIB_GEMM_FORCE=K:N:M:mt:wk:ks[,...] in the environment (a lab knob: other plans timed inside a

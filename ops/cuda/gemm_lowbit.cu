@@ -1366,11 +1366,11 @@ nib_status nib_cuda_gemm_wg_plan(const nib_qweight *w, int64_t m, int bt, int ks
 
 static int lean_env(void);
 /* Whether the lean MT = 1 instantiations would run this product (launch_mt: NVFP4 and INT4, no act-order, no
- * bias, no GeGLU or q|k|v epilogue, INT4 also no gate or residual), for the planner's lean rule */
+ * bias, no GeGLU or q|k|v epilogue), for the planner's lean rule */
 static int plan_lean(const nib_qweight *w, const nib_gemm_epi *epi, int qkv) {
+    (void)epi; /* gate and residual run on the lean kernels too */
     if (lean_env() != 1 || w->perm || w->bias || w->geglu || qkv) return 0;
-    if (w->fmt == NIB_WFMT_INT4) return !(epi && (epi->gate || epi->residual));
-    return w->fmt == NIB_WFMT_NVFP4;
+    return w->fmt == NIB_WFMT_INT4 || w->fmt == NIB_WFMT_NVFP4;
 }
 
 static nib_status cuda_plan(const nib_qweight *w, int64_t m, uint64_t ws_elems, int lean, nib_gemm_plan *pl) {
@@ -1531,8 +1531,8 @@ static nib_status launch_lean(int lk, const GemmParams &p, dim3 g, size_t smem, 
     }
 }
 
-/* INT4's: its MT = 1 plans without an epilogue (the issue-3 lab's M = 1 rows), weights in registers (REG 1)
- * or by bulk copies (REG 2) */
+/* INT4's: its MT = 1 plans with a plain epilogue (the issue-3 lab's M = 1 rows; gate and residual at run time since
+ * the forty-ninth session: a decoder's down projection), weights in registers (REG 1) or by bulk copies (REG 2) */
 template <int REG>
 static nib_status launch_lean_int4(int lk, const GemmParams &p, dim3 g, size_t smem, cudaStream_t s) {
     __atomic_fetch_add(&g_lean_launches, 1, __ATOMIC_RELAXED);
@@ -1551,7 +1551,7 @@ static nib_status launch_lean_bulk(int lk, const GemmParams &p, dim3 g, size_t s
 template <int FMT>
 static nib_status launch_mt(int mt, int occ, int reg, const GemmParams &p, dim3 g, size_t smem, cudaStream_t s) {
     if constexpr (FMT == NIB_WFMT_INT4) {
-        if (mt == 1 && reg && !p.qkv && !p.geglu && !p.gate && !p.res) {
+        if (mt == 1 && reg && !p.qkv && !p.geglu) {
             const int env = lean_env();
             if (env < 0) return lean_env_error();
             const int lk = env ? lean_kind(p) : 0;
