@@ -147,9 +147,10 @@ static int long_k_gemv(const nib_gemm_shape *w, int64_t m, int sms) {
  * 4.80 against 5.68 / 5.63; 4096 -> 1024 4.60 / 4.62 against 5.02 / 4.95; 16384 -> 2048 (K split 16,
  * one warp along K) 11.15 / 11.01 against the register plan's 11.84 / 11.32. Where a warp has
  * one step (1024 -> 2560: 3.40 against 3.34 us) there is nothing to pipeline, so the rule needs
- * two. NVFP4 and FP8 stay on register weights (NVFP4 with the lean kernels: the lean rule below): their
- * bulk plans were slower on every shape of that sweep (2048 -> 32768 NVFP4 17.92 against 16.68 us); the bulk path moves ~2.1 TB/s whatever
- * the format, where NVFP4's register path reaches ~2.26. The model prices a bulk plan as the
+ * two. NVFP4 and FP8 stay on register weights (NVFP4 with the lean kernels: the lean rule below):
+ * their bulk plans were slower on every shape of that sweep (2048 -> 32768 NVFP4 17.92 against
+ * 16.68 us); the bulk path moves ~2.1 TB/s whatever the format, where NVFP4's register path
+ * reaches ~2.26. The model prices a bulk plan as the
  * register plan it replaces; among equal costs it keeps the fewer warps along K (one warp per
  * row group streams its own run of chunks: 16384 -> 2048 wk1 ks16 11.15 us, wk2 ks8 12.03). */
 /* Lean rule (forty-ninth session). With the lean MT = 1 instantiations (nib_gemm_shape.lean) two picks

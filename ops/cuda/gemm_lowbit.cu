@@ -1367,8 +1367,7 @@ nib_status nib_cuda_gemm_wg_plan(const nib_qweight *w, int64_t m, int bt, int ks
 static int lean_env(void);
 /* Whether the lean MT = 1 instantiations would run this product (launch_mt: NVFP4 and INT4, no act-order, no
  * bias, no GeGLU or q|k|v epilogue), for the planner's lean rule */
-static int plan_lean(const nib_qweight *w, const nib_gemm_epi *epi, int qkv) {
-    (void)epi; /* gate and residual run on the lean kernels too */
+static int plan_lean(const nib_qweight *w, int qkv) { /* (gate and residual run on the lean kernels too) */
     if (lean_env() != 1 || w->perm || w->bias || w->geglu || qkv) return 0;
     return w->fmt == NIB_WFMT_INT4 || w->fmt == NIB_WFMT_NVFP4;
 }
@@ -1388,7 +1387,7 @@ static nib_status cuda_plan(const nib_qweight *w, int64_t m, uint64_t ws_elems, 
 
 nib_status nib_cuda_gemm_plan(const nib_qweight *w, int64_t m, uint64_t ws_elems, nib_gemm_plan *pl) {
     if (!w) return NIB_ERR(NIB_ERR_INVALID_ARG, "gemm: NULL weight");
-    return cuda_plan(w, m, ws_elems, plan_lean(w, NULL, 0), pl);
+    return cuda_plan(w, m, ws_elems, plan_lean(w, 0), pl);
 }
 
 int nib_cuda_gemm_plans(const nib_qweight *w, int64_t m, uint64_t ws_elems, nib_gemm_plan *out, int max) {
@@ -1682,7 +1681,7 @@ static nib_status gemm_run(const nib_qweight *w, const void *x, int64_t m, int64
             return NIB_ERR(NIB_ERR_SHAPE, "gemm: the given plan's %d K splits do not fit the workspace", plan->ksplit);
         pl = *plan;
     } else {
-        NIB_RETURN_IF_ERR(cuda_plan(w, m, ws ? ws->acc_elems : 0, plan_lean(w, epi, qa != NULL), &pl));
+        NIB_RETURN_IF_ERR(cuda_plan(w, m, ws ? ws->acc_elems : 0, plan_lean(w, qa != NULL), &pl));
     }
     if (!pl.wgt && pl.ksplit > 1 && (uint64_t)pl.m_chunks * pl.row_blocks > ws->n_counters)
         return NIB_ERR(NIB_ERR_SHAPE, "gemm: workspace has %llu tile counters, M=%lld with padded N=%lld needs %llu",
