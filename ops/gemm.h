@@ -191,8 +191,10 @@ long long nib_cuda_gemm_lean_launches(void);
 /* Its token tile for M tokens of a weight with np x kp padded rows x columns on `sms` SMs, or 0 where the
  * mma.sync kernel runs; *ks: the K split (CTAs along K, partial sums in a split-K workspace of ws_elems
  * floats); *cm: CTAs per cluster sharing X by multicast. Environment (lab / A-B): NIB_GEMM_WG=0 never,
- * NIB_GEMM_WG=1 at every M; NIB_GEMM_WG_BT=64|128|192|256 forces the tile (a tile the format lacks is
- * ignored), NIB_GEMM_WG_CM=1|2 the cluster.
+ * NIB_GEMM_WG=1 at every M; NIB_GEMM_WG_BT=16|32|64|128|192|256 forces the tile (a tile the format lacks is
+ * ignored), NIB_GEMM_WG_KS=1..8 the K split, NIB_GEMM_WG_CM=1|2 the cluster (tiles of 64+ tokens).
+ * NVFP4 and INT4 at 9..32 tokens on weights of at least one 128-row tile per SM: the 16- / 32-token tile,
+ * one K split (the mma.sync kernel multiplies each decoded fragment by 2 or 4 token tiles there).
  * Host code (no CUDA needed). */
 int nib_gemm_wg_tile(nib_wfmt fmt, int has_perm, int64_t m, int64_t np, int64_t kp, uint64_t ws_elems, int sms,
                      int *ks, int *cm);
@@ -210,7 +212,7 @@ typedef struct nib_gemm_plan {
     int row_blocks, m_chunks, ctas;
     int xw, nxb, lds, ring_bytes; /* X window (pipeline steps), X buffers, X row stride, ring bytes */
     size_t smem;                  /* dynamic shared memory per CTA */
-    int wgt; /* > 0: the wgmma kernel for large M (ops/cuda/gemm_lowbit_wg.cuh) with tiles of 128 weight rows x wgt
+    int wgt; /* > 0: the wgmma kernel (ops/cuda/gemm_lowbit_wg.cuh) with tiles of 128 weight rows x wgt (16 .. 256)
               * tokens (of the fields above only ksplit, row_blocks, m_chunks, ctas and smem apply); 0: mma.sync */
     int wgc; /* the wgmma kernel: CTAs of adjacent row tiles per cluster sharing each X tile by multicast (1, 2) */
     int wkcl; /* the wgmma kernel with 2..8 K splits and wgc = 1: 1 = the splits of a tile are one cluster and add

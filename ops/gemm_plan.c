@@ -336,7 +336,7 @@ int nib_gemm_plans_for(const nib_gemm_shape *w, int64_t m, uint64_t ws_elems, in
 
 int nib_gemm_wg_tile(nib_wfmt fmt, int has_perm, int64_t m, int64_t np, int64_t kp, uint64_t ws_elems, int sms,
                      int *ks, int *cm) {
-    static const int tiles[] = {64, 128, 192, 256};
+    static const int tiles[] = {16, 32, 64, 128, 192, 256}; /* 16 / 32: only where forced (lab) so far */
     *ks = 1;
     *cm = 1;
     if (m < 1 || np < 1 || kp < NIB_GEMM_KCH || sms < 1 || has_perm ||
@@ -345,13 +345,22 @@ int nib_gemm_wg_tile(nib_wfmt fmt, int has_perm, int64_t m, int64_t np, int64_t 
     const int i4 = fmt == NIB_WFMT_INT4; /* 64- to 192-token tiles, and a group-scale pass per chunk */
     const char *e = getenv("NIB_GEMM_WG");
     if (e && !strcmp(e, "0")) return 0;
-    if (!(e && !strcmp(e, "1")) && m < NIB_GEMM_WG_MIN_M && (m <= NIB_GEMM_WG_MID_M || np * kp < NIB_GEMM_WG_MID_ELEMS))
-        return 0;
     int forced = 0;
     const char *f = getenv("NIB_GEMM_WG_BT");
     if (f && *f)
         for (size_t i = 0; i < sizeof tiles / sizeof tiles[0]; i++)
             if (tiles[i] == atoi(f) && !(i4 && tiles[i] > 192)) forced = tiles[i];
+    const int64_t rows = (np + NIB_GEMM_WG_ROWS - 1) / NIB_GEMM_WG_ROWS, nchunks = kp / NIB_GEMM_KCH;
+    /* Small M on wide weights (NVFP4, INT4; 9..32 tokens; at least one row tile per SM): the 16- or 32-token
+     * tile, one K split, two CTAs per SM, where the mma.sync kernel multiplies each decoded fragment by two or
+     * four token tiles (docs/design.md, "Fiftieth session": 2048 -> 32768, 256 row tiles, M = 10 / 16 / 32
+     * NVFP4 16.5 / 16.6 / 18.0 us against 18.6 / 18.7 / 24.5; 1024 -> 8192, 64 row tiles, lost at M = 10 / 16) */
+    if (!forced && m > 8 && m <= NIB_GEMM_WG_MID_M && rows >= sms && (fmt == NIB_WFMT_NVFP4 || i4)) {
+        *ks = 1;
+        return m <= 16 ? 16 : 32;
+    }
+    if (!(e && !strcmp(e, "1")) && m < NIB_GEMM_WG_MIN_M && (m <= NIB_GEMM_WG_MID_M || np * kp < NIB_GEMM_WG_MID_ELEMS))
+        return 0;
     /* one CTA per SM. Cost of a wave, fitted to `nib bench gemm` over the issue's shapes at M = 16 ..
      * 1024 and every tile (H100, docs/design.md): per chunk of 128 K the tokens plus 80 (the
      * weights decoded), plus a fixed 650 + 8 per token (prologue, epilogue); a K split adds
@@ -359,12 +368,11 @@ int nib_gemm_wg_tile(nib_wfmt fmt, int has_perm, int64_t m, int64_t np, int64_t 
      * GPU (no more CTAs than SMs). INT4 (its group-scale pass and full wait per chunk make a chunk
      * ~1.3-1.4x NVFP4's at the same tile) picks its tile best on the same model: geometric mean
      * 1.006x the best measured tile, worst 1.08x, over 21 cases (tests/test_gemm_plan.c) */
-    const int64_t rows = (np + NIB_GEMM_WG_ROWS - 1) / NIB_GEMM_WG_ROWS, nchunks = kp / NIB_GEMM_KCH;
     int best = 0;
     double best_cost = 1e300;
     for (size_t i = 0; i < sizeof tiles / sizeof tiles[0]; i++) {
         const int bt = tiles[i];
-        if ((forced && bt != forced) || (i4 && bt > 192)) continue;
+        if ((forced && bt != forced) || (i4 && bt > 192) || (bt < 64 && !forced)) continue;
         const int64_t ctas = (m + bt - 1) / bt * rows;
         for (int k = 1; k <= 8; k++) {
             const int64_t cps = (nchunks + k - 1) / k;
@@ -379,7 +387,9 @@ int nib_gemm_wg_tile(nib_wfmt fmt, int has_perm, int64_t m, int64_t np, int64_t 
         }
     }
     const char *c = getenv("NIB_GEMM_WG_CM");
-    if (best && c && !strcmp(c, "2")) *cm = 2;
+    if (best >= 64 && c && !strcmp(c, "2")) *cm = 2;
+    const char *kf = getenv("NIB_GEMM_WG_KS"); /* lab: the K split forced (1..8, within the chunks) */
+    if (best && kf && atoi(kf) >= 1 && atoi(kf) <= 8 && atoi(kf) <= nchunks) *ks = atoi(kf);
     return best;
 }
 

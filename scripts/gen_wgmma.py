@@ -43,7 +43,8 @@ def one(n):
 NS_BF16_SS = [32, 64, 128, 256]  # S = Q K^T: A (Q) and B (K) K-major in shared memory (32: wk2's 32-key tiles;
 # 64 / 128 / 256: the head_dim-80 kernel's keys per warpgroup, attn_wgs.cuh)
 NS_BF16_RS = [80, 256]  # O += P V: A (P) in registers, B (V) MN-major (keys x dims, dims contiguous; 80: attn_wgs.cuh)
-NS_BF16_RSK = [64, 128, 192, 256]  # low-bit GEMM: A (decoded weights) in registers, B (X tokens) K-major
+NS_BF16_RSK = [16, 32, 64, 128, 192, 256]  # low-bit GEMM: A (decoded weights) in registers, B (X tokens) K-major
+# (16 / 32: the small-M tiles, gemm_lowbit_wg.cuh)
 
 def bf16_ss(n):
     r = n // 2

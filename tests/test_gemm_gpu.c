@@ -438,7 +438,7 @@ NIB_TEST(gemm_gpu_every_plan) {
 /* The wgmma kernel's K split reduced inside its cluster (plan wkcl: 2..8 splits as one cluster along
  * z, partial sums added through distributed shared memory) against the split-K workspace path
  * (wkcl = 0): the same sums in the same order, so the outputs must match bitwise (guards included),
- * and both within the reference's bound. Every split count 2..8 (K = 1152: 9 chunks), the 64- and
+ * and both within the reference's bound. Every split count 2..8 (K = 1152: 9 chunks), the 16-, 32-, 64- and
  * 128-token tiles, M = 50 (the Pi0.5 expert at H = 50), one partial tile, several tiles with a
  * partial last one; N = 200 (a partial row tile) and GeGLU over 2 x 136 rows; the epilogues
  * rotate (bias, gate + residual). */
@@ -447,7 +447,7 @@ NIB_TEST(gemm_gpu_wgmma_ksplit_cluster) {
     nib_rng rng;
     nib_gemm_ws ws;
     gemm_test_begin(t, &rng, &ws, 512, 4096);
-    static const int bts[] = {64, 128};
+    static const int bts[] = {64, 16, 128, 32};
     static const int64_t ms[] = {50, 17, 193};
     int runs = 0, kcl_runs = 0;
     double worst_all = 0.0;
@@ -460,7 +460,7 @@ NIB_TEST(gemm_gpu_wgmma_ksplit_cluster) {
             nib_qweight q;
             load_probe(t, &rw.w, geglu, &a, &q);
             for (int ks = 2; ks <= 8; ks++) {
-                const int bt = bts[(ks + geglu) % 2];
+                const int bt = bts[(ks + geglu) % 4];
                 const int64_t m = ms[(ks + fi) % 3];
                 nib_gemm_plan pl, pw;
                 CHECK_OK(nib_cuda_gemm_wg_plan(&q, m, bt, ks, 1, &pl));
@@ -497,7 +497,7 @@ NIB_TEST(gemm_gpu_wgmma_ksplit_cluster) {
     nib_cuda_gemm_ws_free(&ws);
 }
 
-/* The wgmma kernel for large M (ops/cuda/gemm_lowbit_wg.cuh), forced at every token tile, on
+/* The wgmma kernel (ops/cuda/gemm_lowbit_wg.cuh), forced at every token tile (16 .. 256), on
  * awkward shapes: N = 200 (a partial 128-row tile) and a GeGLU weight of 2 x 136 rows, K with a
  * partial last chunk (the X tiles past K arrive as zeros) and a full K = 1152, M below one tile,
  * one past it, and several tiles with a partial last one; 1, 2 and 3 K splits (partial sums
@@ -510,7 +510,7 @@ NIB_TEST(gemm_gpu_wgmma_tiles) {
     nib_rng rng;
     nib_gemm_ws ws;
     gemm_test_begin(t, &rng, &ws, 512, 4096);
-    static const int bts[] = {64, 128, 192, 256};
+    static const int bts[] = {16, 32, 64, 128, 192, 256};
     static const int64_t ms[] = {1, 63, 193, 300};
     static const int64_t ks[] = {272, 1152};
     int runs = 0;
@@ -542,7 +542,11 @@ NIB_TEST(gemm_gpu_wgmma_tiles) {
                     for (size_t mi = 0; mi < NIB_ARRAY_LEN(ms); mi++) {
                         nib_gemm_plan pl;
                         const int ksplit = 1 + (int)((mi + ki) % 3); /* 1, 2 or 3 K splits (K = 272: 3 chunks) */
-                        const int cm = 1 + (int)((mi + bi + geglu) % 2); /* X multicast over 2 CTAs, or none */
+                        /* X multicast over 2 CTAs, or none (the 16- and 32-token tiles: none, multicast refused) */
+                        const int cm = bts[bi] < 64 ? 1 : 1 + (int)((mi + bi + geglu) % 2);
+                        if (bts[bi] < 64 && mi == 0)
+                            CHECK_MSG(nib_cuda_gemm_wg_plan(&q, ms[mi], bts[bi], ksplit, 2, &pl) == NIB_ERR_INVALID_ARG,
+                                      "X multicast accepted with a %d-token tile", bts[bi]);
                         if (i4 && bts[bi] > 192) {
                             CHECK_MSG(nib_cuda_gemm_wg_plan(&q, ms[mi], bts[bi], ksplit, cm, &pl) == NIB_ERR_UNSUPPORTED,
                                       "INT4 accepted with a %d-token tile", bts[bi]);
@@ -564,7 +568,7 @@ NIB_TEST(gemm_gpu_wgmma_tiles) {
         }
     }
     printf("  %d wgmma cases (%d INT4), worst err/bound %.3f\n", runs, i4_runs, worst_all);
-    CHECK_MSG(runs == 4 * 2 * 2 * 4 * 4 + 2 * 2 * 2 * 3 * 4 && i4_runs == 2 * 2 * 2 * 3 * 4, "ran %d cases (%d INT4)",
+    CHECK_MSG(runs == 4 * 2 * 2 * 6 * 4 + 2 * 2 * 2 * 5 * 4 && i4_runs == 2 * 2 * 2 * 5 * 4, "ran %d cases (%d INT4)",
               runs, i4_runs);
     { /* INT4 with act-order (its input channels gathered) stays on the mma.sync kernel */
         rand_w rw;
@@ -624,7 +628,7 @@ out:
 /* The lean instantiations (NIB_GEMM_LEAN: NVFP4 compiled for one epilogue kind and one K-split mode: the
  * mma.sync kernel's MT = 1 and MT = 2 register plans, the latter the action expert's products at H <= 16, its
  * MT = 1 bulk-ring plans (lean without GeGLU since the forty-ninth session's lean rule), and
- * the wgmma kernel's 64-token tiles, H = 50) against the general kernel: every MT = 1 / 2 register plan at
+ * the wgmma kernel's 64-token tiles, H = 50, and its 16- and 32-token tiles with one K split) against the general kernel: every MT = 1 / 2 register plan at
  * M = 1, 10, 16, 17 (two M chunks), 50, one K split and several; epilogues none, gate + residual (Pi0.5's o and down), the same in
  * place, GeGLU (gate|up); the wgmma tiles at M = 50 / 100 with 1, 3 and 8 K splits, in a cluster and through
  * the workspace; and launches that must stay on the general kernel (a bias; GeGLU with a gate and residual;
@@ -637,7 +641,7 @@ NIB_TEST(gemm_gpu_lean_variants) {
     nib_gemm_ws ws;
     gemm_test_begin(t, &rng, &ws, 128, 2048);
     const int64_t ms[] = {1, 10, 16, 17, 50};
-    int cases = 0, lean_ks1 = 0, lean_ks2 = 0, wg_cases = 0, wg_kcl = 0, bulk_cases = 0;
+    int cases = 0, lean_ks1 = 0, lean_ks2 = 0, wg_cases = 0, wg_kcl = 0, bulk_cases = 0, wg_small = 0;
     double worst = 0.0;
     for (int geglu = 0; geglu < 2; geglu++) {
         rand_w rw;
@@ -702,6 +706,26 @@ NIB_TEST(gemm_gpu_lean_variants) {
                         CHECK_MSG(r <= 1.0, "%s M=%lld epilogue %d: err/bound %.3f", what, (long long)wms[mi], v, r);
                         if (r > worst) worst = r;
                         wg_cases++;
+                    }
+                }
+        /* the 16- and 32-token tiles: lean with one K split, general with several */
+        const int sbt[] = {16, 32};
+        const int64_t sms_[] = {1, 10, 16, 17, 32};
+        for (size_t bi = 0; bi < NIB_ARRAY_LEN(sbt); bi++)
+            for (size_t mi = 0; mi < NIB_ARRAY_LEN(sms_); mi++)
+                for (int ksp = 1; ksp <= 2; ksp++) {
+                    if (sms_[mi] > sbt[bi] && ksp == 2) continue;
+                    nib_gemm_plan pl;
+                    CHECK_OK(nib_cuda_gemm_wg_plan(&q, sms_[mi], sbt[bi], ksp, 1, &pl));
+                    char what[96];
+                    snprintf(what, sizeof what, "%s wgmma %d, %d K splits", geglu ? "geglu" : "plain", sbt[bi], ksp);
+                    const case_opts variants[3] = {{geglu, 0, 0, 0, &pl, NULL}, {0, 1, 1, 0, &pl, NULL}, {0, 1, 1, 1, &pl, NULL}};
+                    for (int v = 0; v < (geglu ? 1 : 3); v++) {
+                        const double r = lean_pair(t, &rng, &rw.w, sms_[mi], &variants[v], &ws, ksp == 1, what);
+                        CHECK_MSG(r <= 1.0, "%s M=%lld epilogue %d: err/bound %.3f", what, (long long)sms_[mi], v, r);
+                        if (r > worst) worst = r;
+                        wg_cases++;
+                        wg_small += ksp == 1;
                     }
                 }
         {
@@ -836,6 +860,7 @@ NIB_TEST(gemm_gpu_lean_variants) {
     CHECK_MSG(lean_ks1 > 0 && lean_ks2 > 0, "both K-split modes of the lean kernels must be exercised (%d / %d)",
               lean_ks1, lean_ks2);
     CHECK_MSG(wg_kcl > 0, "the wgmma kernel's cluster K split must be exercised");
+    CHECK_MSG(wg_small == 2 * 5 * 3 + 2 * 5, "%d lean cases of the 16- and 32-token tiles", wg_small);
     CHECK_MSG(bulk_cases > 0, "NVFP4's MT = 1 bulk-ring plans must be exercised");
     printf("  %d NVFP4 MT = 1 bulk-ring cases\n", bulk_cases);
     nib_cuda_gemm_ws_free(&ws);

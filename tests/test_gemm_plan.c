@@ -629,7 +629,7 @@ NIB_TEST(gemm_wg_tile_rule) {
     int ks = 0, cm = 0;
     const nib_wfmt yes[] = {NIB_WFMT_NVFP4, NIB_WFMT_MXFP4, NIB_WFMT_FP8, NIB_WFMT_INT4};
     for (size_t i = 0; i < NIB_ARRAY_LEN(yes); i++) {
-        WG_IS(nib_gemm_wg_tile(yes[i], 0, NIB_GEMM_WG_MID_M, 32768, 2048, WS, 132, &ks, &cm), 0);
+        WG_IS(nib_gemm_wg_tile(yes[i], 0, NIB_GEMM_WG_MID_M, 8192, 2048, WS, 132, &ks, &cm), 0); /* 64 row tiles */
         CHECK(nib_gemm_wg_tile(yes[i], 0, NIB_GEMM_WG_MID_M + 1, 32768, 2048, WS, 132, &ks, &cm) > 0);
         WG_IS(nib_gemm_wg_tile(yes[i], 0, NIB_GEMM_WG_MIN_M - 1, 1024, 1024, WS, 132, &ks, &cm), 0); /* 1M elements */
         CHECK(nib_gemm_wg_tile(yes[i], 0, NIB_GEMM_WG_MIN_M - 1, 1024, 2048, WS, 132, &ks, &cm) > 0); /* 2M */
@@ -643,6 +643,24 @@ NIB_TEST(gemm_wg_tile_rule) {
         CHECK_MSG(bt == 64 || bt == 128 || bt == 192, "INT4 tile %d at M = %lld", bt, (long long)m);
     }
     WG_IS(nib_gemm_wg_tile(NIB_WFMT_BF16, 0, 532, 32768, 2048, WS, 132, &ks, &cm), 0);
+    /* small M on wide weights (one row tile per SM or more), NVFP4 and INT4: the 16- / 32-token tiles, one K
+     * split; not at M <= 8, not on 64 row tiles, not for MXFP4 / FP8 (not measured) */
+    for (int f = 0; f < 2; f++) {
+        const nib_wfmt sf = f ? NIB_WFMT_INT4 : NIB_WFMT_NVFP4;
+        ks = 0;
+        WG_IS(nib_gemm_wg_tile(sf, 0, 10, 32768, 2048, WS, 132, &ks, &cm), 16);
+        CHECK(ks == 1 && cm == 1);
+        WG_IS(nib_gemm_wg_tile(sf, 0, 16, 32768, 2048, WS, 132, &ks, &cm), 16);
+        WG_IS(nib_gemm_wg_tile(sf, 0, 17, 16896, 2048, WS, 132, &ks, &cm), 32); /* 132 row tiles */
+        WG_IS(nib_gemm_wg_tile(sf, 0, 32, 32768, 2048, WS, 132, &ks, &cm), 32);
+        WG_IS(nib_gemm_wg_tile(sf, 0, 8, 32768, 2048, WS, 132, &ks, &cm), 0);
+        WG_IS(nib_gemm_wg_tile(sf, 0, 16, 16768, 2048, WS, 132, &ks, &cm), 0); /* 131 row tiles */
+        WG_IS(nib_gemm_wg_tile(sf, 0, 16, 8192, 1024, WS, 132, &ks, &cm), 0);
+        WG_IS(nib_gemm_wg_tile(sf, 1, 16, 32768, 2048, WS, 132, &ks, &cm), 0); /* act-order */
+        CHECK(nib_gemm_wg_tile(sf, 0, 33, 32768, 2048, WS, 132, &ks, &cm) >= 64);
+    }
+    WG_IS(nib_gemm_wg_tile(NIB_WFMT_MXFP4, 0, 16, 32768, 2048, WS, 132, &ks, &cm), 0);
+    WG_IS(nib_gemm_wg_tile(NIB_WFMT_FP8, 0, 16, 32768, 2048, WS, 132, &ks, &cm), 0);
     /* 532 tokens x 256 row tiles: 3 tiles of 192 make 768 CTAs (6 waves of 132) against 5 x 128
      * (1280, 10 waves); no K split where the GPU is full */
     WG_IS(nib_gemm_wg_tile(NIB_WFMT_NVFP4, 0, 532, 32768, 2048, WS, 132, &ks, &cm), 192);
@@ -657,6 +675,7 @@ NIB_TEST(gemm_wg_tile_rule) {
     CHECK(ks == 1);
     setenv("NIB_GEMM_WG", "0", 1);
     WG_IS(nib_gemm_wg_tile(NIB_WFMT_NVFP4, 0, 1024, 32768, 2048, WS, 132, &ks, &cm), 0);
+    WG_IS(nib_gemm_wg_tile(NIB_WFMT_NVFP4, 0, 16, 32768, 2048, WS, 132, &ks, &cm), 0);
     setenv("NIB_GEMM_WG", "1", 1);
     CHECK_MSG(nib_gemm_wg_tile(NIB_WFMT_NVFP4, 0, 1, 2048, 2048, WS, 132, &ks, &cm) > 0,
               "NIB_GEMM_WG=1 forces the kernel at M = 1");
@@ -666,6 +685,10 @@ NIB_TEST(gemm_wg_tile_rule) {
     WG_IS(nib_gemm_wg_tile(NIB_WFMT_FP8, 0, 1024, 32768, 2048, WS, 132, &ks, &cm), 128);
     setenv("NIB_GEMM_WG_BT", "64", 1);
     WG_IS(nib_gemm_wg_tile(NIB_WFMT_FP8, 0, 1024, 32768, 2048, WS, 132, &ks, &cm), 64);
+    setenv("NIB_GEMM_WG_BT", "16", 1);
+    WG_IS(nib_gemm_wg_tile(NIB_WFMT_FP8, 0, 1024, 32768, 2048, WS, 132, &ks, &cm), 16);
+    setenv("NIB_GEMM_WG_BT", "64", 1); /* a forced tile overrides the small-M rule */
+    WG_IS(nib_gemm_wg_tile(NIB_WFMT_NVFP4, 0, 16, 32768, 2048, WS, 132, &ks, &cm), 64);
     setenv("NIB_GEMM_WG_BT", "100", 1); /* not a tile: ignored */
     WG_IS(nib_gemm_wg_tile(NIB_WFMT_FP8, 0, 1024, 32768, 2048, WS, 132, &ks, &cm), 256);
     setenv("NIB_GEMM_WG_BT", "256", 1); /* not an INT4 tile: ignored */

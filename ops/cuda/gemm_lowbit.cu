@@ -1272,6 +1272,8 @@ static nib_status wg_weight_check(const nib_qweight *w, int bt) {
 
 static size_t wg_smem(int bt) {
     switch (bt) {
+    case 16: return WgTile<16>::smem();
+    case 32: return WgTile<32>::smem();
     case 64: return WgTile<64>::smem();
     case 128: return WgTile<128>::smem();
     case 192: return WgTile<192>::smem();
@@ -1306,6 +1308,8 @@ template <int FMT, int BT> static nib_status wg_cluster_capacity_t(int ks, int *
 }
 template <int FMT> static nib_status wg_cluster_capacity_f(int bt, int ks, int *n) {
     switch (bt) {
+    case 16: return wg_cluster_capacity_t<FMT, 16>(ks, n);
+    case 32: return wg_cluster_capacity_t<FMT, 32>(ks, n);
     case 64: return wg_cluster_capacity_t<FMT, 64>(ks, n);
     case 128: return wg_cluster_capacity_t<FMT, 128>(ks, n);
     case 192: return wg_cluster_capacity_t<FMT, 192>(ks, n);
@@ -1315,9 +1319,10 @@ template <int FMT> static nib_status wg_cluster_capacity_f(int bt, int ks, int *
     }
 }
 static nib_status wg_cluster_capacity(nib_wfmt fmt, int bt, int ks, int *n) {
-    static int cache[4][4][9]; /* format, tile / 64 - 1, ks: capacity + 1 (0: not asked yet) */
-    const int fi = fmt == NIB_WFMT_NVFP4 ? 0 : fmt == NIB_WFMT_MXFP4 ? 1 : fmt == NIB_WFMT_INT4 ? 2 : 3, bi = bt / 64 - 1;
-    if (bt % 64 || bi < 0 || bi > 3 || ks < 2 || ks > 8)
+    static int cache[4][6][9]; /* format, tile (16, 32, 64, 128, 192, 256), ks: capacity + 1 (0: not asked yet) */
+    const int fi = fmt == NIB_WFMT_NVFP4 ? 0 : fmt == NIB_WFMT_MXFP4 ? 1 : fmt == NIB_WFMT_INT4 ? 2 : 3;
+    const int bi = bt == 16 ? 0 : bt == 32 ? 1 : bt % 64 ? -1 : bt / 64 + 1;
+    if (bi < 0 || bi > 5 || ks < 2 || ks > 8)
         return NIB_ERR(NIB_ERR_INVALID_ARG, "gemm: no wgmma cluster of %d K splits with %d-token tiles", ks, bt);
     int *c = &cache[fi][bi][ks];
     if (!*c) {
@@ -1337,8 +1342,11 @@ static nib_status wg_cluster_capacity(nib_wfmt fmt, int bt, int ks, int *n) {
 nib_status nib_cuda_gemm_wg_plan(const nib_qweight *w, int64_t m, int bt, int ks, int cm, nib_gemm_plan *pl) {
     nib_gemm_shape sh;
     NIB_RETURN_IF_ERR(weight_shape(w, m, &sh));
-    if (bt != 64 && bt != 128 && bt != 192 && bt != 256)
-        return NIB_ERR(NIB_ERR_INVALID_ARG, "gemm: no wgmma kernel with %d-token tiles (64, 128, 192, 256)", bt);
+    if (bt != 16 && bt != 32 && bt != 64 && bt != 128 && bt != 192 && bt != 256)
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "gemm: no wgmma kernel with %d-token tiles (16, 32, 64, 128, 192, 256)", bt);
+    if (bt < 64 && cm != 1)
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "gemm: the wgmma kernel's %d-token tiles run without X multicast (clusters "
+                       "of 1, not %d)", bt, cm);
     if (ks < 1 || ks > w->kp / KCH)
         return NIB_ERR(NIB_ERR_INVALID_ARG, "gemm: %d K splits of %lld chunks", ks, (long long)(w->kp / KCH));
     if (cm != 1 && cm != 2) return NIB_ERR(NIB_ERR_INVALID_ARG, "gemm: wgmma clusters of %d CTAs (1 or 2)", cm);
@@ -1443,6 +1451,10 @@ static nib_status launch_wg_t(const GemmParams &p, const CUtensorMap &tmx, dim3 
 
 template <int FMT, int CM>
 static nib_status launch_wg_bt(int bt, const GemmParams &p, const CUtensorMap &tmx, dim3 g, cudaStream_t s) {
+    if constexpr (CM == 1) { /* (nib_cuda_gemm_wg_plan and launch_wg refuse multicast below 64 tokens) */
+        if (bt == 16) return launch_wg_t<FMT, 16, 1>(p, tmx, g, s);
+        if (bt == 32) return launch_wg_t<FMT, 32, 1>(p, tmx, g, s);
+    }
     switch (bt) {
     case 64: return launch_wg_t<FMT, 64, CM>(p, tmx, g, s);
     case 128: return launch_wg_t<FMT, 128, CM>(p, tmx, g, s);
@@ -1466,6 +1478,8 @@ static nib_status launch_wg(const nib_qweight *w, const GemmParams &p, const voi
     NIB_RETURN_IF_ERR(wg_weight_check(w, bt));
     CUtensorMap tmx;
     if (cm != 1 && cm != 2) return NIB_ERR(NIB_ERR_INVALID_ARG, "gemm: wgmma clusters of %d CTAs (1 or 2)", cm);
+    if (bt < 64 && cm != 1)
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "gemm: the wgmma kernel's %d-token tiles run without X multicast", bt);
     if (p.kcl && (cm != 1 || p.ksplit < 2 || p.ksplit > 8))
         return NIB_ERR(NIB_ERR_INVALID_ARG, "gemm: a K split reduced in its cluster needs 2..8 splits without X multicast "
                        "(got %d splits, clusters of %d)", p.ksplit, cm);
@@ -1479,6 +1493,19 @@ static nib_status launch_wg(const nib_qweight *w, const GemmParams &p, const voi
         if (!ws || (uint64_t)p.ksplit * ctas * bt * NIB_GEMM_WG_ROWS > ws->acc_elems || ctas > ws->n_counters)
             return NIB_ERR(NIB_ERR_SHAPE, "gemm: %d K splits of %llu wgmma tiles (%d tokens) do not fit the workspace",
                            p.ksplit, (unsigned long long)ctas, bt);
+    }
+    if (w->fmt == NIB_WFMT_NVFP4 && bt < 64 && p.ksplit == 1 && !p.bias && !p.qkv) {
+        /* the lean 16- and 32-token tiles (NIB_GEMM_LEAN), one K split: small M on wide weights */
+        const int env = lean_env();
+        if (env < 0) return lean_env_error();
+        if (env) {
+            __atomic_fetch_add(&g_lean_launches, 1, __ATOMIC_RELAXED);
+            if (bt == 16)
+                return p.geglu ? launch_wg_t<NIB_WFMT_NVFP4, 16, 1, WG_LEAN(1, 1)>(p, tmx, grid, s)
+                               : launch_wg_t<NIB_WFMT_NVFP4, 16, 1, WG_LEAN(1, 0)>(p, tmx, grid, s);
+            return p.geglu ? launch_wg_t<NIB_WFMT_NVFP4, 32, 1, WG_LEAN(1, 1)>(p, tmx, grid, s)
+                           : launch_wg_t<NIB_WFMT_NVFP4, 32, 1, WG_LEAN(1, 0)>(p, tmx, grid, s);
+        }
     }
     if (w->fmt == NIB_WFMT_NVFP4 && bt == 64 && cm == 1 && !p.bias && !p.qkv) {
         /* the lean instantiations (NIB_GEMM_LEAN): the action expert's products at H = 50 */

@@ -34,6 +34,11 @@
  * Epilogue: colscale and bias (and GeGLU: each thread holds rows g and g + 8 of its warp's row
  * group for the same tokens, as the mma.sync kernel's fragments do) into an fp32 tile in the
  * idle ring, then gate, residual, one rounding and 16-byte stores per 8 columns of a token.
+ * Small M (fiftieth session): 16- and 32-token tiles (m64n16k16 / m64n32k16, 80-88 registers, two CTAs per
+ * SM) for NVFP4 and INT4 at 9..32 tokens on wide weights. There the mma.sync kernel multiplies every decoded
+ * A fragment by MT = 2 or 4 token tiles, one HMMA each; here one asynchronous wgmma per k16 step serves the
+ * warpgroup's 64 rows and all tokens, and the decode of the next group overlaps it (2048 -> 32768 NVFP4, lean:
+ * M = 16 15.6 us against the mma.sync kernel's 18.7; M = 1 14.1).
  * Measured (docs/design.md, "The low-bit GEMM at large M"): one CTA per SM (9 warps and 168
  * registers per thread, or 8 and 255 for the 256-token tile), ~60 % of the SM's tensor throughput
  * in the K loop; prologue and epilogue, which no other CTA overlaps, are a quarter of the time at
@@ -56,6 +61,9 @@ template <int FMT, int BT> struct WgPW {
     /* INT4's 128- and 192-token tiles hold a second accumulator set (the chunk's product before
      * its group scale): with the producer warp's 168 registers they would spill */
     enum { PW = BT < 256 && !(FMT == NIB_WFMT_INT4 && BT > 64), THREADS = 256 + (PW ? 32 : 0) };
+    /* CTAs per SM the registers are budgeted for: the 16- and 32-token tiles (small M: few accumulators)
+     * run two per SM, so one CTA's prologue and epilogue overlap the other's K loop */
+    enum { OCC = BT <= 32 ? 2 : 1 };
 };
 constexpr int WG_PF = 4;                 /* chunks ahead of use whose weights are asked of L2 */
 constexpr int WG_SMEM_BUDGET = 192 * 1024;
@@ -189,7 +197,8 @@ __device__ __forceinline__ void wg_kcl_epilogue(const GemmParams &p, const float
 template <int FMT, int BT, int CM>
 __device__ __forceinline__ void gemm_lowbit_wg_body(const CUtensorMap &tmx, const GemmParams &p) {
     constexpr int ST = WgTile<BT>::ST, STAGE = WgTile<BT>::STAGE, PARTS = FmtT<FMT>::PARTS, SB = FmtT<FMT>::SB;
-    static_assert(ST >= 2 && BT % 64 == 0 && BT <= 256 && (CM == 1 || CM == 2), "tile");
+    static_assert(ST >= 2 && (BT == 16 || BT == 32 || BT % 64 == 0) && BT <= 256 && (CM == 1 || CM == 2), "tile");
+    static_assert(BT >= 64 || CM == 1, "the 16- and 32-token tiles run without X multicast");
     static_assert(FMT != NIB_WFMT_INT4 || BT <= 192, "INT4 runs 64- to 192-token tiles");
     constexpr bool I4 = FMT == NIB_WFMT_INT4;
     static_assert((size_t)BT * WG_TP * 4 <= (size_t)ST * STAGE, "the epilogue tile fits in the ring");
@@ -414,7 +423,7 @@ __device__ __forceinline__ void gemm_lowbit_wg_body(const CUtensorMap &tmx, cons
  * through the workspace; GeGLU (L >> 2). L = 0 decides everything at run time. */
 #define WG_LEAN(split, geglu) ((split) | ((geglu) << 2))
 template <int FMT, int BT, int CM, int L = 0>
-__global__ void __launch_bounds__(WgPW<FMT, BT>::THREADS, 1) k_gemm_lowbit_wg(const __grid_constant__ CUtensorMap tmx, const GemmParams pa) {
+__global__ void __launch_bounds__(WgPW<FMT, BT>::THREADS, WgPW<FMT, BT>::OCC) k_gemm_lowbit_wg(const __grid_constant__ CUtensorMap tmx, const GemmParams pa) {
     if constexpr (L == 0) {
         gemm_lowbit_wg_body<FMT, BT, CM>(tmx, pa);
     } else { /* the fixed fields as constants the compiler propagates */
