@@ -194,7 +194,8 @@ long long nib_cuda_gemm_lean_launches(void);
  * NIB_GEMM_WG=1 at every M; NIB_GEMM_WG_BT=16|32|64|128|192|256 forces the tile (a tile the format lacks is
  * ignored), NIB_GEMM_WG_KS=1..8 the K split, NIB_GEMM_WG_CM=1|2 the cluster (tiles of 64+ tokens).
  * NVFP4 and INT4 at 9..32 tokens on weights of at least one 128-row tile per SM: the 16- / 32-token tile,
- * one K split (the mma.sync kernel multiplies each decoded fragment by 2 or 4 token tiles there).
+ * one K split (the mma.sync kernel multiplies each decoded fragment by 2 or 4 token tiles there); NVFP4 and
+ * INT4 at 17..32 tokens with K >= 4096: the model's tile.
  * Host code (no CUDA needed). */
 int nib_gemm_wg_tile(nib_wfmt fmt, int has_perm, int64_t m, int64_t np, int64_t kp, uint64_t ws_elems, int sms,
                      int *ks, int *cm);

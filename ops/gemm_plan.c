@@ -359,7 +359,12 @@ int nib_gemm_wg_tile(nib_wfmt fmt, int has_perm, int64_t m, int64_t np, int64_t 
         *ks = 1;
         return m <= 16 ? 16 : 32;
     }
-    if (!(e && !strcmp(e, "1")) && m < NIB_GEMM_WG_MIN_M && (m <= NIB_GEMM_WG_MID_M || np * kp < NIB_GEMM_WG_MID_ELEMS))
+    /* 17..32 tokens on long K (NVFP4, INT4; K >= 4096): the model's tile (64 tokens), where the mma.sync kernel's
+     * MT = 4 ran 1.2-1.7x slower (fiftieth session: 16384 -> 2048 at M = 32 NVFP4 15.8 against 27.5 us, INT4
+     * 20.8 against 32.4; 4096 -> 1024 7.6 / 8.7 against 8.9 / 12.8; at K = 1024 / 2048 it lost) */
+    const int long_k_mid = m > 16 && m <= NIB_GEMM_WG_MID_M && kp >= 4096 && (fmt == NIB_WFMT_NVFP4 || i4);
+    if (!(e && !strcmp(e, "1")) && !long_k_mid && m < NIB_GEMM_WG_MIN_M &&
+        (m <= NIB_GEMM_WG_MID_M || np * kp < NIB_GEMM_WG_MID_ELEMS))
         return 0;
     /* one CTA per SM. Cost of a wave, fitted to `nib bench gemm` over the issue's shapes at M = 16 ..
      * 1024 and every tile (H100, docs/design.md): per chunk of 128 K the tokens plus 80 (the

@@ -659,6 +659,13 @@ NIB_TEST(gemm_wg_tile_rule) {
         WG_IS(nib_gemm_wg_tile(sf, 1, 16, 32768, 2048, WS, 132, &ks, &cm), 0); /* act-order */
         CHECK(nib_gemm_wg_tile(sf, 0, 33, 32768, 2048, WS, 132, &ks, &cm) >= 64);
     }
+    /* 17..32 tokens on long K (K >= 4096), NVFP4 and INT4: the model's 64-token tile */
+    WG_IS(nib_gemm_wg_tile(NIB_WFMT_NVFP4, 0, 32, 2048, 16384, WS, 132, &ks, &cm), 64);
+    CHECK(ks > 1); /* 16 row tiles: split K to fill the GPU */
+    WG_IS(nib_gemm_wg_tile(NIB_WFMT_INT4, 0, 17, 1024, 4096, WS, 132, &ks, &cm), 64);
+    WG_IS(nib_gemm_wg_tile(NIB_WFMT_NVFP4, 0, 16, 2048, 16384, WS, 132, &ks, &cm), 0);
+    WG_IS(nib_gemm_wg_tile(NIB_WFMT_NVFP4, 0, 32, 8192, 1024, WS, 132, &ks, &cm), 0); /* K = 1024 */
+    WG_IS(nib_gemm_wg_tile(NIB_WFMT_MXFP4, 0, 32, 2048, 16384, WS, 132, &ks, &cm), 0);
     WG_IS(nib_gemm_wg_tile(NIB_WFMT_MXFP4, 0, 16, 32768, 2048, WS, 132, &ks, &cm), 0);
     WG_IS(nib_gemm_wg_tile(NIB_WFMT_FP8, 0, 16, 32768, 2048, WS, 132, &ks, &cm), 0);
     /* 532 tokens x 256 row tiles: 3 tiles of 192 make 768 CTAs (6 waves of 132) against 5 x 128
