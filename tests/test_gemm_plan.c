@@ -254,6 +254,114 @@ NIB_TEST(gemm_wg_int4_tile_matches_recorded) {
     regret_check(t, &rs, "the INT4 tiles picked are", 21 /* 7 INT4 shapes x 3 M */, 1.007, 1.083);
 }
 
+/* The recorded time of (variant, k, n, m) in a rows array, NAN if absent. */
+static double recorded_us(const nib_json_value *rows, const char *variant, int64_t k, int64_t n, int64_t m,
+                          const char **plan) {
+    for (size_t j = 0; j < nib_json_count(rows); j++) {
+        const nib_json_value *q = nib_json_elem(rows, j);
+        const char *qv = nib_json_string(nib_json_get(q, "variant"), NULL);
+        int64_t qk = 0, qn = 0, qm = 0;
+        if (!qv || strcmp(qv, variant) || nib_json_bool(nib_json_get(q, "sweep")) ||
+            nib_json_int64(nib_json_get(q, "k"), &qk) || nib_json_int64(nib_json_get(q, "n"), &qn) ||
+            nib_json_int64(nib_json_get(q, "m"), &qm) || qk != k || qn != n || qm != m)
+            continue;
+        if (plan) *plan = nib_json_string(nib_json_get(q, "plan"), NULL);
+        return nib_json_double(nib_json_get(q, "us"));
+    }
+    nib_clear_error();
+    return NAN;
+}
+
+/* The wgmma kernel at small M (fiftieth session), against what it replaced, on the recorded H100 runs:
+ * (1) the 16- / 32-token tiles on wide weights: every NVFP4 / INT4 case of the tiles lab at 9..32 tokens
+ * the rule moves ran faster forced onto its tile (general kernels, one K split) than on the default plan
+ * (bench/results/gemm-wg-small-tiles-h100.json, run 1); (2) 17..32 tokens with K >= 4096: every moved
+ * case ran faster on the wgmma kernel than with NIB_GEMM_WG=0 in both alternations, and every case left
+ * alone (K = 1024) ran the same plan (gemm-wg-longk-mid-ab-h100-1836984.json). */
+#define WG_SMALL_FILE "bench/results/gemm-wg-small-tiles-h100.json"
+#define WG_LONGK_FILE "bench/results/gemm-wg-longk-mid-ab-h100-1836984.json"
+NIB_TEST(gemm_wg_small_m_rules_match_recorded) {
+    unsetenv("NIB_GEMM_WG");
+    unsetenv("NIB_GEMM_WG_BT");
+    unsetenv("NIB_GEMM_WG_KS");
+    static const char *const vars[2] = {"nvfp4", "int4-g128"};
+    static const nib_wfmt fmts[2] = {NIB_WFMT_NVFP4, NIB_WFMT_INT4};
+    int moved = 0, kept = 0;
+    nib_json_doc *doc = read_recorded(t, WG_SMALL_FILE);
+    if (doc) {
+        const nib_json_value *runs = nib_json_get(nib_json_root(doc), "runs");
+        const nib_json_value *def = nib_json_get(runs, "run1-def");
+        CHECK_MSG(nib_json_count(def) > 0, "%s: no default run", WG_SMALL_FILE);
+        for (size_t i = 0; i < nib_json_count(def); i++) {
+            const nib_json_value *r = nib_json_elem(def, i);
+            const char *v = nib_json_string(nib_json_get(r, "variant"), NULL);
+            int64_t k = 0, n = 0, m = 0;
+            int f = -1;
+            for (int j = 0; j < 2; j++)
+                if (v && !strcmp(v, vars[j])) f = j;
+            if (f < 0 || nib_json_int64(nib_json_get(r, "k"), &k) || nib_json_int64(nib_json_get(r, "n"), &n) ||
+                nib_json_int64(nib_json_get(r, "m"), &m) || m < 9 || m > 32)
+                continue;
+            int ks = 0, cm = 0;
+            const int64_t np = (n + 15) / 16 * 16, kp = (k + NIB_GEMM_KCH - 1) / NIB_GEMM_KCH * NIB_GEMM_KCH;
+            const int bt = nib_gemm_wg_tile(fmts[f], 0, m, np, kp, 1ull << 30, SWEEP_SMS, &ks, &cm);
+            if (!bt) {
+                kept++;
+                continue;
+            }
+            const char *run = bt == 16 ? "run1-bt16-ks1" : bt == 32 ? "run1-bt32-ks1" : "run1-bt64";
+            const double us = recorded_us(nib_json_get(runs, run), v, k, n, m, NULL);
+            const double base = nib_json_double(nib_json_get(r, "us"));
+            CHECK_MSG(!isnan(us) && us < base, "%s K=%lld N=%lld M=%lld: tile %d recorded %.2f us against %.2f", v,
+                      (long long)k, (long long)n, (long long)m, bt, us, base);
+            moved++;
+        }
+        nib_json_free(doc);
+    }
+    /* moved: 2048 -> 32768 at M = 10 / 16 / 32 and the K >= 4096 shapes at M = 32, both formats */
+    CHECK_MSG(moved == 2 * (3 + 2) && kept == 2 * 6 * 3 - moved, "tiles lab: %d cases moved, %d kept", moved, kept);
+    moved = kept = 0;
+    doc = read_recorded(t, WG_LONGK_FILE);
+    if (doc) {
+        const nib_json_value *root = nib_json_root(doc);
+        const nib_json_value *w1 = nib_json_get(root, "rows_wg_1"), *w2 = nib_json_get(root, "rows_wg_2");
+        const nib_json_value *m1 = nib_json_get(root, "rows_mma_1"), *m2 = nib_json_get(root, "rows_mma_2");
+        for (size_t i = 0; i < nib_json_count(w1); i++) {
+            const nib_json_value *r = nib_json_elem(w1, i);
+            const char *v = nib_json_string(nib_json_get(r, "variant"), NULL);
+            int64_t k = 0, n = 0, m = 0;
+            int f = -1;
+            for (int j = 0; j < 2; j++)
+                if (v && !strcmp(v, vars[j])) f = j;
+            if (f < 0 || nib_json_int64(nib_json_get(r, "k"), &k) || nib_json_int64(nib_json_get(r, "n"), &n) ||
+                nib_json_int64(nib_json_get(r, "m"), &m))
+                continue;
+            int ks = 0, cm = 0;
+            const int64_t np = (n + 15) / 16 * 16, kp = (k + NIB_GEMM_KCH - 1) / NIB_GEMM_KCH * NIB_GEMM_KCH;
+            const int bt = nib_gemm_wg_tile(fmts[f], 0, m, np, kp, 1ull << 30, SWEEP_SMS, &ks, &cm);
+            const char *pw = NULL, *pm = NULL;
+            const double a1 = nib_json_double(nib_json_get(r, "us")), a2 = recorded_us(w2, v, k, n, m, NULL);
+            const double b1 = recorded_us(m1, v, k, n, m, &pm), b2 = recorded_us(m2, v, k, n, m, NULL);
+            pw = nib_json_string(nib_json_get(r, "plan"), NULL);
+            if (bt) {
+                CHECK_MSG(pw && !strncmp(pw, "wgmma", 5), "%s K=%lld N=%lld M=%lld: recorded plan %s, the rule's tile %d",
+                          v, (long long)k, (long long)n, (long long)m, pw ? pw : "?", bt);
+                CHECK_MSG(fmax(a1, a2) < fmin(b1, b2), "%s K=%lld N=%lld M=%lld: wgmma %.2f / %.2f us against %.2f / %.2f",
+                          v, (long long)k, (long long)n, (long long)m, a1, a2, b1, b2);
+                moved++;
+            } else {
+                CHECK_MSG(pw && pm && !strcmp(pw, pm), "%s K=%lld N=%lld M=%lld: plans %s / %s", v, (long long)k,
+                          (long long)n, (long long)m, pw ? pw : "?", pm ? pm : "?");
+                kept++;
+            }
+        }
+        nib_json_free(doc);
+    }
+    /* moved: four K >= 4096 shapes for NVFP4, three for INT4 (K = 4304 is no whole number of its groups) */
+    CHECK_MSG(moved == (4 + 3) * 3 && kept == 2 * 3, "long-K A/B: %d cases moved, %d kept", moved, kept);
+    printf("  recorded cases of the small-M wgmma rules checked\n");
+}
+
 /* NIB_GEMM_FORCE (the lab knob for timing other plans inside a model): a matching entry gives
  * exactly its plan, other shapes and M keep the planner's pick (the plan cache included: the knob
  * is read before it), and a malformed entry or a plan that does not fit is an error naming the
