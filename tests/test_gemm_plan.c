@@ -278,13 +278,23 @@ static double recorded_us(const nib_json_value *rows, const char *variant, int64
  * (bench/results/gemm-wg-small-tiles-h100.json, run 1); (2) 17..32 tokens with K >= 4096: every moved
  * case ran faster on the wgmma kernel than with NIB_GEMM_WG=0 in both alternations, and every case left
  * alone (K = 1024) ran the same plan (gemm-wg-longk-mid-ab-h100-1836984.json). */
+/* A recorded row's variant (0: nvfp4, 1: int4-g128, -1: another or malformed) and its K, N, M. */
+static int small_m_case(const nib_json_value *r, const char **v, int64_t *k, int64_t *n, int64_t *m) {
+    *v = nib_json_string(nib_json_get(r, "variant"), NULL);
+    const int f = !*v ? -1 : !strcmp(*v, "nvfp4") ? 0 : !strcmp(*v, "int4-g128") ? 1 : -1;
+    if (f < 0 || nib_json_int64(nib_json_get(r, "k"), k) || nib_json_int64(nib_json_get(r, "n"), n) ||
+        nib_json_int64(nib_json_get(r, "m"), m)) {
+        nib_clear_error();
+        return -1;
+    }
+    return f;
+}
 #define WG_SMALL_FILE "bench/results/gemm-wg-small-tiles-h100.json"
 #define WG_LONGK_FILE "bench/results/gemm-wg-longk-mid-ab-h100-1836984.json"
 NIB_TEST(gemm_wg_small_m_rules_match_recorded) {
     unsetenv("NIB_GEMM_WG");
     unsetenv("NIB_GEMM_WG_BT");
     unsetenv("NIB_GEMM_WG_KS");
-    static const char *const vars[2] = {"nvfp4", "int4-g128"};
     static const nib_wfmt fmts[2] = {NIB_WFMT_NVFP4, NIB_WFMT_INT4};
     int moved = 0, kept = 0;
     nib_json_doc *doc = read_recorded(t, WG_SMALL_FILE);
@@ -294,14 +304,10 @@ NIB_TEST(gemm_wg_small_m_rules_match_recorded) {
         CHECK_MSG(nib_json_count(def) > 0, "%s: no default run", WG_SMALL_FILE);
         for (size_t i = 0; i < nib_json_count(def); i++) {
             const nib_json_value *r = nib_json_elem(def, i);
-            const char *v = nib_json_string(nib_json_get(r, "variant"), NULL);
+            const char *v = NULL;
             int64_t k = 0, n = 0, m = 0;
-            int f = -1;
-            for (int j = 0; j < 2; j++)
-                if (v && !strcmp(v, vars[j])) f = j;
-            if (f < 0 || nib_json_int64(nib_json_get(r, "k"), &k) || nib_json_int64(nib_json_get(r, "n"), &n) ||
-                nib_json_int64(nib_json_get(r, "m"), &m) || m < 9 || m > 32)
-                continue;
+            const int f = small_m_case(r, &v, &k, &n, &m);
+            if (f < 0 || m < 9 || m > 32) continue;
             int ks = 0, cm = 0;
             const int64_t np = (n + 15) / 16 * 16, kp = (k + NIB_GEMM_KCH - 1) / NIB_GEMM_KCH * NIB_GEMM_KCH;
             const int bt = nib_gemm_wg_tile(fmts[f], 0, m, np, kp, 1ull << 30, SWEEP_SMS, &ks, &cm);
@@ -328,14 +334,10 @@ NIB_TEST(gemm_wg_small_m_rules_match_recorded) {
         const nib_json_value *m1 = nib_json_get(root, "rows_mma_1"), *m2 = nib_json_get(root, "rows_mma_2");
         for (size_t i = 0; i < nib_json_count(w1); i++) {
             const nib_json_value *r = nib_json_elem(w1, i);
-            const char *v = nib_json_string(nib_json_get(r, "variant"), NULL);
+            const char *v = NULL;
             int64_t k = 0, n = 0, m = 0;
-            int f = -1;
-            for (int j = 0; j < 2; j++)
-                if (v && !strcmp(v, vars[j])) f = j;
-            if (f < 0 || nib_json_int64(nib_json_get(r, "k"), &k) || nib_json_int64(nib_json_get(r, "n"), &n) ||
-                nib_json_int64(nib_json_get(r, "m"), &m))
-                continue;
+            const int f = small_m_case(r, &v, &k, &n, &m);
+            if (f < 0) continue;
             int ks = 0, cm = 0;
             const int64_t np = (n + 15) / 16 * 16, kp = (k + NIB_GEMM_KCH - 1) / NIB_GEMM_KCH * NIB_GEMM_KCH;
             const int bt = nib_gemm_wg_tile(fmts[f], 0, m, np, kp, 1ull << 30, SWEEP_SMS, &ks, &cm);
