@@ -185,6 +185,12 @@ static void plan_search_in(const nib_gemm_shape *w, int64_t m, uint64_t ws_elems
     nib_gemm_plan cand;
     memset(pl, 0, sizeof *pl);
     const int nchunks = (int)(w->kp / NIB_GEMM_KCH);
+    /* Lean INT4 at 2..8 tokens under the long-K rule: register weights, no bulk rings (fiftieth session,
+     * bench/results/gemm-sweep-h100-v7c-lean-8k.json and v7: the rings' tie rule took one warp along K and
+     * 16 splits, 7.93 / 8.58 / 10.17 us at M = 2 / 4 / 8 on 8192 -> 2048 and 11.35 / 12.25 / 14.14 on
+     * 16384 -> 2048, where the register twin's tie rule takes 2 warps and 8 splits: 7.21 / 7.32 / 8.41 and
+     * 10.63 / 11.20 / 12.70, the fastest timed on 16384 -> 2048. At M = 1 the long-K shapes were mixed.) */
+    const int int4_lk = lk && w->lean && w->fmt == NIB_WFMT_INT4 && m >= 2;
     /* the enumeration's order (nib_gemm_plans_for): MT down from the planner's, shared-memory then
      * register weights, occupancy 2 then 1, warps along K up */
     for (int mt = NIB_GEMM_MT(m); mt >= 1 && mt_allowed(m, mt); mt /= 2)
@@ -198,7 +204,7 @@ static void plan_search_in(const nib_gemm_shape *w, int64_t m, uint64_t ws_elems
                         double cost;
                         /* equal cost: the fewer K splits (fewer partial slots to write and add);
                          * bulk plans: the fewer warps along K */
-                        int rk = reg && bulk_ring(w->fmt, w->lean, m, mt, nchunks, wk, ks) ? 2 : reg;
+                        int rk = reg && bulk_ring(w->fmt, w->lean, m, mt, nchunks, wk, ks) && !int4_lk ? 2 : reg;
                         if (rk == 2 && !plan_eval(w, m, ws_elems, sms, mt, wk, occ, ks, rk, &cand, &cost))
                             rk = 1; /* the rings do not fit: register weights */
                         if (!plan_eval(w, m, ws_elems, sms, mt, wk, occ, ks, rk, &cand, &cost)) continue;
