@@ -340,6 +340,15 @@ int nib_gemm_plans_for(const nib_gemm_shape *w, int64_t m, uint64_t ws_elems, in
 
 /* ---- the wgmma kernel for large M (ops/cuda/gemm_lowbit_wg.cuh) ---------------------------- */
 
+/* the lab's overrides of a wgmma pick bt (> 0): NIB_GEMM_WG_CM=2 (tiles of 64+ tokens), NIB_GEMM_WG_KS=1..8 (within
+ * the chunks; other values are ignored) */
+static int wg_tile_env(int bt, int64_t nchunks, int *ks, int *cm) {
+    const char *c = getenv("NIB_GEMM_WG_CM"), *kf = getenv("NIB_GEMM_WG_KS");
+    if (bt >= 64 && c && !strcmp(c, "2")) *cm = 2;
+    if (bt && kf && atoi(kf) >= 1 && atoi(kf) <= 8 && atoi(kf) <= nchunks) *ks = atoi(kf);
+    return bt;
+}
+
 int nib_gemm_wg_tile(nib_wfmt fmt, int has_perm, int64_t m, int64_t np, int64_t kp, uint64_t ws_elems, int sms,
                      int *ks, int *cm) {
     static const int tiles[] = {16, 32, 64, 128, 192, 256}; /* 16 / 32: only where forced (lab) so far */
@@ -361,10 +370,8 @@ int nib_gemm_wg_tile(nib_wfmt fmt, int has_perm, int64_t m, int64_t np, int64_t 
      * tile, one K split, two CTAs per SM, where the mma.sync kernel multiplies each decoded fragment by two or
      * four token tiles (docs/design.md, "Fiftieth session": 2048 -> 32768, 256 row tiles, M = 10 / 16 / 32
      * NVFP4 16.5 / 16.6 / 18.0 us against 18.6 / 18.7 / 24.5; 1024 -> 8192, 64 row tiles, lost at M = 10 / 16) */
-    if (!forced && m > 8 && m <= NIB_GEMM_WG_MID_M && rows >= sms && (fmt == NIB_WFMT_NVFP4 || i4)) {
-        *ks = 1;
-        return m <= 16 ? 16 : 32;
-    }
+    if (!forced && m > 8 && m <= NIB_GEMM_WG_MID_M && rows >= sms && (fmt == NIB_WFMT_NVFP4 || i4))
+        return wg_tile_env(m <= 16 ? 16 : 32, nchunks, ks, cm);
     /* 17..32 tokens on long K (NVFP4, INT4; K >= 4096): the model's tile (64 tokens), where the mma.sync kernel's
      * MT = 4 ran 1.2-1.7x slower (fiftieth session: 16384 -> 2048 at M = 32 NVFP4 15.8 against 27.5 us, INT4
      * 20.8 against 32.4; 4096 -> 1024 7.6 / 8.7 against 8.9 / 12.8; at K = 1024 / 2048 it lost) */
@@ -397,11 +404,7 @@ int nib_gemm_wg_tile(nib_wfmt fmt, int has_perm, int64_t m, int64_t np, int64_t 
             }
         }
     }
-    const char *c = getenv("NIB_GEMM_WG_CM");
-    if (best >= 64 && c && !strcmp(c, "2")) *cm = 2;
-    const char *kf = getenv("NIB_GEMM_WG_KS"); /* lab: the K split forced (1..8, within the chunks) */
-    if (best && kf && atoi(kf) >= 1 && atoi(kf) <= 8 && atoi(kf) <= nchunks) *ks = atoi(kf);
-    return best;
+    return wg_tile_env(best, nchunks, ks, cm);
 }
 
 /* ---- nib's FP8 W8A8 GEMM (ops/cuda/gemm_fp8.cu): tiles and the planner -------------------- */

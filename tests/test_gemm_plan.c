@@ -817,6 +817,16 @@ NIB_TEST(gemm_wg_tile_rule) {
     WG_IS(nib_gemm_wg_tile(NIB_WFMT_FP8, 0, 1024, 32768, 2048, WS, 132, &ks, &cm), 16);
     setenv("NIB_GEMM_WG_BT", "64", 1); /* a forced tile overrides the small-M rule */
     WG_IS(nib_gemm_wg_tile(NIB_WFMT_NVFP4, 0, 16, 32768, 2048, WS, 132, &ks, &cm), 64);
+    unsetenv("NIB_GEMM_WG_BT");
+    setenv("NIB_GEMM_WG_KS", "3", 1); /* the lab's K split: on the small-M rule's pick too */
+    WG_IS(nib_gemm_wg_tile(NIB_WFMT_NVFP4, 0, 16, 32768, 2048, WS, 132, &ks, &cm), 16);
+    CHECK(ks == 3);
+    WG_IS(nib_gemm_wg_tile(NIB_WFMT_NVFP4, 0, 532, 32768, 2048, WS, 132, &ks, &cm), 192);
+    CHECK(ks == 3);
+    setenv("NIB_GEMM_WG_KS", "9", 1); /* out of range: ignored */
+    WG_IS(nib_gemm_wg_tile(NIB_WFMT_NVFP4, 0, 16, 32768, 2048, WS, 132, &ks, &cm), 16);
+    CHECK(ks == 1);
+    unsetenv("NIB_GEMM_WG_KS");
     setenv("NIB_GEMM_WG_BT", "100", 1); /* not a tile: ignored */
     WG_IS(nib_gemm_wg_tile(NIB_WFMT_FP8, 0, 1024, 32768, 2048, WS, 132, &ks, &cm), 256);
     setenv("NIB_GEMM_WG_BT", "256", 1); /* not an INT4 tile: ignored */
