@@ -48,6 +48,8 @@ ifeq ($(HAVE_CUDA),1)
   NVCCFLAGS ?= -O3 -std=c++17 -lineinfo -gencode=arch=compute_$(CUDA_ARCH_NUM),code=$(CUDA_ARCH) \
                --expt-relaxed-constexpr -Xcompiler -Wall,-Wextra,-Werror,-fPIC -Werror all-warnings \
                -DNIB_HAVE_CUDA=1 -I. -Iinclude -MMD -MP
+  # lab builds only (a separate BUILD directory): e.g. -DNIB_GEMM_LAB_DECODE=2 (ops/cuda/gemm_lowbit.cuh)
+  NVCCFLAGS += $(NIB_LAB_NVCCFLAGS)
   LDLIBS    += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lstdc++
   CU_OBJ    := $(CU_SRC:%.cu=$(BUILD)/%.o)
 else

@@ -31,7 +31,11 @@ namespace nib {
  *                                a6: mag 0,1,26   s 9  | a7: mag 16,17,10 s 25
  * (mag = the bits of m, e0, e1 in that order). 9 instructions per word; the shift-based layout
  * before it took 11 (its fourth register needed three shifts). No layout decodes all four
- * registers with one rotate and mask each: an exhaustive search over the rotations finds none. */
+ * registers with one rotate and mask each: an exhaustive search over the rotations finds none.
+ * Pipes: the masks of out1 and of out3's first half have no bit below their rotation, so those two
+ * rotations are plain left shifts, which ptxas issues as IMAD.SHL on the FMA pipe; only the
+ * rotations by 10 and 14 (SHF.L.W) and the five masks stay on the ALU pipe, which the decode keeps
+ * busy (16 ALU lanes per scheduler against 32 FMA: one ALU instruction per two cycles). */
 struct Fp4Pos {
     int mag[3]; /* positions of m, e0, e1 (low to high) */
     int sign;
@@ -53,9 +57,9 @@ __host__ __device__ __forceinline__ uint32_t rotl32(uint32_t q, int n) {
 __host__ __device__ __forceinline__ void dec_e2m1(uint32_t q, uint32_t (&a)[4]) {
     const uint32_t P = 0x81C081C0u;
     a[0] = q & P;
-    a[1] = rotl32(q, 4) & P;
+    a[1] = (q << 4) & P; /* = rotl32(q, 4) & P: P has no bit below 4 */
     a[2] = rotl32(q, 10) & P;
-    a[3] = (rotl32(q, 6) & 0x80C080C0u) | (rotl32(q, 14) & 0x01000100u);
+    a[3] = ((q << 6) & 0x80C080C0u) | (rotl32(q, 14) & 0x01000100u); /* no mask bit below 6 */
 }
 
 /* INT4 word: element a(2j) at bits 4j..4j+3, a(2j+1) at 16+4j..; decodes to bf16(128 + code). */
@@ -195,12 +199,29 @@ __device__ __forceinline__ uint32_t u4get(const uint4 &v, int j) {
     return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
 }
 
+/* NIB_GEMM_LAB_DECODE (a lab build's compile flag, never set by the Makefile: `make BUILD=DIR
+ * NIB_LAB_NVCCFLAGS=-DNIB_GEMM_LAB_DECODE=N`): what the NVFP4 / MXFP4 decode costs the kernels that use
+ * chunk_a. 1 leaves out the block-scale multiply, 2 the whole decode (the loaded words go to the MMA
+ * as they are). Both give WRONG products: for timing the data path only. 0 (the default) is the
+ * real kernel. */
+#ifndef NIB_GEMM_LAB_DECODE
+#define NIB_GEMM_LAB_DECODE 0
+#endif
 /* The A fragment of k16 step s (0..7) of a chunk, scaled (except INT4: scale later in fp32). */
 template <int FMT>
 __device__ __forceinline__ void chunk_a(const Chunk<FMT> &ch, int s, uint32_t add,
                                         uint32_t zg, uint32_t zg8, uint32_t (&a)[4]) {
     if (FMT == NIB_WFMT_NVFP4 || FMT == NIB_WFMT_MXFP4) {
+        if constexpr (NIB_GEMM_LAB_DECODE == 2) { /* lab only: the loaded words as A, no decode, no scale */
+            const uint4 &e = ch.e[s >> 2];
+            a[0] = u4get(e, s & 3);
+            a[1] = u4get(e, (s + 1) & 3);
+            a[2] = u4get(e, (s + 2) & 3);
+            a[3] = u4get(e, (s + 3) & 3);
+            return;
+        }
         dec_e2m1(u4get(ch.e[s >> 2], s & 3), a);
+        if constexpr (NIB_GEMM_LAB_DECODE == 1) return; /* lab only: decoded, the block scale not applied */
         uint32_t flo, fhi;
         if (FMT == NIB_WFMT_NVFP4) {
             /* scale word s/2 holds bytes [row g step 2j, row g+8 step 2j, g 2j+1, g+8 2j+1].
