@@ -1211,6 +1211,11 @@ fail:
 }
 
 nib_status nib_cuda_gemm_ws_init(nib_gemm_ws *ws, int64_t max_m, int64_t max_np) {
+#if NIB_GEMM_LAB_DECODE
+    /* a lab build (gemm_lowbit.cuh): say so wherever the low-bit GEMM is set up */
+    fprintf(stderr, "nib: LAB BUILD, NIB_GEMM_LAB_DECODE=%d: NVFP4 / MXFP4 products are wrong (timing only)\n",
+            NIB_GEMM_LAB_DECODE);
+#endif
     memset(ws, 0, sizeof *ws);
     int64_t mchunks = (max_m + MCHUNK - 1) / MCHUNK;
     /* split-K slots: room for 2 splits of the largest weight, and at least 16 MiB so that small
