@@ -20,6 +20,13 @@
 #                                      `nib bench BENCH ARGS` N times under each environment given
 #                                      with -e (an empty one is the default), alternating; labels
 #                                      "== env '<VARS>' (run i)"; -q and the default args as for run
+#   scripts/ab.sh flags [-n N] [-q] -f 'NVCC FLAGS' [-f ...] [-- BENCH ARGS]
+#                                      (on the GPU machine) this tree built plainly (build/) and once
+#                                      per -f with those flags added to every nvcc call (the Makefile's
+#                                      NIB_LAB_NVCCFLAGS, into build-ab1/, build-ab2/, ...; the builds run
+#                                      side by side), then `nib bench BENCH ARGS` N times for each,
+#                                      alternating; labels "== flags '<FLAGS>' (run i)" ('' = plain);
+#                                      for compile-time lab switches such as -DNIB_GEMM_LAB_DECODE=2
 #
 # The device copy's git metadata may lack your latest commits, so the base version travels as
 # files, not as a revision. Output: one block per run, labelled "== base" / "== new".
@@ -111,8 +118,40 @@ run)
         done
     done
     ;;
+flags)
+    reps=2 quant=0 flags=()
+    while [ $# -gt 0 ]; do
+        case "$1" in
+        -n) reps=$2; shift 2 ;;
+        -q) quant=1; shift ;;
+        -f) flags+=("$2"); shift 2 ;;
+        --) shift; break ;;
+        *) break ;;
+        esac
+    done
+    args=("$@")
+    [ ${#args[@]} -gt 0 ] || args=(pi05 --preset fast --cams 2 --reps 200)
+    [ ${#flags[@]} -ge 1 ] || { echo "ab.sh flags: give at least one -f 'FLAGS'" >&2; exit 1; }
+    jobs=$(nproc)
+    pids=()
+    make -j"$jobs" >/dev/null & pids+=($!)
+    for k in "${!flags[@]}"; do
+        make BUILD="build-ab$((k + 1))" NIB_LAB_NVCCFLAGS="${flags[$k]}" -j"$jobs" "build-ab$((k + 1))/nib" >/dev/null &
+        pids+=($!)
+    done
+    for pid in "${pids[@]}"; do wait "$pid" || { echo "ab.sh flags: a build failed" >&2; exit 1; }; done
+    [ "$quant" = 1 ] && quantized_args
+    for i in $(seq "$reps"); do
+        echo "== flags '' (run $i)"
+        ./build/nib bench "${args[@]}"
+        for k in "${!flags[@]}"; do
+            echo "== flags '${flags[$k]}' (run $i)"
+            "./build-ab$((k + 1))/nib" bench "${args[@]}"
+        done
+    done
+    ;;
 *)
-    sed -n '2,20p' "$0"
+    sed -n '2,32p' "$0"
     exit 2
     ;;
 esac

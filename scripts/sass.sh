@@ -6,6 +6,7 @@
 #
 #   scripts/sass.sh ops/cuda/gemm_lowbit.cu 'k_gemm_lowbitILi2ELi1E' [blocks]
 #   SASS_OUT=/tmp/x.sass scripts/sass.sh ...   (also keep the full listing)
+#   SASS_NVCCFLAGS=-DNIB_E2M1_ROT_WIDE=1 scripts/sass.sh ...   (a lab build's compile flags)
 #
 # nvdisasm comes with a full CUDA toolkit; where the toolkit here has none (only nvcc and
 # ptxas), `pip install nvidia-cuda-nvdisasm` provides it and this script finds it.
@@ -29,7 +30,7 @@ fi
 [ -n "$nvd" ] || { echo "sass.sh: no nvdisasm (set NVDISASM, or: pip install nvidia-cuda-nvdisasm)" >&2; exit 2; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-"$NVCC" -O3 -std=c++17 --expt-relaxed-constexpr -arch="$ARCH" -I. -Iinclude -DNIB_HAVE_CUDA=1 -lineinfo -cubin \
+"$NVCC" -O3 -std=c++17 --expt-relaxed-constexpr -arch="$ARCH" -I. -Iinclude -DNIB_HAVE_CUDA=1 -lineinfo -cubin ${SASS_NVCCFLAGS:-} \
     -o "$tmp/k.cubin" "$src"
 "$nvd" -c "$tmp/k.cubin" >"$tmp/k.sass"
 [ -n "${SASS_OUT:-}" ] && cp "$tmp/k.sass" "$SASS_OUT"
