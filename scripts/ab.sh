@@ -33,6 +33,22 @@
 set -euo pipefail
 cmd=${1:-}
 shift || true
+# the modes' options: -n N, -q, -e 'VARS' (env), -f 'FLAGS' (flags), then -- and the bench args
+parse_opts() {
+    reps=2 quant=0 envs=() flags=()
+    while [ $# -gt 0 ]; do
+        case "$1" in
+        -n) reps=$2; shift 2 ;;
+        -q) quant=1; shift ;;
+        -e) envs+=("$2"); shift 2 ;;
+        -f) flags+=("$2"); shift 2 ;;
+        --) shift; break ;;
+        *) break ;;
+        esac
+    done
+    args=("$@")
+    [ ${#args[@]} -gt 0 ] || args=(pi05 --preset fast --cams 2 --reps 200)
+}
 # -q: the synthetic checkpoint quantized once with this tree's build, passed as --checkpoint
 quantized_args() {
     local ckpt=${TMPDIR:-/tmp}/nib-demo-pi05.safetensors q=${TMPDIR:-/tmp}/nib-ab-fast.safetensors
@@ -60,18 +76,7 @@ prepare)
     echo "ab.sh: $n file(s) of $rev in $dir/"
     ;;
 env)
-    reps=2 quant=0 envs=()
-    while [ $# -gt 0 ]; do
-        case "$1" in
-        -n) reps=$2; shift 2 ;;
-        -q) quant=1; shift ;;
-        -e) envs+=("$2"); shift 2 ;;
-        --) shift; break ;;
-        *) break ;;
-        esac
-    done
-    args=("$@")
-    [ ${#args[@]} -gt 0 ] || args=(pi05 --preset fast --cams 2 --reps 200)
+    parse_opts "$@"
     [ ${#envs[@]} -ge 1 ] || { echo "ab.sh env: give at least one -e 'VAR=V ...'" >&2; exit 1; }
     make -j"$(nproc)" >/dev/null
     [ "$quant" = 1 ] && quantized_args
@@ -87,17 +92,7 @@ env)
 run)
     dir=ab-base
     case "${1:-}" in -* | "") ;; *) dir=$1; shift ;; esac
-    reps=2 quant=0
-    while [ $# -gt 0 ]; do
-        case "$1" in
-        -n) reps=$2; shift 2 ;;
-        -q) quant=1; shift ;;
-        --) shift; break ;;
-        *) break ;;
-        esac
-    done
-    args=("$@")
-    [ ${#args[@]} -gt 0 ] || args=(pi05 --preset fast --cams 2 --reps 200)
+    parse_opts "$@"
     [ -d "$dir" ] || { echo "ab.sh: no $dir/ (scripts/ab.sh prepare REV first)" >&2; exit 1; }
     jobs=$(nproc)
     make -j"$jobs" >/dev/null
@@ -119,18 +114,7 @@ run)
     done
     ;;
 flags)
-    reps=2 quant=0 flags=()
-    while [ $# -gt 0 ]; do
-        case "$1" in
-        -n) reps=$2; shift 2 ;;
-        -q) quant=1; shift ;;
-        -f) flags+=("$2"); shift 2 ;;
-        --) shift; break ;;
-        *) break ;;
-        esac
-    done
-    args=("$@")
-    [ ${#args[@]} -gt 0 ] || args=(pi05 --preset fast --cams 2 --reps 200)
+    parse_opts "$@"
     [ ${#flags[@]} -ge 1 ] || { echo "ab.sh flags: give at least one -f 'FLAGS'" >&2; exit 1; }
     jobs=$(nproc)
     pids=()
