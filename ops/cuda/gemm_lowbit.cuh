@@ -35,7 +35,8 @@ namespace nib {
  * Pipes: the masks of out1 and of out3's first half have no bit below their rotation, so those two
  * rotations are plain left shifts, which ptxas issues as IMAD.SHL on the FMA pipe; only the
  * rotations by 10 and 14 (SHF.L.W) and the five masks stay on the ALU pipe, which the decode keeps
- * busy (16 ALU lanes per scheduler against 32 FMA: one ALU instruction per two cycles). */
+ * busy (16 lanes per scheduler: one warp instruction per two cycles; IMAD also runs at 16 lanes, but on
+ * the FMA pipe beside it, so the two overlap). */
 struct Fp4Pos {
     int mag[3]; /* positions of m, e0, e1 (low to high) */
     int sign;
