@@ -6,7 +6,7 @@
 #
 #   scripts/sass.sh ops/cuda/gemm_lowbit.cu 'k_gemm_lowbitILi2ELi1E' [blocks]
 #   SASS_OUT=/tmp/x.sass scripts/sass.sh ...   (also keep the full listing)
-#   SASS_NVCCFLAGS=-DNIB_E2M1_ROT_WIDE=1 scripts/sass.sh ...   (a lab build's compile flags)
+#   SASS_NVCCFLAGS=-DNIB_GEMM_LAB_DECODE=1 scripts/sass.sh ...   (a lab build's compile flags)
 #
 # nvdisasm comes with a full CUDA toolkit; where the toolkit here has none (only nvcc and
 # ptxas), `pip install nvidia-cuda-nvdisasm` provides it and this script finds it.

@@ -36,7 +36,9 @@ namespace nib {
  * rotations are plain left shifts, which ptxas issues as IMAD.SHL on the FMA pipe; only the
  * rotations by 10 and 14 (SHF.L.W) and the five masks stay on the ALU pipe, which the decode keeps
  * busy (16 lanes per scheduler: one warp instruction per two cycles; IMAD also runs at 16 lanes, but on
- * the FMA pipe beside it, so the two overlap). */
+ * the FMA pipe beside it, so the two overlap). Moving more of it there did not pay (fifty-second session,
+ * docs/design.md): the rotations by 10 and 14 as 64-bit multiplies (IMAD.WIDE) made the M = 1 kernel 3-9 %
+ * slower, and the scales' LEA as IMAD changed it by -3..+1 %. */
 struct Fp4Pos {
     int mag[3]; /* positions of m, e0, e1 (low to high) */
     int sign;
@@ -55,32 +57,12 @@ __host__ __device__ __forceinline__ uint32_t rotl32(uint32_t q, int n) {
 #endif
 }
 
-/* NIB_E2M1_ROT_WIDE: a compile-time candidate, 0 (off) unless a lab build sets it (`scripts/ab.sh flags -f
- * -DNIB_E2M1_ROT_WIDE=1`); prepared in the fifty-first session, not yet timed. 1 computes the two remaining
- * rotations as one 32 x 32 -> 64-bit multiply each by 2^n (IMAD.WIDE.U32, the FMA pipe): its low word is
- * q << n, its high word q >> (32 - n), and the mask's LOP3 ORs them, so a rotation costs no ALU instruction.
- * The multiplier goes through an asm mov so that the compiler keeps the multiply instead of turning it back
- * into the funnel shift (ptxas folds the constant into the IMAD but keeps the IMAD). Same bits either way. */
-#ifndef NIB_E2M1_ROT_WIDE
-#define NIB_E2M1_ROT_WIDE 0
-#endif
-template <int N> __host__ __device__ __forceinline__ uint32_t rotl_mask(uint32_t q, uint32_t m) {
-#if defined(__CUDA_ARCH__) && NIB_E2M1_ROT_WIDE
-    uint32_t f;
-    asm("mov.b32 %0, %1;" : "=r"(f) : "n"(1u << N));
-    const uint64_t w = (uint64_t)q * f;
-    return ((uint32_t)w | (uint32_t)(w >> 32)) & m;
-#else
-    return rotl32(q, N) & m;
-#endif
-}
-
 __host__ __device__ __forceinline__ void dec_e2m1(uint32_t q, uint32_t (&a)[4]) {
     const uint32_t P = 0x81C081C0u;
     a[0] = q & P;
     a[1] = (q << 4) & P; /* = rotl32(q, 4) & P: P has no bit below 4 */
-    a[2] = rotl_mask<10>(q, P);
-    a[3] = ((q << 6) & 0x80C080C0u) | rotl_mask<14>(q, 0x01000100u); /* no mask bit below 6 */
+    a[2] = rotl32(q, 10) & P;
+    a[3] = ((q << 6) & 0x80C080C0u) | (rotl32(q, 14) & 0x01000100u); /* no mask bit below 6 */
 }
 
 /* INT4 word: element a(2j) at bits 4j..4j+3, a(2j+1) at 16+4j..; decodes to bf16(128 + code). */
