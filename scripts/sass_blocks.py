@@ -6,8 +6,11 @@
 # instruction per two cycles), fma (FFMA / FMUL / FADD and every IMAD form, ptxas's shifts and
 # moves on the FMA pipe included), f16x2 (HMUL2 / HFMA2 / HADD2: whose pipe on Hopper is not
 # established here), tensor, mem (shared / global / async copies), uniform (U*, R2UR, S2UR) and
-# ctl (branches, barriers, the rest). A loop whose alu count is more than half its instructions
-# is bound by the ALU pipe before it is bound by issue.
+# ctl (branches, barriers, the rest). (A loop whose alu count is more than half its instructions
+# would be bound by the ALU pipe before issue; the fifty-second session found that reading did not
+# predict the M = 1 GEMM's timings: docs/design.md.) The first line also counts R2UR and waterfall
+# loops (BRA.U.ANY: operands moved to uniform registers one distinct value at a time, e.g. for a
+# bulk copy or TMA whose addresses the compiler cannot prove warp-uniform).
 #   sass_blocks.py LISTING KERNEL_NAME [BLOCKS]
 import sys, re
 from collections import Counter
@@ -24,7 +27,10 @@ for l in lines[start:end]:
     if m: cur[1].append(m.group(1).strip())
 blocks.append(cur)
 tot = sum(len(b[1]) for b in blocks)
-print(fn, 'instructions', tot, 'blocks', len(blocks))
+allins = [i for b in blocks for i in b[1]]
+nr2ur = sum(1 for i in allins if 'R2UR' in i.split()[0] or (i.startswith('@') and 'R2UR' in i.split()[1]))
+nwf = sum(1 for i in allins if 'BRA.U.ANY' in i)
+print(fn, 'instructions', tot, 'blocks', len(blocks), 'R2UR', nr2ur, 'waterfall_loops', nwf)
 def op(s):
     t = s.split()
     if t[0].startswith('@'): t = t[1:]

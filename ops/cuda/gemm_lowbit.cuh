@@ -37,7 +37,7 @@ namespace nib {
  * rotations by 10 and 14 (SHF.L.W) and the five masks stay on the ALU pipe, which the decode keeps
  * busy (16 lanes per scheduler: one warp instruction per two cycles; IMAD also runs at 16 lanes, but on
  * the FMA pipe beside it, so the two overlap). Moving more of it there did not pay (fifty-second session,
- * docs/design.md): the rotations by 10 and 14 as 64-bit multiplies (IMAD.WIDE) made the M = 1 kernel 3-9 %
+ * docs/design.md): the rotations by 10 and 14 as 64-bit multiplies (IMAD.WIDE) made the M = 1 kernel 2-9 %
  * slower, and the scales' LEA as IMAD changed it by -3..+1 %. */
 struct Fp4Pos {
     int mag[3]; /* positions of m, e0, e1 (low to high) */
