@@ -95,14 +95,17 @@ run)
     parse_opts "$@"
     [ -d "$dir" ] || { echo "ab.sh: no $dir/ (scripts/ab.sh prepare REV first)" >&2; exit 1; }
     jobs=$(nproc)
-    make -j"$jobs" >/dev/null
     base=/tmp/nib-ab-base
     rm -rf "$base"
     mkdir -p "$base"
     # the tree without build outputs or the base files themselves, then the base files on top
     tar --exclude=./build --exclude="./build-*" --exclude="./$dir" --exclude=./.git -cf - . | tar -xf - -C "$base"
     cp -a "$dir/." "$base/"
-    make -C "$base" -j"$jobs" >/dev/null
+    # both builds side by side: each ends in one long compile (gemm_lowbit.cu), which then overlap
+    make -j"$jobs" >/dev/null & pn=$!
+    make -C "$base" -j"$jobs" >/dev/null & pb=$!
+    wait "$pn" || { echo "ab.sh run: the new build failed" >&2; exit 1; }
+    wait "$pb" || { echo "ab.sh run: the base build failed" >&2; exit 1; }
     [ "$quant" = 1 ] && quantized_args
     for i in $(seq "$reps"); do
         for v in base new; do

@@ -259,7 +259,7 @@ __global__ void __launch_bounds__(Cfg<FMT, DP, WR, WT, KW, ST, CL>::NT, Cfg<FMT,
     constexpr int NOJ = DP / 8;  /* O n-tiles (8 dims) */
     extern __shared__ __align__(16) unsigned char smem[];
 
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int tid = threadIdx.x, lane = tid & 31, warp = nib::warp_id();
     const int wr = warp / WT, wt = warp % WT;
     const int z = blockIdx.z, seq = z / p.n_kv, hkv = z % p.n_kv;
     const int split = blockIdx.y, row0 = blockIdx.x * ROWS;

@@ -176,7 +176,7 @@ __global__ void __launch_bounds__(DEC_NT, 2) k_attn_dec(AttnParams p) {
     __shared__ float red_m[DEC_NW][8], red_l[DEC_NW][8];
     __shared__ float qinv_s[8]; /* FP8: 2^-k of each Q row (the f16 staging's scale) */
 
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int tid = threadIdx.x, lane = tid & 31, warp = nib::warp_id(), g = lane >> 2, t = lane & 3;
     const int z = blockIdx.z, seq = z / p.n_kv, hkv = z % p.n_kv, split = blockIdx.y;
     const int T = read_len(p.t_valid, p.t_max);
     const int rows_valid = read_len(p.nq_valid, p.nq_max) * p.group;

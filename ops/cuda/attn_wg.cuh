@@ -144,7 +144,7 @@ __global__ void __launch_bounds__(WgCfg<WGS, KSPLIT, TMA>::NT, 1) k_attn_wg(cons
     extern __shared__ __align__(16) unsigned char smem_raw[];
     /* the swizzle is applied to address bits 4..9: operands start on 1024-byte boundaries */
     unsigned char *const smem = (unsigned char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
+    const int tid = threadIdx.x, lane = tid & 31, warp = nib::warp_id(), wg = warp >> 2;
     /* wg, wg1: warpgroup wg owns rows 64 wg ..; wk2: both own the CTA's 64 rows, wg is the key half */
     const int rg = KSPLIT > 1 ? 0 : wg, kh = KSPLIT > 1 ? wg : 0;
     const uint32_t sq = smem_u32(smem), sk = sq + WGS * C::Q_WG_BYTES + kh * C::RING_BYTES;

@@ -63,7 +63,7 @@ __global__ void __launch_bounds__(WgsCfg<KS>::NT, 1) k_attn_wgs(const __grid_con
     constexpr int TKW = C::TKW, NJ = TKW / 8; /* keys and S n8-blocks per warpgroup */
     extern __shared__ __align__(16) unsigned char smem_raw[];
     unsigned char *const smem = (unsigned char *)(((uintptr_t)smem_raw + 127) & ~(uintptr_t)127);
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, kw = warp >> 2, wt = tid & 127;
+    const int tid = threadIdx.x, lane = tid & 31, warp = nib::warp_id(), kw = warp >> 2, wt = tid & 127;
     const uint32_t sq = smem_u32(smem), sk = sq + C::Q_BYTES, sv = sk + C::KV_BYTES;
 
     const int z = blockIdx.z, seq = z / p.n_kv, hkv = z % p.n_kv;

@@ -237,7 +237,7 @@ __global__ void __launch_bounds__(WG * 128 + 32, 1)
     __shared__ __align__(8) uint64_t bars[2 * ST]; /* full[ST] (TMA landed), empty[ST] (consumers done) */
     const uint32_t sbase = (smem_u32(smem_raw) + 1023u) & ~1023u; /* swizzle atoms: 1024-aligned */
     const uint32_t full0 = smem_u32(&bars[0]), empty0 = smem_u32(&bars[ST]);
-    const int tid = threadIdx.x, wg = tid >> 7, warp = tid >> 5, lane = tid & 31;
+    const int tid = threadIdx.x, warp = nib::warp_id(), wg = warp >> 2, lane = tid & 31;
     /* M tiles are the fastest grid dimension: the CTAs resident at once share few W tiles, so W
      * streams from DRAM about once (N fastest streamed all of W once per M tile) */
     const int m0 = blockIdx.x * BM, n0 = blockIdx.y * (p.gh ? BN / 2 : BN); /* GeGLU: output channels */

@@ -494,13 +494,11 @@ template <int FMT, int MT, int R, int REG, int L>
 __device__ __forceinline__ void gemm_lowbit_body(const GemmParams &p) {
     constexpr int S = Stages<MT>::S;
     extern __shared__ __align__(16) unsigned char smem[];
-    /* warp: broadcast from lane 0, so that the compiler knows it is the same in every lane of the warp and keeps
-     * what derives from it (the bulk copies' addresses, sizes and mbarriers) in uniform registers. With
-     * threadIdx.x >> 5 it could not prove that, and each cp.async.bulk issued by lane 0 sat in a loop that moved
-     * its operands to uniform registers one distinct value at a time (ELECT, five R2UR, the copy, a branch):
-     * ~60 instructions a pipeline step at batch 1. 44 R2UR -> 2 in the lean M = 1 kernel; 4-8 % faster on the
-     * bulk-ring plans (docs/design.md, "Fifty-second session"). */
-    const int lane = threadIdx.x & 31, warp = __shfl_sync(0xffffffffu, (int)threadIdx.x >> 5, 0);
+    /* warp: nib::warp_id() (runtime/launch.cuh), warp-uniform for the compiler. With threadIdx.x >> 5 each
+     * cp.async.bulk issued by lane 0 sat in a loop that moved its operands to uniform registers one distinct
+     * value at a time (ELECT, five R2UR, the copy, a branch): ~60 instructions a pipeline step at batch 1.
+     * 44 R2UR -> 2 in the lean M = 1 kernel (docs/design.md, "Fifty-second session"). */
+    const int lane = threadIdx.x & 31, warp = nib::warp_id();
     const int wn_count = 1 << p.wn_shift; /* warps along N (WARPS / wk, a power of two) */
     const int wn = warp & (wn_count - 1), wkk = warp >> p.wn_shift;
     const int rg0 = (blockIdx.x * wn_count + wn) * R;

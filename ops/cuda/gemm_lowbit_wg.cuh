@@ -207,7 +207,7 @@ __device__ __forceinline__ void gemm_lowbit_wg_body(const CUtensorMap &tmx, cons
     __shared__ int s_last;
     const uint32_t sbase = (smem_u32(smem_raw) + 1023u) & ~1023u;
     const uint32_t full0 = smem_u32(&bars[0]), empty0 = smem_u32(&bars[ST]);
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int tid = threadIdx.x, warp = nib::warp_id(), lane = tid & 31;
     const int m0 = blockIdx.x * BT;
     /* K split (p.ksplit CTAs along z): this CTA's chunks [c0, c0 + nk) */
     const int c0 = (int)((long long)p.nchunks * blockIdx.z / p.ksplit);
@@ -275,9 +275,13 @@ __device__ __forceinline__ void gemm_lowbit_wg_body(const CUtensorMap &tmx, cons
     load_chunks_reg<FMT, 1>(nxt, wp, sp, rg_ok, 0, nk, g, pol);
     pdl_wait(); /* X, and the residual of the epilogue, may come from an earlier kernel */
     pdl_trigger();
-    int kn = 0; /* !PW, thread 0: the next chunk whose X is to be loaded */
-    if (!PW && tid == 0)
-        for (; kn < ST && kn < nk; kn++) issue_x(kn);
+    /* !PW, warp 0: the next chunk whose X is to be loaded. The whole warp keeps the counter and
+     * lane 0 issues: kept by thread 0 alone it was not warp-uniform, and each copy sat in a loop
+     * that moved its operands into uniform registers one value at a time */
+    int kn = 0;
+    if (!PW && warp == 0)
+        for (; kn < ST && kn < nk; kn++)
+            if (lane == 0) issue_x(kn);
     float acc[BT / 2];
     /* INT4: each chunk (= one group of 128 K) is multiplied into tmp first (its first wgmma
      * overwrites, scale-d = 0), then added to acc times the row's fp32 group scale, as the mma.sync
@@ -299,10 +303,10 @@ __device__ __forceinline__ void gemm_lowbit_wg_body(const CUtensorMap &tmx, cons
         uint32_t zg = 0, zg8 = 0; /* INT4: the zero points of rows g and g + 8 (bf16 128 + zero, both halves) */
         if (I4) zg = prmt(cur.s.x, 0, 0x3232), zg8 = prmt(cur.s.y, 0, 0x3232);
         const uint64_t ds = d0 + (uint64_t)((s * STAGE) >> 4);
-        if (!PW && tid == 0)
+        if (!PW && warp == 0)
             for (; kn <= kb; kn++) { /* this chunk's stage was not free at the last look: wait for it */
                 mbar_wait(empty0 + 8 * (kn % ST), ((kn / ST) & 1) ^ 1);
-                issue_x(kn);
+                if (lane == 0) issue_x(kn);
             }
 #pragma unroll
         for (int gq = 0; gq < 4; gq++) { /* groups of 2 k16 steps: 2 gq, 2 gq + 1 */
@@ -331,10 +335,13 @@ __device__ __forceinline__ void gemm_lowbit_wg_body(const CUtensorMap &tmx, cons
                     mbar_arrive_remote(e, (uint32_t)(tid & 127)); /* thread j of a warpgroup: CTA j */
                 }
             }
-            /* !PW: thread 0 refills each stage once every warpgroup has released it, looking after
-             * each group without waiting (a wait here stalled its warpgroup: 15 % slower) */
-            if (!PW && tid == 0)
-                for (; kn < nk && kn < kb + ST && mbar_test(empty0 + 8 * (kn % ST), ((kn / ST) & 1) ^ 1); kn++) issue_x(kn);
+            /* !PW: warp 0 refills each stage once every warpgroup has released it, looking after
+             * each group without waiting (a wait here stalled its warpgroup: 15 % slower); the
+             * test is voted so that the warp agrees (a lane that saw the stage busy defers it) */
+            if (!PW && warp == 0)
+                for (; kn < nk && kn < kb + ST && __all_sync(0xffffffffu, mbar_test(empty0 + 8 * (kn % ST), ((kn / ST) & 1) ^ 1));
+                     kn++)
+                    if (lane == 0) issue_x(kn);
         }
         if (I4) { /* acc += the rows' fp16 group scales (low halves) x the chunk's products */
             const float sg = __half2float(__ushort_as_half((unsigned short)(cur.s.x & 0xFFFFu)));
