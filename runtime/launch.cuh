@@ -66,8 +66,9 @@ __device__ __forceinline__ void prefetch_l2(const void *a) {
  * derives from it (the addresses of copies one lane issues, loop bounds, barrier offsets) in
  * uniform registers. From threadIdx.x >> 5 it cannot prove that: each TMA or bulk copy issued
  * from such values sat in a loop moving its operands into uniform registers one value at a time
- * (the low-bit GEMM at M = 1 gained 4-8 %; docs/design.md "Fifty-second session"). All 32 lanes
- * of the warp must call it together. */
+ * (the low-bit GEMM at M = 1 gained 4-8 %, the Gemma prefix attention 5-10 %; docs/design.md
+ * "Fifty-second session", "Fifty-third session"). All 32 lanes of the warp must call it together.
+ * Not used in the persistent expert kernel (ops/cuda/expert.cu), where it made the step 3 % slower. */
 __device__ __forceinline__ int warp_id() { return __shfl_sync(0xffffffffu, (int)threadIdx.x >> 5, 0); }
 
 /* Both, in protocol order: the first statement of every kernel without a pre-wait phase. */
