@@ -68,7 +68,9 @@ __device__ __forceinline__ void prefetch_l2(const void *a) {
  * from such values sat in a loop moving its operands into uniform registers one value at a time
  * (the low-bit GEMM at M = 1 gained 4-8 %, the Gemma prefix attention 5-10 %; docs/design.md
  * "Fifty-second session", "Fifty-third session"). All 32 lanes of the warp must call it together.
- * Not used in the persistent expert kernel (ops/cuda/expert.cu), where it made the step 3 % slower. */
+ * Not used in the persistent expert kernel (ops/cuda/expert.cu), where it made the step 3 % slower,
+ * nor by the consumer warps of the low-bit wgmma GEMM's NVFP4 16-, 128- and 192-token tiles (up to
+ * 34 % slower there: WgPW::UW in ops/cuda/gemm_lowbit_wg.cuh, "Fifty-fourth session"). */
 __device__ __forceinline__ int warp_id() { return __shfl_sync(0xffffffffu, (int)threadIdx.x >> 5, 0); }
 
 /* Both, in protocol order: the first statement of every kernel without a pre-wait phase. */

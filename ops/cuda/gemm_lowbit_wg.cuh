@@ -64,6 +64,13 @@ template <int FMT, int BT> struct WgPW {
     /* CTAs per SM the registers are budgeted for: the 16- and 32-token tiles (small M: few accumulators)
      * run two per SM, so one CTA's prologue and epilogue overlap the other's K loop */
     enum { OCC = BT <= 32 ? 2 : 1 };
+    /* UW: the consumers' warp index as nib::warp_id() (warp-uniform to the compiler, so a warp's row
+     * group, weight pointers and X copies live in uniform registers), or as threadIdx.x >> 5 (the
+     * producer test is uniform either way). Measured per tile on one H200 (docs/design.md
+     * "Fifty-fourth session"): uniform is faster on every INT4 tile (2-13 %) and on NVFP4's 64- (17-96 %)
+     * and 256-token ones (6 %), the same on its 32-token one; NVFP4's 16-token tile ran its K loop 34 % slower with it
+     * (2048 -> 32768, M = 16: 13.9 against 18.6 us) and its 128- and 192-token tiles 0-7 % slower. */
+    enum { UW = !(FMT == NIB_WFMT_NVFP4 && (BT == 16 || BT == 128 || BT == 192)) };
 };
 constexpr int WG_PF = 4;                 /* chunks ahead of use whose weights are asked of L2 */
 constexpr int WG_SMEM_BUDGET = 192 * 1024;
@@ -207,7 +214,8 @@ __device__ __forceinline__ void gemm_lowbit_wg_body(const CUtensorMap &tmx, cons
     __shared__ int s_last;
     const uint32_t sbase = (smem_u32(smem_raw) + 1023u) & ~1023u;
     const uint32_t full0 = smem_u32(&bars[0]), empty0 = smem_u32(&bars[ST]);
-    const int tid = threadIdx.x, warp = nib::warp_id(), lane = tid & 31;
+    constexpr bool UW = WgPW<FMT, BT>::UW;
+    const int tid = threadIdx.x, warp = UW ? nib::warp_id() : tid >> 5, lane = tid & 31;
     const int m0 = blockIdx.x * BT;
     /* K split (p.ksplit CTAs along z): this CTA's chunks [c0, c0 + nk) */
     const int c0 = (int)((long long)p.nchunks * blockIdx.z / p.ksplit);
@@ -244,7 +252,7 @@ __device__ __forceinline__ void gemm_lowbit_wg_body(const CUtensorMap &tmx, cons
             tma_load_2d(dst + BT * 128, &tmx, k + 64, r, full0 + 8 * s);
         }
     };
-    if (PW && warp == 8) {
+    if (PW && (UW ? warp : nib::warp_id()) == 8) {
         pdl_wait();
         pdl_trigger();
         for (int kb = 0; kb < nk; kb++) {
