@@ -413,8 +413,8 @@ NIB_TEST(gemm_plan_force_knob) {
 
 /* NIB_GEMM_RULE_K1024 (a weight's fixed plan, set by Pi0.5 for its action expert): at 8 < M <= 16
  * and K a multiple of 1024 one M chunk, 4 warps along K (2 with NIB_GEMM_RULE_K1024_WK2, gate|up's),
- * K / 1024 K splits, the plans timed in the model; an unknown rule is an error; elsewhere (M, K, rule 0, a workspace too small for the split) no hit, and the planner
- * decides. NIB_GEMM_FORCE wins; NIB_GEMM_RULE=0 turns it off; other values are errors. */
+ * K / 1024 K splits, the plans timed in the model; an unknown rule is an error; elsewhere (M, K,
+ * rule 0, a workspace too small for the split) no hit, and the planner decides. NIB_GEMM_FORCE wins; NIB_GEMM_RULE=0 turns it off; other values are errors. */
 NIB_TEST(gemm_plan_rule_k1024) {
     const nib_gemm_shape qkv = {NIB_WFMT_NVFP4, 2560, 1024, 0}, o = {NIB_WFMT_NVFP4, 1024, 2048, 0},
                          gu = {NIB_WFMT_NVFP4, 8192, 1024, 0}, down = {NIB_WFMT_NVFP4, 1024, 4096, 0},

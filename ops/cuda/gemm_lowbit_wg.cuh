@@ -67,9 +67,10 @@ template <int FMT, int BT> struct WgPW {
     /* UW: the consumers' warp index as nib::warp_id() (warp-uniform to the compiler, so a warp's row
      * group, weight pointers and X copies live in uniform registers), or as threadIdx.x >> 5 (the
      * producer test is uniform either way). Measured per tile on one H200 (docs/design.md
-     * "Fifty-fourth session"): uniform is faster on every INT4 tile (2-13 %) and on NVFP4's 64- (17-96 %)
-     * and 256-token ones (6 %), the same on its 32-token one; NVFP4's 16-token tile ran its K loop 34 % slower with it
-     * (2048 -> 32768, M = 16: 13.9 against 18.6 us) and its 128- and 192-token tiles 0-7 % slower. */
+     * "Fifty-fourth session"): uniform is faster on every INT4 tile (2-13 %), on NVFP4's 64-token
+     * (17-96 %) and 256-token (6 %) ones, the same on its 32-token one; NVFP4's 16-token tile ran its K
+     * loop 34 % slower with it (2048 -> 32768, M = 16: 13.9 against 18.6 us), its 128- and 192-token
+     * tiles 0-7 % slower. */
     enum { UW = !(FMT == NIB_WFMT_NVFP4 && (BT == 16 || BT == 128 || BT == 192)) };
 };
 constexpr int WG_PF = 4;                 /* chunks ahead of use whose weights are asked of L2 */
