@@ -714,7 +714,7 @@ static nib_status load_lm(nib_pi05 *m, const nib_st_file *f, int expert) {
         NIB_TRY(load_fused(m, f, &sp, &L->down));
         if (expert && fmt == NIB_WFMT_NVFP4) { /* the plans measured in this model at H = 10 (ops/gemm.h) */
             L->qkv.q.plan_rule = L->o.q.plan_rule = L->down.q.plan_rule = NIB_GEMM_RULE_K1024;
-            L->gu.q.plan_rule = NIB_GEMM_RULE_K1024_WK2;
+            L->gu.q.plan_rule = NIB_GEMM_RULE_K1024_WK1;
         }
         nib_free(g), nib_free(g2);
         g = g2 = NULL;

@@ -244,11 +244,15 @@ nib_status nib_gemm_plan_for(const nib_gemm_shape *w, int64_t m, uint64_t ws_ele
  * bench/results/pi05-expert-gemm-plans-h100.json): o and down on this rule instead of two M chunks,
  * fast 10.565 -> 10.19 ms per call; as made (pi05-gemm-rule-ab-h100.json) 10.53 -> 10.20. */
 #define NIB_GEMM_RULE_K1024 1
-/* NIB_GEMM_RULE_K1024_WK2: the same with 2 warps along K (each warp two pipeline steps). Pi0.5's
- * gate|up product at H = 10 (1024 -> 8192, GeGLU) on an H200, NIB_GEMM_FORCE inside the model
- * (bench/results/pi05-expert-plans-h200.json): fast 9.388 / 9.394 -> 9.339 / 9.333 ms per call, the step
- * 0.575 -> 0.571 ms; the other three products lost or tied with 2 (or 8) warps. */
-#define NIB_GEMM_RULE_K1024_WK2 2
+/* NIB_GEMM_RULE_K1024_WK1: the same with one warp along K (each warp all four pipeline steps of its
+ * 1024-wide K split), a quarter of the CTAs. Pi0.5's gate|up product at H = 10 (1024 -> 8192, GeGLU:
+ * 64 CTAs instead of 256). H200, one build, alternated twice (bench/results/pi05-expert-plans-2-h200.json),
+ * fast at 1 / 2 / 3 cameras, ms per call: this rule 7.94 / 8.93 / 10.28 against 8.21 / 9.43 / 10.53 with
+ * gate|up on NIB_GEMM_RULE_K1024 (the step at 2 cameras 0.576 -> 0.524) and 8.15 / 9.39 / 10.47 with it on 2
+ * warps (the fifty-fourth session's rule). q|k|v on 2 warps had looked faster with gate|up on 2 warps
+ * (9.36 -> 9.13 at 2 cameras) and is not with gate|up on one (8.93 -> 8.95); o and down lost with fewer
+ * warps (16-32 CTAs against 64-128). */
+#define NIB_GEMM_RULE_K1024_WK1 2
 /* The rule's plan into *pl with *hit = 1, or *hit = 0 where the rule does not apply (rule 0, M or K
  * outside it, a workspace too small for its K split, or NIB_GEMM_RULE=0 in the environment: the A/B
  * switch). NIB_GEMM_FORCE wins over a rule; NIB_GEMM_RULE other than 0 or 1 is an error. */

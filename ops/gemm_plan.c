@@ -311,14 +311,14 @@ nib_status nib_gemm_plan_rule(const nib_gemm_shape *w, int rule, int64_t m, uint
     if (e && *e && strcmp(e, "0") && strcmp(e, "1"))
         return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_GEMM_RULE=%s: 0 (the planner only) or 1 (the default)", e);
     if (e && !strcmp(e, "0")) return NIB_OK;
-    if (rule != NIB_GEMM_RULE_K1024 && rule != NIB_GEMM_RULE_K1024_WK2)
+    if (rule != NIB_GEMM_RULE_K1024 && rule != NIB_GEMM_RULE_K1024_WK1)
         return NIB_ERR(NIB_ERR_INVALID_ARG, "gemm: unknown plan rule %d", rule);
     NIB_RETURN_IF_ERR(shape_check(w, m, sms));
     NIB_RETURN_IF_ERR(forced_plan(w, m, ws_elems, sms, pl, hit));
     if (*hit) return NIB_OK;
     if (m <= 8 || m > 16 || w->kp % 1024) return NIB_OK;
     double cost;
-    const int wk = rule == NIB_GEMM_RULE_K1024_WK2 ? 2 : 4;
+    const int wk = rule == NIB_GEMM_RULE_K1024_WK1 ? 1 : 4;
     *hit = plan_eval(w, m, ws_elems, sms, NIB_GEMM_MT(m), wk, 2, (int)(w->kp / 1024), 1, pl, &cost);
     return NIB_OK;
 }

@@ -412,7 +412,7 @@ NIB_TEST(gemm_plan_force_knob) {
 }
 
 /* NIB_GEMM_RULE_K1024 (a weight's fixed plan, set by Pi0.5 for its action expert): at 8 < M <= 16
- * and K a multiple of 1024 one M chunk, 4 warps along K (2 with NIB_GEMM_RULE_K1024_WK2, gate|up's),
+ * and K a multiple of 1024 one M chunk, 4 warps along K (1 with NIB_GEMM_RULE_K1024_WK1, gate|up's),
  * K / 1024 K splits, the plans timed in the model; an unknown rule is an error; elsewhere (M, K,
  * rule 0, a workspace too small for the split) no hit, and the planner decides. NIB_GEMM_FORCE wins; NIB_GEMM_RULE=0 turns it off; other values are errors. */
 NIB_TEST(gemm_plan_rule_k1024) {
@@ -436,16 +436,21 @@ NIB_TEST(gemm_plan_rule_k1024) {
                       "K=%lld N=%lld M=%lld: hit %d mt%d chunks %d wk%d ks%d reg%d", (long long)want[i].w->kp,
                       (long long)want[i].w->np, (long long)m, hit, p.mt, p.m_chunks, p.wk, p.ksplit, p.reg);
         }
-    /* NIB_GEMM_RULE_K1024_WK2 (Pi0.5's gate|up): the same plans with 2 warps along K */
-    for (int64_t m = 9; m <= 16; m++) {
-        hit = 0;
-        CHECK_OK(nib_gemm_plan_rule(&gu, NIB_GEMM_RULE_K1024_WK2, m, SWEEP_WS_ELEMS, SWEEP_SMS, &p, &hit));
-        CHECK_MSG(hit && p.mt == 2 && p.m_chunks == 1 && p.wk == 2 && p.ksplit == 1 && p.reg == 1 && p.occ == 2 && !p.wgt,
-                  "WK2, gate|up, M=%lld: hit %d mt%d chunks %d wk%d ks%d reg%d", (long long)m, hit, p.mt, p.m_chunks,
-                  p.wk, p.ksplit, p.reg);
-    }
-    CHECK_OK(nib_gemm_plan_rule(&down, NIB_GEMM_RULE_K1024_WK2, 10, SWEEP_WS_ELEMS, SWEEP_SMS, &p, &hit));
-    CHECK_MSG(hit && p.wk == 2 && p.ksplit == 4, "WK2, down: hit %d wk%d ks%d", hit, p.wk, p.ksplit);
+    /* NIB_GEMM_RULE_K1024_WK1 (Pi0.5's gate|up): the same plans with one warp along K, so a quarter of
+     * the CTAs (row blocks of 8 warps' 16 rows instead of 2) */
+    const nib_gemm_shape *wk1[] = {&qkv, &gu};
+    const int wk1_ctas[] = {20, 64};
+    for (size_t i = 0; i < NIB_ARRAY_LEN(wk1); i++)
+        for (int64_t m = 9; m <= 16; m++) {
+            hit = 0;
+            CHECK_OK(nib_gemm_plan_rule(wk1[i], NIB_GEMM_RULE_K1024_WK1, m, SWEEP_WS_ELEMS, SWEEP_SMS, &p, &hit));
+            CHECK_MSG(hit && p.mt == 2 && p.m_chunks == 1 && p.wk == 1 && p.ksplit == 1 && p.reg == 1 && p.occ == 2 &&
+                          !p.wgt && p.ctas == wk1_ctas[i],
+                      "WK1, N=%lld, M=%lld: hit %d mt%d chunks %d wk%d ks%d reg%d ctas %d", (long long)wk1[i]->np,
+                      (long long)m, hit, p.mt, p.m_chunks, p.wk, p.ksplit, p.reg, p.ctas);
+        }
+    CHECK_OK(nib_gemm_plan_rule(&down, NIB_GEMM_RULE_K1024_WK1, 10, SWEEP_WS_ELEMS, SWEEP_SMS, &p, &hit));
+    CHECK_MSG(hit && p.wk == 1 && p.ksplit == 4, "WK1, down: hit %d wk%d ks%d", hit, p.wk, p.ksplit);
     CHECK_ST(nib_gemm_plan_rule(&o, 3, 10, SWEEP_WS_ELEMS, SWEEP_SMS, &p, &hit), NIB_ERR_INVALID_ARG);
     CHECK_MSG(strstr(nib_last_error(), "plan rule 3") != NULL, "unknown rule: %s", nib_last_error());
     /* the rule differs from the planner where it matters (else this test checks nothing) */
