@@ -4,7 +4,7 @@
 # to $OUT (default ./gpu-out); a short table is printed last.
 #
 #   scripts/gpu-check.sh [build] [doctor] [tests] [gemm] [ops] [attn] [demo] [pi05] [accuracy]
-#                        [load] [sanitize] [profile] [attnprof] [expertprof] [pi05prof] [experttrace] [T=filter]
+#                        [load] [sanitize] [profile] [attnprof] [expertprof] [pi05prof] [experttrace] [plansearch] [T=filter]
 #   (no step names = build doctor tests gemm ops attn demo pi05 accuracy load)
 #   demo      nib demo (synthesizes the full-size checkpoint in $TMPDIR once)
 #   pi05      nib bench pi05 --json pi05.json
@@ -36,6 +36,9 @@
 #             lists, each triple other than fast / 10 / 2 writing ncu-pi05-<preset>-h<H>-c<cams>.*
 #   experttrace  NIB_FUSED_STEP=1 NIB_EXPERT_TRACE=1 nib bench pi05 --preset fast --cams 2 --horizon 10 (experttrace.log):
 #             the persistent expert kernel's per-phase times and per-CTA segments
+#   plansearch  scripts/plan_search.py $PLANSEARCH_ARGS (plan-search.json, plansearch.log): the in-model
+#             coordinate search over the expert products' plans (fast, 2 cameras, H = 10 unless the args say);
+#             PLANSEARCH_BUDGET seconds (default 400) bound it, so leave room for the other steps
 #   load      nib quantize --pi05 fast of the synthetic checkpoint, then nib run --timing on it:
 #             time from file to the first call done
 #   overlap   A/B of the first flow step beside the prefix (overlap.log, overlap-ab.txt), each row
@@ -214,6 +217,11 @@ if has experttrace; then
         >"$OUT/experttrace.log" 2>&1
     note "experttrace (rc $?): experttrace.log"
     grep -iE 'phase|barrier|segment|qkv|attn|merge|gate|down' "$OUT/experttrace.log" | head -40 | tee -a "$LOG"
+fi
+if has plansearch; then
+    python3 scripts/plan_search.py --time-budget "${PLANSEARCH_BUDGET:-400}" --json "$OUT/plan-search.json" \
+        ${PLANSEARCH_ARGS:-} >"$OUT/plansearch.log" 2>&1
+    note "plansearch (rc $?): $(tail -1 "$OUT/plansearch.log")"
 fi
 if has load; then
     [ -f "$CKPT" ] || ./build/nib demo >/dev/null 2>&1

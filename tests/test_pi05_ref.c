@@ -929,6 +929,32 @@ NIB_TEST(pi05_policy_api) {
     nib_st_close(f);
 }
 
+/* Runs python3 with argv (argv[0] "python3") and waits: 0 with *status set, or the errno of the spawn. */
+static int spawn_python(char **argv, int *status) {
+    pid_t pid;
+    fflush(stdout);
+    extern char **environ;
+    const int e = posix_spawnp(&pid, "python3", NULL, NULL, argv, environ);
+    if (e != 0) return e;
+    while (waitpid(pid, status, 0) < 0) {
+    }
+    return 0;
+}
+
+/* scripts/plan_search.py (the in-model search over the expert products' plans, run on the GPU machine)
+ * against a stand-in nib (tests/python/test_plan_search.py): its search, its confirmation, its time budget
+ * and its errors. Skips without python3. */
+NIB_TEST(pi05_plan_search_script) {
+    const char *script = "tests/python/test_plan_search.py";
+    if (access(script, R_OK) != 0) SKIP("%s not found: run the tests from the repository root", script);
+    char *argv[] = {"python3", (char *)script, NULL};
+    int status = 0;
+    const int e = spawn_python(argv, &status);
+    if (e != 0) SKIP("python3 could not be started (%s)", strerror(e));
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 127) SKIP("python3 is not installed");
+    CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "%s failed (status %d): see its lines above", script, status);
+}
+
 /* python/nib.py over this build's libnib.so (tests/python/test_nib.py): the same call's actions
  * bit for bit, its input forms and its errors. Skips without python3, without the shared library
  * next to this binary, or under the sanitizers (python cannot load an ASan-built library). */
@@ -970,14 +996,9 @@ NIB_TEST(pi05_policy_python) {
     REQUIRE(write_raw(d, "images_u8", x.img, sizeof x.img) && write_raw(d, "text_ids", x.ids, sizeof x.ids) &&
             write_raw(d, "noise", x.noise, sizeof x.noise) && write_raw(d, "actions", want, sizeof want));
     char *argv[] = {"python3", (char *)script, lib, (char *)tiny_ckpt(), (char *)d, NULL};
-    pid_t pid;
-    fflush(stdout);
-    extern char **environ;
-    const int e = posix_spawnp(&pid, "python3", NULL, NULL, argv, environ);
-    if (e != 0) SKIP("python3 could not be started (%s)", strerror(e));
     int status = 0;
-    while (waitpid(pid, &status, 0) < 0) {
-    }
+    const int e = spawn_python(argv, &status);
+    if (e != 0) SKIP("python3 could not be started (%s)", strerror(e));
     if (WIFEXITED(status) && WEXITSTATUS(status) == 127) SKIP("python3 is not installed");
     CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "tests/python/test_nib.py failed (status %d): see its lines above",
               status);

@@ -1,0 +1,292 @@
+#!/usr/bin/env python3
+"""plan_search.py - a coordinate search over the launch plans of Pi0.5's action-expert products, timed
+inside the model (on the GPU machine).
+
+The low-bit GEMM's planner and the model's plan rules (ops/gemm.h, NIB_GEMM_RULE_*) were fitted to the
+kernel lab, which replays one kernel back to back. Inside the model each product follows other kernels
+under programmatic dependent launch, and the products' plans interact: in the fifty-fifth session q|k|v
+on 2 warps along K took 0.23 ms off a call with gate|up on 2 warps and nothing with gate|up on one
+(docs/design.md, "Fifty-fifth session"). So this script searches the products one at a time, in rounds,
+until a round changes nothing:
+
+  for each product: time the call once with each candidate plan forced (NIB_GEMM_FORCE, the other
+  products at the current assignment), and the current assignment before and after; the fastest
+  candidate, if it beats the faster of those two by more than --min-gain, is confirmed by --confirm
+  alternations (current, candidate, current, candidate, ...) and taken only if every candidate run
+  is faster than every current run.
+
+Candidates: MT --mt, W warps along K (1, 2, 4, 8) and S K splits (1, 2, 4, 8, 16) where every warp gets
+a pipeline step (S <= K / 128 / (2 W), ops/gemm_plan.c). A candidate the planner rejects ("does not
+fit": shared memory, X budget) is recorded as infeasible and skipped; any other failure of `nib bench`
+stops the search with its message. The result is NIB_GEMM_FORCE's value for the best assignment;
+making it the model's default is a change to models/pi05.c's plan rules (and their tests).
+
+usage: scripts/plan_search.py [--nib PATH] [--checkpoint Q] [--cams 2] [--horizon 10]
+                              [--reps 100] [--mt 2] [--products qkv,o,gu,down] [--wk 1,2,4,8]
+                              [--ks 1,2,4,8,16] [--rounds 3] [--confirm 2] [--min-gain 0.01]
+                              [--time-budget S] [--start FORCE] [--json FILE]
+  --nib        the nib binary (default ./build/nib); a command line is split on spaces
+  --checkpoint a pre-quantized checkpoint (`nib quantize --pi05 fast`); without it the script makes one
+               in $TMPDIR from `nib demo`'s synthetic checkpoint (as scripts/ab.sh -q does)
+  --time-budget  stop before a run that would end past S seconds from the start (default 540: one
+               device-tool call); the JSON then says so and holds everything measured. A run is one
+               `nib bench pi05` process, a few seconds on an H200 (loading ~2 s, the capture, the reps); a round
+               over the four products with every candidate is ~60 runs, so narrow --products / --wk /
+               --ks, or spread the search over calls with --start
+  --start      the assignment to start from, as NIB_GEMM_FORCE's value (a previous run's result); by
+               default the model's own plans
+  --json       where to write the record (default plan-search.json, or $OUT/plan-search.json)
+Environment: NIB_GIT_COMMIT (recorded in the JSON).
+"""
+import argparse
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+
+# the expert's products: K -> N (Gemma-300M: width 1024, 8 query heads + 1 KV head of 256, MLP 4096)
+PRODUCTS = {"qkv": (1024, 2560), "o": (2048, 1024), "gu": (1024, 8192), "down": (4096, 1024)}
+ROW = re.compile(r"^(fast|bf16)\s+(\d)\s+(\d+)\s+([\d.]+)ms\s+([\d.]+)ms\s+([\d.]+)ms\s+([\d.]+)ms\s+([\d.]+)ms")
+NOFIT = re.compile(r"NIB_GEMM_FORCE: .*does not fit")
+
+
+class SearchError(Exception):
+    pass
+
+
+def candidates(k, mt, wks=(1, 2, 4, 8), kss=(1, 2, 4, 8, 16)):
+    """(wk, ks) pairs in which every warp gets a pipeline step (2 chunks of 128 per step at MT <= 2)."""
+    cps = 2 if mt <= 2 else 1
+    out = []
+    for wk in wks:
+        maxks = max(1, (k // 128) // (wk * cps))
+        for ks in kss:
+            if ks <= maxks:
+                out.append((wk, ks))
+    return out
+
+
+def force_string(assign, horizon, mt):
+    return ",".join("%d:%d:%d:%d:%d:%d" % (PRODUCTS[p][0], PRODUCTS[p][1], horizon, mt, wk, ks)
+                    for p, (wk, ks) in sorted(assign.items()))
+
+
+def parse_force(v, horizon, mt):
+    """NIB_GEMM_FORCE's value -> {product: (wk, ks)}; ValueError naming the entry that is not one of ours."""
+    names = {shape: p for p, shape in PRODUCTS.items()}
+    out = {}
+    for e in filter(None, v.split(",")):
+        f = e.split(":")
+        if len(f) != 6 or not all(x.isdigit() for x in f):
+            raise ValueError("%s: not K:N:M:mt:wk:ks" % e)
+        k, n, m, t, wk, ks = map(int, f)
+        if (k, n) not in names or m != horizon or t != mt:
+            raise ValueError("%s: not an expert product at M = %d, MT %d" % (e, horizon, mt))
+        out[names[(k, n)]] = (wk, ks)
+    return out
+
+
+def describe(assign):
+    return " ".join("%s=wk%d:ks%d" % (p, wk, ks) for p, (wk, ks) in sorted(assign.items())) or "(the model's plans)"
+
+
+class Runner:
+    def __init__(self, a):
+        self.a = a
+        self.nib = shlex.split(a.nib)
+        self.t0 = time.monotonic()
+        self.evals = []
+        self.run_s = None  # the longest run so far, for the time budget
+        self.device = None
+
+    def left(self):
+        return self.a.time_budget - (time.monotonic() - self.t0)
+
+    def measure(self, assign, what):
+        """One `nib bench pi05` under assign: its row as a dict, or None if the plan does not fit."""
+        if self.run_s is not None and self.left() < self.run_s * 1.2:
+            raise TimeoutError
+        env = dict(os.environ)
+        env.pop("NIB_GEMM_FORCE", None)
+        if assign:
+            env["NIB_GEMM_FORCE"] = force_string(assign, self.a.horizon, self.a.mt)
+        cmd = self.nib + ["bench", "pi05", "--checkpoint", self.a.checkpoint, "--preset", self.a.preset, "--cams",
+                          str(self.a.cams), "--horizon", str(self.a.horizon), "--reps", str(self.a.reps)]
+        t = time.monotonic()
+        r = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True)
+        dt = time.monotonic() - t
+        self.run_s = dt if self.run_s is None else max(self.run_s, dt)
+        ev = {"what": what, "force": env.get("NIB_GEMM_FORCE", ""), "assign": describe(assign)}
+        if r.returncode != 0:
+            if NOFIT.search(r.stdout):
+                ev["infeasible"] = NOFIT.search(r.stdout).group(0)
+                self.evals.append(ev)
+                print("plan_search: %-34s does not fit" % ev["assign"], flush=True)
+                return None
+            raise SearchError("`%s` (NIB_GEMM_FORCE=%s) exited %d:\n%s" %
+                              (" ".join(cmd), ev["force"], r.returncode, r.stdout[-2000:]))
+        for line in r.stdout.splitlines():
+            if self.device is None and " copy " in line and "TFLOP/s" in line:
+                self.device = line.strip()
+            m = ROW.match(line)
+            if m and int(m.group(2)) == self.a.cams and int(m.group(3)) == self.a.horizon:
+                ev.update(total_ms=float(m.group(4)), vision_ms=float(m.group(5)), prefix_ms=float(m.group(6)),
+                          step_ms=float(m.group(7)), wall_ms=float(m.group(8)))
+                self.evals.append(ev)
+                return ev
+        raise SearchError("`%s` printed no row for %d cameras, H = %d:\n%s" %
+                          (" ".join(cmd), self.a.cams, self.a.horizon, r.stdout[-2000:]))
+
+
+def search(a, run, st):
+    """Updates st["assign"] (the current assignment) and st["log"] (one entry per product and round) as it
+    goes, so that a stop by the time budget or an error keeps what was decided; returns why it ended."""
+    cur = st["assign"]
+    log = st["log"]
+    first = run.measure(cur, "start")
+    if first is None:
+        raise SearchError("--start %s does not fit" % force_string(cur, a.horizon, a.mt))
+    print("plan_search: start %s: %.3f ms" % (describe(cur), first["total_ms"]), flush=True)
+    for rnd in range(1, a.rounds + 1):
+        changed = False
+        for p in a.products:
+            k = PRODUCTS[p][0]
+            refs = [run.measure(cur, "round %d %s: current (before)" % (rnd, p))["total_ms"]]
+            screen = []
+            for c in candidates(k, a.mt, a.wk, a.ks):
+                if cur.get(p) == c:
+                    continue
+                trial = dict(cur)
+                trial[p] = c
+                ev = run.measure(trial, "round %d %s: screen" % (rnd, p))
+                if ev:
+                    screen.append((ev["total_ms"], c))
+                    print("plan_search: round %d %-5s wk%d ks%-2d %.3f ms" % (rnd, p, c[0], c[1], ev["total_ms"]),
+                          flush=True)
+            refs.append(run.measure(cur, "round %d %s: current (after)" % (rnd, p))["total_ms"])
+            if not screen:
+                continue
+            best_t, best = min(screen)
+            if best_t >= min(refs) - a.min_gain:
+                log.append({"round": rnd, "product": p, "kept": describe(cur), "best_screened": "wk%d:ks%d" % best,
+                            "screen_ms": best_t, "current_ms": refs})
+                continue
+            trial = dict(cur)
+            trial[p] = best
+            cs, ts = [], []
+            for i in range(a.confirm):
+                cs.append(run.measure(cur, "round %d %s: confirm current" % (rnd, p))["total_ms"])
+                ts.append(run.measure(trial, "round %d %s: confirm wk%d:ks%d" % (rnd, p, best[0], best[1]))["total_ms"])
+            took = max(ts) < min(cs)
+            log.append({"round": rnd, "product": p, "candidate": "wk%d:ks%d" % best, "current_ms": cs,
+                        "candidate_ms": ts, "taken": took})
+            print("plan_search: round %d %-5s wk%d ks%d: %s against %s: %s" %
+                  (rnd, p, best[0], best[1], ts, cs, "taken" if took else "not taken"), flush=True)
+            if took:
+                cur = trial
+                st["assign"] = cur
+                changed = True
+        if not changed:
+            return "a round without a change (%d round%s)" % (rnd, "s" if rnd > 1 else "")
+    return "--rounds (%d; the last round still changed the plans)" % a.rounds
+
+
+def ensure_checkpoint(a):
+    if a.checkpoint:
+        if not os.path.isfile(a.checkpoint):
+            raise SearchError("--checkpoint %s: no such file" % a.checkpoint)
+        return
+    tmp = os.environ.get("TMPDIR", "/tmp")
+    src, q = os.path.join(tmp, "nib-demo-pi05.safetensors"), os.path.join(tmp, "nib-plan-search-%s.safetensors" % a.preset)
+    nib = shlex.split(a.nib)
+    if not os.path.isfile(src):
+        print("plan_search: nib demo (synthesizes %s)" % src, flush=True)
+        subprocess.run(nib + ["demo"], stdout=subprocess.DEVNULL, check=True)
+    print("plan_search: nib quantize %s -> %s" % (src, q), flush=True)
+    subprocess.run(nib + ["quantize", src, q, "--pi05", a.preset, "--force", "-q"], check=True)
+    a.checkpoint = q
+
+
+def main(argv):
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=None)
+    ap.add_argument("--nib", default="./build/nib")
+    ap.add_argument("--checkpoint")
+    ap.add_argument("--preset", default="fast", choices=["fast"],
+                    help="the low-bit expert's preset (the bf16 expert runs on cuBLAS: nothing to force)")
+    ap.add_argument("--cams", type=int, default=2, choices=[1, 2, 3])
+    ap.add_argument("--horizon", type=int, default=10)
+    ap.add_argument("--reps", type=int, default=100)
+    ap.add_argument("--mt", type=int, default=2, choices=[1, 2, 4, 8])
+    ap.add_argument("--products", default="qkv,o,gu,down")
+    ap.add_argument("--wk", default="1,2,4,8", help="warps along K to try")
+    ap.add_argument("--ks", default="1,2,4,8,16", help="K splits to try")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--confirm", type=int, default=2)
+    ap.add_argument("--min-gain", type=float, default=0.01, help="ms")
+    ap.add_argument("--time-budget", type=float, default=540.0, help="seconds")
+    ap.add_argument("--start", default="")
+    ap.add_argument("--json")
+    a = ap.parse_args(argv)
+    a.products = [p for p in a.products.split(",") if p]
+    bad = [p for p in a.products if p not in PRODUCTS]
+    if bad or not a.products:
+        ap.error("--products: %s not among %s" % (",".join(bad) or "(none)", ",".join(PRODUCTS)))
+    try:
+        a.wk = [int(x) for x in a.wk.split(",") if x]
+        a.ks = [int(x) for x in a.ks.split(",") if x]
+    except ValueError:
+        ap.error("--wk / --ks: comma-separated integers")
+    if not a.wk or not a.ks or any(w not in (1, 2, 4, 8) for w in a.wk) or any(k < 1 for k in a.ks):
+        ap.error("--wk from 1, 2, 4, 8; --ks positive")
+    if a.rounds < 1 or a.confirm < 1 or a.reps < 5:
+        ap.error("--rounds and --confirm at least 1, --reps at least 5")
+    if not a.json:
+        a.json = os.path.join(os.environ["OUT"], "plan-search.json") if os.environ.get("OUT") else "plan-search.json"
+    try:
+        start = parse_force(a.start, a.horizon, a.mt)
+    except ValueError as e:
+        ap.error("--start %s" % e)
+    try:
+        ensure_checkpoint(a)
+    except (SearchError, subprocess.CalledProcessError, OSError) as e:
+        print("plan_search: %s" % e, file=sys.stderr)
+        return 1
+    run = Runner(a)
+    rec = {"bench": "coordinate search over the Pi0.5 action expert's product plans inside the model "
+                    "(scripts/plan_search.py; NIB_GEMM_FORCE=K:N:M:mt:wk:ks)",
+           "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+           "git_commit": os.environ.get("NIB_GIT_COMMIT", ""),
+           "command": "scripts/plan_search.py " + " ".join(shlex.quote(x) for x in argv),
+           "preset": a.preset, "cams": a.cams, "horizon": a.horizon, "reps": a.reps, "mt": a.mt,
+           "products": {p: "%d:%d" % PRODUCTS[p] for p in a.products}}
+    rc = 0
+    st = {"assign": start, "log": []}
+    try:
+        rec["stopped_by"] = search(a, run, st)
+    except TimeoutError:
+        rec["stopped_by"] = "--time-budget (%.0f s)" % a.time_budget
+        print("plan_search: stopped: the next run would pass --time-budget", flush=True)
+    except (SearchError, OSError) as e:
+        rec["stopped_by"] = "error: %s" % str(e).splitlines()[0]
+        print("plan_search: %s" % e, file=sys.stderr)
+        rc = 1
+    rec["device"] = run.device
+    rec["evaluations"] = run.evals
+    cur = st["assign"]
+    rec["decisions"] = st["log"]
+    rec["result"] = {"assign": describe(cur), "NIB_GEMM_FORCE": force_string(cur, a.horizon, a.mt)}
+    rec["seconds"] = round(time.monotonic() - run.t0, 1)
+    with open(a.json, "w") as f:
+        json.dump(rec, f, indent=1)
+    print("plan_search: %s; best: %s (NIB_GEMM_FORCE=%s); %d runs in %.0f s; %s" %
+          (rec["stopped_by"], rec["result"]["assign"], rec["result"]["NIB_GEMM_FORCE"], len(run.evals), rec["seconds"],
+           a.json), flush=True)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
