@@ -33,6 +33,8 @@ usage: scripts/plan_search.py [--nib PATH] [--checkpoint Q] [--cams 2] [--horizo
                `nib bench pi05` process, a few seconds on an H200 (loading ~2 s, the capture, the reps); a round
                over the four products with every candidate is ~60 runs, so narrow --products / --wk /
                --ks, or spread the search over calls with --start
+  --horizon    H, the expert's M (any horizon `nib bench pi05 --horizon` takes; the plan rules cover
+               8 < M <= 16, so 10 and 16 are the ones they decide)
   --start      the assignment to start from, as NIB_GEMM_FORCE's value (a previous run's result); by
                default the model's own plans
   --json       where to write the record (default plan-search.json, or $OUT/plan-search.json)

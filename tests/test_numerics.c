@@ -391,7 +391,7 @@ NIB_TEST(cli_number_options) {
         {nib_cmd_demo, {"demo", "--seed", "-3"}, "--seed takes an unsigned integer"},
         {nib_cmd_accuracy, {"accuracy", "pi05", "--horizon", "1e3"}, "--horizon takes an integer from 1 to 1024, not '1e3'"},
         {nib_bench_pi05, {"pi05", "--cams", "4"}, "--cams takes an integer from 1 to 3, not '4'"},
-        {nib_bench_pi05, {"pi05", "--horizon", "20"}, "--horizon is 10 or 50"},
+        {nib_bench_pi05, {"pi05", "--horizon", "1025"}, "--horizon takes an integer from 1 to 1024, not '1025'"},
         {nib_bench_pi05, {"pi05", "--reps", "3"}, "--reps takes an integer from 5 to 100000, not '3'"},
         {nib_cmd_run, {"run", "pi05", "--steps", "0"}, "--steps takes an integer from 1 to 64, not '0'"},
         {nib_cmd_run, {"run", "pi05", "--seed", "99999999999999999999999"}, "--seed takes an unsigned integer"},
