@@ -30,6 +30,8 @@
 #
 # The device copy's git metadata may lack your latest commits, so the base version travels as
 # files, not as a revision. Output: one block per run, labelled "== base" / "== new".
+# scripts/ab_json.py LOG --bench ... --command ... -o bench/results/X.json turns the saved output into a
+# results record (one row per bench row, with its label and run) and prints the versions side by side.
 set -euo pipefail
 cmd=${1:-}
 shift || true

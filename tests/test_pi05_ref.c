@@ -944,8 +944,9 @@ static int spawn_python(char **argv, int *status) {
 /* scripts/plan_search.py (the in-model search over the expert products' plans, run on the GPU machine)
  * against a stand-in nib (tests/python/test_plan_search.py): its search, its confirmation, its time budget
  * and its errors. Skips without python3. */
-NIB_TEST(pi05_plan_search_script) {
-    const char *script = "tests/python/test_plan_search.py";
+/* one of tests/python's script tests: passes when it exits 0; skips without python3 or outside the
+ * repository root */
+static void python_script_test(nib_test_ctx *t, const char *script) {
     if (access(script, R_OK) != 0) SKIP("%s not found: run the tests from the repository root", script);
     char *argv[] = {"python3", (char *)script, NULL};
     int status = 0;
@@ -954,6 +955,12 @@ NIB_TEST(pi05_plan_search_script) {
     if (WIFEXITED(status) && WEXITSTATUS(status) == 127) SKIP("python3 is not installed");
     CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "%s failed (status %d): see its lines above", script, status);
 }
+NIB_TEST(pi05_plan_search_script) { python_script_test(t, "tests/python/test_plan_search.py"); }
+
+/* scripts/ab_json.py (scripts/ab.sh's log -> a bench/results record) on made-up logs in nib bench's formats
+ * (tests/python/test_ab_json.py): rows kept with their labels, failed runs and other logs refused. Skips
+ * without python3. */
+NIB_TEST(ab_json_script) { python_script_test(t, "tests/python/test_ab_json.py"); }
 
 /* python/nib.py over this build's libnib.so (tests/python/test_nib.py): the same call's actions
  * bit for bit, its input forms and its errors. Skips without python3, without the shared library
