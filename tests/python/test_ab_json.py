@@ -10,14 +10,10 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checks import check, finish  # noqa: E402
+
 SCRIPT = [sys.executable, "scripts/ab_json.py"]
-failures = []
-
-
-def check(cond, what):
-    if not cond:
-        failures.append(what)
-        print("FAIL: " + what)
 
 
 PI05_HEAD = ("NVIDIA H200: copy 4270 GB/s, cuBLASLt bf16 778 / fp8 1530 TFLOP/s; images F32 [V,3,224,224]\n"
@@ -97,5 +93,4 @@ with tempfile.TemporaryDirectory() as d:
     check(r.returncode == 0 and json.loads(r.stdout)["rows"][0]["graph_ms"] == 8.912 and "NIB_PDL=0" in r.stderr,
           "without -o: the JSON on stdout, the table on stderr")
 
-print("test_ab_json: %s" % ("%d failure(s)" % len(failures) if failures else "ok"))
-sys.exit(1 if failures else 0)
+finish("test_ab_json")

@@ -10,15 +10,11 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checks import check, finish  # noqa: E402
+
 FAKE = [sys.executable, "tests/python/fake_nib_bench.py"]
 SCRIPT = [sys.executable, "scripts/plan_search.py"]
-failures = []
-
-
-def check(cond, what):
-    if not cond:
-        failures.append(what)
-        print("FAIL: " + what)
 
 
 def run(d, name, extra, env=None):
@@ -80,5 +76,4 @@ with tempfile.TemporaryDirectory() as d:
                        universal_newlines=True)
     check(r.returncode == 1 and "missing.safetensors" in r.stderr, "a missing checkpoint: exit %d, %s" % (r.returncode, r.stderr))
 
-print("test_plan_search: %s" % ("%d failure(s)" % len(failures) if failures else "ok"))
-sys.exit(1 if failures else 0)
+finish("test_plan_search")
