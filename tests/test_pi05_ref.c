@@ -941,9 +941,6 @@ static int spawn_python(char **argv, int *status) {
     return 0;
 }
 
-/* scripts/plan_search.py (the in-model search over the expert products' plans, run on the GPU machine)
- * against a stand-in nib (tests/python/test_plan_search.py): its search, its confirmation, its time budget
- * and its errors. Skips without python3. */
 /* one of tests/python's script tests: passes when it exits 0; skips without python3 or outside the
  * repository root */
 static void python_script_test(nib_test_ctx *t, const char *script) {
@@ -955,6 +952,9 @@ static void python_script_test(nib_test_ctx *t, const char *script) {
     if (WIFEXITED(status) && WEXITSTATUS(status) == 127) SKIP("python3 is not installed");
     CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "%s failed (status %d): see its lines above", script, status);
 }
+/* scripts/plan_search.py (the in-model search over the expert products' plans, run on the GPU machine)
+ * against a stand-in nib (tests/python/test_plan_search.py): its search, its confirmation, its time budget
+ * and its errors. Skips without python3. */
 NIB_TEST(pi05_plan_search_script) { python_script_test(t, "tests/python/test_plan_search.py"); }
 
 /* scripts/ab_json.py (scripts/ab.sh's log -> a bench/results record) on made-up logs in nib bench's formats
