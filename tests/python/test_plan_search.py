@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """scripts/plan_search.py against tests/python/fake_nib_bench.py (no GPU): the search finds the made-up
 cost's optimum, which needs a second round because two products interact (as q|k|v and gate|up did in
-the model); --start begins from a given assignment; a candidate whose one screen run was fast is refused by the confirmation; a plan that does not fit is recorded and skipped; the time budget stops it with the record
+the model); --start begins from a given assignment; a candidate whose one screen run was fast is refused by the confirmation,
+and so is a tie (the model's own plan forced) that beats every current run by less than --min-gain; a plan that does not fit is recorded and skipped; the time budget stops it with the record
 written; a failing bench stops it with the failure's message and a non-zero exit; bad arguments are
 refused. Run by nib_tests (pi05_plan_search_script) from the repository root."""
 import json
@@ -49,6 +50,18 @@ with tempfile.TemporaryDirectory() as d:
         # the fake logs the calls that printed a row; the infeasible ones exit before
         nrows = sum(1 for _ in open(os.path.join(d, "full.log")))
         check(sum(1 for e in rec["evaluations"] if "total_ms" in e) == nrows, "evaluations with a row against bench calls")
+
+    # a tie (the model's own plan forced) that the every-run test alone would take
+    r, rec = run(d, "tie", ["--products", "gu"], {"FAKE_NIB_TIE": "1"})
+    check(r.returncode == 0, "tie exit %d: %s" % (r.returncode, r.stderr))
+    if rec:
+        check(rec["result"]["assign"] == "(the model's plans)", "a tie was taken: %s" % rec["result"]["assign"])
+        conf = [x for x in rec["decisions"] if "taken" in x]
+        check(len(conf) == 1 and conf[0]["candidate"] == "wk1:ks1" and max(conf[0]["candidate_ms"]) <
+              min(conf[0]["current_ms"]) and abs(conf[0]["mean_gain_ms"] - 0.003) < 1e-6,
+              "the tie did not reach the confirmation as one that beats every current run: %s" % conf)
+    else:
+        check(False, "tie search wrote no JSON")
 
     r, rec = run(d, "start", ["--start", "1024:8192:10:2:1:1,1024:2560:10:2:4:1"])
     check(r.returncode == 0, "--start exit %d: %s" % (r.returncode, r.stderr))
