@@ -20,8 +20,9 @@
  * cuBLAS kernels do not trigger: a nib kernel launched after one waits for its completion
  * (the implicit trigger), so mixing them is safe. Nor do they wait: cuBLASLt 13.1's kernels read
  * their inputs without griddepcontrol.wait (bench/probes/cublas_pdl.cu), so the edge into a cuBLAS
- * kernel must stay a full-completion edge (never made programmatic in a graph). Kernels launched without the attribute (or
- * with NIB_PDL=0, or on a device without PDL) execute both instructions as no-ops.
+ * kernel must stay a full-completion edge (never made programmatic in a graph). Kernels launched
+ * without the attribute (or with NIB_PDL=0, or on a device without PDL) execute both instructions
+ * as no-ops.
  *
  * NIB_PDL=0 in the environment turns the attribute off (read at each launch, so a graph keeps
  * the setting it was captured with): the A/B switch of `nib bench pi05`. So does

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """scripts/plan_search.py against tests/python/fake_nib_bench.py (no GPU): the search finds the made-up
 cost's optimum, which needs a second round because two products interact (as q|k|v and gate|up did in
-the model); --start begins from a given assignment; a candidate whose one screen run was fast is refused by the confirmation,
-and so is a tie (the model's own plan forced) that beats every current run by less than --min-gain; a plan that does not fit is recorded and skipped; the time budget stops it with the record
-written; a failing bench stops it with the failure's message and a non-zero exit; bad arguments are
+the model); --start begins from a given assignment; a candidate whose one screen run was fast is refused
+by the confirmation, and so is a tie (the model's own plan forced) that beats every current run by less
+than --min-gain; a plan that does not fit is recorded and skipped; the time budget stops it with the
+record written; a failing bench stops it with the failure's message and a non-zero exit; bad arguments are
 refused. Run by nib_tests (pi05_plan_search_script) from the repository root."""
 import json
 import os
