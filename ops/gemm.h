@@ -234,8 +234,14 @@ typedef struct nib_gemm_shape {
 } nib_gemm_shape;
 /* NIB_GEMM_FORCE=K:N:M:mt:wk:ks[,...] in the environment (a lab knob: other plans timed inside a
  * model) replaces the pick for a padded kp x np shape at M rows by the mma.sync plan with those
- * fields (register weights, occupancy 2); a malformed entry or one that does not fit is an error. */
+ * fields (register weights, occupancy 2); an entry K:N:M:wg<tokens>:ks:cm by the wgmma kernel's plan
+ * with tiles of that many tokens, ks K splits and clusters of cm CTAs (host code sets its wgt, ksplit,
+ * wgc, m_chunks, row_blocks and ctas; nib_cuda_gemm_plan completes it, and the kernel's own checks
+ * apply). A malformed entry or one that does not fit is an error naming the knob. */
 nib_status nib_gemm_plan_for(const nib_gemm_shape *w, int64_t m, uint64_t ws_elems, int sms, nib_gemm_plan *plan);
+/* Only NIB_GEMM_FORCE's entry for this shape and M: *hit = 1 with its plan, 0 where none matches. */
+nib_status nib_gemm_plan_forced(const nib_gemm_shape *w, int64_t m, uint64_t ws_elems, int sms, nib_gemm_plan *plan,
+                                int *hit);
 /* Fixed plan rules a model may set on a weight (nib_qweight.plan_rule), for shapes where the plan
  * timed inside that model beats the planner's pick (the planner is fitted to the lab, which replays
  * one kernel back to back; inside a model each product follows other kernels under PDL).

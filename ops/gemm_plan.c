@@ -248,8 +248,10 @@ static _Thread_local plan_cache_entry t_plan_cache[64];
 
 /* NIB_GEMM_FORCE=K:N:M:mt:wk:ks[,...] (a lab knob, for timing other plans inside a model): the
  * mma.sync plan with register weights, occupancy 2, mt / wk / ks for the padded shape kp x np at M
- * rows. NIB_OK with *hit = 1 when an entry matches (pl set), *hit = 0 when none does; an error when
- * an entry is malformed or its plan does not fit. */
+ * rows; an entry K:N:M:wg<bt>:ks:cm the wgmma kernel's plan with bt-token tiles, ks K splits and
+ * clusters of cm CTAs (only wgt, ksplit, wgc, m_chunks, row_blocks and ctas set here: the CUDA side
+ * completes it, nib_cuda_gemm_plan). NIB_OK with *hit = 1 when an entry matches (pl set), *hit = 0
+ * when none does; an error when an entry is malformed or its plan does not fit. */
 static nib_status forced_plan(const nib_gemm_shape *w, int64_t m, uint64_t ws_elems, int sms, nib_gemm_plan *pl,
                               int *hit) {
     *hit = 0;
@@ -257,12 +259,34 @@ static nib_status forced_plan(const nib_gemm_shape *w, int64_t m, uint64_t ws_el
     if (!e || !*e) return NIB_OK;
     for (const char *s = e; *s;) {
         long long k, n, mm;
-        int mt, wk, ks, used = 0;
-        if (sscanf(s, "%lld:%lld:%lld:%d:%d:%d%n", &k, &n, &mm, &mt, &wk, &ks, &used) != 6)
-            return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_GEMM_FORCE=%s: entries K:N:M:mt:wk:ks, comma-separated", e);
-        s += used;
+        int mt = 0, wk = 0, ks = 0, bt = 0, cm = 0, used = 0, used2 = 0;
+        if (sscanf(s, "%lld:%lld:%lld:%n", &k, &n, &mm, &used) != 3 || !used ||
+            (sscanf(s + used, "wg%d:%d:%d%n", &bt, &ks, &cm, &used2) != 3 &&
+             (bt = 0, sscanf(s + used, "%d:%d:%d%n", &mt, &wk, &ks, &used2) != 3)) ||
+            (s[used + used2] && s[used + used2] != ','))
+            return NIB_ERR(NIB_ERR_INVALID_ARG,
+                           "NIB_GEMM_FORCE=%s: entries K:N:M:mt:wk:ks or K:N:M:wg<tokens>:ks:cm, comma-separated", e);
+        s += used + used2;
         if (*s == ',') s++;
         if (k != w->kp || n != w->np || mm != m) continue;
+        if (bt) {
+            const int64_t nchunks = w->kp / NIB_GEMM_KCH, rows = (w->np + NIB_GEMM_WG_ROWS - 1) / NIB_GEMM_WG_ROWS;
+            const int i4 = w->fmt == NIB_WFMT_INT4;
+            if ((bt != 16 && bt != 32 && bt != 64 && bt != 128 && bt != 192 && bt != 256) || (i4 && bt > 192) ||
+                (w->fmt != NIB_WFMT_NVFP4 && w->fmt != NIB_WFMT_MXFP4 && w->fmt != NIB_WFMT_FP8 && !i4) ||
+                (cm != 1 && cm != 2) || (bt < 64 && cm != 1) || ks < 1 || ks > 8 || ks > nchunks)
+                return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_GEMM_FORCE: wg%d ks%d cm%d does not fit K=%lld N=%lld M=%lld (%s)",
+                               bt, ks, cm, k, n, mm, nib_wfmt_name(w->fmt));
+            memset(pl, 0, sizeof *pl);
+            pl->wgt = bt;
+            pl->wgc = cm;
+            pl->ksplit = ks;
+            pl->m_chunks = (int)((m + bt - 1) / bt);
+            pl->row_blocks = (int)((rows + cm - 1) / cm * cm);
+            pl->ctas = pl->m_chunks * pl->row_blocks * ks;
+            *hit = 1;
+            return NIB_OK;
+        }
         double cost;
         if ((mt != 1 && mt != 2 && mt != 4) || (wk != 1 && wk != 2 && wk != 4 && wk != 8) || !mt_allowed(m, mt) ||
             !plan_eval(w, m, ws_elems, sms, mt, wk, 2, ks, 1, pl, &cost))
@@ -272,6 +296,13 @@ static nib_status forced_plan(const nib_gemm_shape *w, int64_t m, uint64_t ws_el
         return NIB_OK;
     }
     return NIB_OK;
+}
+
+nib_status nib_gemm_plan_forced(const nib_gemm_shape *w, int64_t m, uint64_t ws_elems, int sms, nib_gemm_plan *pl,
+                                int *hit) {
+    *hit = 0;
+    NIB_RETURN_IF_ERR(shape_check(w, m, sms));
+    return forced_plan(w, m, ws_elems, sms, pl, hit);
 }
 
 nib_status nib_gemm_plan_for(const nib_gemm_shape *w, int64_t m, uint64_t ws_elems, int sms, nib_gemm_plan *pl) {

@@ -18,15 +18,21 @@ until a round changes nothing:
   the candidates; forced, it ties with the current assignment within the noise, and at H = 16 in the
   fifty-seventh session such a tie (2 x 0.002-0.004 ms) passed the every-run test alone.)
 
-Candidates: MT --mt, W warps along K (1, 2, 4, 8) and S K splits (1, 2, 4, 8, 16) where every warp gets
-a pipeline step (S <= K / 128 / (2 W), ops/gemm_plan.c). A candidate the planner rejects ("does not
-fit": shared memory, X budget) is recorded as infeasible and skipped; any other failure of `nib bench`
-stops the search with its message. The result is NIB_GEMM_FORCE's value for the best assignment;
+Candidates: the mma.sync kernel's plans, for each MT of --mt, W warps along K (1, 2, 4, 8) and S K splits
+(1, 2, 4, 8, 16) where every warp gets a pipeline step (S <= K / 128 / (2 W) at MT <= 2, K / 128 / W
+above, ops/gemm_plan.c); and, with --wg-tiles, the wgmma kernel's plans (NIB_GEMM_FORCE's entries
+K:N:M:wg<tokens>:ks:cm): each tile of --wg-tiles, each K split of --wg-ks (at most 8 and K / 128) and
+each cluster size of --wg-cm (2 only for tiles of 64+ tokens). At H = 50 the model runs every product on
+the wgmma kernel's 64-token tile by default, and the q|k|v epilogue (RoPE + cache write) fuses only into
+an mma.sync plan. A candidate the planner rejects ("does not fit": shared memory, X budget, the split-K
+workspace, a tile the kernel lacks) is recorded as infeasible and skipped; any other failure of `nib
+bench` stops the search with its message. The result is NIB_GEMM_FORCE's value for the best assignment;
 making it the model's default is a change to models/pi05.c's plan rules (and their tests).
 
 usage: scripts/plan_search.py [--nib PATH] [--checkpoint Q] [--cams 2] [--horizon 10]
                               [--reps 100] [--mt 2] [--products qkv,o,gu,down] [--wk 1,2,4,8]
-                              [--ks 1,2,4,8,16] [--rounds 3] [--confirm 2] [--min-gain 0.01]
+                              [--ks 1,2,4,8,16] [--wg-tiles T,..] [--wg-ks 1,2,4,8] [--wg-cm 1]
+                              [--rounds 3] [--confirm 2] [--min-gain 0.01]
                               [--time-budget S] [--start FORCE] [--json FILE]
   --nib        the nib binary (default ./build/nib); a command line is split on spaces
   --checkpoint a pre-quantized checkpoint (`nib quantize --pi05 fast`); without it the script makes one
@@ -37,7 +43,11 @@ usage: scripts/plan_search.py [--nib PATH] [--checkpoint Q] [--cams 2] [--horizo
                over the four products with every candidate is ~60 runs, so narrow --products / --wk /
                --ks, or spread the search over calls with --start
   --horizon    H, the expert's M (any horizon `nib bench pi05 --horizon` takes; the plan rules cover
-               8 < M <= 16, so 10 and 16 are the ones they decide)
+               8 < M <= 16, so 10 and 16 are the ones they decide; above, the wgmma tile rule decides)
+  --mt         the mma.sync MTs to try (comma-separated; 8-token tiles per M chunk, 1, 2 or 4); the first
+               is the one a plan is described without ("wk4:ks1"; others "mt4:wk4:ks1")
+  --wg-tiles   the wgmma kernel's token tiles to try (16, 32, 64, 128, 192, 256; default none), described
+               as "wg64:ks2:cm1"
   --start      the assignment to start from, as NIB_GEMM_FORCE's value (a previous run's result); by
                default the model's own plans
   --json       where to write the record (default plan-search.json, or $OUT/plan-search.json)
@@ -62,40 +72,65 @@ class SearchError(Exception):
     pass
 
 
-def candidates(k, mt, wks=(1, 2, 4, 8), kss=(1, 2, 4, 8, 16)):
-    """(wk, ks) pairs in which every warp gets a pipeline step (2 chunks of 128 per step at MT <= 2)."""
-    cps = 2 if mt <= 2 else 1
+# A plan: ("m", mt, wk, ks) for the mma.sync kernel, ("w", tokens, ks, cm) for the wgmma kernel.
+
+
+def candidates(k, mts=(2,), wks=(1, 2, 4, 8), kss=(1, 2, 4, 8, 16), wg_tiles=(), wg_kss=(1, 2, 4, 8), wg_cms=(1,)):
+    """mma.sync plans in which every warp gets a pipeline step (2 chunks of 128 per step at MT <= 2), then
+    wgmma plans with at most 8 and K / 128 K splits, clusters of 2 only for tiles of 64+ tokens."""
     out = []
-    for wk in wks:
-        maxks = max(1, (k // 128) // (wk * cps))
-        for ks in kss:
-            if ks <= maxks:
-                out.append((wk, ks))
+    for mt in mts:
+        cps = 2 if mt <= 2 else 1
+        for wk in wks:
+            maxks = max(1, (k // 128) // (wk * cps))
+            for ks in kss:
+                if ks <= maxks:
+                    out.append(("m", mt, wk, ks))
+    for bt in wg_tiles:
+        for ks in wg_kss:
+            for cm in wg_cms:
+                if ks <= min(8, k // 128) and (cm == 1 or bt >= 64):
+                    out.append(("w", bt, ks, cm))
     return out
 
 
-def force_string(assign, horizon, mt):
-    return ",".join("%d:%d:%d:%d:%d:%d" % (PRODUCTS[p][0], PRODUCTS[p][1], horizon, mt, wk, ks)
-                    for p, (wk, ks) in sorted(assign.items()))
+def label(plan, mt0):
+    if plan[0] == "w":
+        return "wg%d:ks%d:cm%d" % plan[1:]
+    return ("wk%d:ks%d" % plan[2:]) if plan[1] == mt0 else ("mt%d:wk%d:ks%d" % plan[1:])
 
 
-def parse_force(v, horizon, mt):
-    """NIB_GEMM_FORCE's value -> {product: (wk, ks)}; ValueError naming the entry that is not one of ours."""
+def entry(p, plan, horizon):
+    k, n = PRODUCTS[p]
+    if plan[0] == "w":
+        return "%d:%d:%d:wg%d:%d:%d" % ((k, n, horizon) + plan[1:])
+    return "%d:%d:%d:%d:%d:%d" % ((k, n, horizon) + plan[1:])
+
+
+def force_string(assign, horizon):
+    return ",".join(entry(p, plan, horizon) for p, plan in sorted(assign.items()))
+
+
+def parse_force(v, horizon):
+    """NIB_GEMM_FORCE's value -> {product: plan}; ValueError naming the entry that is not one of ours."""
     names = {shape: p for p, shape in PRODUCTS.items()}
     out = {}
     for e in filter(None, v.split(",")):
         f = e.split(":")
+        wg = len(f) == 6 and f[3].startswith("wg")
+        if wg:
+            f[3] = f[3][2:]
         if len(f) != 6 or not all(x.isdigit() for x in f):
-            raise ValueError("%s: not K:N:M:mt:wk:ks" % e)
-        k, n, m, t, wk, ks = map(int, f)
-        if (k, n) not in names or m != horizon or t != mt:
-            raise ValueError("%s: not an expert product at M = %d, MT %d" % (e, horizon, mt))
-        out[names[(k, n)]] = (wk, ks)
+            raise ValueError("%s: not K:N:M:mt:wk:ks or K:N:M:wg<tokens>:ks:cm" % e)
+        k, n, m, a, b, c = map(int, f)
+        if (k, n) not in names or m != horizon:
+            raise ValueError("%s: not an expert product at M = %d" % (e, horizon))
+        out[names[(k, n)]] = ("w", a, b, c) if wg else ("m", a, b, c)
     return out
 
 
-def describe(assign):
-    return " ".join("%s=wk%d:ks%d" % (p, wk, ks) for p, (wk, ks) in sorted(assign.items())) or "(the model's plans)"
+def describe(assign, mt0):
+    return " ".join("%s=%s" % (p, label(plan, mt0)) for p, plan in sorted(assign.items())) or "(the model's plans)"
 
 
 class Runner:
@@ -117,14 +152,14 @@ class Runner:
         env = dict(os.environ)
         env.pop("NIB_GEMM_FORCE", None)
         if assign:
-            env["NIB_GEMM_FORCE"] = force_string(assign, self.a.horizon, self.a.mt)
+            env["NIB_GEMM_FORCE"] = force_string(assign, self.a.horizon)
         cmd = self.nib + ["bench", "pi05", "--checkpoint", self.a.checkpoint, "--preset", self.a.preset, "--cams",
                           str(self.a.cams), "--horizon", str(self.a.horizon), "--reps", str(self.a.reps)]
         t = time.monotonic()
         r = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True)
         dt = time.monotonic() - t
         self.run_s = dt if self.run_s is None else max(self.run_s, dt)
-        ev = {"what": what, "force": env.get("NIB_GEMM_FORCE", ""), "assign": describe(assign)}
+        ev = {"what": what, "force": env.get("NIB_GEMM_FORCE", ""), "assign": describe(assign, self.a.mt[0])}
         if r.returncode != 0:
             if NOFIT.search(r.stdout):
                 ev["infeasible"] = NOFIT.search(r.stdout).group(0)
@@ -153,15 +188,16 @@ def search(a, run, st):
     log = st["log"]
     first = run.measure(cur, "start")
     if first is None:
-        raise SearchError("--start %s does not fit" % force_string(cur, a.horizon, a.mt))
-    print("plan_search: start %s: %.3f ms" % (describe(cur), first["total_ms"]), flush=True)
+        raise SearchError("--start %s does not fit" % force_string(cur, a.horizon))
+    mt0 = a.mt[0]
+    print("plan_search: start %s: %.3f ms" % (describe(cur, mt0), first["total_ms"]), flush=True)
     for rnd in range(1, a.rounds + 1):
         changed = False
         for p in a.products:
             k = PRODUCTS[p][0]
             refs = [run.measure(cur, "round %d %s: current (before)" % (rnd, p))["total_ms"]]
             screen = []
-            for c in candidates(k, a.mt, a.wk, a.ks):
+            for c in candidates(k, a.mt, a.wk, a.ks, a.wg_tiles, a.wg_ks, a.wg_cm):
                 if cur.get(p) == c:
                     continue
                 trial = dict(cur)
@@ -169,14 +205,14 @@ def search(a, run, st):
                 ev = run.measure(trial, "round %d %s: screen" % (rnd, p))
                 if ev:
                     screen.append((ev["total_ms"], c))
-                    print("plan_search: round %d %-5s wk%d ks%-2d %.3f ms" % (rnd, p, c[0], c[1], ev["total_ms"]),
+                    print("plan_search: round %d %-5s %-16s %.3f ms" % (rnd, p, label(c, mt0), ev["total_ms"]),
                           flush=True)
             refs.append(run.measure(cur, "round %d %s: current (after)" % (rnd, p))["total_ms"])
             if not screen:
                 continue
             best_t, best = min(screen)
             if best_t >= min(refs) - a.min_gain:
-                log.append({"round": rnd, "product": p, "kept": describe(cur), "best_screened": "wk%d:ks%d" % best,
+                log.append({"round": rnd, "product": p, "kept": describe(cur, mt0), "best_screened": label(best, mt0),
                             "screen_ms": best_t, "current_ms": refs})
                 continue
             trial = dict(cur)
@@ -184,13 +220,13 @@ def search(a, run, st):
             cs, ts = [], []
             for i in range(a.confirm):
                 cs.append(run.measure(cur, "round %d %s: confirm current" % (rnd, p))["total_ms"])
-                ts.append(run.measure(trial, "round %d %s: confirm wk%d:ks%d" % (rnd, p, best[0], best[1]))["total_ms"])
+                ts.append(run.measure(trial, "round %d %s: confirm %s" % (rnd, p, label(best, mt0)))["total_ms"])
             gain = sum(cs) / len(cs) - sum(ts) / len(ts)
             took = max(ts) < min(cs) and gain >= a.min_gain
-            log.append({"round": rnd, "product": p, "candidate": "wk%d:ks%d" % best, "current_ms": cs,
+            log.append({"round": rnd, "product": p, "candidate": label(best, mt0), "current_ms": cs,
                         "candidate_ms": ts, "mean_gain_ms": round(gain, 4), "taken": took})
-            print("plan_search: round %d %-5s wk%d ks%d: %s against %s: %s" %
-                  (rnd, p, best[0], best[1], ts, cs, "taken" if took else "not taken"), flush=True)
+            print("plan_search: round %d %-5s %s: %s against %s: %s" %
+                  (rnd, p, label(best, mt0), ts, cs, "taken" if took else "not taken"), flush=True)
             if took:
                 cur = trial
                 st["assign"] = cur
@@ -226,10 +262,13 @@ def main(argv):
     ap.add_argument("--cams", type=int, default=2, choices=[1, 2, 3])
     ap.add_argument("--horizon", type=int, default=10)
     ap.add_argument("--reps", type=int, default=100)
-    ap.add_argument("--mt", type=int, default=2, choices=[1, 2, 4, 8])
+    ap.add_argument("--mt", default="2", help="the mma.sync MTs to try (1, 2, 4)")
     ap.add_argument("--products", default="qkv,o,gu,down")
     ap.add_argument("--wk", default="1,2,4,8", help="warps along K to try")
     ap.add_argument("--ks", default="1,2,4,8,16", help="K splits to try")
+    ap.add_argument("--wg-tiles", default="", help="the wgmma kernel's token tiles to try (default none)")
+    ap.add_argument("--wg-ks", default="1,2,4,8", help="the wgmma kernel's K splits to try")
+    ap.add_argument("--wg-cm", default="1", help="the wgmma kernel's cluster sizes to try (1, 2)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--confirm", type=int, default=2)
     ap.add_argument("--min-gain", type=float, default=0.01,
@@ -243,18 +282,27 @@ def main(argv):
     if bad or not a.products:
         ap.error("--products: %s not among %s" % (",".join(bad) or "(none)", ",".join(PRODUCTS)))
     try:
+        a.mt = [int(x) for x in a.mt.split(",") if x]
         a.wk = [int(x) for x in a.wk.split(",") if x]
         a.ks = [int(x) for x in a.ks.split(",") if x]
+        a.wg_tiles = [int(x) for x in a.wg_tiles.split(",") if x]
+        a.wg_ks = [int(x) for x in a.wg_ks.split(",") if x]
+        a.wg_cm = [int(x) for x in a.wg_cm.split(",") if x]
     except ValueError:
-        ap.error("--wk / --ks: comma-separated integers")
+        ap.error("--mt / --wk / --ks / --wg-tiles / --wg-ks / --wg-cm: comma-separated integers")
+    if not a.mt or any(t not in (1, 2, 4) for t in a.mt):
+        ap.error("--mt from 1, 2, 4")
     if not a.wk or not a.ks or any(w not in (1, 2, 4, 8) for w in a.wk) or any(k < 1 for k in a.ks):
         ap.error("--wk from 1, 2, 4, 8; --ks positive")
+    if (any(t not in (16, 32, 64, 128, 192, 256) for t in a.wg_tiles) or not a.wg_ks or not a.wg_cm or
+            any(k < 1 or k > 8 for k in a.wg_ks) or any(c not in (1, 2) for c in a.wg_cm)):
+        ap.error("--wg-tiles from 16, 32, 64, 128, 192, 256; --wg-ks from 1..8; --wg-cm from 1, 2")
     if a.rounds < 1 or a.confirm < 1 or a.reps < 5:
         ap.error("--rounds and --confirm at least 1, --reps at least 5")
     if not a.json:
         a.json = os.path.join(os.environ["OUT"], "plan-search.json") if os.environ.get("OUT") else "plan-search.json"
     try:
-        start = parse_force(a.start, a.horizon, a.mt)
+        start = parse_force(a.start, a.horizon)
     except ValueError as e:
         ap.error("--start %s" % e)
     try:
@@ -264,11 +312,12 @@ def main(argv):
         return 1
     run = Runner(a)
     rec = {"bench": "coordinate search over the Pi0.5 action expert's product plans inside the model "
-                    "(scripts/plan_search.py; NIB_GEMM_FORCE=K:N:M:mt:wk:ks)",
+                    "(scripts/plan_search.py; NIB_GEMM_FORCE=K:N:M:mt:wk:ks or K:N:M:wg<tokens>:ks:cm)",
            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "git_commit": os.environ.get("NIB_GIT_COMMIT", ""),
            "command": "scripts/plan_search.py " + " ".join(shlex.quote(x) for x in argv),
            "preset": a.preset, "cams": a.cams, "horizon": a.horizon, "reps": a.reps, "mt": a.mt,
+           "wg_tiles": a.wg_tiles,
            "products": {p: "%d:%d" % PRODUCTS[p] for p in a.products}}
     rc = 0
     st = {"assign": start, "log": []}
@@ -285,7 +334,7 @@ def main(argv):
     rec["evaluations"] = run.evals
     cur = st["assign"]
     rec["decisions"] = st["log"]
-    rec["result"] = {"assign": describe(cur), "NIB_GEMM_FORCE": force_string(cur, a.horizon, a.mt)}
+    rec["result"] = {"assign": describe(cur, a.mt[0]), "NIB_GEMM_FORCE": force_string(cur, a.horizon)}
     rec["seconds"] = round(time.monotonic() - run.t0, 1)
     with open(a.json, "w") as f:
         json.dump(rec, f, indent=1)

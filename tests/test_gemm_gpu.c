@@ -497,6 +497,67 @@ NIB_TEST(gemm_gpu_wgmma_ksplit_cluster) {
     nib_cuda_gemm_ws_free(&ws);
 }
 
+/* NIB_GEMM_FORCE's wgmma entries (K:N:M:wg<tokens>:ks:cm, the lab knob plan_search.py times inside the model):
+ * nib_cuda_gemm_plan gives exactly nib_cuda_gemm_wg_plan's plan, the product run by that plan passes the
+ * reference's bound, it wins over a model's plan rule (Pi0.5's expert products carry one), and an entry the
+ * kernel refuses (INT4's 256-token tile) or whose K split does not fit the workspace is an error naming the
+ * knob, never another plan. */
+NIB_TEST(gemm_gpu_force_wgmma_entry) {
+    NIB_REQUIRE_GPU();
+    nib_rng rng;
+    nib_gemm_ws ws;
+    gemm_test_begin(t, &rng, &ws, 64, 1024);
+    rand_w rw;
+    REQUIRE(make_rand_w(&rng, NIB_WFMT_NVFP4, 200, 1024, 0, 0, 0, 0, &rw));
+    nib_dev_arena a;
+    nib_qweight q;
+    load_probe(t, &rw.w, 0, &a, &q);
+    q.plan_rule = NIB_GEMM_RULE_K1024; /* at M = 10 the rule would pick an mma.sync plan */
+    static const struct { int m, bt, ks, cm; } cs[] = {{50, 64, 2, 1}, {50, 32, 4, 1}, {50, 64, 1, 2}, {10, 16, 1, 1}};
+    char v[96];
+    for (size_t i = 0; i < NIB_ARRAY_LEN(cs); i++) {
+        snprintf(v, sizeof v, "%lld:%lld:%d:wg%d:%d:%d", (long long)q.kp, (long long)q.np, cs[i].m, cs[i].bt, cs[i].ks,
+                 cs[i].cm);
+        setenv("NIB_GEMM_FORCE", v, 1);
+        nib_gemm_plan got, want;
+        CHECK_OK(nib_cuda_gemm_plan(&q, cs[i].m, ws.acc_elems, &got));
+        CHECK_OK(nib_cuda_gemm_wg_plan(&q, cs[i].m, cs[i].bt, cs[i].ks, cs[i].cm, &want));
+        CHECK_MSG(!memcmp(&got, &want, sizeof got), "%s: wgt %d ks%d cm%d ctas %d smem %zu, want wgt %d ks%d cm%d ctas %d "
+                  "smem %zu", v, got.wgt, got.ksplit, got.wgc, got.ctas, got.smem, want.wgt, want.ksplit, want.wgc,
+                  want.ctas, want.smem);
+        case_opts o = {0, (int)i % 2, (int)i % 2, 0, NULL, NULL}; /* the planner's (forced) plan */
+        const double worst = run_case(t, &rng, &rw.w, cs[i].m, &o, &ws, 1);
+        CHECK_MSG(worst <= 1.0, "%s: err/bound %.3f", v, worst);
+    }
+    /* 8 K splits of 2 row tiles x 64 tokens through the workspace: 131072 floats, given 65536 */
+    snprintf(v, sizeof v, "%lld:%lld:50:wg64:8:1", (long long)q.kp, (long long)q.np);
+    setenv("NIB_GEMM_FORCE", v, 1);
+    setenv("NIB_GEMM_WG_KCL", "0", 1);
+    nib_gemm_plan p;
+    CHECK_ST(nib_cuda_gemm_plan(&q, 50, 65536, &p), NIB_ERR_INVALID_ARG);
+    CHECK_MSG(strstr(nib_last_error(), "NIB_GEMM_FORCE") && strstr(nib_last_error(), "does not fit"),
+              "a K split past the workspace: %s", nib_last_error());
+    unsetenv("NIB_GEMM_WG_KCL");
+    nib_clear_error();
+    unsetenv("NIB_GEMM_FORCE");
+    nib_dev_arena_free(&a);
+    rand_w_free(&rw);
+    {
+        rand_w r4;
+        REQUIRE(make_rand_w(&rng, NIB_WFMT_INT4, 200, 1024, 0, 0, 0, 0, &r4));
+        load_probe(t, &r4.w, 0, &a, &q);
+        snprintf(v, sizeof v, "%lld:%lld:50:wg256:1:1", (long long)q.kp, (long long)q.np);
+        setenv("NIB_GEMM_FORCE", v, 1);
+        CHECK_ST(nib_cuda_gemm_plan(&q, 50, ws.acc_elems, &p), NIB_ERR_INVALID_ARG);
+        CHECK_MSG(strstr(nib_last_error(), "does not fit") != NULL, "INT4's 256-token tile: %s", nib_last_error());
+        nib_clear_error();
+        unsetenv("NIB_GEMM_FORCE");
+        nib_dev_arena_free(&a);
+        rand_w_free(&r4);
+    }
+    nib_cuda_gemm_ws_free(&ws);
+}
+
 /* The wgmma kernel (ops/cuda/gemm_lowbit_wg.cuh), forced at every token tile (16 .. 256), on
  * awkward shapes: N = 200 (a partial 128-row tile) and a GeGLU weight of 2 x 136 rows, K with a
  * partial last chunk (the X tiles past K arrive as zeros) and a full K = 1152, M below one tile,

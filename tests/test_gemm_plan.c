@@ -405,6 +405,31 @@ NIB_TEST(gemm_plan_force_knob) {
         setenv("NIB_GEMM_FORCE", bad[i], 1);
         CHECK_ST(nib_gemm_plan_for(&o, 10, SWEEP_WS_ELEMS, SWEEP_SMS, &p), NIB_ERR_INVALID_ARG);
     }
+    /* the wgmma kernel's entries: K:N:M:wg<tokens>:ks:cm (the CUDA side completes the plan) */
+    setenv("NIB_GEMM_FORCE", "2048:1024:50:wg64:4:1,4096:1024:50:wg32:2:1", 1);
+    CHECK_OK(nib_gemm_plan_for(&o, 50, SWEEP_WS_ELEMS, SWEEP_SMS, &p));
+    CHECK_MSG(p.wgt == 64 && p.ksplit == 4 && p.wgc == 1 && p.m_chunks == 1 && p.row_blocks == 8 && p.ctas == 32,
+              "forced wgmma o plan: wgt %d ks%d cm%d chunks %d rows %d ctas %d", p.wgt, p.ksplit, p.wgc, p.m_chunks,
+              p.row_blocks, p.ctas);
+    CHECK_OK(nib_gemm_plan_for(&down, 50, SWEEP_WS_ELEMS, SWEEP_SMS, &q));
+    CHECK_MSG(q.wgt == 32 && q.ksplit == 2 && q.m_chunks == 2 && q.ctas == 2 * 8 * 2, "forced wgmma down plan: wgt %d "
+              "ks%d chunks %d ctas %d", q.wgt, q.ksplit, q.m_chunks, q.ctas);
+    int hit = 0;
+    CHECK_OK(nib_gemm_plan_forced(&o, 50, SWEEP_WS_ELEMS, SWEEP_SMS, &q, &hit));
+    CHECK_MSG(hit && !memcmp(&p, &q, sizeof p), "nib_gemm_plan_forced: hit %d, another plan", hit);
+    CHECK_OK(nib_gemm_plan_forced(&o, 10, SWEEP_WS_ELEMS, SWEEP_SMS, &q, &hit));
+    CHECK_MSG(!hit, "nib_gemm_plan_forced hit an M without an entry");
+    const char *badwg[] = {"2048:1024:50:wg48:1:1", "2048:1024:50:wg32:1:2", "2048:1024:50:wg64:9:1",
+                           "2048:1024:50:wg64:0:1", "2048:1024:50:wg64:1:3", "2048:1024:50:wg64:1"};
+    for (size_t i = 0; i < NIB_ARRAY_LEN(badwg); i++) {
+        setenv("NIB_GEMM_FORCE", badwg[i], 1);
+        CHECK_ST(nib_gemm_plan_for(&o, 50, SWEEP_WS_ELEMS, SWEEP_SMS, &p), NIB_ERR_INVALID_ARG);
+        CHECK_MSG(strstr(nib_last_error(), "NIB_GEMM_FORCE") != NULL, "%s: %s", badwg[i], nib_last_error());
+        CHECK_MSG((i == NIB_ARRAY_LEN(badwg) - 1) == (strstr(nib_last_error(), "does not fit") == NULL),
+                  "%s: a malformed entry or an unfit plan, not both: %s", badwg[i], nib_last_error());
+    }
+    setenv("NIB_GEMM_FORCE", "2048:1024:10:2:4:2x", 1); /* trailing characters: malformed, not ignored */
+    CHECK_ST(nib_gemm_plan_for(&o, 10, SWEEP_WS_ELEMS, SWEEP_SMS, &p), NIB_ERR_INVALID_ARG);
     nib_clear_error();
     unsetenv("NIB_GEMM_FORCE");
     CHECK_OK(nib_gemm_plan_for(&o, 10, SWEEP_WS_ELEMS, SWEEP_SMS, &p));

@@ -4,7 +4,8 @@ comes from a made-up cost of the NIB_GEMM_FORCE assignment (with an interaction 
 measured in the model), `quantize` and `demo` write nothing useful. FAKE_NIB_FAIL=1 makes bench fail
 the way a broken build would; FAKE_NIB_LOG names a file that gets one line per bench call; FAKE_NIB_TIE=1
 replaces the cost by a tie: gate|up wk1 ks1 forced is the model's own plan, 0.003 ms "faster" in every
-run and 0.023 in its first (no noise)."""
+run and 0.023 in its first (no noise). The wgmma kernel's entries (K:N:M:wg<tokens>:ks:cm) are understood:
+q|k|v on wg64:ks2:cm1 is 0.07 ms faster than its best mma.sync plan, a 16-token tile "does not fit"."""
 import os
 import sys
 
@@ -18,7 +19,9 @@ def cost(assign, first_down28, tie, first_gu11):
         return t + {None: 0.0, (1, 1): -0.003 - (0.02 if first_gu11 else 0.0)}.get(gu, 0.2)
     t += {None: 0.0, (4, 1): 0.0, (2, 1): -0.05, (1, 1): -0.46}.get(gu, 0.2)
     qkv = assign.get("qkv")
-    if qkv == (2, 1):
+    if qkv == ("wg", 64, 2, 1):  # the wgmma kernel's entry (K:N:M:wg64:2:1): best for q|k|v
+        t -= 0.3
+    elif qkv == (2, 1):
         t += 0.02 if gu == (1, 1) else -0.23
     elif qkv not in (None, (4, 1)):
         t += 0.1
@@ -45,14 +48,26 @@ def main(argv):
     h = int(argv[argv.index("--horizon") + 1])
     assign = {}
     for e in filter(None, os.environ.get("NIB_GEMM_FORCE", "").split(",")):
-        k, n, m, mt, wk, ks = map(int, e.split(":"))
-        if m != h or mt != 2:
+        f = e.split(":")
+        if f[3].startswith("wg"):  # the wgmma kernel's entries: ("wg", tokens, ks, cm)
+            k, n, m, bt, ks, cm = int(f[0]), int(f[1]), int(f[2]), int(f[3][2:]), int(f[4]), int(f[5])
+            if m != h:
+                print("fake: unexpected entry %s" % e)
+                return 3
+            if bt == 16:
+                print("nib bench pi05: NIB_ERR_INVALID_ARG: NIB_GEMM_FORCE: wg16 ks%d cm%d does not fit K=%d N=%d M=%d" %
+                      (ks, cm, k, n, m))
+                return 1
+            assign[NAMES[(k, n)]] = ("wg", bt, ks, cm)
+            continue
+        k, n, m, mt, wk, ks = map(int, f)
+        if m != h or mt not in (2, 4):
             print("fake: unexpected entry %s" % e)
             return 3
         if (k, n, wk, ks) == (4096, 1024, 8, 1):
             print("nib bench pi05: NIB_ERR_INVALID_ARG: NIB_GEMM_FORCE: mt2 wk8 ks1 does not fit K=4096 N=1024 M=%d" % m)
             return 1
-        assign[NAMES[(k, n)]] = (wk, ks)
+        assign[NAMES[(k, n)]] = (wk, ks) if mt == 2 else ("mt4", wk, ks)
     log = os.environ.get("FAKE_NIB_LOG")
     n, first_down28, first_gu11 = 0, False, False
     if log:

@@ -3,7 +3,8 @@
 cost's optimum, which needs a second round because two products interact (as q|k|v and gate|up did in
 the model); --start begins from a given assignment; a candidate whose one screen run was fast is refused
 by the confirmation, and so is a tie (the model's own plan forced) that beats every current run by less
-than --min-gain; a plan that does not fit is recorded and skipped; the time budget stops it with the
+than --min-gain; the wgmma kernel's entries and a second MT are searched and described, and --start takes
+a wgmma entry; a plan that does not fit is recorded and skipped; the time budget stops it with the
 record written; a failing bench stops it with the failure's message and a non-zero exit; bad arguments are
 refused. Run by nib_tests (pi05_plan_search_script) from the repository root."""
 import json
@@ -72,6 +73,29 @@ with tempfile.TemporaryDirectory() as d:
     r, rec = run(d, "badstart", ["--start", "1024:8192:50:2:1:1"])
     check(r.returncode == 2 and "not an expert product at M = 10" in r.stderr, "a bad --start: exit %d, %s" %
           (r.returncode, r.stderr))
+
+    # the wgmma kernel's plans and a second MT among the candidates
+    r, rec = run(d, "wg", ["--products", "qkv", "--mt", "2,4", "--wk", "2,4", "--ks", "1", "--wg-tiles", "16,64",
+                           "--wg-ks", "1,2", "--wg-cm", "1,2"])
+    check(r.returncode == 0, "wg search exit %d: %s" % (r.returncode, r.stderr))
+    if rec:
+        check(rec["result"]["assign"] == "qkv=wg64:ks2:cm1" and rec["result"]["NIB_GEMM_FORCE"] == "1024:2560:10:wg64:2:1",
+              "wg result %s" % rec["result"])
+        seen = set(e["assign"] for e in rec["evaluations"])
+        want = {"qkv=wk2:ks1", "qkv=mt4:wk2:ks1", "qkv=mt4:wk4:ks1", "qkv=wg64:ks1:cm1", "qkv=wg64:ks1:cm2",
+                "qkv=wg64:ks2:cm1", "qkv=wg64:ks2:cm2", "qkv=wg16:ks1:cm1", "qkv=wg16:ks2:cm1"}
+        check(want <= seen and not any("wg16" in x and "cm2" in x for x in seen),
+              "wg candidates: missing %s; seen %s" % (sorted(want - seen), sorted(seen)))
+        wg16 = [e for e in rec["evaluations"] if "wg16" in e["assign"]]
+        check(wg16 and all("infeasible" in e for e in wg16), "the 16-token tiles were not infeasible: %s" % wg16)
+    else:
+        check(False, "wg search wrote no JSON")
+    r, rec = run(d, "wgstart", ["--products", "qkv", "--wk", "4", "--ks", "1", "--start", "1024:2560:10:wg64:2:1"])
+    check(r.returncode == 0 and rec is not None and rec["evaluations"][0]["assign"] == "qkv=wg64:ks2:cm1" and
+          rec["result"]["assign"] == "qkv=wg64:ks2:cm1", "--start with a wgmma entry: exit %d, %s" %
+          (r.returncode, rec["result"] if rec else r.stderr))
+    r, rec = run(d, "badwg", ["--wg-tiles", "48"])
+    check(r.returncode == 2 and "--wg-tiles" in r.stderr, "a bad --wg-tiles: exit %d, %s" % (r.returncode, r.stderr))
 
     r, rec = run(d, "budget", ["--time-budget", "0"])
     check(r.returncode == 0, "time budget exit %d: %s" % (r.returncode, r.stderr))
