@@ -259,9 +259,18 @@ nib_status nib_gemm_plan_forced(const nib_gemm_shape *w, int64_t m, uint64_t ws_
  * (9.36 -> 9.13 at 2 cameras) and is not with gate|up on one (8.93 -> 8.95); o and down lost with fewer
  * warps (16-32 CTAs against 64-128). */
 #define NIB_GEMM_RULE_K1024_WK1 2
+/* The same rule at NIB_GEMM_WG_MID_M < M <= NIB_GEMM_RULE_WG_MAX_M (Pi0.5 at H = 50): the wgmma kernel's 64-token
+ * tile with one K split, again one CTA per 128-row tile (gate|up: 64 CTAs, where the wgmma tile rule's cost model
+ * picks 2 splits, 128). H200, fast, 3 cameras, H = 50, the in-model plan search
+ * (bench/results/pi05-plan-search-h50-h200.json): 12.27 -> 12.135 ms, confirmed twice; every other product kept its
+ * plan, and every mma.sync plan lost there (q|k|v's, which would fuse RoPE, 12.83 ms at best). A weight with
+ * act-order (no wgmma kernel) gets the planner's plan instead (nib_cuda_gemm_plan). */
+#define NIB_GEMM_RULE_WG_MAX_M 64
 /* The rule's plan into *pl with *hit = 1, or *hit = 0 where the rule does not apply (rule 0, M or K
  * outside it, a workspace too small for its K split, or NIB_GEMM_RULE=0 in the environment: the A/B
- * switch). NIB_GEMM_FORCE wins over a rule; NIB_GEMM_RULE other than 0 or 1 is an error. */
+ * switch). A wgmma plan (wgt > 0: NIB_GEMM_RULE_K1024_WK1 above 32 tokens) has only wgt, wgc, ksplit,
+ * m_chunks, row_blocks and ctas set; nib_cuda_gemm_plan completes it. NIB_GEMM_FORCE wins over a rule;
+ * NIB_GEMM_RULE other than 0 or 1 is an error. */
 nib_status nib_gemm_plan_rule(const nib_gemm_shape *w, int rule, int64_t m, uint64_t ws_elems, int sms,
                               nib_gemm_plan *pl, int *hit);
 /* Every plan that fits, in a fixed order; returns how many were written to out (at most max),

@@ -43,7 +43,8 @@ usage: scripts/plan_search.py [--nib PATH] [--checkpoint Q] [--cams 2] [--horizo
                over the four products with every candidate is ~60 runs, so narrow --products / --wk /
                --ks, or spread the search over calls with --start
   --horizon    H, the expert's M (any horizon `nib bench pi05 --horizon` takes; the plan rules cover
-               8 < M <= 16, so 10 and 16 are the ones they decide; above, the wgmma tile rule decides)
+               8 < M <= 16, so 10 and 16 are the ones they decide, and gate|up's at 32 < M <= 64; elsewhere
+               the planner and the wgmma tile rule decide)
   --mt         the mma.sync MTs to try (comma-separated; 8-token tiles per M chunk, 1, 2 or 4); the first
                is the one a plan is described without ("wk4:ks1"; others "mt4:wk4:ks1")
   --wg-tiles   the wgmma kernel's token tiles to try (16, 32, 64, 128, 192, 256; default none), described

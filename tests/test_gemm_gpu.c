@@ -501,7 +501,8 @@ NIB_TEST(gemm_gpu_wgmma_ksplit_cluster) {
  * nib_cuda_gemm_plan gives exactly nib_cuda_gemm_wg_plan's plan, the product run by that plan passes the
  * reference's bound, it wins over a model's plan rule (Pi0.5's expert products carry one), and an entry the
  * kernel refuses (INT4's 256-token tile) or whose K split does not fit the workspace is an error naming the
- * knob, never another plan. */
+ * knob, never another plan. The same completion serves NIB_GEMM_RULE_K1024_WK1's wgmma plan above 32 tokens
+ * (Pi0.5's gate|up at H = 50), which gives way to the planner for an act-order weight. */
 NIB_TEST(gemm_gpu_force_wgmma_entry) {
     NIB_REQUIRE_GPU();
     nib_rng rng;
@@ -540,8 +541,29 @@ NIB_TEST(gemm_gpu_force_wgmma_entry) {
     unsetenv("NIB_GEMM_WG_KCL");
     nib_clear_error();
     unsetenv("NIB_GEMM_FORCE");
+    { /* NIB_GEMM_RULE_K1024_WK1 above 32 tokens: the same completion of a rule's wgmma plan */
+        nib_gemm_plan got;
+        q.plan_rule = NIB_GEMM_RULE_K1024_WK1;
+        CHECK_OK(nib_cuda_gemm_plan(&q, 50, ws.acc_elems, &got));
+        CHECK_MSG(got.wgt == 64 && got.ksplit == 1 && got.wgc == 1 && got.smem > 0 && got.ctas == 2,
+                  "the rule at M = 50: wgt %d ks%d cm%d smem %zu ctas %d", got.wgt, got.ksplit, got.wgc, got.smem, got.ctas);
+        case_opts o = {0, 1, 1, 0, &got, NULL};
+        const double worst = run_case(t, &rng, &rw.w, 50, &o, &ws, 1);
+        CHECK_MSG(worst <= 1.0, "the rule's plan at M = 50: err/bound %.3f", worst);
+    }
     nib_dev_arena_free(&a);
     rand_w_free(&rw);
+    { /* act-order INT4 has no wgmma kernel: the rule's wgmma plan gives way to the planner's (no error) */
+        rand_w ra;
+        REQUIRE(make_rand_w(&rng, NIB_WFMT_INT4, 200, 1024, 0, 1, 0, 0, &ra));
+        load_probe(t, &ra.w, 0, &a, &q);
+        q.plan_rule = NIB_GEMM_RULE_K1024_WK1;
+        nib_gemm_plan got;
+        CHECK_OK(nib_cuda_gemm_plan(&q, 50, ws.acc_elems, &got));
+        CHECK_MSG(!got.wgt && got.ctas > 0, "act-order INT4 under the rule: wgt %d ctas %d", got.wgt, got.ctas);
+        nib_dev_arena_free(&a);
+        rand_w_free(&ra);
+    }
     {
         rand_w r4;
         REQUIRE(make_rand_w(&rng, NIB_WFMT_INT4, 200, 1024, 0, 0, 0, 0, &r4));

@@ -476,6 +476,39 @@ NIB_TEST(gemm_plan_rule_k1024) {
         }
     CHECK_OK(nib_gemm_plan_rule(&down, NIB_GEMM_RULE_K1024_WK1, 10, SWEEP_WS_ELEMS, SWEEP_SMS, &p, &hit));
     CHECK_MSG(hit && p.wk == 1 && p.ksplit == 4, "WK1, down: hit %d wk%d ks%d", hit, p.wk, p.ksplit);
+    /* above 32 tokens (up to 64: H = 50) NIB_GEMM_RULE_K1024_WK1 is the wgmma kernel's 64-token tile without a K
+     * split (gate|up: 64 CTAs; the tile rule's cost model gives it 2 splits); NIB_GEMM_RULE_K1024 leaves it */
+    const int64_t wk1_wg[] = {33, 50, 64};
+    for (size_t mi = 0; mi < NIB_ARRAY_LEN(wk1_wg); mi++) {
+        const int64_t m = wk1_wg[mi];
+        for (size_t i = 0; i < NIB_ARRAY_LEN(wk1); i++) {
+            hit = 0;
+            CHECK_OK(nib_gemm_plan_rule(wk1[i], NIB_GEMM_RULE_K1024_WK1, m, SWEEP_WS_ELEMS, SWEEP_SMS, &p, &hit));
+            CHECK_MSG(hit && p.wgt == 64 && p.wgc == 1 && p.ksplit == 1 && p.m_chunks == 1 &&
+                          p.ctas == (int)(wk1[i]->np / 128),
+                      "WK1, N=%lld, M=%lld: hit %d wgt %d cm%d ks%d chunks %d ctas %d", (long long)wk1[i]->np,
+                      (long long)m, hit, p.wgt, p.wgc, p.ksplit, p.m_chunks, p.ctas);
+            CHECK_OK(nib_gemm_plan_rule(wk1[i], NIB_GEMM_RULE_K1024, m, SWEEP_WS_ELEMS, SWEEP_SMS, &p, &hit));
+            CHECK_MSG(!hit, "K1024 applied at M = %lld", (long long)m);
+        }
+    }
+    {
+        int ks = 0, cm = 0;
+        CHECK_MSG(nib_gemm_wg_tile(NIB_WFMT_NVFP4, 0, 50, 8192, 1024, SWEEP_WS_ELEMS, SWEEP_SMS, &ks, &cm) == 64 && ks == 2,
+                  "the tile rule gives gate|up at M = 50 %d splits (2 expected: else the rule changes nothing)", ks);
+    }
+    const int64_t wk1_out[] = {17, 32, 65, 128};
+    for (size_t i = 0; i < NIB_ARRAY_LEN(wk1_out); i++) {
+        CHECK_OK(nib_gemm_plan_rule(&gu, NIB_GEMM_RULE_K1024_WK1, wk1_out[i], SWEEP_WS_ELEMS, SWEEP_SMS, &p, &hit));
+        CHECK_MSG(!hit, "WK1 applied at M = %lld", (long long)wk1_out[i]);
+    }
+    const nib_gemm_shape gu_bf16 = {NIB_WFMT_BF16, 8192, 1024, 0};
+    CHECK_OK(nib_gemm_plan_rule(&gu_bf16, NIB_GEMM_RULE_K1024_WK1, 50, SWEEP_WS_ELEMS, SWEEP_SMS, &p, &hit));
+    CHECK_MSG(!hit || !p.wgt, "a wgmma plan for a format without the kernel");
+    setenv("NIB_GEMM_WG", "0", 1);
+    CHECK_OK(nib_gemm_plan_rule(&gu, NIB_GEMM_RULE_K1024_WK1, 50, SWEEP_WS_ELEMS, SWEEP_SMS, &p, &hit));
+    CHECK_MSG(!hit, "NIB_GEMM_WG=0 (never the wgmma kernel) and the rule still gave one");
+    unsetenv("NIB_GEMM_WG");
     CHECK_ST(nib_gemm_plan_rule(&o, 3, 10, SWEEP_WS_ELEMS, SWEEP_SMS, &p, &hit), NIB_ERR_INVALID_ARG);
     CHECK_MSG(strstr(nib_last_error(), "plan rule 3") != NULL, "unknown rule: %s", nib_last_error());
     /* the rule differs from the planner where it matters (else this test checks nothing) */

@@ -1395,25 +1395,26 @@ static nib_status cuda_plan(const nib_qweight *w, int64_t m, uint64_t ws_elems, 
     sh.lean = lean;
     int hit = 0;
     NIB_RETURN_IF_ERR(nib_gemm_plan_forced(&sh, m, ws_elems, g_num_sms, pl, &hit));
+    const int forced = hit;
+    if (!hit) NIB_RETURN_IF_ERR(nib_gemm_plan_rule(&sh, w->plan_rule, m, ws_elems, g_num_sms, pl, &hit));
+    if (hit && pl->wgt && !forced && w->perm) hit = 0; /* a rule's wgmma plan: no act-order there, the planner decides */
     if (hit && pl->wgt) {
-        /* NIB_GEMM_FORCE's wgmma entry (lab knob): the kernel's checks, and a K split through the workspace
-         * only where it fits (an error naming the knob, as for the mma.sync entries) */
+        /* a wgmma plan from NIB_GEMM_FORCE (lab knob) or a rule: the kernel's checks, and a K split through the
+         * workspace only where it fits (for the knob an error naming it, as for its mma.sync entries) */
         const int bt = pl->wgt, ks = pl->ksplit, cm = pl->wgc;
         nib_status st = nib_cuda_gemm_wg_plan(w, m, bt, ks, cm, pl);
         if (!st && ks > 1 && !pl->wkcl &&
             (uint64_t)ks * pl->m_chunks * pl->row_blocks * bt * NIB_GEMM_WG_ROWS > ws_elems)
             st = NIB_ERR(NIB_ERR_INVALID_ARG, "the split-K workspace (%llu floats) is too small",
                          (unsigned long long)ws_elems);
-        if (st) {
+        if (st && forced) {
             char why[256]; /* the message is rewritten below: copy it out first */
             snprintf(why, sizeof why, "%s", nib_last_error());
             return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_GEMM_FORCE: wg%d ks%d cm%d does not fit K=%lld N=%lld M=%lld: %s", bt,
                            ks, cm, (long long)w->kp, (long long)w->np, (long long)m, why);
         }
-        return NIB_OK;
+        return st;
     }
-    if (hit) return NIB_OK;
-    NIB_RETURN_IF_ERR(nib_gemm_plan_rule(&sh, w->plan_rule, m, ws_elems, g_num_sms, pl, &hit));
     if (hit) return NIB_OK;
     int ks = 1, cm = 1;
     const int bt = nib_gemm_wg_tile(w->fmt, w->perm != NULL, m, w->np, w->kp, ws_elems, g_num_sms, &ks, &cm);
