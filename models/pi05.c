@@ -712,7 +712,8 @@ static nib_status load_lm(nib_pi05 *m, const nib_st_file *f, int expert) {
         snprintf(sp.bases[0], sizeof sp.bases[0], "%s.layers.%d.mlp.down_proj", P, l);
         sp.rows[0] = W, sp.nparts = 1;
         NIB_TRY(load_fused(m, f, &sp, &L->down));
-        if (expert && fmt == NIB_WFMT_NVFP4) { /* the plans measured in this model at H = 10 (ops/gemm.h) */
+        if (expert && fmt == NIB_WFMT_NVFP4) { /* the plans measured in this model at H = 10, gate|up's at H = 50 too
+                                                 * (ops/gemm.h) */
             L->qkv.q.plan_rule = L->o.q.plan_rule = L->down.q.plan_rule = NIB_GEMM_RULE_K1024;
             L->gu.q.plan_rule = NIB_GEMM_RULE_K1024_WK1;
         }
