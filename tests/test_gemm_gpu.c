@@ -2176,7 +2176,7 @@ NIB_TEST(gemm_gpu_qkv_epilogue) {
     const qkv_case cases[] = {{8, 1, 256, 1024, 0}, {3, 2, 64, 336, 1}, {1, 1, 32, 160, 0}};
     const nib_wfmt fs[] = {NIB_WFMT_NVFP4, NIB_WFMT_MXFP4, NIB_WFMT_INT4, NIB_WFMT_FP8};
     const int64_t ms[] = {1, 7, 10, 16, 33, 64, 100};
-    int runs = 0, fused = 0, fused_split = 0, unfused = 0;
+    int runs = 0, fused = 0, fused_split = 0, unfused = 0, wg_fused = 0, wg_kcl = 0, wg_ws = 0;
     for (size_t ci = 0; ci < NIB_ARRAY_LEN(cases); ci++)
         for (size_t fi = 0; fi < NIB_ARRAY_LEN(fs); fi++) {
             const qkv_case *c = &cases[ci];
@@ -2225,12 +2225,38 @@ NIB_TEST(gemm_gpu_qkv_epilogue) {
                 const long long nl = nib_cuda_gemm_lean_launches() - lean0;
                 CHECK_MSG(lean ? nl > 0 : nl == 0, "NIB_GEMM_LEAN=%d: %lld lean launches", lean, nl);
             }
+            /* NIB_GEMM_WG_QKV=1: the epilogue in the wgmma kernel, every token tile at 10 / 50 / 100 tokens, one K
+             * split, 2 or 3 reduced in their cluster or through the workspace, X multicast over 2 CTAs; the first two
+             * cases (the expert's shape; 2 KV heads of 64 with a bias), every format */
+            for (int wi = 0; ci < 2 && wi < 4 * 5 * 3; wi++) {
+                static const int bts[] = {16, 32, 64, 128};
+                const int bt = bts[wi % 4], var = (wi / 4) % 5; /* ks 1, 2 / 3 in a cluster, 2 / 3 via the workspace */
+                const int64_t m = (int64_t[]){10, 50, 100}[wi / 20];
+                const int ks = var == 0 ? 1 : var % 2 ? 2 : 3, cm = var == 0 && bt >= 64 && (wi / 20) % 2 ? 2 : 1;
+                if (ks > w1.kp / 128) continue;
+                nib_gemm_plan pl;
+                CHECK_OK(nib_cuda_gemm_wg_plan(&w1, m, bt, ks, cm, &pl));
+                if (var >= 3) pl.wkcl = 0;
+                setenv("NIB_GEMM_WG_QKV", "1", 1);
+                const int f = qkv_run(t, &rng, &cc, &w0, &w1, m, &pl, 1 + wi % 3, 2, &ws, nib_wfmt_name(fs[fi]));
+                unsetenv("NIB_GEMM_WG_QKV");
+                CHECK_MSG(f == 1, "%s M=%lld wgmma tile %d ks%d kcl%d cm%d: NIB_GEMM_WG_QKV=1 did not fuse (%d)",
+                          nib_wfmt_name(fs[fi]), (long long)m, bt, ks, pl.wkcl, cm, f);
+                runs++;
+                fused += f == 1;
+                wg_fused += f == 1;
+                wg_kcl += f == 1 && pl.wkcl;
+                wg_ws += f == 1 && ks > 1 && !pl.wkcl;
+            }
             nib_dev_arena_free(&a0);
             nib_dev_arena_free(&a1);
             rand_w_free(&rw);
         }
     printf("  %d cases bitwise equal to the product + nib_cuda_qkv (%d fused in the product's epilogue, %d of them "
-           "with a K split; %d on the wgmma kernel, two kernels)\n", runs, fused, fused_split, unfused);
+           "with a K split; %d on the wgmma kernel, two kernels; NIB_GEMM_WG_QKV=1: %d fused on the wgmma kernel, %d "
+           "with the K split in a cluster, %d through the workspace)\n", runs, fused, fused_split, unfused, wg_fused, wg_kcl,
+           wg_ws);
+    CHECK_MSG(wg_kcl > 0 && wg_ws > 0, "the wgmma kernel's q|k|v epilogue after both K-split reductions must be exercised");
     CHECK_MSG(fused_split > 0, "the split-K finish's q|k|v epilogue must be exercised");
     CHECK_MSG(unfused > 0, "the pair layout's two-kernel path (wgmma product) must be exercised");
     nib_cuda_gemm_ws_free(&ws);
@@ -2269,6 +2295,10 @@ NIB_TEST(gemm_gpu_qkv_rejects) {
     setenv("NIB_GEMM_QKV", "2", 1);
     CHECK_ST(nib_cuda_gemm_qkv(&q, d, 1, 256, &qa, NULL, NULL, NULL), NIB_ERR_INVALID_ARG);
     unsetenv("NIB_GEMM_QKV");
+    setenv("NIB_GEMM_WG_QKV", "yes", 1);
+    CHECK_ST(nib_cuda_gemm_qkv(&q, d, 1, 256, &qa, NULL, NULL, NULL), NIB_ERR_INVALID_ARG);
+    CHECK_MSG(strstr(nib_last_error(), "NIB_GEMM_WG_QKV") != NULL, "a bad NIB_GEMM_WG_QKV: %s", nib_last_error());
+    unsetenv("NIB_GEMM_WG_QKV");
     CHECK_OK(nib_dev_sync());
     nib_dev_free(d, 1 << 16);
     nib_dev_arena_free(&a);

@@ -1433,8 +1433,9 @@ int nib_cuda_gemm_plans(const nib_qweight *w, int64_t m, uint64_t ws_elems, nib_
     return nib_gemm_plans_for(&sh, m, ws_elems, g_num_sms, out, max);
 }
 
-static long long g_lean_launches;
+static long long g_lean_launches, g_wg_qkv_launches;
 long long nib_cuda_gemm_lean_launches(void) { return __atomic_load_n(&g_lean_launches, __ATOMIC_RELAXED); }
+long long nib_cuda_gemm_wg_qkv_launches(void) { return __atomic_load_n(&g_wg_qkv_launches, __ATOMIC_RELAXED); }
 
 /* NIB_GEMM_LEAN: 1 (default) runs the lean instantiations where one applies, 0 never (A/B); -1: another value */
 static int lean_env(void) {
@@ -1517,6 +1518,7 @@ static nib_status launch_wg(const nib_qweight *w, const GemmParams &p, const voi
      * share of X, and stores nothing) */
     const int64_t rtiles = (w->np + NIB_GEMM_WG_ROWS - 1) / NIB_GEMM_WG_ROWS;
     const dim3 grid((unsigned)((p.m + bt - 1) / bt), (unsigned)((rtiles + cm - 1) / cm * cm), (unsigned)p.ksplit);
+    if (p.qkv) __atomic_fetch_add(&g_wg_qkv_launches, 1, __ATOMIC_RELAXED);
     if (p.ksplit > 1 && !p.kcl) {
         const uint64_t ctas = (uint64_t)grid.x * grid.y;
         if (!ws || (uint64_t)p.ksplit * ctas * bt * NIB_GEMM_WG_ROWS > ws->acc_elems || ctas > ws->n_counters)
@@ -1649,6 +1651,14 @@ nib_status nib_cuda_gemm_planned(const nib_qweight *w, const void *x, int64_t m,
     return gemm_run(w, x, m, ldx, y, ldy, epi, ws, plan, NULL, stream);
 }
 
+/* NIB_GEMM_WG_QKV: 1 runs ops/qkv.h's epilogue in the wgmma kernel too (Pi0.5's q|k|v at H = 50), 0 (the default
+ * until it is measured) leaves it to nib_cuda_qkv after a wgmma product; -1: another value */
+static int wg_qkv_env(void) {
+    const char *e = getenv("NIB_GEMM_WG_QKV");
+    if (!e || !*e || !strcmp(e, "0")) return 0;
+    return strcmp(e, "1") ? -1 : 1;
+}
+
 /* NIB_GEMM_QKV: 1 (default) fuses ops/qkv.h's epilogue where it can, 0 never (A/B); -1: another value */
 static int qkv_fuse_env(void) {
     const char *e = getenv("NIB_GEMM_QKV");
@@ -1658,18 +1668,18 @@ static int qkv_fuse_env(void) {
 
 int nib_cuda_gemm_qkv_fuses(const nib_qweight *w, int64_t m, const nib_qkv_args *qa, const nib_gemm_ws *ws,
                             const nib_gemm_plan *plan) {
-    const int env = qkv_fuse_env();
-    if (env < 0 || !w || !qa) return -1;
+    const int env = qkv_fuse_env(), wg = wg_qkv_env();
+    if (env < 0 || wg < 0 || !w || !qa) return -1;
     if (!env || !qa->rope_cs || qa->n_valid || qa->done || qa->tokens != m || w->rope_half != qa->head_dim / 2 ||
         (qa->cache && qa->cache->dtype != NIB_KV_BF16))
         return 0;
-    if (plan) return plan->wgt ? 0 : 1;
+    if (plan) return plan->wgt ? wg : 1;
     nib_gemm_plan pl;
     if (nib_cuda_gemm_plan(w, m, ws ? ws->acc_elems : 0, &pl)) {
         nib_clear_error();
         return -1;
     }
-    return pl.wgt ? 0 : 1;
+    return pl.wgt ? wg : 1;
 }
 
 nib_status nib_cuda_gemm_qkv(const nib_qweight *w, const void *x, int64_t m, int64_t ldx, const nib_qkv_args *qa,
@@ -1679,6 +1689,9 @@ nib_status nib_cuda_gemm_qkv(const nib_qweight *w, const void *x, int64_t m, int
     if (qkv_fuse_env() < 0)
         return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_GEMM_QKV=%s: 1 (the q|k|v epilogue in the product's kernel where it "
                        "can, the default) or 0 (two kernels)", getenv("NIB_GEMM_QKV"));
+    if (wg_qkv_env() < 0)
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_GEMM_WG_QKV=%s: 1 (the q|k|v epilogue in the wgmma kernel too) or 0 "
+                       "(after a wgmma product, a kernel of its own; the default)", getenv("NIB_GEMM_WG_QKV"));
     if (w->rope_half <= 0 || w->rope_half != qa->head_dim / 2)
         return NIB_ERR(NIB_ERR_INVALID_ARG, "%s: the weight was loaded with rope_half %d, the heads have %d dims "
                        "(needs rope_half = head_dim / 2)", who, w->rope_half, qa->head_dim);
@@ -1778,8 +1791,9 @@ static nib_status gemm_run(const nib_qweight *w, const void *x, int64_t m, int64
     p.scale_add = w->scale_add;
     p.kcl = pl.wgt ? pl.wkcl : 0;
     if (p.res && p.ldr < p.n_out) return NIB_ERR(NIB_ERR_SHAPE, "gemm: residual ldr %lld < N_out %d", (long long)p.ldr, p.n_out);
-    if (qa) { /* nib_cuda_gemm_qkv checked the arguments and that the plan is the mma.sync kernel's */
-        if (pl.wgt || epi) return NIB_ERR(NIB_ERR_INTERNAL, "gemm: the q|k|v epilogue on the wgmma kernel or with another");
+    if (qa) { /* nib_cuda_gemm_qkv checked the arguments, and that the plan is the mma.sync kernel's or NIB_GEMM_WG_QKV=1 */
+        if ((pl.wgt && wg_qkv_env() != 1) || epi)
+            return NIB_ERR(NIB_ERR_INTERNAL, "gemm: the q|k|v epilogue on the wgmma kernel (NIB_GEMM_WG_QKV=0) or with another");
         p.qkv = 1;
         p.q_heads = qa->n_heads;
         p.kv_heads = qa->n_kv_heads;

@@ -155,15 +155,18 @@ __device__ __forceinline__ void wg_kcl_epilogue(const GemmParams &p, const float
             row[warp * 16 + g + 8] = acc[4 * j + 2 + i];
         }
     cluster_sync(); /* the tiles, local and remote, are complete (release / acquire) */
-    const int ks = p.ksplit, z = (int)blockIdx.z, lw = p.geglu ? 3 : 4;
+    /* GeGLU and the q|k|v epilogue take 16 weight rows per item: gate / up rows, or the rotation pairs' a / b rows */
+    const int two = p.geglu || p.qkv;
+    const int ks = p.ksplit, z = (int)blockIdx.z, lw = two ? 3 : 4;
     const int vt = p.m - m0 < BT ? p.m - m0 : BT; /* valid tokens of the tile */
     const int n0 = blockIdx.y * (NIB_GEMM_WG_ROWS >> (p.geglu ? 1 : 0)), r0 = blockIdx.y * NIB_GEMM_WG_ROWS;
     const uint32_t t0 = smem_u32(tile);
     for (int c = z * 256 + tid; c < (vt << lw); c += ks * 256) {
         const int tok = c >> lw, ch = c & ((1 << lw) - 1), mm = m0 + tok, n = n0 + 8 * ch;
-        if (n >= p.n_out) continue;
-        /* plain: weight rows 8 ch .. 8 ch + 7 of the tile; GeGLU: gate rows 16 ch .. + 7, up rows + 8 */
-        const int col = p.geglu ? 16 * ch : 8 * ch;
+        if (!p.qkv && n >= p.n_out) continue;
+        /* plain: weight rows 8 ch .. 8 ch + 7 of the tile; GeGLU: gate rows 16 ch .. + 7, up rows + 8;
+         * q|k|v: the pairs' a rows 16 ch .. + 7, b rows + 8 */
+        const int col = two ? 16 * ch : 8 * ch;
         const uint32_t off = (uint32_t)(tok * WG_TP + col) * 4u;
         float4 a0 = ld_cluster_f32x4(cluster_map(t0 + off, 0)), a1 = ld_cluster_f32x4(cluster_map(t0 + off + 16, 0));
         for (int r = 1; r < ks; r++) {
@@ -174,7 +177,7 @@ __device__ __forceinline__ void wg_kcl_epilogue(const GemmParams &p, const float
         }
         float v[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
         const int pr = r0 + col; /* the weight row of v[0] */
-        if (p.geglu) {
+        if (two) {
             float4 u0 = ld_cluster_f32x4(cluster_map(t0 + off + 32, 0)), u1 = ld_cluster_f32x4(cluster_map(t0 + off + 48, 0));
             for (int r = 1; r < ks; r++) {
                 const float4 b0 = ld_cluster_f32x4(cluster_map(t0 + off + 32, (uint32_t)r));
@@ -183,6 +186,16 @@ __device__ __forceinline__ void wg_kcl_epilogue(const GemmParams &p, const float
                 u1.x += b1.x, u1.y += b1.y, u1.z += b1.z, u1.w += b1.w;
             }
             const float u[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
+            if (p.qkv) {
+                const int sb = qkv_slot_base(p), pn = blockIdx.y * (NIB_GEMM_WG_ROWS / 2) + 8 * ch;
+#pragma unroll
+                for (int q = 0; q < 8; q++) {
+                    float va = v[q] * p.colscale[pr + q], vb = u[q] * p.colscale[pr + 8 + q];
+                    if (p.bias) va += p.bias[pr + q], vb += p.bias[pr + 8 + q];
+                    qkv_pair(p, pn + q, mm, va, vb, qkv_cs(p, pn + q, mm), sb);
+                }
+                continue;
+            }
 #pragma unroll
             for (int q = 0; q < 8; q++) {
                 float v0 = v[q] * p.colscale[pr + q], v8 = u[q] * p.colscale[pr + 8 + q];
@@ -422,6 +435,26 @@ __device__ __forceinline__ void gemm_lowbit_wg_body(const CUtensorMap &tmx, cons
             }
     }
     asm volatile("bar.sync 1, 256;" ::: "memory");
+    if (p.qkv) {
+        /* the q|k|v epilogue (nib_cuda_gemm_qkv, NIB_GEMM_WG_QKV=1): per token, 8 items of 16 weight rows, the a rows
+         * of 8 rotation pairs and their b rows 8 later (the pair layout), as the mma.sync kernel's qkv_pair */
+        const int sb = qkv_slot_base(p), pn0 = blockIdx.y * (NIB_GEMM_WG_ROWS / 2);
+        for (int c = tid; c < (BT << 3); c += 256) {
+            const int tok = c >> 3, ch = c & 7, mm = m0 + tok;
+            if (mm >= p.m) continue;
+            const float *src = tile + tok * WG_TP + 16 * ch;
+            const float4 a0 = *(const float4 *)src, a1 = *(const float4 *)(src + 4);
+            const float4 b0 = *(const float4 *)(src + 8), b1 = *(const float4 *)(src + 12);
+            const float va[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+            const float vb[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+#pragma unroll
+            for (int q = 0; q < 8; q++) {
+                const int n = pn0 + 8 * ch + q;
+                qkv_pair(p, n, mm, va[q], vb[q], qkv_cs(p, n, mm), sb);
+            }
+        }
+        return;
+    }
     const int lw = p.geglu ? 3 : 4; /* log2 of the 8-column chunks per token */
     const int n0 = blockIdx.y * (NIB_GEMM_WG_ROWS >> (p.geglu ? 1 : 0));
     for (int c = tid; c < (BT << lw); c += 256) {
