@@ -1538,13 +1538,17 @@ static nib_status launch_wg(const nib_qweight *w, const GemmParams &p, const voi
                            : launch_wg_t<NIB_WFMT_NVFP4, 32, 1, WG_LEAN(1, 0)>(p, tmx, grid, s);
         }
     }
-    if (w->fmt == NIB_WFMT_NVFP4 && bt == 64 && cm == 1 && !p.bias && !p.qkv) {
+    if (w->fmt == NIB_WFMT_NVFP4 && bt == 64 && cm == 1 && !p.bias && !(p.qkv && p.geglu)) {
         /* the lean instantiations (NIB_GEMM_LEAN): the action expert's products at H = 50 */
         const int env = lean_env();
         if (env < 0) return lean_env_error();
         if (env) {
             __atomic_fetch_add(&g_lean_launches, 1, __ATOMIC_RELAXED);
             const int split = p.ksplit == 1 ? 1 : p.kcl ? 2 : 3;
+            if (p.qkv)
+                return split == 1   ? launch_wg_t<NIB_WFMT_NVFP4, 64, 1, WG_LEAN_QKV(1)>(p, tmx, grid, s)
+                       : split == 2 ? launch_wg_t<NIB_WFMT_NVFP4, 64, 1, WG_LEAN_QKV(2)>(p, tmx, grid, s)
+                                    : launch_wg_t<NIB_WFMT_NVFP4, 64, 1, WG_LEAN_QKV(3)>(p, tmx, grid, s);
             switch (WG_LEAN(split, p.geglu ? 1 : 0)) {
             case WG_LEAN(1, 0): return launch_wg_t<NIB_WFMT_NVFP4, 64, 1, WG_LEAN(1, 0)>(p, tmx, grid, s);
             case WG_LEAN(2, 0): return launch_wg_t<NIB_WFMT_NVFP4, 64, 1, WG_LEAN(2, 0)>(p, tmx, grid, s);

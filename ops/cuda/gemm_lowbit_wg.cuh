@@ -163,7 +163,7 @@ __device__ __forceinline__ void wg_kcl_epilogue(const GemmParams &p, const float
     const uint32_t t0 = smem_u32(tile);
     for (int c = z * 256 + tid; c < (vt << lw); c += ks * 256) {
         const int tok = c >> lw, ch = c & ((1 << lw) - 1), mm = m0 + tok, n = n0 + 8 * ch;
-        if (!p.qkv && n >= p.n_out) continue;
+        if (p.qkv ? r0 + 16 * ch >= p.n_out : n >= p.n_out) continue; /* (q|k|v: a head's rows are whole 16-row groups) */
         /* plain: weight rows 8 ch .. 8 ch + 7 of the tile; GeGLU: gate rows 16 ch .. + 7, up rows + 8;
          * q|k|v: the pairs' a rows 16 ch .. + 7, b rows + 8 */
         const int col = two ? 16 * ch : 8 * ch;
@@ -441,7 +441,7 @@ __device__ __forceinline__ void gemm_lowbit_wg_body(const CUtensorMap &tmx, cons
         const int sb = qkv_slot_base(p), pn0 = blockIdx.y * (NIB_GEMM_WG_ROWS / 2);
         for (int c = tid; c < (BT << 3); c += 256) {
             const int tok = c >> 3, ch = c & 7, mm = m0 + tok;
-            if (mm >= p.m) continue;
+            if (mm >= p.m || 2 * pn0 + 16 * ch >= p.n_out) continue;
             const float *src = tile + tok * WG_TP + 16 * ch;
             const float4 a0 = *(const float4 *)src, a1 = *(const float4 *)(src + 4);
             const float4 b0 = *(const float4 *)(src + 8), b1 = *(const float4 *)(src + 12);
@@ -467,10 +467,12 @@ __device__ __forceinline__ void gemm_lowbit_wg_body(const CUtensorMap &tmx, cons
     }
 }
 
-/* L: a lean instantiation (NIB_GEMM_LEAN, as the mma.sync kernel's) with its K-split mode and GeGLU fixed at
- * compile time and no bias: split (L & 3) 1 one K split, 2 the splits reduced in their cluster (kcl), 3
- * through the workspace; GeGLU (L >> 2). L = 0 decides everything at run time. */
+/* L: a lean instantiation (NIB_GEMM_LEAN, as the mma.sync kernel's) with its K-split mode, GeGLU and the q|k|v
+ * epilogue fixed at compile time and no bias: split (L & 3) 1 one K split, 2 the splits reduced in their cluster
+ * (kcl), 3 through the workspace; GeGLU ((L >> 2) & 1); q|k|v (L >> 3, NIB_GEMM_WG_QKV=1). L = 0 decides
+ * everything at run time. */
 #define WG_LEAN(split, geglu) ((split) | ((geglu) << 2))
+#define WG_LEAN_QKV(split) ((split) | 8)
 template <int FMT, int BT, int CM, int L = 0>
 __global__ void __launch_bounds__(WgPW<FMT, BT>::THREADS, WgPW<FMT, BT>::OCC) k_gemm_lowbit_wg(const __grid_constant__ CUtensorMap tmx, const GemmParams pa) {
     if constexpr (L == 0) {
@@ -478,7 +480,8 @@ __global__ void __launch_bounds__(WgPW<FMT, BT>::THREADS, WgPW<FMT, BT>::OCC) k_
     } else { /* the fixed fields as constants the compiler propagates */
         GemmParams p = pa;
         p.bias = nullptr;
-        p.geglu = L >> 2;
+        p.qkv = L >> 3;
+        p.geglu = (L >> 2) & 1;
         p.kcl = (L & 3) == 2;
         if constexpr ((L & 3) == 1) p.ksplit = 1;
         gemm_lowbit_wg_body<FMT, BT, CM>(tmx, p);
