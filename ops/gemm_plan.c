@@ -348,8 +348,10 @@ nib_status nib_gemm_plan_rule(const nib_gemm_shape *w, int rule, int64_t m, uint
     NIB_RETURN_IF_ERR(forced_plan(w, m, ws_elems, sms, pl, hit));
     if (*hit) return NIB_OK;
     const char *wg_env = getenv("NIB_GEMM_WG");
-    if (rule == NIB_GEMM_RULE_K1024_WK1 && m > NIB_GEMM_WG_MID_M && m <= NIB_GEMM_RULE_WG_MAX_M &&
-        !(wg_env && !strcmp(wg_env, "0")) && (w->fmt == NIB_WFMT_NVFP4 || w->fmt == NIB_WFMT_MXFP4 || w->fmt == NIB_WFMT_INT4 || w->fmt == NIB_WFMT_FP8)) {
+    const int wg_fmt =
+        w->fmt == NIB_WFMT_NVFP4 || w->fmt == NIB_WFMT_MXFP4 || w->fmt == NIB_WFMT_INT4 || w->fmt == NIB_WFMT_FP8;
+    if (rule == NIB_GEMM_RULE_K1024_WK1 && m > NIB_GEMM_WG_MID_M && m <= NIB_GEMM_RULE_WG_MAX_M && wg_fmt &&
+        !(wg_env && !strcmp(wg_env, "0"))) {
         /* the wgmma kernel's 64-token tile without a K split: one CTA per 128-row tile */
         memset(pl, 0, sizeof *pl);
         pl->wgt = 64;
