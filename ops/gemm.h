@@ -134,14 +134,14 @@ nib_status nib_cuda_gemm(const nib_qweight *w, const void *x, int64_t m, int64_t
 
 /* The q|k|v product and ops/qkv.h's epilogue (RoPE, q scaling, the KV-cache write) for a weight
  * loaded with rope_half = qa->head_dim / 2: qkv = X · Wᵀ lands in qa->qkv (ld qa->ld_qkv, the pair
- * layout), then nib_cuda_qkv reads it with qa->pairs = 1. Where the launch plan is the mma.sync
- * kernel (M <= 64 tokens) and the epilogue allows it (a bf16 cache or none, no n_valid, no done
- * counter, qa->rope_cs given), the rotation, q and the cache writes happen in the product's own
+ * layout), then nib_cuda_qkv reads it with qa->pairs = 1. Where the epilogue allows it (a bf16
+ * cache or none, no n_valid, no done counter, qa->rope_cs given), on the mma.sync kernel and the
+ * wgmma kernel alike, the rotation, q and the cache writes happen in the product's own
  * epilogue instead (one kernel; qa->qkv is not written): bitwise the two-kernel result, since each
  * output is rounded to bf16 first, then rotated with k_qkv's fp32 operations and the same (cos, sin).
- * NIB_GEMM_QKV=0 keeps the two kernels (A/B). NIB_GEMM_WG_QKV=1 fuses the same epilogue into the wgmma kernel too
- * (Pi0.5's q|k|v at H = 50; each 128-row tile holds 64 whole rotation pairs), after its K split's reduction in
- * either form; 0, the default until it is measured in the model, leaves a wgmma product to two kernels. */
+ * NIB_GEMM_QKV=0 keeps the two kernels (A/B). On the wgmma kernel (Pi0.5's q|k|v at H = 50) each 128-row tile
+ * holds 64 whole rotation pairs, and the epilogue runs after its K split's reduction in either form;
+ * NIB_GEMM_WG_QKV=0 leaves a wgmma product to two kernels (A/B; 1, the default, fuses). */
 struct nib_qkv_args;
 struct nib_gemm_plan;
 /* plan: NULL = the planner's (or the weight's rule); else one of nib_cuda_gemm_plans' (tests, lab) */
@@ -159,7 +159,7 @@ int nib_cuda_gemm_qkv_fuses(const nib_qweight *w, int64_t m, const struct nib_qk
  * q|k|v epilogue) and on the wgmma kernel's 64-token tiles without X multicast (the action expert's
  * products at H <= 16 and H = 50); 0 never (A/B); other values are errors. For tests. */
 long long nib_cuda_gemm_lean_launches(void);
-/* How many wgmma launches ran the q|k|v epilogue (NIB_GEMM_WG_QKV=1) since the process started. For tests. */
+/* How many wgmma launches ran the q|k|v epilogue (NIB_GEMM_WG_QKV) since the process started. For tests. */
 long long nib_cuda_gemm_wg_qkv_launches(void);
 
 /* Geometry of the low-bit GEMM kernel, shared by the kernel (ops/cuda/gemm_lowbit.cu) and its

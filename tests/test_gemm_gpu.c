@@ -2194,11 +2194,16 @@ NIB_TEST(gemm_gpu_qkv_epilogue) {
             for (size_t mi = 0; mi < NIB_ARRAY_LEN(ms); mi++) {
                 const int outs = mi % 3 == 1 ? 1 : mi % 3 == 2 ? 2 : 3; /* q only, cache only, both */
                 const int base = ms[mi] == 16 ? 8 : 2; /* 16 tokens from slot 11 of 23: the last 4 skipped */
-                nib_gemm_plan pl; /* the planner's kernel decides: mma.sync fuses, wgmma runs two kernels */
+                /* the planner's kernel, both fusing by default; with NIB_GEMM_WG_QKV=0 (every other case) a wgmma
+                 * plan runs two kernels */
+                nib_gemm_plan pl;
                 CHECK_OK(nib_cuda_gemm_plan(&w1, ms[mi], ws.acc_elems, &pl));
+                const int wg_off = (int)(mi % 2);
+                if (wg_off) setenv("NIB_GEMM_WG_QKV", "0", 1);
                 const int f = qkv_run(t, &rng, &cc, &w0, &w1, ms[mi], NULL, outs, base, &ws, nib_wfmt_name(fs[fi]));
-                CHECK_MSG(f == !pl.wgt, "%s M=%lld: fused %d with a %s plan", nib_wfmt_name(fs[fi]), (long long)ms[mi], f,
-                          pl.wgt ? "wgmma" : "mma.sync");
+                unsetenv("NIB_GEMM_WG_QKV");
+                CHECK_MSG(f == !(pl.wgt && wg_off), "%s M=%lld: fused %d with a %s plan (NIB_GEMM_WG_QKV=%d)",
+                          nib_wfmt_name(fs[fi]), (long long)ms[mi], f, pl.wgt ? "wgmma" : "mma.sync", !wg_off);
                 runs++;
                 fused += f == 1;
                 unfused += f == 0;
@@ -2237,7 +2242,7 @@ NIB_TEST(gemm_gpu_qkv_epilogue) {
                 nib_gemm_plan pl;
                 CHECK_OK(nib_cuda_gemm_wg_plan(&w1, m, bt, ks, cm, &pl));
                 if (var >= 3) pl.wkcl = 0;
-                setenv("NIB_GEMM_WG_QKV", "1", 1);
+                if (wi % 2) setenv("NIB_GEMM_WG_QKV", "1", 1); /* the default, unset or said */
                 const int f = qkv_run(t, &rng, &cc, &w0, &w1, m, &pl, 1 + wi % 3, 2, &ws, nib_wfmt_name(fs[fi]));
                 unsetenv("NIB_GEMM_WG_QKV");
                 CHECK_MSG(f == 1, "%s M=%lld wgmma tile %d ks%d kcl%d cm%d: NIB_GEMM_WG_QKV=1 did not fuse (%d)",
@@ -2253,10 +2258,11 @@ NIB_TEST(gemm_gpu_qkv_epilogue) {
             rand_w_free(&rw);
         }
     printf("  %d cases bitwise equal to the product + nib_cuda_qkv (%d fused in the product's epilogue, %d of them "
-           "with a K split; %d on the wgmma kernel, two kernels; NIB_GEMM_WG_QKV=1: %d fused on the wgmma kernel, %d "
+           "with a K split; %d on the wgmma kernel with NIB_GEMM_WG_QKV=0, two kernels; %d fused on the wgmma kernel, %d "
            "with the K split in a cluster, %d through the workspace)\n", runs, fused, fused_split, unfused, wg_fused, wg_kcl,
            wg_ws);
     CHECK_MSG(wg_kcl > 0 && wg_ws > 0, "the wgmma kernel's q|k|v epilogue after both K-split reductions must be exercised");
+    CHECK_MSG(unfused > 0, "NIB_GEMM_WG_QKV=0's two kernels after a wgmma product must be exercised");
     CHECK_MSG(fused_split > 0, "the split-K finish's q|k|v epilogue must be exercised");
     CHECK_MSG(unfused > 0, "the pair layout's two-kernel path (wgmma product) must be exercised");
     nib_cuda_gemm_ws_free(&ws);

@@ -419,10 +419,10 @@ NIB_TEST(pi05_gpu_prefix_fused_qkv_bitwise) {
     }
 }
 
-/* NIB_GEMM_WG_QKV=1 (the expert's RoPE + cache write in the wgmma q|k|v product's epilogue, Pi0.5 at H = 50) against
- * the product and its own RoPE kernel: with NIB_GEMM_WG=1 (read when a call is recorded) the tiny expert's products run
- * on the wgmma kernel at H = 10 and 16 too, so the fused epilogue runs (counted: none without the switch, some with
- * it) and the actions must match bit for bit (fast, 1 camera H = 10, 3 cameras H = 16). */
+/* The expert's RoPE + cache write in the wgmma q|k|v product's epilogue (Pi0.5 at H = 50; the default) against the
+ * product and its own RoPE kernel (NIB_GEMM_WG_QKV=0): with NIB_GEMM_WG=1 (read when a call is recorded) the tiny
+ * expert's products run on the wgmma kernel at H = 10 and 16 too, so the fused epilogue runs (counted: none with the
+ * switch off, some by default) and the actions must match bit for bit (fast, 1 camera H = 10, 3 cameras H = 16). */
 NIB_TEST(pi05_gpu_expert_wg_qkv_bitwise) {
     NIB_REQUIRE_GPU();
     REQUIRE(ckpt());
@@ -438,24 +438,25 @@ NIB_TEST(pi05_gpu_expert_wg_qkv_bitwise) {
     float a0[16 * 32], a1[16 * 32], b0[16 * 32], b1[16 * 32];
     if (two && one) {
         setenv("NIB_GEMM_WG", "1", 1);
+        setenv("NIB_GEMM_WG_QKV", "0", 1);
         const long long c0 = nib_cuda_gemm_wg_qkv_launches();
         CHECK_OK(nib_pi05_run(two, &x.in, a0, NULL));
         CHECK_OK(nib_pi05_run(two, &y.in, b0, NULL));
         const long long c1 = nib_cuda_gemm_wg_qkv_launches();
-        setenv("NIB_GEMM_WG_QKV", "1", 1);
+        unsetenv("NIB_GEMM_WG_QKV");
         CHECK_OK(nib_pi05_run(one, &x.in, a1, NULL));
         CHECK_OK(nib_pi05_run(one, &y.in, b1, NULL));
         const long long c2 = nib_cuda_gemm_wg_qkv_launches();
-        unsetenv("NIB_GEMM_WG_QKV");
         unsetenv("NIB_GEMM_WG");
-        CHECK_MSG(c1 == c0 && c2 > c1, "wgmma q|k|v epilogue launches: %lld without the switch, %lld with it", c1 - c0,
-                  c2 - c1);
+        CHECK_MSG(c1 == c0 && c2 > c1, "wgmma q|k|v epilogue launches: %lld with NIB_GEMM_WG_QKV=0, %lld by default",
+                  c1 - c0, c2 - c1);
         int bad = 0;
         for (int i = 0; i < 10 * 32; i++) bad += !isfinite(a1[i]);
         CHECK_MSG(!bad, "%d non-finite actions", bad);
         CHECK_MSG(!memcmp(a0, a1, 10 * 32 * sizeof(float)), "1 camera, H = 10: the wgmma q|k|v epilogue changes the actions");
         CHECK_MSG(!memcmp(b0, b1, 16 * 32 * sizeof(float)), "3 cameras, H = 16: the wgmma q|k|v epilogue changes the actions");
-        printf("  NIB_GEMM_WG_QKV=1: %lld fused wgmma launches, identical actions (H = 10, 16)\n", c2 - c1);
+        printf("  %lld fused wgmma q|k|v launches by default, none with NIB_GEMM_WG_QKV=0: identical actions (H = 10, 16)\n",
+               c2 - c1);
     }
     nib_pi05_free(two), nib_pi05_free(one);
     nib_st_close(f0), nib_st_close(f1);

@@ -270,6 +270,75 @@ __device__ __forceinline__ void qkv_pair(const GemmParams &p, int n, int mm, flo
     dst[p.half] = __float2bfloat16_rn(b);
 }
 
+/* qkv_pair for the 8 pairs n .. n + 7 (n % 8 == 0) of token mm, for the wgmma kernel's tile-walking epilogues:
+ * the 8 (cos, sin) loaded before any store (one after another, each pair's loads queue behind the stores before
+ * them: a chain of 8 L2 round trips, which made the fused epilogue slower than a kernel of its own) and, where
+ * aligned, each half written with one 16-byte store. The same fp32 operations and roundings as qkv_pair. */
+__device__ __forceinline__ void qkv_pair8(const GemmParams &p, int n, int mm, const float (&va)[8], const float (&vb)[8],
+                                          int sbase) {
+    if (p.half < 8) { /* the 8 pairs span heads (tiny test models): pair by pair */
+#pragma unroll
+        for (int q = 0; q < 8; q++) qkv_pair(p, n + q, mm, va[q], vb[q], qkv_cs(p, n + q, mm), sbase);
+        return;
+    }
+    const int blk = n >> p.half_shift, d = n & (p.half - 1);
+    if (blk >= p.q_heads + 2 * p.kv_heads) return;
+    const bool rot = blk < p.q_heads + p.kv_heads;
+    float2 e[8];
+    if (rot) {
+        const float2 *cs = p.rope_cs + (long long)mm * p.half + d;
+        if ((uintptr_t)cs % 16 == 0) {
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                const float4 c4 = *(const float4 *)(cs + 2 * q);
+                e[2 * q] = make_float2(c4.x, c4.y), e[2 * q + 1] = make_float2(c4.z, c4.w);
+            }
+        } else {
+#pragma unroll
+            for (int q = 0; q < 8; q++) e[q] = cs[q];
+        }
+    }
+    __nv_bfloat16 *dst;
+    float sc = 1.f;
+    if (blk < p.q_heads) {
+        if (!p.q) return;
+        sc = p.q_scale;
+        dst = p.q + (long long)mm * p.ldq + (long long)blk * p.hd + d;
+    } else {
+        if (!p.kc) return;
+        const int slot = p.slot_off + sbase + mm;
+        if (slot < 0 || slot >= p.t_max) return;
+        const int kv = blk - p.q_heads, isv = kv >= p.kv_heads, hh = isv ? kv - p.kv_heads : kv;
+        dst = (isv ? p.vc : p.kc) + ((long long)slot * p.kv_heads + hh) * p.hd + d;
+    }
+    float a[8], b[8];
+#pragma unroll
+    for (int q = 0; q < 8; q++) {
+        a[q] = __bfloat162float(__float2bfloat16(va[q])), b[q] = __bfloat162float(__float2bfloat16(vb[q]));
+        if (rot) {
+            const float ac = __fmul_rn(a[q], e[q].x), bs = __fmul_rn(b[q], e[q].y);
+            const float bc = __fmul_rn(b[q], e[q].x), as = __fmul_rn(a[q], e[q].y);
+            a[q] = __fsub_rn(ac, bs);
+            b[q] = __fadd_rn(bc, as);
+        }
+        if (blk < p.q_heads) a[q] = __fmul_rn(a[q], sc), b[q] = __fmul_rn(b[q], sc);
+    }
+    if ((uintptr_t)dst % 16 == 0 && p.half % 8 == 0) {
+        uint32_t oa[4], ob[4];
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const __nv_bfloat162 a2 = __floats2bfloat162_rn(a[2 * q], a[2 * q + 1]);
+            const __nv_bfloat162 b2 = __floats2bfloat162_rn(b[2 * q], b[2 * q + 1]);
+            oa[q] = *(const uint32_t *)&a2, ob[q] = *(const uint32_t *)&b2;
+        }
+        *(uint4 *)dst = make_uint4(oa[0], oa[1], oa[2], oa[3]);
+        *(uint4 *)(dst + p.half) = make_uint4(ob[0], ob[1], ob[2], ob[3]);
+    } else {
+#pragma unroll
+        for (int q = 0; q < 8; q++) dst[q] = __float2bfloat16_rn(a[q]), dst[q + p.half] = __float2bfloat16_rn(b[q]);
+    }
+}
+
 /* What the epilogue of one (row pair g, g + 8; token mm) reads besides the sums: the rows' column
  * scales and gates (c: colscale[pr], colscale[pr + 8], gate of output pr or n, gate of pr + 8), the
  * residuals of its outputs or, with p.qkv, the (cos, sin) (x), and the slot base. */
@@ -1655,12 +1724,12 @@ nib_status nib_cuda_gemm_planned(const nib_qweight *w, const void *x, int64_t m,
     return gemm_run(w, x, m, ldx, y, ldy, epi, ws, plan, NULL, stream);
 }
 
-/* NIB_GEMM_WG_QKV: 1 runs ops/qkv.h's epilogue in the wgmma kernel too (Pi0.5's q|k|v at H = 50), 0 (the default
- * until it is measured) leaves it to nib_cuda_qkv after a wgmma product; -1: another value */
+/* NIB_GEMM_WG_QKV: 1 (the default) runs ops/qkv.h's epilogue in the wgmma kernel too (Pi0.5's q|k|v at H = 50),
+ * 0 leaves it to nib_cuda_qkv after a wgmma product (A/B); -1: another value */
 static int wg_qkv_env(void) {
     const char *e = getenv("NIB_GEMM_WG_QKV");
-    if (!e || !*e || !strcmp(e, "0")) return 0;
-    return strcmp(e, "1") ? -1 : 1;
+    if (!e || !*e || !strcmp(e, "1")) return 1;
+    return strcmp(e, "0") ? -1 : 0;
 }
 
 /* NIB_GEMM_QKV: 1 (default) fuses ops/qkv.h's epilogue where it can, 0 never (A/B); -1: another value */
@@ -1694,8 +1763,8 @@ nib_status nib_cuda_gemm_qkv(const nib_qweight *w, const void *x, int64_t m, int
         return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_GEMM_QKV=%s: 1 (the q|k|v epilogue in the product's kernel where it "
                        "can, the default) or 0 (two kernels)", getenv("NIB_GEMM_QKV"));
     if (wg_qkv_env() < 0)
-        return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_GEMM_WG_QKV=%s: 1 (the q|k|v epilogue in the wgmma kernel too) or 0 "
-                       "(after a wgmma product, a kernel of its own; the default)", getenv("NIB_GEMM_WG_QKV"));
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_GEMM_WG_QKV=%s: 1 (the q|k|v epilogue in the wgmma kernel too, the "
+                       "default) or 0 (after a wgmma product, a kernel of its own)", getenv("NIB_GEMM_WG_QKV"));
     if (w->rope_half <= 0 || w->rope_half != qa->head_dim / 2)
         return NIB_ERR(NIB_ERR_INVALID_ARG, "%s: the weight was loaded with rope_half %d, the heads have %d dims "
                        "(needs rope_half = head_dim / 2)", who, w->rope_half, qa->head_dim);

@@ -161,6 +161,7 @@ __device__ __forceinline__ void wg_kcl_epilogue(const GemmParams &p, const float
     const int vt = p.m - m0 < BT ? p.m - m0 : BT; /* valid tokens of the tile */
     const int n0 = blockIdx.y * (NIB_GEMM_WG_ROWS >> (p.geglu ? 1 : 0)), r0 = blockIdx.y * NIB_GEMM_WG_ROWS;
     const uint32_t t0 = smem_u32(tile);
+    const int sb = p.qkv ? qkv_slot_base(p) : 0;
     for (int c = z * 256 + tid; c < (vt << lw); c += ks * 256) {
         const int tok = c >> lw, ch = c & ((1 << lw) - 1), mm = m0 + tok, n = n0 + 8 * ch;
         if (p.qkv ? r0 + 16 * ch >= p.n_out : n >= p.n_out) continue; /* (q|k|v: a head's rows are whole 16-row groups) */
@@ -187,13 +188,13 @@ __device__ __forceinline__ void wg_kcl_epilogue(const GemmParams &p, const float
             }
             const float u[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
             if (p.qkv) {
-                const int sb = qkv_slot_base(p), pn = blockIdx.y * (NIB_GEMM_WG_ROWS / 2) + 8 * ch;
+                float va[8], vb[8];
 #pragma unroll
                 for (int q = 0; q < 8; q++) {
-                    float va = v[q] * p.colscale[pr + q], vb = u[q] * p.colscale[pr + 8 + q];
-                    if (p.bias) va += p.bias[pr + q], vb += p.bias[pr + 8 + q];
-                    qkv_pair(p, pn + q, mm, va, vb, qkv_cs(p, pn + q, mm), sb);
+                    va[q] = v[q] * p.colscale[pr + q], vb[q] = u[q] * p.colscale[pr + 8 + q];
+                    if (p.bias) va[q] += p.bias[pr + q], vb[q] += p.bias[pr + 8 + q];
                 }
+                qkv_pair8(p, blockIdx.y * (NIB_GEMM_WG_ROWS / 2) + 8 * ch, mm, va, vb, sb);
                 continue;
             }
 #pragma unroll
@@ -436,7 +437,7 @@ __device__ __forceinline__ void gemm_lowbit_wg_body(const CUtensorMap &tmx, cons
     }
     asm volatile("bar.sync 1, 256;" ::: "memory");
     if (p.qkv) {
-        /* the q|k|v epilogue (nib_cuda_gemm_qkv, NIB_GEMM_WG_QKV=1): per token, 8 items of 16 weight rows, the a rows
+        /* the q|k|v epilogue (nib_cuda_gemm_qkv; NIB_GEMM_WG_QKV=0 turns it off): per token, 8 items of 16 weight rows, the a rows
          * of 8 rotation pairs and their b rows 8 later (the pair layout), as the mma.sync kernel's qkv_pair */
         const int sb = qkv_slot_base(p), pn0 = blockIdx.y * (NIB_GEMM_WG_ROWS / 2);
         for (int c = tid; c < (BT << 3); c += 256) {
@@ -447,11 +448,7 @@ __device__ __forceinline__ void gemm_lowbit_wg_body(const CUtensorMap &tmx, cons
             const float4 b0 = *(const float4 *)(src + 8), b1 = *(const float4 *)(src + 12);
             const float va[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
             const float vb[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
-#pragma unroll
-            for (int q = 0; q < 8; q++) {
-                const int n = pn0 + 8 * ch + q;
-                qkv_pair(p, n, mm, va[q], vb[q], qkv_cs(p, n, mm), sb);
-            }
+            qkv_pair8(p, pn0 + 8 * ch, mm, va, vb, sb);
         }
         return;
     }
@@ -469,7 +466,7 @@ __device__ __forceinline__ void gemm_lowbit_wg_body(const CUtensorMap &tmx, cons
 
 /* L: a lean instantiation (NIB_GEMM_LEAN, as the mma.sync kernel's) with its K-split mode, GeGLU and the q|k|v
  * epilogue fixed at compile time and no bias: split (L & 3) 1 one K split, 2 the splits reduced in their cluster
- * (kcl), 3 through the workspace; GeGLU ((L >> 2) & 1); q|k|v (L >> 3, NIB_GEMM_WG_QKV=1). L = 0 decides
+ * (kcl), 3 through the workspace; GeGLU ((L >> 2) & 1); q|k|v (L >> 3, NIB_GEMM_WG_QKV). L = 0 decides
  * everything at run time. */
 #define WG_LEAN(split, geglu) ((split) | ((geglu) << 2))
 #define WG_LEAN_QKV(split) ((split) | 8)
