@@ -1812,7 +1812,7 @@ static void fp8_ref_sums(const uint8_t *hx, const uint8_t *hw, const float *hsx,
         }
 }
 
-static void fp8_case_run(nib_test_ctx *t, nib_rng *rng, const fp8_case *c, double *worst_out) {
+static void fp8_case_run(nib_test_ctx *t, nib_rng *rng, const fp8_case *c, double *worst_out, int *cpre_runs) {
     const int64_t m = c->m, n = c->n, k = c->k, ldy = n + 8, ldc = n + 8, rows = m + 1;
     uint8_t *hx = nib_malloc((size_t)m * k), *hw = nib_malloc((size_t)n * k);
     float *hsx = nib_malloc((size_t)m * 4), *hsw = nib_malloc((size_t)n * 4);
@@ -1841,16 +1841,32 @@ static void fp8_case_run(nib_test_ctx *t, nib_rng *rng, const fp8_case *c, doubl
     nib_fp8_tile tiles[65];
     int nt = nib_fp8_tiles(tiles, 64);
     tiles[nt].wg = 0; /* last: the planner's pick (NULL tile) */
-    for (int ti = 0; ti <= nt; ti++) {
+    uint16_t *hy0 = nib_malloc((size_t)rows * ldy * 2);
+    REQUIRE(hy0);
+    /* with C, each tile twice: chunk by chunk (the default), then NIB_FP8_EPI_CPRE=1 (every C chunk of a thread
+     * loaded first), which must give the same bits, guards included */
+    for (int tp = 0; tp <= 2 * nt + 1; tp++) {
+        const int ti = tp / 2, pre = tp % 2;
+        if (pre && !c->cmode) continue;
         const int inplace = c->cmode == 2;
         for (int64_t i = 0; i < rows * ldy; i++) hy[i] = inplace && i < m * ldy && i % ldy < n ? hc[i] : (uint16_t)POISON;
         CHECK_OK(nib_dev_upload(dy, hy, (size_t)rows * ldy * 2));
         nib_blas_gemm_args a = {1, dx, dsx, c->vec, dw, dsw, c->vec, m, n, k, c->bias ? db : NULL,
                                 c->cmode == 1 ? dc : c->cmode == 2 ? dy : NULL, c->cmode == 2 ? ldy : ldc, dy, ldy};
+        if (pre) setenv("NIB_FP8_EPI_CPRE", "1", 1);
         nib_status st = nib_cuda_gemm_fp8(&a, ti < nt ? &tiles[ti] : NULL, NULL);
+        unsetenv("NIB_FP8_EPI_CPRE");
         CHECK_OK(st);
         if (st) continue;
         CHECK_OK(nib_dev_download(hy, dy, (size_t)rows * ldy * 2));
+        if (pre) {
+            CHECK_MSG(!memcmp(hy, hy0, (size_t)rows * ldy * 2),
+                      "fp8 nib M=%lld N=%lld K=%lld tile %d: NIB_FP8_EPI_CPRE=1 changes the output (C mode %d)",
+                      (long long)m, (long long)n, (long long)k, ti, c->cmode);
+            (*cpre_runs)++;
+            continue;
+        }
+        memcpy(hy0, hy, (size_t)rows * ldy * 2);
         int over = 0, guard = 0;
         for (int64_t i = 0; i < rows; i++)
             for (int64_t j = 0; j < ldy; j++) {
@@ -1881,7 +1897,7 @@ static void fp8_case_run(nib_test_ctx *t, nib_rng *rng, const fp8_case *c, doubl
     nib_dev_free(db, (size_t)n * 2);
     nib_dev_free(dsx, (size_t)m * 4);
     nib_dev_free(dsw, (size_t)n * 4);
-    nib_free(hx), nib_free(hw), nib_free(hsx), nib_free(hsw), nib_free(hb), nib_free(hc), nib_free(hy);
+    nib_free(hx), nib_free(hw), nib_free(hsx), nib_free(hsw), nib_free(hb), nib_free(hc), nib_free(hy), nib_free(hy0);
     nib_free(S), nib_free(B);
 }
 
@@ -1999,14 +2015,17 @@ NIB_TEST(gemm_fp8_gpu_every_tile) {
         {130, 136, 4304, 1, 0, 2}, {532, 200, 2064, 1, 1, 0},
     };
     double worst = 0;
+    int cpre_runs = 0;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         double w = 0;
-        fp8_case_run(t, &rng, &cases[i], &w);
+        fp8_case_run(t, &rng, &cases[i], &w, &cpre_runs);
         printf("  fp8 nib M=%lld N=%lld K=%lld: worst error / bound %.3f over every tile\n", (long long)cases[i].m,
                (long long)cases[i].n, (long long)cases[i].k, w);
         if (w > worst) worst = w;
     }
-    printf("  fp8 nib: worst error / bound %.3f over every tile and case\n", worst);
+    printf("  fp8 nib: worst error / bound %.3f over every tile and case; %d runs with C bitwise the same under "
+           "NIB_FP8_EPI_CPRE=1\n", worst, cpre_runs);
+    CHECK_MSG(cpre_runs > 0, "NIB_FP8_EPI_CPRE=1 must be exercised");
 }
 
 /* bad arguments: named errors, nothing launched */
@@ -2033,6 +2052,12 @@ NIB_TEST(gemm_fp8_gpu_argument_errors) {
     CHECK_ST(nib_cuda_gemm_fp8(&a, &bad, NULL), NIB_ERR_INVALID_ARG); /* no such tile */
     a.fp8 = 0;
     CHECK_ST(nib_cuda_gemm_fp8(&a, NULL, NULL), NIB_ERR_INVALID_ARG);
+    a.fp8 = 1;
+    setenv("NIB_FP8_EPI_CPRE", "yes", 1); /* a bad switch value is named, not read as on or off */
+    CHECK_ST(nib_cuda_gemm_fp8(&a, NULL, NULL), NIB_ERR_INVALID_ARG);
+    CHECK_MSG(strstr(nib_last_error(), "NIB_FP8_EPI_CPRE") != NULL, "a bad NIB_FP8_EPI_CPRE: %s", nib_last_error());
+    unsetenv("NIB_FP8_EPI_CPRE");
+    nib_clear_error();
     nib_dev_free(d, 1 << 16);
 }
 

@@ -39,6 +39,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "ops/cuda/gelu.cuh"
 #include "ops/cuda/gemm_lowbit.cuh" /* smem_u32 */
@@ -62,6 +64,7 @@ struct Fp8Args {
     int sx_vec, sw_vec;
     int gh; /* GeGLU: the output width H (W rows: gate [0, H), up [H, 2H)); 0: a plain product */
     int ft; /* GeGLU with gelu_tanh_approx (gelu.cuh: h goes to FP8 next; NIB_FAST_TANH) */
+    int cpre; /* NIB_FP8_EPI_CPRE=1: every C chunk of a thread loaded before its first store (epilogue) */
 };
 
 /* the tile's column scales and bias (0 past N) into shared memory, by the consumer threads, then
@@ -145,10 +148,57 @@ __device__ __forceinline__ void epilogue(const Fp8Args &p, const float (&acc)[BN
         }
         return;
     }
+    constexpr int IT = (64 * CH + 127) / 128; /* chunks per thread */
+    if (p.c && p.cpre) {
+        /* NIB_FP8_EPI_CPRE=1 (measured next on a GPU; off by default): C may be Y, so the compiler keeps each
+         * chunk's C load behind the previous chunk's store, and the in-order warp cannot issue that store before
+         * its own C load returns: IT chained L2 round trips per thread (6 for SigLIP's o at 512 rows: 96-column
+         * tiles). Here the thread's C chunks are loaded in batches of up to CB (CB 16-byte registers; the
+         * accumulators are dead), then finished and stored: the same additions and rounding, ceil(IT / CB) round
+         * trips. CB = 8 keeps the three-warpgroup tiles (152 registers a thread) free of spills. Each chunk is
+         * still read before it is written, by the same thread. */
+        constexpr int CB = 8;
+#pragma unroll
+        for (int i0 = 0; i0 < IT; i0 += CB) {
+            uint4 cc[CB];
+#pragma unroll
+            for (int j = 0; j < CB; j++) {
+                const int c = tw + 128 * (i0 + j), row = c / CH, ch = c - row * CH;
+                const int gr = m0 + wg * 64 + row, col = n0 + 8 * ch;
+                cc[j] = make_uint4(0u, 0u, 0u, 0u);
+                if (i0 + j < IT && c < 64 * CH && gr < p.m && col < p.n)
+                    cc[j] = *(const uint4 *)(p.c + (size_t)gr * p.ldc + col);
+            }
+#pragma unroll
+            for (int j = 0; j < CB; j++) {
+                const int c = tw + 128 * (i0 + j);
+                if (i0 + j >= IT || c >= 64 * CH) break;
+                const int row = c / CH, ch = c - row * CH;
+                const int gr = m0 + wg * 64 + row, col = n0 + 8 * ch;
+                if (gr >= p.m || col >= p.n) continue;
+                const float4 v0 = *(const float4 *)(t + row * P + 8 * ch), v1 = *(const float4 *)(t + row * P + 8 * ch + 4);
+                float v[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+                const uint32_t cw[4] = {cc[j].x, cc[j].y, cc[j].z, cc[j].w};
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    const __nv_bfloat162 c2 = *(const __nv_bfloat162 *)&cw[q];
+                    v[2 * q] += __low2float(c2), v[2 * q + 1] += __high2float(c2);
+                }
+                uint32_t o[4];
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    const __nv_bfloat162 y2 = __floats2bfloat162_rn(v[2 * q], v[2 * q + 1]);
+                    o[q] = *(const uint32_t *)&y2;
+                }
+                *(uint4 *)(p.y + (size_t)gr * p.ldy + col) = make_uint4(o[0], o[1], o[2], o[3]);
+            }
+        }
+        return;
+    }
     /* fully unrolled (the accumulators are dead by now): the shared-memory loads of every chunk
      * can issue ahead of the stores */
 #pragma unroll
-    for (int i = 0; i < (64 * CH + 127) / 128; i++) {
+    for (int i = 0; i < IT; i++) {
         const int c = tw + 128 * i;
         if (c >= 64 * CH) break;
         const int row = c / CH, ch = c - row * CH;
@@ -425,6 +475,14 @@ extern "C" nib_status nib_cuda_fp8_plan(int64_t m, int64_t n, int64_t k, int geg
     return NIB_OK;
 }
 
+/* NIB_FP8_EPI_CPRE: 1 loads every C chunk of an epilogue thread before its first store, 0 (the default until it is
+ * measured in the model) chunk by chunk; -1: another value */
+static int fp8_cpre_env(void) {
+    const char *e = getenv("NIB_FP8_EPI_CPRE");
+    if (!e || !*e || !strcmp(e, "0")) return 0;
+    return strcmp(e, "1") ? -1 : 1;
+}
+
 /* the product (gh = 0) or the GeGLU product (gh = H: W has 2H rows, Y is M x H) */
 static nib_status gemm_fp8(const nib_blas_gemm_args *a, const nib_fp8_tile *tile, int64_t gh, void *stream) {
     if (!a || !a->x || !a->w || !a->y || !a->sx || !a->sw)
@@ -467,6 +525,11 @@ static nib_status gemm_fp8(const nib_blas_gemm_args *a, const nib_fp8_tile *tile
     p.sx_vec = a->sx_per_token != 0, p.sw_vec = a->sw_per_channel != 0;
     p.gh = (int)gh;
     p.ft = 0;
+    const int cpre = fp8_cpre_env();
+    if (cpre < 0)
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_FP8_EPI_CPRE=%s: 1 (nib's FP8 GEMM loads each thread's C chunks "
+                       "before its stores) or 0 (chunk by chunk, the default)", getenv("NIB_FP8_EPI_CPRE"));
+    p.cpre = cpre;
     if (gh) {
         const int ft = nib_fast_tanh();
         if (ft < 0)
