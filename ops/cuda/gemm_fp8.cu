@@ -95,6 +95,28 @@ template <int BN> struct StagePitch {
     static constexpr int value = BN + ((8 - BN % 32) + 32) % 32;
 };
 
+/* one 8-column chunk of the epilogue's second pass: the staged fp32 values (src), + C (cc, the chunk's 8 bf16
+ * values, where hc), one rounding, a 16-byte store to y */
+__device__ __forceinline__ void finish_chunk8(const float *src, bool hc, uint4 cc, __nv_bfloat16 *y) {
+    const float4 v0 = *(const float4 *)src, v1 = *(const float4 *)(src + 4);
+    float v[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+    if (hc) {
+        const uint32_t cw[4] = {cc.x, cc.y, cc.z, cc.w};
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const __nv_bfloat162 c2 = *(const __nv_bfloat162 *)&cw[q];
+            v[2 * q] += __low2float(c2), v[2 * q + 1] += __high2float(c2);
+        }
+    }
+    uint32_t o[4];
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        const __nv_bfloat162 y2 = __floats2bfloat162_rn(v[2 * q], v[2 * q + 1]);
+        o[q] = *(const uint32_t *)&y2;
+    }
+    *(uint4 *)y = make_uint4(o[0], o[1], o[2], o[3]);
+}
+
 /* epilogue, in two passes through shared memory (the stage ring, idle once every consumer is past
  * its K loop): (1) each thread writes acc * sx[row] * sw[col] + bias[col] (fp32) of its fragment
  * into the warpgroup's 64 x BN tile; (2) after a warpgroup barrier the warpgroup walks its tile in
@@ -176,21 +198,7 @@ __device__ __forceinline__ void epilogue(const Fp8Args &p, const float (&acc)[BN
                 const int row = c / CH, ch = c - row * CH;
                 const int gr = m0 + wg * 64 + row, col = n0 + 8 * ch;
                 if (gr >= p.m || col >= p.n) continue;
-                const float4 v0 = *(const float4 *)(t + row * P + 8 * ch), v1 = *(const float4 *)(t + row * P + 8 * ch + 4);
-                float v[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
-                const uint32_t cw[4] = {cc[j].x, cc[j].y, cc[j].z, cc[j].w};
-#pragma unroll
-                for (int q = 0; q < 4; q++) {
-                    const __nv_bfloat162 c2 = *(const __nv_bfloat162 *)&cw[q];
-                    v[2 * q] += __low2float(c2), v[2 * q + 1] += __high2float(c2);
-                }
-                uint32_t o[4];
-#pragma unroll
-                for (int q = 0; q < 4; q++) {
-                    const __nv_bfloat162 y2 = __floats2bfloat162_rn(v[2 * q], v[2 * q + 1]);
-                    o[q] = *(const uint32_t *)&y2;
-                }
-                *(uint4 *)(p.y + (size_t)gr * p.ldy + col) = make_uint4(o[0], o[1], o[2], o[3]);
+                finish_chunk8(t + row * P + 8 * ch, true, cc[j], p.y + (size_t)gr * p.ldy + col);
             }
         }
         return;
@@ -204,24 +212,8 @@ __device__ __forceinline__ void epilogue(const Fp8Args &p, const float (&acc)[BN
         const int row = c / CH, ch = c - row * CH;
         const int gr = m0 + wg * 64 + row, col = n0 + 8 * ch;
         if (gr >= p.m || col >= p.n) continue; /* N is a multiple of 8: the whole chunk is in or out */
-        const float4 v0 = *(const float4 *)(t + row * P + 8 * ch), v1 = *(const float4 *)(t + row * P + 8 * ch + 4);
-        float v[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
-        if (p.c) {
-            const uint4 cc = *(const uint4 *)(p.c + (size_t)gr * p.ldc + col);
-            const uint32_t cw[4] = {cc.x, cc.y, cc.z, cc.w};
-#pragma unroll
-            for (int q = 0; q < 4; q++) {
-                const __nv_bfloat162 c2 = *(const __nv_bfloat162 *)&cw[q];
-                v[2 * q] += __low2float(c2), v[2 * q + 1] += __high2float(c2);
-            }
-        }
-        uint32_t o[4];
-#pragma unroll
-        for (int q = 0; q < 4; q++) {
-            const __nv_bfloat162 y2 = __floats2bfloat162_rn(v[2 * q], v[2 * q + 1]);
-            o[q] = *(const uint32_t *)&y2;
-        }
-        *(uint4 *)(p.y + (size_t)gr * p.ldy + col) = make_uint4(o[0], o[1], o[2], o[3]);
+        const uint4 cc = p.c ? *(const uint4 *)(p.c + (size_t)gr * p.ldc + col) : make_uint4(0u, 0u, 0u, 0u);
+        finish_chunk8(t + row * P + 8 * ch, p.c != nullptr, cc, p.y + (size_t)gr * p.ldy + col);
     }
 }
 
