@@ -438,9 +438,9 @@ nib_status nib_fp8_check_args(const nib_blas_gemm_args *a);
 /* how many CTAs of `tile` the device holds at once (occupancy; for cluster tiles whole clusters,
  * as the GPCs pack them) */
 nib_status nib_cuda_fp8_tile_slots(const nib_fp8_tile *tile, int *ctas);
-/* the product on nib's kernel with `tile` (NULL: the planner's). NIB_FP8_EPI_CPRE=1 loads each epilogue
- * thread's C chunks before its first store (one L2 round trip instead of one per chunk; the same bits), 0 (the
- * default until it is measured in the model) chunk by chunk; another value is an error. */
+/* the product on nib's kernel with `tile` (NULL: the planner's). NIB_FP8_EPI_CPRE=1 (the default) loads each
+ * epilogue thread's C chunks before its first store (one L2 round trip instead of one per chunk; the same bits),
+ * 0 chunk by chunk (the A/B switch); another value is an error. */
 nib_status nib_cuda_gemm_fp8(const nib_blas_gemm_args *a, const nib_fp8_tile *tile, void *stream);
 /* GeGLU-tanh fused into the epilogue: W is gate | up (a->n = 2H rows), Y[m, j] = bf16(gelu_tanh(g)
  * u) with g, u the fp32 epilogue values (scales, bias) of columns j and H + j, before any rounding

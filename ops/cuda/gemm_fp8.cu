@@ -172,13 +172,13 @@ __device__ __forceinline__ void epilogue(const Fp8Args &p, const float (&acc)[BN
     }
     constexpr int IT = (64 * CH + 127) / 128; /* chunks per thread */
     if (p.c && p.cpre) {
-        /* NIB_FP8_EPI_CPRE=1 (measured next on a GPU; off by default): C may be Y, so the compiler keeps each
-         * chunk's C load behind the previous chunk's store, and the in-order warp cannot issue that store before
-         * its own C load returns: IT chained L2 round trips per thread (6 for SigLIP's o at 512 rows: 96-column
-         * tiles). Here the thread's C chunks are loaded in batches of up to CB (CB 16-byte registers; the
-         * accumulators are dead), then finished and stored: the same additions and rounding, ceil(IT / CB) round
-         * trips. CB = 8 keeps the three-warpgroup tiles (152 registers a thread) free of spills. Each chunk is
-         * still read before it is written, by the same thread. */
+        /* NIB_FP8_EPI_CPRE=1 (the default since the sixtieth session: SigLIP -0.02 ms a call at 2-3 cameras): C may be
+         * Y, so the compiler keeps each chunk's C load behind the previous chunk's store, and the in-order warp cannot
+         * issue that store before its own C load returns: IT chained L2 round trips per thread (6 for SigLIP's o at 512
+         * rows: 96-column tiles). Here the thread's C chunks are loaded in batches of up to CB (CB 16-byte registers;
+         * the accumulators are dead), then finished and stored: the same additions and rounding, ceil(IT / CB) round
+         * trips. CB = 8 keeps the three-warpgroup tiles (152 registers a thread) free of spills. Each chunk is still
+         * read before it is written, by the same thread. */
         constexpr int CB = 8;
 #pragma unroll
         for (int i0 = 0; i0 < IT; i0 += CB) {
@@ -467,12 +467,12 @@ extern "C" nib_status nib_cuda_fp8_plan(int64_t m, int64_t n, int64_t k, int geg
     return NIB_OK;
 }
 
-/* NIB_FP8_EPI_CPRE: 1 loads every C chunk of an epilogue thread before its first store, 0 (the default until it is
- * measured in the model) chunk by chunk; -1: another value */
+/* NIB_FP8_EPI_CPRE: 1 (the default) loads every C chunk of an epilogue thread before its first store, 0 (the A/B
+ * switch) chunk by chunk; -1: another value */
 static int fp8_cpre_env(void) {
     const char *e = getenv("NIB_FP8_EPI_CPRE");
-    if (!e || !*e || !strcmp(e, "0")) return 0;
-    return strcmp(e, "1") ? -1 : 1;
+    if (!e || !*e || !strcmp(e, "1")) return 1;
+    return strcmp(e, "0") ? -1 : 0;
 }
 
 /* the product (gh = 0) or the GeGLU product (gh = H: W has 2H rows, Y is M x H) */
@@ -520,7 +520,7 @@ static nib_status gemm_fp8(const nib_blas_gemm_args *a, const nib_fp8_tile *tile
     const int cpre = fp8_cpre_env();
     if (cpre < 0)
         return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_FP8_EPI_CPRE=%s: 1 (nib's FP8 GEMM loads each thread's C chunks "
-                       "before its stores) or 0 (chunk by chunk, the default)", getenv("NIB_FP8_EPI_CPRE"));
+                       "before its stores, the default) or 0 (chunk by chunk)", getenv("NIB_FP8_EPI_CPRE"));
     p.cpre = cpre;
     if (gh) {
         const int ft = nib_fast_tanh();
