@@ -769,10 +769,10 @@ static void cache_all_dtypes(nib_test_ctx *t, nib_rng *rng, const ccase *c) {
         kx[i] = (float)nib_rng_normal(rng);
         vx[i] = (float)nib_rng_normal(rng);
     }
-    /* NIB_ATTN_VARIANT=wg / wk2 (the wgmma kernel) takes a bf16 cache only: the low-bit ones are
+    /* NIB_ATTN_VARIANT=wg / wg1 / wk2 (the wgmma kernel) takes a bf16 cache only: the low-bit ones are
      * refused with NIB_ERR_UNSUPPORTED naming the dtype, checked once here, then skipped */
     const char *fv = getenv("NIB_ATTN_VARIANT");
-    const int n_dt = fv && (!strcmp(fv, "wg") || !strcmp(fv, "wk2")) ? 1 : NIB_KV_COUNT;
+    const int n_dt = fv && (!strcmp(fv, "wg") || !strcmp(fv, "wg1") || !strcmp(fv, "wk2")) ? 1 : NIB_KV_COUNT;
     if (n_dt == 1) {
         nib_attn_cache_args a;
         memset(&a, 0, sizeof a);
@@ -871,6 +871,23 @@ NIB_TEST(attn_gpu_cache_edges) {
     cache_all_dtypes(t, &rng, &(ccase){600, 560, 50, 10, 8, 1});
     cache_all_dtypes(t, &rng, &(ccase){300, 257, 17, 17, 8, 2});
     unsetenv("NIB_ATTN_TMA");
+    /* idle splits of the wgmma kernel: 100 of 600 slots visible over 6 splits (2 active), the workspace
+     * poisoned with NaN. Its idle splits write (-inf, 0, 0) for the merge that loads every split before it
+     * reads a length (the default); NIB_ATTN_MERGE_ALL=0 (the merge that reads the lengths first) stays right */
+    static const char *const merge_all[] = {NULL, "0"};
+    for (size_t m = 0; m < NIB_ARRAY_LEN(merge_all); m++) {
+        if (merge_all[m]) setenv("NIB_ATTN_MERGE_ALL", merge_all[m], 1);
+        setenv("NIB_ATTN_SPLITS", "6", 1);
+        setenv("NIB_ATTN_VARIANT", "wg1", 1);
+        cache_all_dtypes(t, &rng, &(ccase){600, 100, 50, 50, 8, 1});
+        setenv("NIB_ATTN_VARIANT", "wk2", 1);
+        cache_all_dtypes(t, &rng, &(ccase){600, 100, 10, 10, 8, 1});
+        setenv("NIB_ATTN_VARIANT", "wg", 1);
+        cache_all_dtypes(t, &rng, &(ccase){600, 0, 50, 50, 8, 1}); /* nothing visible: o = 0 */
+        unsetenv("NIB_ATTN_SPLITS");
+        unsetenv("NIB_ATTN_VARIANT");
+        unsetenv("NIB_ATTN_MERGE_ALL");
+    }
     /* a variant that cannot take the shape says so: cl with 400 rows, a cluster size of 12 */
     {
         nib_kv_layer kv;

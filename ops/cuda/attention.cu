@@ -154,6 +154,8 @@ static KInfo g_kinfo[] = {
 #define K_LZ (K_D80X + 3)     /* wg1t-lz, wk2t-lz */
 #define K_WGS (K_LZ + 2)     /* d80wg, d80wg1, d80wg2, d80wg4 */
 static int is_rk(int ki) { return ki >= K_RK && ki < K_RK + 3; }
+/* the wgmma kernel (attn_wg.cuh: wg, wg1, wk2, their TMA and lazy forms): its idle splits write their valid rows */
+static int is_wg(int ki) { return (ki >= K_WG && ki < K_WGT + 3) || ki == K_LZ || ki == K_LZ + 1; }
 
 /* The forty-sixth session's forms of wg1t and wk2t (attn_wg.cuh, LZ): the lazy rescale (O rescaled only
  * where a row's maximum grew by more than 2^8) and, wk2t, the split merge (both key halves combine and
@@ -527,8 +529,11 @@ static nib_status launch(AttnParams p, const Plan &pl, void *ws, cudaStream_t st
         if (threads > 0x7FFFFFFFLL) /* the merge kernel indexes threads in 32 bits */
             return NIB_ERR(NIB_ERR_UNSUPPORTED, "attention merge: %lld threads (rows x head_dim / 4 x split lanes)",
                            threads);
-        /* rk writes every workspace entry (attn_dec.cuh): its merge loads them before reading a length */
-        const bool all = is_rk(pl.ki) && !(getenv("NIB_ATTN_MERGE_ALL") && !strcmp(getenv("NIB_ATTN_MERGE_ALL"), "0"));
+        /* rk writes every workspace entry (attn_dec.cuh), the wgmma kernel every entry of its valid rows, idle
+         * splits included (attn_wg.cuh): their merge loads them before reading a length. NIB_ATTN_MERGE_ALL=0:
+         * the merge that reads the lengths first (the A/B switch) */
+        const bool all = (is_rk(pl.ki) || is_wg(pl.ki)) &&
+                         !(getenv("NIB_ATTN_MERGE_ALL") && !strcmp(getenv("NIB_ATTN_MERGE_ALL"), "0"));
         void (*mk)(MergeParams) = pl.merge_per == 16 ? (all ? k_attn_merge<16, true> : k_attn_merge<16>)
                                   : pl.merge_per == 8 ? (all ? k_attn_merge<8, true> : k_attn_merge<8>)
                                                       : (all ? k_attn_merge<4, true> : k_attn_merge<4>);

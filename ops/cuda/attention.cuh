@@ -97,6 +97,21 @@ __device__ __forceinline__ int read_len(const int *p, int max) {
     int v = p ? *p : max;
     return v < 0 ? 0 : v > max ? max : v;
 }
+/* An idle split's workspace rows [row0, row0 + rows) as (m, l, o) = (-inf, 0, 0) (with splits only), by nt threads:
+ * the merge with ALL (k_attn_merge<.., true>) then loads every split's entries before it reads a length */
+__device__ __noinline__ void attn_ws_idle(const AttnParams &p, int z, int split, int row0, int rows, int nt) {
+    if (p.n_splits <= 1) return;
+    const size_t part0 = ((size_t)z * p.n_splits + split) * p.rows_max + row0;
+    const int d4 = p.d >> 2; /* <= 64 float4 a row (head_dim <= 256, a multiple of 8) */
+    for (int i = threadIdx.x; i < rows * 64; i += nt) {
+        const int r = i >> 6, c = i & 63;
+        if (c < d4) *(float4 *)(p.ws_o + (part0 + r) * p.d + 4 * c) = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (c == 0) {
+            p.ws_m[part0 + r] = -INFINITY;
+            p.ws_l[part0 + r] = 0.f;
+        }
+    }
+}
 
 /* L2 prefetch of [a, a + bytes) (cp.async.bulk.prefetch: a hint, nothing lands in the CTA), widened to
  * 16-byte bounds, in 16 KB pieces dealt over the 32 lanes of the calling warp */

@@ -153,14 +153,20 @@ __global__ void __launch_bounds__(WgCfg<WGS, KSPLIT, TMA>::NT, 1) k_attn_wg(cons
     const int z = blockIdx.z, seq = z / p.n_kv, hkv = z % p.n_kv;
     const int split = blockIdx.y, row0 = blockIdx.x * C::ROWS;
 
-    /* CTA-uniform early exits, before any async copy and any barrier (as k_attn); a split past the
-     * active ones writes nothing (k_attn_merge reads only the active ones) */
+    /* CTA-uniform early exits, before any async copy and any barrier (as k_attn). A split past the
+     * active ones writes its valid rows' workspace entries as (m, l, o) = (-inf, 0, 0), as rk does, so
+     * that k_attn_merge<.., true> loads every split's entries before it reads a length (one L2 round
+     * trip fewer); rows past the valid ones and sequences past nseq_valid stay unwritten (the merge
+     * loads them and exits before it uses them). */
     if (seq >= read_len(p.nseq_valid, p.n_seq)) return;
     const int T = read_len(p.t_valid, p.t_max);
     const int rows_valid = read_len(p.nq_valid, p.nq_max) * p.group;
     if (row0 >= rows_valid) return;
     int t0, t1;
-    if (split >= nib_attn_split_range(T, p.n_splits, TK, split, &t0, &t1)) return;
+    if (split >= nib_attn_split_range(T, p.n_splits, TK, split, &t0, &t1)) {
+        attn_ws_idle(p, z, split, row0, min(C::ROWS, rows_valid - row0), C::NT);
+        return;
+    }
     const int n_tiles = (t1 - t0 + TK - 1) / TK;
     /* this warpgroup's tiles [tb, tb + nt) of the split and the end of its keys (wk2: the first half
      * takes the odd tile; a half may have none) */
