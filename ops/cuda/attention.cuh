@@ -281,11 +281,9 @@ __global__ void __launch_bounds__(Cfg<FMT, DP, WR, WT, KW, ST, CL>::NT, Cfg<FMT,
 
     /* CTA-uniform early exits (before any async copy); the first two are uniform over a
      * cluster too (its CTAs share seq and the row block) */
-    /* the three lengths loaded together, before the first exit: one L2 round trip, not two */
-    const int seq_valid = read_len(p.nseq_valid, p.n_seq);
+    if (seq >= read_len(p.nseq_valid, p.n_seq)) return;
     const int T = read_len(p.t_valid, p.t_max);
     const int rows_valid = read_len(p.nq_valid, p.nq_max) * p.group;
-    if (seq >= seq_valid) return;
     if (row0 >= rows_valid) return;
     int t0, t1;
     if constexpr (CL) { /* cluster: the tiles dealt out evenly, every CTA stays for the merge */
@@ -760,15 +758,12 @@ template <int PER, bool ALL = false> __global__ void __launch_bounds__(256) k_at
             ov[i] = ok ? __ldcg((const float4 *)p.ws_o + e * c4 + c) : make_float4(0.f, 0.f, 0.f, 0.f);
         }
     };
-    /* the lengths loaded together (and, ALL, with every partial): one L2 round trip before the sums */
-    const int seq_valid = read_len(p.nseq_valid, p.n_seq), rows_valid = read_len(p.nq_valid, p.nq_max) * p.group;
-    const int tv = ALL ? 0 : read_len(p.t_valid, p.t_max);
     if constexpr (ALL) load(p.n_splits);
     /* exits are uniform over the SL lanes of a group (they share r and z) */
-    if (seq >= seq_valid) return;
-    if (r >= rows_valid) return;
+    if (seq >= read_len(p.nseq_valid, p.n_seq)) return;
+    if (r >= read_len(p.nq_valid, p.nq_max) * p.group) return;
     int t0, t1;
-    const int na = ALL ? p.n_splits : nib_attn_split_range(tv, p.n_splits, p.tk, 0, &t0, &t1);
+    const int na = ALL ? p.n_splits : nib_attn_split_range(read_len(p.t_valid, p.t_max), p.n_splits, p.tk, 0, &t0, &t1);
     const unsigned lane = threadIdx.x & 31;
     const unsigned gmask = SL == 32 ? 0xffffffffu : ((1u << SL) - 1u) << (lane & ~(unsigned)(SL - 1));
     if constexpr (!ALL) load(na);
