@@ -1217,6 +1217,10 @@ NIB_TEST(attn_gpu_argument_errors) {
     b = a;
     b.n_kv_heads = 3;
     CHECK_ST(nib_cuda_attn_prefix(&b, d.p, NULL), NIB_ERR_INVALID_ARG);
+    setenv("NIB_ATTN_MERGE_ALL", "yes", 1); /* 0 or 1 only, named */
+    CHECK_ST(nib_cuda_attn_prefix(&a, d.p, NULL), NIB_ERR_INVALID_ARG);
+    CHECK_MSG(strstr(nib_last_error(), "NIB_ATTN_MERGE_ALL") != NULL, "a bad NIB_ATTN_MERGE_ALL: %s", nib_last_error());
+    unsetenv("NIB_ATTN_MERGE_ALL");
     setenv("NIB_ATTN_WG_LZ", "2", 1); /* 0 or 1 only */
     CHECK_ST(nib_cuda_attn_prefix_plan(&a, &pl), NIB_ERR_INVALID_ARG);
     setenv("NIB_ATTN_WG_LZ", "1x", 1);

@@ -468,6 +468,10 @@ static void fill_plan_out(const Plan &pl, nib_attn_plan *o) {
 
 static nib_status launch(AttnParams p, const Plan &pl, void *ws, cudaStream_t stream) {
     const KInfo &k = g_kinfo[pl.ki];
+    const char *mae = getenv("NIB_ATTN_MERGE_ALL");
+    if (mae && *mae && strcmp(mae, "0") && strcmp(mae, "1"))
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_ATTN_MERGE_ALL=%s: 1 (the split merge loads every partial before a "
+                       "length where the kernel writes them all, the default) or 0 (the lengths first)", mae);
     if (pl.ws_bytes && !ws)
         return NIB_ERR(NIB_ERR_INVALID_ARG, "attention: this shape splits the keys %d ways and needs a workspace of "
                        "%llu bytes (nib_cuda_attn_*_ws_bytes); ws is NULL",
@@ -532,8 +536,7 @@ static nib_status launch(AttnParams p, const Plan &pl, void *ws, cudaStream_t st
         /* rk writes every workspace entry (attn_dec.cuh), the wgmma kernel every entry of its valid rows, idle
          * splits included (attn_wg.cuh): their merge loads them before reading a length. NIB_ATTN_MERGE_ALL=0:
          * the merge that reads the lengths first (the A/B switch) */
-        const bool all = (is_rk(pl.ki) || is_wg(pl.ki)) &&
-                         !(getenv("NIB_ATTN_MERGE_ALL") && !strcmp(getenv("NIB_ATTN_MERGE_ALL"), "0"));
+        const bool all = (is_rk(pl.ki) || is_wg(pl.ki)) && !(mae && !strcmp(mae, "0"));
         void (*mk)(MergeParams) = pl.merge_per == 16 ? (all ? k_attn_merge<16, true> : k_attn_merge<16>)
                                   : pl.merge_per == 8 ? (all ? k_attn_merge<8, true> : k_attn_merge<8>)
                                                       : (all ? k_attn_merge<4, true> : k_attn_merge<4>);
