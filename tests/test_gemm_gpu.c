@@ -435,6 +435,90 @@ NIB_TEST(gemm_gpu_every_plan) {
     nib_cuda_gemm_ws_free(&ws);
 }
 
+/* NIB_GEMM_SK_PAIR=1: the mma.sync kernel's K-split finish (the last CTA of a tile adds the slots and runs the
+ * epilogue) takes two outputs a round with every load before either store. The same operations in the same order,
+ * so every mma.sync plan with a K split must give the same bits as the default (guards included), with the residual in
+ * place (y is the residual: the aliasing case the switch is for), separate, and with a bias; and within the
+ * reference's bound. N = 400 leaves a partial row tile; M 1 / 10 / 17 / 50 give threads one, two or more outputs. */
+NIB_TEST(gemm_gpu_split_k_pair) {
+    NIB_REQUIRE_GPU();
+    nib_rng rng;
+    nib_gemm_ws ws;
+    gemm_test_begin(t, &rng, &ws, 128, 1024);
+    const nib_wfmt fs[] = {NIB_WFMT_NVFP4, NIB_WFMT_INT4};
+    const int64_t ms[] = {1, 10, 17, 50};
+    int runs = 0, inplace_runs = 0;
+    double worst = 0.0;
+    for (size_t i = 0; i < NIB_ARRAY_LEN(fs); i++) {
+        rand_w rw;
+        REQUIRE(make_rand_w(&rng, fs[i], 400, 2048, 1, 0, 1, (int)i, &rw));
+        nib_dev_arena a;
+        nib_qweight q;
+        load_probe(t, &rw.w, 0, &a, &q);
+        for (size_t mi = 0; mi < NIB_ARRAY_LEN(ms); mi++) {
+            static nib_gemm_plan pls[1024];
+            const int np = nib_cuda_gemm_plans(&q, ms[mi], ws.acc_elems, pls, (int)NIB_ARRAY_LEN(pls));
+            CHECK_MSG(np < (int)NIB_ARRAY_LEN(pls), "M=%lld: %d plans fill the array", (long long)ms[mi], np);
+            for (int p = 0, k = 0; p < np; p++) {
+                if (pls[p].wgt || pls[p].ksplit < 2) continue;
+                /* rotate: gate + residual in place, a separate residual, plain (a bias with INT4) */
+                const int rot = k++ % 3;
+                case_opts o = {0, rot == 0, rot < 2, rot == 0, &pls[p], NULL};
+                const int64_t vals = (ms[mi] + 2) * (400 + 8);
+                uint16_t *y0 = nib_malloc((size_t)vals * 2), *y1 = nib_malloc((size_t)vals * 2);
+                REQUIRE(y0 && y1);
+                nib_rng r0 = rng, r1 = rng;
+                g_capture = y0;
+                const double w0 = run_case(t, &r0, &rw.w, ms[mi], &o, &ws, 0);
+                setenv("NIB_GEMM_SK_PAIR", "1", 1);
+                g_capture = y1;
+                const double w1 = run_case(t, &r1, &rw.w, ms[mi], &o, &ws, 0);
+                g_capture = NULL;
+                unsetenv("NIB_GEMM_SK_PAIR");
+                rng = r1;
+                int64_t diff = 0;
+                for (int64_t v = 0; v < vals; v++) diff += y0[v] != y1[v];
+                CHECK_MSG(diff == 0, "%s M=%lld plan mt%d wk%d ks%d (epilogue %d): NIB_GEMM_SK_PAIR=1 changes %lld of "
+                          "%lld values", nib_wfmt_name(fs[i]), (long long)ms[mi], pls[p].mt, pls[p].wk, pls[p].ksplit,
+                          rot, (long long)diff, (long long)vals);
+                CHECK_MSG(w0 <= 1.0 && w1 <= 1.0, "%s M=%lld plan mt%d wk%d ks%d: err/bound %.3f / %.3f",
+                          nib_wfmt_name(fs[i]), (long long)ms[mi], pls[p].mt, pls[p].wk, pls[p].ksplit, w0, w1);
+                if (w1 > worst) worst = w1;
+                runs++;
+                inplace_runs += rot == 0;
+                nib_free(y0);
+                nib_free(y1);
+            }
+        }
+        nib_dev_arena_free(&a);
+        rand_w_free(&rw);
+    }
+    printf("  %d K-split plans bitwise the same under NIB_GEMM_SK_PAIR=1 (%d with the residual in place); worst "
+           "err/bound %.3f\n", runs, inplace_runs, worst);
+    CHECK_MSG(runs > 0 && inplace_runs > 0, "K-split plans with the residual in place must be exercised");
+    /* a bad value is refused by name, not read as on or off */
+    {
+        rand_w rw;
+        REQUIRE(make_rand_w(&rng, NIB_WFMT_NVFP4, 64, 256, 1, 0, 1, 0, &rw));
+        nib_dev_arena a;
+        nib_qweight q;
+        load_probe(t, &rw.w, 0, &a, &q);
+        void *dx = NULL, *dy = NULL;
+        CHECK_OK(nib_dev_malloc(&dx, 256 * 2, "x"));
+        CHECK_OK(nib_dev_malloc(&dy, 64 * 2, "y"));
+        setenv("NIB_GEMM_SK_PAIR", "yes", 1);
+        CHECK_ST(nib_cuda_gemm(&q, dx, 1, 256, dy, 64, NULL, &ws, NULL), NIB_ERR_INVALID_ARG);
+        CHECK_MSG(strstr(nib_last_error(), "NIB_GEMM_SK_PAIR") != NULL, "a bad NIB_GEMM_SK_PAIR: %s", nib_last_error());
+        unsetenv("NIB_GEMM_SK_PAIR");
+        nib_clear_error();
+        nib_dev_free(dx, 256 * 2);
+        nib_dev_free(dy, 64 * 2);
+        nib_dev_arena_free(&a);
+        rand_w_free(&rw);
+    }
+    nib_cuda_gemm_ws_free(&ws);
+}
+
 /* The wgmma kernel's K split reduced inside its cluster (plan wkcl: 2..8 splits as one cluster along
  * z, partial sums added through distributed shared memory) against the split-K workspace path
  * (wkcl = 0): the same sums in the same order, so the outputs must match bitwise (guards included),
