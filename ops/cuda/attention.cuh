@@ -93,6 +93,13 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi); /* .x (low half) = lo */
     return *reinterpret_cast<uint32_t *>(&h);
 }
+/* NIB_ATTN_LAB_LENS (a compile-time lab switch, `scripts/ab.sh flags -f -DNIB_ATTN_LAB_LENS=N`; 0 when unset): bit 1
+ * the merge, bit 2 the wgmma kernel, bit 4 the tile kernel load their valid lengths together before their first exit
+ * (one L2 round trip, not two). All three at once (cf64429, reverted) took 0.02-0.07 ms off at H = 50 and added 0.10
+ * ms at 2 cameras, H = 10 (docs/design.md, "Sixtieth session"); the bits separate the three for the next A/B. */
+#ifndef NIB_ATTN_LAB_LENS
+#define NIB_ATTN_LAB_LENS 0
+#endif
 __device__ __forceinline__ int read_len(const int *p, int max) {
     int v = p ? *p : max;
     return v < 0 ? 0 : v > max ? max : v;
@@ -281,9 +288,16 @@ __global__ void __launch_bounds__(Cfg<FMT, DP, WR, WT, KW, ST, CL>::NT, Cfg<FMT,
 
     /* CTA-uniform early exits (before any async copy); the first two are uniform over a
      * cluster too (its CTAs share seq and the row block) */
+#if NIB_ATTN_LAB_LENS & 4 /* lab: the three lengths loaded together (see NIB_ATTN_LAB_LENS above) */
+    const int seq_valid = read_len(p.nseq_valid, p.n_seq);
+    const int T = read_len(p.t_valid, p.t_max);
+    const int rows_valid = read_len(p.nq_valid, p.nq_max) * p.group;
+    if (seq >= seq_valid) return;
+#else
     if (seq >= read_len(p.nseq_valid, p.n_seq)) return;
     const int T = read_len(p.t_valid, p.t_max);
     const int rows_valid = read_len(p.nq_valid, p.nq_max) * p.group;
+#endif
     if (row0 >= rows_valid) return;
     int t0, t1;
     if constexpr (CL) { /* cluster: the tiles dealt out evenly, every CTA stays for the merge */
@@ -758,12 +772,22 @@ template <int PER, bool ALL = false> __global__ void __launch_bounds__(256) k_at
             ov[i] = ok ? __ldcg((const float4 *)p.ws_o + e * c4 + c) : make_float4(0.f, 0.f, 0.f, 0.f);
         }
     };
+#if NIB_ATTN_LAB_LENS & 1 /* lab: the lengths loaded together (and, ALL, with every partial) */
+    const int seq_valid = read_len(p.nseq_valid, p.n_seq), rows_valid = read_len(p.nq_valid, p.nq_max) * p.group;
+    const int tv = ALL ? 0 : read_len(p.t_valid, p.t_max);
+    if constexpr (ALL) load(p.n_splits);
+    if (seq >= seq_valid) return;
+    if (r >= rows_valid) return;
+    int t0, t1;
+    const int na = ALL ? p.n_splits : nib_attn_split_range(tv, p.n_splits, p.tk, 0, &t0, &t1);
+#else
     if constexpr (ALL) load(p.n_splits);
     /* exits are uniform over the SL lanes of a group (they share r and z) */
     if (seq >= read_len(p.nseq_valid, p.n_seq)) return;
     if (r >= read_len(p.nq_valid, p.nq_max) * p.group) return;
     int t0, t1;
     const int na = ALL ? p.n_splits : nib_attn_split_range(read_len(p.t_valid, p.t_max), p.n_splits, p.tk, 0, &t0, &t1);
+#endif
     const unsigned lane = threadIdx.x & 31;
     const unsigned gmask = SL == 32 ? 0xffffffffu : ((1u << SL) - 1u) << (lane & ~(unsigned)(SL - 1));
     if constexpr (!ALL) load(na);
