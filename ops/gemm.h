@@ -128,11 +128,7 @@ typedef struct nib_gemm_ws {
 nib_status nib_cuda_gemm_ws_init(nib_gemm_ws *ws, int64_t max_m, int64_t max_np);
 void nib_cuda_gemm_ws_free(nib_gemm_ws *ws);
 
-/* Y = epilogue(X · Wᵀ) on `stream` (cudaStream_t or NULL). x, y, residual are device bf16.
- * NIB_GEMM_SK_PAIR=1: the mma.sync kernel's K-split finish (the tile's last CTA) takes two outputs a round with
- * every load of both before either store (y may be the residual, so one output's loads otherwise wait for the
- * previous output's store); the same bits. 0 (the default until it is measured in the model): one output at a
- * time; another value is an error. */
+/* Y = epilogue(X · Wᵀ) on `stream` (cudaStream_t or NULL). x, y, residual are device bf16. */
 nib_status nib_cuda_gemm(const nib_qweight *w, const void *x, int64_t m, int64_t ldx, void *y,
                          int64_t ldy, const nib_gemm_epi *epi, nib_gemm_ws *ws, void *stream);
 

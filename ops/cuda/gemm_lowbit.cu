@@ -60,7 +60,6 @@ struct GemmParams {
     int xw, nxb, lds, ring_bytes; /* X window steps, X buffers, X row stride (elements), ring size */
     int cps;                      /* chunks per pipeline step (= Cps<MT>) */
     int kcl;                      /* wgmma kernel: the K splits reduce in their cluster (plan wkcl) */
-    int skpair;                   /* mma.sync split-K finish: two outputs' loads before their stores (NIB_GEMM_SK_PAIR) */
     uint32_t scale_add;
     /* launch constants the host computes once, so the kernel's prologue divides nothing */
     int wn_shift;                 /* log2(warps along N) = log2(WARPS / wk) */
@@ -879,43 +878,6 @@ __device__ __forceinline__ void gemm_lowbit_body(const GemmParams &p) {
                 j -= toks;
                 q++;
             }
-        }
-    } else if (p.skpair) {
-        /* NIB_GEMM_SK_PAIR=1: two outputs a round, every load of both (the slots' partials, colscale, bias, gate,
-         * residual) before either store. y may be the residual (Pi0.5's o and down update x in place), so the
-         * compiler keeps each output's loads behind the previous output's store: one L2 round trip per output
-         * in a row (2 for a quarter of the threads of a 32-row tile at 10 tokens), now one per round. The same
-         * operations in the same order: the same bits. */
-        for (int q = ow.row0, j = ow.pc0; q < rows;) {
-            int pr[2], mm[2];
-            bool ok[2];
-#pragma unroll
-            for (int u = 0; u < 2; u++) {
-                ok[u] = q < rows && pb + q < p.n_out;
-                pr[u] = pb + q;
-                mm[u] = m0 + j;
-                if (q < rows) {
-                    q += ow.drow;
-                    j += ow.dpc;
-                    if (j >= toks) {
-                        j -= toks;
-                        q++;
-                    }
-                }
-            }
-            float v[2], gt[2], rs[2];
-#pragma unroll
-            for (int u = 0; u < 2; u++) {
-                v[u] = gt[u] = rs[u] = 0.f;
-                if (ok[u]) {
-                    v[u] = epi_val(p, pr[u], partial(pr[u], mm[u] - m0));
-                    if (p.gate) gt[u] = p.gate[pr[u]];
-                    rs[u] = epi_res(p, pr[u], mm[u]);
-                }
-            }
-#pragma unroll
-            for (int u = 0; u < 2; u++)
-                if (ok[u]) epi_store_v(p, pr[u], mm[u], v[u], gt[u], rs[u]);
         }
     } else {
         for (int q = ow.row0, j = ow.pc0; q < rows;) {
@@ -1770,14 +1732,6 @@ static int wg_qkv_env(void) {
     return strcmp(e, "0") ? -1 : 0;
 }
 
-/* NIB_GEMM_SK_PAIR: 1 finishes the mma.sync kernel's K split two outputs a round, every load of both before either
- * store (the same bits); 0 (the default until it is measured in the model) one output at a time; -1: another value */
-static int sk_pair_env(void) {
-    const char *e = getenv("NIB_GEMM_SK_PAIR");
-    if (!e || !*e || !strcmp(e, "0")) return 0;
-    return strcmp(e, "1") ? -1 : 1;
-}
-
 /* NIB_GEMM_QKV: 1 (default) fuses ops/qkv.h's epilogue where it can, 0 never (A/B); -1: another value */
 static int qkv_fuse_env(void) {
     const char *e = getenv("NIB_GEMM_QKV");
@@ -1909,10 +1863,6 @@ static nib_status gemm_run(const nib_qweight *w, const void *x, int64_t m, int64
     p.cps = NIB_GEMM_CPS(pl.mt);
     p.scale_add = w->scale_add;
     p.kcl = pl.wgt ? pl.wkcl : 0;
-    p.skpair = sk_pair_env();
-    if (p.skpair < 0)
-        return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_GEMM_SK_PAIR=%s: 1 (the mma.sync K split's last CTA loads two outputs' "
-                       "inputs before their stores) or 0 (one output at a time, the default)", getenv("NIB_GEMM_SK_PAIR"));
     if (p.res && p.ldr < p.n_out) return NIB_ERR(NIB_ERR_SHAPE, "gemm: residual ldr %lld < N_out %d", (long long)p.ldr, p.n_out);
     if (qa) { /* nib_cuda_gemm_qkv checked the arguments, and that the plan is the mma.sync kernel's or NIB_GEMM_WG_QKV=1 */
         if ((pl.wgt && wg_qkv_env() != 1) || epi)
