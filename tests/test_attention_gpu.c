@@ -429,6 +429,12 @@ NIB_TEST(attn_gpu_prefix_gemma_large) {
     run_prefix(t, &rng, &(pcase){1, 1, 100, 100, 8, 1, 256, 0});
     setenv("NIB_ATTN_SPLITS", "5", 1);
     run_prefix(t, &rng, &(pcase){1, 1, 200, 40, 8, 1, 256, 0});
+    /* NIB_ATTN_MERGE_LF=2: the merge loads its lengths with the partials on the prefix too (idle splits, rows
+     * past the valid ones, a second sequence past n_seq_valid) */
+    setenv("NIB_ATTN_MERGE_LF", "2", 1);
+    run_prefix(t, &rng, &(pcase){1, 1, 200, 40, 8, 1, 256, 0});
+    run_prefix(t, &rng, &(pcase){2, 1, 120, 70, 8, 1, 256, 0});
+    unsetenv("NIB_ATTN_MERGE_LF");
     unsetenv("NIB_ATTN_SPLITS");
     /* the wgmma kernel copies with TMA where the layout allows (wgt / wg1t / wk2t, the cases above);
      * its cp.async forms (NIB_ATTN_TMA=0) stay correct: wk2 with two sequences and a partial last tile,
@@ -873,10 +879,11 @@ NIB_TEST(attn_gpu_cache_edges) {
     unsetenv("NIB_ATTN_TMA");
     /* idle splits of the wgmma kernel: 100 of 600 slots visible over 6 splits (2 active), the workspace
      * poisoned with NaN. Its idle splits write (-inf, 0, 0) for the merge that loads every split before it
-     * reads a length (the default); NIB_ATTN_MERGE_ALL=0 (the merge that reads the lengths first) stays right */
-    static const char *const merge_all[] = {NULL, "0"};
-    for (size_t m = 0; m < NIB_ARRAY_LEN(merge_all); m++) {
-        if (merge_all[m]) setenv("NIB_ATTN_MERGE_ALL", merge_all[m], 1);
+     * reads a length (the default); NIB_ATTN_MERGE_ALL=0 (the merge that reads the lengths first) stays right, and
+     * so does NIB_ATTN_MERGE_LF=1 (the lengths loaded with the partials; rows past the valid ones are NaN there) */
+    static const char *const merge_env[][2] = {{NULL, NULL}, {"NIB_ATTN_MERGE_ALL", "0"}, {"NIB_ATTN_MERGE_LF", "1"}};
+    for (size_t m = 0; m < NIB_ARRAY_LEN(merge_env); m++) {
+        if (merge_env[m][0]) setenv(merge_env[m][0], merge_env[m][1], 1);
         setenv("NIB_ATTN_SPLITS", "6", 1);
         setenv("NIB_ATTN_VARIANT", "wg1", 1);
         cache_all_dtypes(t, &rng, &(ccase){600, 100, 50, 50, 8, 1});
@@ -886,7 +893,7 @@ NIB_TEST(attn_gpu_cache_edges) {
         cache_all_dtypes(t, &rng, &(ccase){600, 0, 50, 50, 8, 1}); /* nothing visible: o = 0 */
         unsetenv("NIB_ATTN_SPLITS");
         unsetenv("NIB_ATTN_VARIANT");
-        unsetenv("NIB_ATTN_MERGE_ALL");
+        if (merge_env[m][0]) unsetenv(merge_env[m][0]);
     }
     /* a variant that cannot take the shape says so: cl with 400 rows, a cluster size of 12 */
     {
@@ -1221,6 +1228,10 @@ NIB_TEST(attn_gpu_argument_errors) {
     CHECK_ST(nib_cuda_attn_prefix(&a, d.p, NULL), NIB_ERR_INVALID_ARG);
     CHECK_MSG(strstr(nib_last_error(), "NIB_ATTN_MERGE_ALL") != NULL, "a bad NIB_ATTN_MERGE_ALL: %s", nib_last_error());
     unsetenv("NIB_ATTN_MERGE_ALL");
+    setenv("NIB_ATTN_MERGE_LF", "3", 1); /* 0, 1 or 2 only, named */
+    CHECK_ST(nib_cuda_attn_prefix(&a, d.p, NULL), NIB_ERR_INVALID_ARG);
+    CHECK_MSG(strstr(nib_last_error(), "NIB_ATTN_MERGE_LF") != NULL, "a bad NIB_ATTN_MERGE_LF: %s", nib_last_error());
+    unsetenv("NIB_ATTN_MERGE_LF");
     setenv("NIB_ATTN_WG_LZ", "2", 1); /* 0 or 1 only */
     CHECK_ST(nib_cuda_attn_prefix_plan(&a, &pl), NIB_ERR_INVALID_ARG);
     setenv("NIB_ATTN_WG_LZ", "1x", 1);

@@ -466,12 +466,16 @@ static void fill_plan_out(const Plan &pl, nib_attn_plan *o) {
     o->ws_bytes = pl.ws_bytes;
 }
 
-static nib_status launch(AttnParams p, const Plan &pl, void *ws, cudaStream_t stream) {
+static nib_status launch(AttnParams p, const Plan &pl, void *ws, cudaStream_t stream, int cache) {
     const KInfo &k = g_kinfo[pl.ki];
     const char *mae = getenv("NIB_ATTN_MERGE_ALL");
     if (mae && *mae && strcmp(mae, "0") && strcmp(mae, "1"))
         return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_ATTN_MERGE_ALL=%s: 1 (the split merge loads every partial before a "
                        "length where the kernel writes them all, the default) or 0 (the lengths first)", mae);
+    const char *lfe = getenv("NIB_ATTN_MERGE_LF");
+    if (lfe && *lfe && strcmp(lfe, "0") && strcmp(lfe, "1") && strcmp(lfe, "2"))
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_ATTN_MERGE_LF=%s: 0 (the merge reads its lengths after its partials), "
+                       "1 (with them, on a cache) or 2 (with them, every merge that loads all partials first)", lfe);
     if (pl.ws_bytes && !ws)
         return NIB_ERR(NIB_ERR_INVALID_ARG, "attention: this shape splits the keys %d ways and needs a workspace of "
                        "%llu bytes (nib_cuda_attn_*_ws_bytes); ws is NULL",
@@ -537,9 +541,13 @@ static nib_status launch(AttnParams p, const Plan &pl, void *ws, cudaStream_t st
          * splits included (attn_wg.cuh): their merge loads them before reading a length. NIB_ATTN_MERGE_ALL=0:
          * the merge that reads the lengths first (the A/B switch) */
         const bool all = (is_rk(pl.ki) || is_wg(pl.ki)) && !(mae && !strcmp(mae, "0"));
-        void (*mk)(MergeParams) = pl.merge_per == 16 ? (all ? k_attn_merge<16, true> : k_attn_merge<16>)
-                                  : pl.merge_per == 8 ? (all ? k_attn_merge<8, true> : k_attn_merge<8>)
-                                                      : (all ? k_attn_merge<4, true> : k_attn_merge<4>);
+        /* NIB_ATTN_MERGE_LF: where the merge loads all partials first, its two lengths go with them (1: on a cache,
+         * 2: everywhere; the lab switch of the sixty-first session) */
+        const bool lf = all && lfe && (!strcmp(lfe, "2") || (cache && !strcmp(lfe, "1")));
+        void (*mk)(MergeParams) =
+            pl.merge_per == 16 ? (lf ? k_attn_merge<16, true, true> : all ? k_attn_merge<16, true> : k_attn_merge<16>)
+            : pl.merge_per == 8 ? (lf ? k_attn_merge<8, true, true> : all ? k_attn_merge<8, true> : k_attn_merge<8>)
+                                : (lf ? k_attn_merge<4, true, true> : all ? k_attn_merge<4, true> : k_attn_merge<4>);
         NIB_CUDA_CHECK(nib::launch(mk, dim3((unsigned)blocks, (unsigned)pl.z), dim3(256), 0, stream, m));
         NIB_LAUNCH_CHECK("k_attn_merge");
     }
@@ -631,7 +639,7 @@ nib_status nib_cuda_attn_prefix(const nib_attn_prefix_args *a, void *ws, void *s
     /* the logit scale and log2(e) as one fp32 factor (exactly LOG2E_F without a scale) */
     p.lscale = a->logit_scale > 0.0f && a->logit_scale != 1.0f ? (float)((double)a->logit_scale * 1.4426950408889634)
                                                               : LOG2E_F;
-    return launch(p, pl, ws, (cudaStream_t)stream);
+    return launch(p, pl, ws, (cudaStream_t)stream, 0);
 }
 
 /* ---- cache ------------------------------------------------------------------------------- */
@@ -775,5 +783,5 @@ nib_status nib_cuda_attn_cache(const nib_attn_cache_args *a, void *ws, void *str
      * 0.3-1.0 us slower even with the cache in L2, so it is off there. NIB_ATTN_PREFETCH=0: off. */
     const char *pe = getenv("NIB_ATTN_PREFETCH");
     p.pf_kv = kv->dtype == NIB_KV_BF16 && !(pe && pe[0] == '0' && !pe[1]);
-    return launch(p, pl, ws, (cudaStream_t)stream);
+    return launch(p, pl, ws, (cudaStream_t)stream, 1);
 }

@@ -93,10 +93,10 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi); /* .x (low half) = lo */
     return *reinterpret_cast<uint32_t *>(&h);
 }
-/* NIB_ATTN_LAB_LENS (a compile-time lab switch, `scripts/ab.sh flags -f -DNIB_ATTN_LAB_LENS=N`; 0 when unset): bit 1
- * the merge, bit 2 the wgmma kernel, bit 4 the tile kernel load their valid lengths together before their first exit
- * (one L2 round trip, not two). All three at once (cf64429, reverted) took 0.02-0.07 ms off at H = 50 and added 0.10
- * ms at 2 cameras, H = 10 (docs/design.md, "Sixtieth session"); the bits separate the three for the next A/B. */
+/* NIB_ATTN_LAB_LENS (a compile-time lab switch, `scripts/ab.sh flags -f -DNIB_ATTN_LAB_LENS=4`; 0 when unset): bit 4
+ * the tile kernel loads its three valid lengths together before its first exit (one L2 round trip, not two). The
+ * wgmma kernel does so since the sixty-first session; the merge's form is k_attn_merge's LF (docs/design.md, "Sixtieth
+ * session", "Sixty-first session") */
 #ifndef NIB_ATTN_LAB_LENS
 #define NIB_ATTN_LAB_LENS 0
 #endif
@@ -748,8 +748,11 @@ struct MergeParams {
 };
 
 /* ALL: the producer wrote every entry of the grid (k_attn_dec: idle splits as (-inf, 0, 0), rows past
- * the valid ones too), so the partials are loaded before, not after, the lengths are read */
-template <int PER, bool ALL = false> __global__ void __launch_bounds__(256) k_attn_merge(MergeParams p) {
+ * the valid ones too), so the partials are loaded before, not after, the lengths are read. LF (with ALL): the two
+ * lengths are loaded together with the partials, one L2 round trip instead of three (the cache attention's merge,
+ * NIB_ATTN_MERGE_LF in attention.cu) */
+template <int PER, bool ALL = false, bool LF = false> __global__ void __launch_bounds__(256) k_attn_merge(MergeParams p) {
+    static_assert(ALL || !LF, "k_attn_merge: LF (lengths with the partials) needs ALL");
     nib::pdl_enter(); /* runtime/launch.cuh: first, before any access or return */
     const int SL = 1 << p.sl_log2, c4 = p.d / 4;
     /* 32-bit index math: the host caps blocks x 256 below 2^31 (unsigned division, no 64-bit) */
@@ -772,22 +775,19 @@ template <int PER, bool ALL = false> __global__ void __launch_bounds__(256) k_at
             ov[i] = ok ? __ldcg((const float4 *)p.ws_o + e * c4 + c) : make_float4(0.f, 0.f, 0.f, 0.f);
         }
     };
-#if NIB_ATTN_LAB_LENS & 1 /* lab: the lengths loaded together (and, ALL, with every partial) */
-    const int seq_valid = read_len(p.nseq_valid, p.n_seq), rows_valid = read_len(p.nq_valid, p.nq_max) * p.group;
-    const int tv = ALL ? 0 : read_len(p.t_valid, p.t_max);
-    if constexpr (ALL) load(p.n_splits);
-    if (seq >= seq_valid) return;
-    if (r >= rows_valid) return;
-    int t0, t1;
-    const int na = ALL ? p.n_splits : nib_attn_split_range(tv, p.n_splits, p.tk, 0, &t0, &t1);
-#else
-    if constexpr (ALL) load(p.n_splits);
-    /* exits are uniform over the SL lanes of a group (they share r and z) */
-    if (seq >= read_len(p.nseq_valid, p.n_seq)) return;
-    if (r >= read_len(p.nq_valid, p.nq_max) * p.group) return;
-    int t0, t1;
-    const int na = ALL ? p.n_splits : nib_attn_split_range(read_len(p.t_valid, p.t_max), p.n_splits, p.tk, 0, &t0, &t1);
-#endif
+    int t0, t1, na;
+    if constexpr (LF) { /* the lengths loaded together with every partial: one L2 round trip */
+        const int seq_valid = read_len(p.nseq_valid, p.n_seq), rows_valid = read_len(p.nq_valid, p.nq_max) * p.group;
+        load(p.n_splits);
+        if (seq >= seq_valid || r >= rows_valid) return;
+        na = p.n_splits;
+    } else {
+        if constexpr (ALL) load(p.n_splits);
+        /* exits are uniform over the SL lanes of a group (they share r and z) */
+        if (seq >= read_len(p.nseq_valid, p.n_seq)) return;
+        if (r >= read_len(p.nq_valid, p.nq_max) * p.group) return;
+        na = ALL ? p.n_splits : nib_attn_split_range(read_len(p.t_valid, p.t_max), p.n_splits, p.tk, 0, &t0, &t1);
+    }
     const unsigned lane = threadIdx.x & 31;
     const unsigned gmask = SL == 32 ? 0xffffffffu : ((1u << SL) - 1u) << (lane & ~(unsigned)(SL - 1));
     if constexpr (!ALL) load(na);
