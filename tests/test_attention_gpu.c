@@ -429,9 +429,9 @@ NIB_TEST(attn_gpu_prefix_gemma_large) {
     run_prefix(t, &rng, &(pcase){1, 1, 100, 100, 8, 1, 256, 0});
     setenv("NIB_ATTN_SPLITS", "5", 1);
     run_prefix(t, &rng, &(pcase){1, 1, 200, 40, 8, 1, 256, 0});
-    /* NIB_ATTN_MERGE_LF=2: the merge loads its lengths with the partials on the prefix too (idle splits, rows
+    /* NIB_ATTN_MERGE_LF=3: the merge loads its lengths with the partials on the prefix too (idle splits, rows
      * past the valid ones, a second sequence past n_seq_valid) */
-    setenv("NIB_ATTN_MERGE_LF", "2", 1);
+    setenv("NIB_ATTN_MERGE_LF", "3", 1);
     run_prefix(t, &rng, &(pcase){1, 1, 200, 40, 8, 1, 256, 0});
     run_prefix(t, &rng, &(pcase){2, 1, 120, 70, 8, 1, 256, 0});
     unsetenv("NIB_ATTN_MERGE_LF");
@@ -880,8 +880,10 @@ NIB_TEST(attn_gpu_cache_edges) {
     /* idle splits of the wgmma kernel: 100 of 600 slots visible over 6 splits (2 active), the workspace
      * poisoned with NaN. Its idle splits write (-inf, 0, 0) for the merge that loads every split before it
      * reads a length (the default); NIB_ATTN_MERGE_ALL=0 (the merge that reads the lengths first) stays right, and
-     * so does NIB_ATTN_MERGE_LF=1 (the lengths loaded with the partials; rows past the valid ones are NaN there) */
-    static const char *const merge_env[][2] = {{NULL, NULL}, {"NIB_ATTN_MERGE_ALL", "0"}, {"NIB_ATTN_MERGE_LF", "1"}};
+     * so do NIB_ATTN_MERGE_LF=0 (the lengths after the partials; the default loads them together after the wgmma
+     * kernel) and =2 (rk's merge too; rows past the valid ones are NaN there) */
+    static const char *const merge_env[][2] = {
+        {NULL, NULL}, {"NIB_ATTN_MERGE_ALL", "0"}, {"NIB_ATTN_MERGE_LF", "0"}, {"NIB_ATTN_MERGE_LF", "2"}};
     for (size_t m = 0; m < NIB_ARRAY_LEN(merge_env); m++) {
         if (merge_env[m][0]) setenv(merge_env[m][0], merge_env[m][1], 1);
         setenv("NIB_ATTN_SPLITS", "6", 1);
@@ -891,6 +893,8 @@ NIB_TEST(attn_gpu_cache_edges) {
         cache_all_dtypes(t, &rng, &(ccase){600, 100, 10, 10, 8, 1});
         setenv("NIB_ATTN_VARIANT", "wg", 1);
         cache_all_dtypes(t, &rng, &(ccase){600, 0, 50, 50, 8, 1}); /* nothing visible: o = 0 */
+        setenv("NIB_ATTN_VARIANT", "rk", 1); /* one token (8 rows): rk writes every entry, idle splits too */
+        cache_all_dtypes(t, &rng, &(ccase){600, 100, 1, 1, 8, 1});
         unsetenv("NIB_ATTN_SPLITS");
         unsetenv("NIB_ATTN_VARIANT");
         if (merge_env[m][0]) unsetenv(merge_env[m][0]);
@@ -1228,7 +1232,7 @@ NIB_TEST(attn_gpu_argument_errors) {
     CHECK_ST(nib_cuda_attn_prefix(&a, d.p, NULL), NIB_ERR_INVALID_ARG);
     CHECK_MSG(strstr(nib_last_error(), "NIB_ATTN_MERGE_ALL") != NULL, "a bad NIB_ATTN_MERGE_ALL: %s", nib_last_error());
     unsetenv("NIB_ATTN_MERGE_ALL");
-    setenv("NIB_ATTN_MERGE_LF", "3", 1); /* 0, 1 or 2 only, named */
+    setenv("NIB_ATTN_MERGE_LF", "4", 1); /* 0..3 only, named */
     CHECK_ST(nib_cuda_attn_prefix(&a, d.p, NULL), NIB_ERR_INVALID_ARG);
     CHECK_MSG(strstr(nib_last_error(), "NIB_ATTN_MERGE_LF") != NULL, "a bad NIB_ATTN_MERGE_LF: %s", nib_last_error());
     unsetenv("NIB_ATTN_MERGE_LF");

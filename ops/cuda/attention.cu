@@ -473,9 +473,11 @@ static nib_status launch(AttnParams p, const Plan &pl, void *ws, cudaStream_t st
         return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_ATTN_MERGE_ALL=%s: 1 (the split merge loads every partial before a "
                        "length where the kernel writes them all, the default) or 0 (the lengths first)", mae);
     const char *lfe = getenv("NIB_ATTN_MERGE_LF");
-    if (lfe && *lfe && strcmp(lfe, "0") && strcmp(lfe, "1") && strcmp(lfe, "2"))
-        return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_ATTN_MERGE_LF=%s: 0 (the merge reads its lengths after its partials), "
-                       "1 (with them, on a cache) or 2 (with them, every merge that loads all partials first)", lfe);
+    const int lf_mode = !lfe || !*lfe ? 1 : lfe[1] ? -1 : lfe[0] - '0';
+    if (lf_mode < 0 || lf_mode > 3)
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_ATTN_MERGE_LF=%s: where the split merge loads its lengths with its "
+                       "partials: 0 nowhere, 1 after the wgmma kernel on a cache (the default), 2 on every cache, 3 "
+                       "everywhere", lfe);
     if (pl.ws_bytes && !ws)
         return NIB_ERR(NIB_ERR_INVALID_ARG, "attention: this shape splits the keys %d ways and needs a workspace of "
                        "%llu bytes (nib_cuda_attn_*_ws_bytes); ws is NULL",
@@ -541,9 +543,11 @@ static nib_status launch(AttnParams p, const Plan &pl, void *ws, cudaStream_t st
          * splits included (attn_wg.cuh): their merge loads them before reading a length. NIB_ATTN_MERGE_ALL=0:
          * the merge that reads the lengths first (the A/B switch) */
         const bool all = (is_rk(pl.ki) || is_wg(pl.ki)) && !(mae && !strcmp(mae, "0"));
-        /* NIB_ATTN_MERGE_LF: where the merge loads all partials first, its two lengths go with them (1: on a cache,
-         * 2: everywhere; the lab switch of the sixty-first session) */
-        const bool lf = all && lfe && (!strcmp(lfe, "2") || (cache && !strcmp(lfe, "1")));
+        /* NIB_ATTN_MERGE_LF: where the merge loads all partials first, its two lengths go with them (one L2 round
+         * trip, not three). H200, sixty-first session: after the wgmma kernel on a cache (the H = 50 suffix, and 3
+         * cameras at H = 10) 0.01-0.06 ms off a call; after rk as well (=2) 2 cameras at H = 10 lost 0.12 ms (the
+         * first step runs beside the prefix there), and on the prefix too (=3) the same */
+        const bool lf = all && (lf_mode == 3 || (cache && (lf_mode == 2 || (lf_mode == 1 && is_wg(pl.ki)))));
         void (*mk)(MergeParams) =
             pl.merge_per == 16 ? (lf ? k_attn_merge<16, true, true> : all ? k_attn_merge<16, true> : k_attn_merge<16>)
             : pl.merge_per == 8 ? (lf ? k_attn_merge<8, true, true> : all ? k_attn_merge<8, true> : k_attn_merge<8>)

@@ -749,8 +749,8 @@ struct MergeParams {
 
 /* ALL: the producer wrote every entry of the grid (k_attn_dec: idle splits as (-inf, 0, 0), rows past
  * the valid ones too), so the partials are loaded before, not after, the lengths are read. LF (with ALL): the two
- * lengths are loaded together with the partials, one L2 round trip instead of three (the cache attention's merge,
- * NIB_ATTN_MERGE_LF in attention.cu) */
+ * lengths are loaded together with the partials, one L2 round trip instead of three (after the wgmma kernel on a
+ * cache; NIB_ATTN_MERGE_LF in attention.cu) */
 template <int PER, bool ALL = false, bool LF = false> __global__ void __launch_bounds__(256) k_attn_merge(MergeParams p) {
     static_assert(ALL || !LF, "k_attn_merge: LF (lengths with the partials) needs ALL");
     nib::pdl_enter(); /* runtime/launch.cuh: first, before any access or return */
