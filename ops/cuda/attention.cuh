@@ -93,13 +93,6 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi); /* .x (low half) = lo */
     return *reinterpret_cast<uint32_t *>(&h);
 }
-/* NIB_ATTN_LAB_LENS (a compile-time lab switch, `scripts/ab.sh flags -f -DNIB_ATTN_LAB_LENS=4`; 0 when unset): bit 4
- * the tile kernel loads its three valid lengths together before its first exit (one L2 round trip, not two). The
- * wgmma kernel does so since the sixty-first session; the merge's form is k_attn_merge's LF (docs/design.md, "Sixtieth
- * session", "Sixty-first session") */
-#ifndef NIB_ATTN_LAB_LENS
-#define NIB_ATTN_LAB_LENS 0
-#endif
 __device__ __forceinline__ int read_len(const int *p, int max) {
     int v = p ? *p : max;
     return v < 0 ? 0 : v > max ? max : v;
@@ -288,16 +281,9 @@ __global__ void __launch_bounds__(Cfg<FMT, DP, WR, WT, KW, ST, CL>::NT, Cfg<FMT,
 
     /* CTA-uniform early exits (before any async copy); the first two are uniform over a
      * cluster too (its CTAs share seq and the row block) */
-#if NIB_ATTN_LAB_LENS & 4 /* lab: the three lengths loaded together (see NIB_ATTN_LAB_LENS above) */
-    const int seq_valid = read_len(p.nseq_valid, p.n_seq);
-    const int T = read_len(p.t_valid, p.t_max);
-    const int rows_valid = read_len(p.nq_valid, p.nq_max) * p.group;
-    if (seq >= seq_valid) return;
-#else
     if (seq >= read_len(p.nseq_valid, p.n_seq)) return;
     const int T = read_len(p.t_valid, p.t_max);
     const int rows_valid = read_len(p.nq_valid, p.nq_max) * p.group;
-#endif
     if (row0 >= rows_valid) return;
     int t0, t1;
     if constexpr (CL) { /* cluster: the tiles dealt out evenly, every CTA stays for the merge */
