@@ -1927,9 +1927,10 @@ NIB_TEST(gemm_fp8_gpu_geglu) {
         const int vec = cases[ci].vec;
         uint8_t *hx = nib_malloc((size_t)m * k), *hw = nib_malloc((size_t)n * k);
         float *hsx = nib_malloc((size_t)m * 4), *hsw = nib_malloc((size_t)n * 4);
-        uint16_t *hb = nib_malloc((size_t)n * 2), *hy = nib_malloc((size_t)rows * ldy * 2);
+        uint16_t *hb = nib_malloc((size_t)n * 2), *hy = nib_malloc((size_t)rows * ldy * 2),
+                 *hy0 = nib_malloc((size_t)rows * ldy * 2);
         double *S = nib_malloc((size_t)m * n * 8), *B = nib_malloc((size_t)m * n * 8);
-        REQUIRE(hx && hw && hsx && hsw && hb && hy && S && B);
+        REQUIRE(hx && hw && hsx && hsw && hb && hy && hy0 && S && B);
         fp8_rand_inputs(&rng, m, n, k, hx, hw, hsx, hsw, hb);
         fp8_ref_sums(hx, hw, hsx, hsw, vec, m, n, k, S, B);
         for (int64_t i = 0; i < m * n; i++) { /* + bias, and the fp32 epilogue's rounding */
@@ -1986,6 +1987,34 @@ NIB_TEST(gemm_fp8_gpu_geglu) {
                 }
             CHECK_MSG(guard == 0, "fp8 nib GeGLU M=%lld H=%lld K=%lld tile %d: %d guard values overwritten", (long long)m,
                       (long long)h, (long long)k, ti, guard);
+            /* NIB_FP8_PERSIST=1: the persistent kernel (every CTA resident, then 3 CTAs walking every tile, the
+             * ring's phases wrapping across tiles at K = 2064 / 4304) gives the same bits, guards included */
+            for (int pv = 0; pv < 2; pv++) {
+                setenv("NIB_FP8_PERSIST", "1", 1);
+                if (pv) setenv("NIB_FP8_PERSIST_CTAS", "3", 1);
+                for (int64_t i = 0; i < rows * ldy; i++) hy0[i] = (uint16_t)POISON;
+                CHECK_OK(nib_dev_upload(dy, hy0, (size_t)rows * ldy * 2));
+                CHECK_OK(nib_cuda_gemm_fp8_geglu(&a, ti < nt ? &tiles[ti] : NULL, NULL));
+                CHECK_OK(nib_dev_download(hy0, dy, (size_t)rows * ldy * 2));
+                unsetenv("NIB_FP8_PERSIST"), unsetenv("NIB_FP8_PERSIST_CTAS");
+                int64_t diff = 0;
+                for (int64_t i = 0; i < rows * ldy; i++) diff += hy0[i] != hy[i];
+                CHECK_MSG(diff == 0, "fp8 nib GeGLU M=%lld H=%lld K=%lld tile %d, NIB_FP8_PERSIST=1%s: %lld values differ "
+                          "from the one-tile-per-CTA kernel", (long long)m, (long long)h, (long long)k, ti,
+                          pv ? " on 3 CTAs" : "", (long long)diff);
+            }
+        }
+        if (ci == 0) { /* the switches' bad values are refused by name */
+            nib_blas_gemm_args a = {1, dx, dsx, vec, dw, dsw, vec, m, n, k, NULL, NULL, 0, dy, ldy};
+            setenv("NIB_FP8_PERSIST", "2", 1);
+            CHECK_ST(nib_cuda_gemm_fp8_geglu(&a, NULL, NULL), NIB_ERR_INVALID_ARG);
+            CHECK(strstr(nib_last_error(), "NIB_FP8_PERSIST") != NULL);
+            setenv("NIB_FP8_PERSIST", "1", 1);
+            setenv("NIB_FP8_PERSIST_CTAS", "0", 1);
+            CHECK_ST(nib_cuda_gemm_fp8_geglu(&a, NULL, NULL), NIB_ERR_INVALID_ARG);
+            CHECK(strstr(nib_last_error(), "NIB_FP8_PERSIST_CTAS") != NULL);
+            unsetenv("NIB_FP8_PERSIST"), unsetenv("NIB_FP8_PERSIST_CTAS");
+            nib_clear_error();
         }
         /* a tile that cannot run GeGLU is refused, and an odd weight row count */
         nib_fp8_tile bad = {1, 72, 6, 1, 1};
@@ -2000,7 +2029,7 @@ NIB_TEST(gemm_fp8_gpu_geglu) {
         nib_dev_free(db, (size_t)n * 2);
         nib_dev_free(dsx, (size_t)m * 4);
         nib_dev_free(dsw, (size_t)n * 4);
-        nib_free(hx), nib_free(hw), nib_free(hsx), nib_free(hsw), nib_free(hb), nib_free(hy);
+        nib_free(hx), nib_free(hw), nib_free(hsx), nib_free(hsw), nib_free(hb), nib_free(hy), nib_free(hy0);
         nib_free(S), nib_free(B);
     }
     printf("  fp8 nib GeGLU: worst error / bound %.3f over every tile and case\n", worst);

@@ -474,10 +474,10 @@ static nib_status launch(AttnParams p, const Plan &pl, void *ws, cudaStream_t st
                        "length where the kernel writes them all, the default) or 0 (the lengths first)", mae);
     const char *lfe = getenv("NIB_ATTN_MERGE_LF");
     const int lf_mode = !lfe || !*lfe ? 1 : lfe[1] ? -1 : lfe[0] - '0';
-    if (lf_mode < 0 || lf_mode > 4)
+    if (lf_mode < 0 || lf_mode > 3)
         return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_ATTN_MERGE_LF=%s: where the split merge loads its lengths with its "
                        "partials: 0 nowhere, 1 after the wgmma kernel on a cache (the default), 2 on every cache, 3 "
-                       "everywhere, 4 after the wgmma kernel (the prefix too)", lfe);
+                       "everywhere", lfe);
     if (pl.ws_bytes && !ws)
         return NIB_ERR(NIB_ERR_INVALID_ARG, "attention: this shape splits the keys %d ways and needs a workspace of "
                        "%llu bytes (nib_cuda_attn_*_ws_bytes); ws is NULL",
@@ -546,10 +546,10 @@ static nib_status launch(AttnParams p, const Plan &pl, void *ws, cudaStream_t st
         /* NIB_ATTN_MERGE_LF: where the merge loads all partials first, its two lengths go with them (one L2 round
          * trip, not three). H200, sixty-first session: after the wgmma kernel on a cache (the H = 50 suffix, and 3
          * cameras at H = 10) 0.01-0.06 ms off a call; after rk as well (=2) 2 cameras at H = 10 lost 0.12 ms (the
-         * first step runs beside the prefix there), and on the prefix too (=3) the same; =4 (after the wgmma kernel,
-         * the prefix's merges too) is built, not yet measured */
-        const bool lf = all && (lf_mode == 3 || (lf_mode == 4 && is_wg(pl.ki)) ||
-                                (cache && (lf_mode == 2 || (lf_mode == 1 && is_wg(pl.ki)))));
+         * first step runs beside the prefix there), and on the prefix too (=3) the same;
+         * the wgmma kernel's merges on the prefix as well (=4, sixty-second session) measured 0-0.03 ms slower and
+         * went */
+        const bool lf = all && (lf_mode == 3 || (cache && (lf_mode == 2 || (lf_mode == 1 && is_wg(pl.ki)))));
         void (*mk)(MergeParams) =
             pl.merge_per == 16 ? (lf ? k_attn_merge<16, true, true> : all ? k_attn_merge<16, true> : k_attn_merge<16>)
             : pl.merge_per == 8 ? (lf ? k_attn_merge<8, true, true> : all ? k_attn_merge<8, true> : k_attn_merge<8>)

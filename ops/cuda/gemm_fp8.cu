@@ -362,6 +362,156 @@ __global__ void __launch_bounds__(WG * 128 + 32, 1)
     if (CM > 1) cluster_sync(); /* no CTA leaves while a peer may still arrive on its barriers */
 }
 
+/* NIB_FP8_PERSIST=1 (lab switch; GeGLU products on a tile without a K split or multicast): k_gemm_fp8_pt, one CTA per
+ * resident slot walking the tiles in k_gemm_fp8's grid order (M tiles fastest; tile t of blockIdx.x, + gridDim.x,
+ * ...). Its producer warp runs on into the next tile's K blocks while the consumers finish a tile, so the ring is
+ * refilled under the epilogue instead of after the CTA's exit and the next CTA's start (the prefix's gate|up at 2
+ * cameras: 3 x 171 tiles of 192 x 192 on 132 SMs, one CTA an SM: four waves, each with its ring fill and epilogue
+ * exposed). The ring is the producer's throughout, so the epilogue is GeGLU from the accumulator registers (gate
+ * column c and up column BN / 2 + c of the tile are held by the same thread of the fragment) with 4-byte stores of
+ * bf16 pairs: the same fp32 operations, one rounding, so the same bits as k_gemm_fp8's staged GeGLU epilogue. The
+ * ring's stage and phase continue across tiles (one block counter g). */
+template <int WG, int BN, int ST>
+__device__ __forceinline__ void producer_pt(const CUtensorMap &tmx, const CUtensorMap &tmw, uint32_t sbase,
+                                            uint32_t full0, uint32_t empty0, int lane, int nk, int mtiles, int tiles,
+                                            int gh) {
+    constexpr int A_BYTES = 64 * WG * 128, STAGE = A_BYTES + BN * 128, BM = 64 * WG;
+    const bool issue = lane == 0;
+    int g = 0; /* K blocks issued so far, over every tile of this CTA */
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+        const int m0 = (t % mtiles) * BM, n0 = (t / mtiles) * (BN / 2);
+        int kb = 0;
+        if (g == 0) { /* the first tile: the weights of the first stages before the grid dependency, X after it */
+            const int pre = nk < ST ? nk : ST;
+            if (issue)
+                for (int b = 0; b < pre; b++) {
+                    mbar_arrive_expect_tx(full0 + 8 * b, STAGE);
+                    load_w<WG, BN, 1>(tmw, sbase + b * STAGE, b * 128, n0, gh, 0, full0 + 8 * b);
+                }
+            pdl_wait();
+            pdl_trigger();
+            if (issue)
+                for (int b = 0; b < pre; b++) tma_load_2d(sbase + b * STAGE, &tmx, b * 128, m0, full0 + 8 * b);
+            __syncwarp();
+            kb = pre, g = pre;
+        }
+        for (; kb < nk; kb++, g++) {
+            const int s = g % ST;
+            if (g >= ST) mbar_wait(empty0 + 8 * s, ((g / ST) & 1) ^ 1);
+            if (issue) {
+                mbar_arrive_expect_tx(full0 + 8 * s, STAGE);
+                load_w<WG, BN, 1>(tmw, sbase + s * STAGE, kb * 128, n0, gh, 0, full0 + 8 * s);
+                tma_load_2d(sbase + s * STAGE, &tmx, kb * 128, m0, full0 + 8 * s);
+            }
+            __syncwarp();
+        }
+    }
+}
+
+/* the GeGLU epilogue from the fragment: rows rl and rl + 8 of the warpgroup's 64, columns 8 j + c0 (+1) */
+template <int WG, int BN>
+__device__ __forceinline__ void epilogue_geglu_regs(const Fp8Args &p, const float (&acc)[BN / 2], int m0, int n0,
+                                                    int wg, int warp, int lane, const float *s_sw, const float *s_b) {
+    constexpr int HJ = BN / 16; /* 8-column groups of gate (then of up) */
+    const int rl = (warp & 3) * 16 + (lane >> 2), c0 = 2 * (lane & 3);
+    float sxr[2];
+    int gr[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        gr[h] = m0 + wg * 64 + rl + 8 * h;
+        sxr[h] = gr[h] < p.m ? p.sx[p.sx_vec ? gr[h] : 0] : 0.f;
+    }
+#pragma unroll
+    for (int j = 0; j < HJ; j++) {
+        const int col = n0 + 8 * j + c0; /* H is a multiple of 8, col even: the pair is in or out */
+        const float2 wg2 = *(const float2 *)(s_sw + 8 * j + c0), bg2 = *(const float2 *)(s_b + 8 * j + c0);
+        const float2 wu2 = *(const float2 *)(s_sw + BN / 2 + 8 * j + c0),
+                     bu2 = *(const float2 *)(s_b + BN / 2 + 8 * j + c0);
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const float g0 = acc[4 * j + 2 * h] * (sxr[h] * wg2.x) + bg2.x,
+                        g1 = acc[4 * j + 2 * h + 1] * (sxr[h] * wg2.y) + bg2.y;
+            const float u0 = acc[4 * (j + HJ) + 2 * h] * (sxr[h] * wu2.x) + bu2.x,
+                        u1 = acc[4 * (j + HJ) + 2 * h + 1] * (sxr[h] * wu2.y) + bu2.y;
+            const float o0 = __fmul_rn(p.ft ? gelu_tanh_approx(g0) : gelu_tanh_f(g0), u0);
+            const float o1 = __fmul_rn(p.ft ? gelu_tanh_approx(g1) : gelu_tanh_f(g1), u1);
+            if (gr[h] < p.m && col < p.gh)
+                *(__nv_bfloat162 *)(p.y + (size_t)gr[h] * p.ldy + col) = __floats2bfloat162_rn(o0, o1);
+        }
+    }
+}
+
+template <int WG, int BN, int ST>
+__global__ void __launch_bounds__(WG * 128 + 32, 1)
+    k_gemm_fp8_pt(const __grid_constant__ CUtensorMap tmx, const __grid_constant__ CUtensorMap tmw, const Fp8Args p) {
+    constexpr int BM = 64 * WG, A_BYTES = BM * 128, STAGE = A_BYTES + BN * 128, NC = 128 * WG;
+    constexpr int NCOL = (BN + NC - 1) / NC; /* tile columns per consumer thread (scales, bias) */
+    static_assert(WG >= 1 && WG <= 3 && BN % 16 == 0 && BN <= 256 && ST >= 2, "tile");
+    extern __shared__ uint8_t smem_raw[];
+    __shared__ __align__(8) uint64_t bars[2 * ST];
+    const uint32_t sbase = (smem_u32(smem_raw) + 1023u) & ~1023u;
+    const uint32_t full0 = smem_u32(&bars[0]), empty0 = smem_u32(&bars[ST]);
+    const int tid = threadIdx.x, warp = nib::warp_id(), wg = warp >> 2, lane = tid & 31;
+    const int nk = (p.k + 127) >> 7, mtiles = (p.m + BM - 1) / BM, tiles = mtiles * ((p.gh + BN / 2 - 1) / (BN / 2));
+    if (tid == 0) {
+        for (int s = 0; s < ST; s++) {
+            mbar_init(full0 + 8 * s, 1);
+            mbar_init(empty0 + 8 * s, 4 * WG); /* lane 0 of each consumer warp */
+        }
+        mbar_init_fence();
+    }
+    __syncthreads();
+    if (warp == 4 * WG) {
+        producer_pt<WG, BN, ST>(tmx, tmw, sbase, full0, empty0, lane, nk, mtiles, tiles, p.gh);
+        return;
+    }
+    pdl_wait(); /* Y may still be read by the previous kernel */
+    /* the tile's column scales and bias, double-buffered by tile parity: buffer b is rewritten two tiles after it was
+     * read, and every consumer passed the barrier between (after the tile in between's K loop) */
+    __shared__ __align__(16) float s_sw[2][BN], s_b[2][BN];
+    int g = 0, it = 0;
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x, it++) {
+        const int m0 = (t % mtiles) * BM, n0 = (t / mtiles) * (BN / 2);
+        float cw[NCOL], cb[NCOL]; /* loaded before the K loop, stored to shared memory after it */
+#pragma unroll
+        for (int c = 0; c < NCOL; c++) {
+            const int i = tid + c * NC;
+            cw[c] = 0.f, cb[c] = 0.f;
+            if (i < BN && n0 + (i < BN / 2 ? i : i - BN / 2) < p.gh) {
+                const int col = i < BN / 2 ? n0 + i : p.gh + n0 + i - BN / 2;
+                cw[c] = p.sw[p.sw_vec ? col : 0];
+                if (p.bias) cb[c] = __bfloat162float(p.bias[col]);
+            }
+        }
+        float acc[BN / 2];
+#pragma unroll
+        for (int i = 0; i < BN / 2; i++) acc[i] = 0.f;
+        for (int kb = 0; kb < nk; kb++) {
+            const int gg = g + kb, s = gg % ST;
+            mbar_wait(full0 + 8 * s, (gg / ST) & 1);
+            const uint32_t sa = sbase + s * STAGE + wg * 64 * 128, sb = sbase + s * STAGE + A_BYTES;
+            wgmma_fence();
+#pragma unroll
+            for (int q = 0; q < 4; q++)
+                WgmmaE4M3<BN>::mma(acc, wgmma_desc_sw128(sa + q * 32), wgmma_desc_sw128(sb + q * 32));
+            wgmma_commit();
+            wgmma_wait<1>(); /* block gg - 1's products are done: its stage may be refilled */
+            if (kb > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((gg - 1) % ST));
+        }
+        wgmma_wait<0>();
+        wgmma_fence_operand(acc);
+        if (lane == 0) mbar_arrive(empty0 + 8 * ((g + nk - 1) % ST)); /* the tile's last block */
+        g += nk;
+#pragma unroll
+        for (int c = 0; c < NCOL; c++) {
+            const int i = tid + c * NC;
+            if (i < BN) s_sw[it & 1][i] = cw[c], s_b[it & 1][i] = cb[c];
+        }
+        asm volatile("bar.sync 1, %0;" ::"n"(NC) : "memory");
+        epilogue_geglu_regs<WG, BN>(p, acc, m0, n0, wg, warp, lane, s_sw[it & 1], s_b[it & 1]);
+    }
+}
+
 typedef void (*KernFn)(const CUtensorMap, const CUtensorMap, const Fp8Args);
 struct TileKern {
     nib_fp8_tile t;
@@ -384,6 +534,19 @@ TileKern g_tiles[] = {
     NIB_FP8_TILE(1, 128, 8, 1, 4)};
 #undef NIB_FP8_TILE
 constexpr int N_TILES = (int)(sizeof g_tiles / sizeof g_tiles[0]);
+
+/* k_gemm_fp8_pt's instantiations: every GeGLU tile without a K split or multicast (nib_fp8_tile_geglu, ks = cm = 1) */
+struct PtKern {
+    int wg, bn, stages;
+    KernFn fn;
+    int attr_set, per_sm;
+};
+#define NIB_FP8_PT(WG, BN, ST) {WG, BN, ST, k_gemm_fp8_pt<WG, BN, ST>, 0, 0}
+PtKern g_pt[] = {NIB_FP8_PT(1, 64, 6),  NIB_FP8_PT(1, 96, 5),  NIB_FP8_PT(1, 128, 4), NIB_FP8_PT(2, 64, 4),
+                 NIB_FP8_PT(2, 96, 4),  NIB_FP8_PT(2, 112, 4), NIB_FP8_PT(2, 128, 5), NIB_FP8_PT(2, 144, 4),
+                 NIB_FP8_PT(2, 192, 4), NIB_FP8_PT(2, 256, 4), NIB_FP8_PT(3, 192, 4)};
+#undef NIB_FP8_PT
+constexpr int N_PT = (int)(sizeof g_pt / sizeof g_pt[0]);
 
 int g_sms;
 
@@ -475,6 +638,47 @@ static int fp8_cpre_env(void) {
     return strcmp(e, "0") ? -1 : 0;
 }
 
+/* NIB_FP8_PERSIST: 0 (the default) or 1 (GeGLU products on k_gemm_fp8_pt where the tile has no K split or multicast;
+ * a tile with either runs k_gemm_fp8 as before); -1: another value. NIB_FP8_PERSIST_CTAS=N (tests): at most N CTAs
+ * in its grid (so that a CTA walks many tiles at small shapes); 0: unset; -1: not a positive integer */
+static int fp8_persist_env(void) {
+    const char *e = getenv("NIB_FP8_PERSIST");
+    if (!e || !*e || !strcmp(e, "0")) return 0;
+    return strcmp(e, "1") ? -1 : 1;
+}
+
+static int fp8_persist_ctas_env(void) {
+    const char *e = getenv("NIB_FP8_PERSIST_CTAS");
+    if (!e || !*e) return 0;
+    char *end;
+    const long v = strtol(e, &end, 10);
+    return *end || v < 1 || v > 1 << 20 ? -1 : (int)v;
+}
+
+/* the persistent GeGLU kernel of a tile (NULL: none compiled), its shared-memory attribute set and its resident CTAs
+ * per SM measured */
+static nib_status pt_kernel(const nib_fp8_tile *tile, PtKern **out) {
+    *out = NULL;
+    if (tile->ks != 1 || tile->cm != 1) return NIB_OK;
+    PtKern *pk = NULL;
+    for (int i = 0; i < N_PT && !pk; i++)
+        if (g_pt[i].wg == tile->wg && g_pt[i].bn == tile->bn && g_pt[i].stages == tile->stages) pk = &g_pt[i];
+    if (!pk)
+        return NIB_ERR(NIB_ERR_INTERNAL, "fp8 gemm (nib): NIB_FP8_PERSIST=1 has no kernel for GeGLU tile %d x %d, %d stages",
+                       64 * tile->wg, tile->bn, tile->stages);
+    if (!pk->attr_set) {
+        const size_t smem = nib_fp8_tile_smem(tile);
+        NIB_CUDA_CHECK(cudaFuncSetAttribute(pk->fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        NIB_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&pk->per_sm, pk->fn, 128 * tile->wg + 32, smem));
+        if (pk->per_sm < 1)
+            return NIB_ERR(NIB_ERR_UNSUPPORTED, "fp8 gemm (nib): the persistent GeGLU tile %d x %d does not fit an SM",
+                           64 * tile->wg, tile->bn);
+        pk->attr_set = 1;
+    }
+    *out = pk;
+    return NIB_OK;
+}
+
 /* the product (gh = 0) or the GeGLU product (gh = H: W has 2H rows, Y is M x H) */
 static nib_status gemm_fp8(const nib_blas_gemm_args *a, const nib_fp8_tile *tile, int64_t gh, void *stream) {
     if (!a || !a->x || !a->w || !a->y || !a->sx || !a->sw)
@@ -542,6 +746,30 @@ static nib_status gemm_fp8(const nib_blas_gemm_args *a, const nib_fp8_tile *tile
     if (ntiles > 65535)
         return NIB_ERR(NIB_ERR_SHAPE, "fp8 gemm (nib): N = %lld needs %lld tiles of %lld channels (at most 65535)",
                        (long long)nout, (long long)ntiles, (long long)bnout);
+    const int persist = gh ? fp8_persist_env() : 0;
+    if (persist < 0)
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_FP8_PERSIST=%s: 0 (the default) or 1 (GeGLU products on the persistent "
+                       "kernel)", getenv("NIB_FP8_PERSIST"));
+    if (persist) {
+        PtKern *pk;
+        NIB_RETURN_IF_ERR(pt_kernel(&tk->t, &pk));
+        if (pk) {
+            const int cap = fp8_persist_ctas_env();
+            if (cap < 0)
+                return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_FP8_PERSIST_CTAS=%s: a positive number of CTAs",
+                               getenv("NIB_FP8_PERSIST_CTAS"));
+            if (mtiles * ntiles > INT32_MAX)
+                return NIB_ERR(NIB_ERR_SHAPE, "fp8 gemm (nib): %lld x %lld tiles exceed the persistent kernel's count",
+                               (long long)mtiles, (long long)ntiles);
+            int64_t ctas = (int64_t)pk->per_sm * g_sms;
+            if (ctas > mtiles * ntiles) ctas = mtiles * ntiles;
+            if (cap && ctas > cap) ctas = cap;
+            NIB_CUDA_CHECK(nib::launch(pk->fn, dim3((unsigned)ctas), dim3(128 * tk->t.wg + 32), smem,
+                                       (cudaStream_t)stream, tmx, tmw, p));
+            NIB_LAUNCH_CHECK("k_gemm_fp8_pt");
+            return NIB_OK;
+        }
+    }
     const dim3 grid((unsigned)((mtiles + cm - 1) / cm * cm), (unsigned)ntiles, (unsigned)tk->t.ks);
     if (cm > 1)
         NIB_CUDA_CHECK(nib::launch_cluster(tk->fn, grid, dim3(128 * tk->t.wg + 32), smem, (cudaStream_t)stream,
