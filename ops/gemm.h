@@ -446,7 +446,9 @@ nib_status nib_cuda_gemm_fp8(const nib_blas_gemm_args *a, const nib_fp8_tile *ti
  * u) with g, u the fp32 epilogue values (scales, bias) of columns j and H + j, before any rounding
  * (the unfused path rounds g and u to bf16 first); Y is M x H (ldy >= H), no C. H % 8 == 0.
  * gelu_tanh takes the hardware tanh (ops/act.h NIB_ACT_TANH_APPROX_ERR; Y feeds the W8A8 down product's
- * FP8 quantization); NIB_FAST_TANH=0: tanhf. */
+ * FP8 quantization); NIB_FAST_TANH=0: tanhf. A tile without a K split or multicast runs persistent (one CTA per
+ * resident slot walking the tiles, the ring refilled under the epilogue; the same bits); NIB_FP8_PERSIST=0 (the A/B
+ * switch) runs one tile a CTA, NIB_FP8_PERSIST_CTAS=N caps the persistent grid (tests); another value is an error. */
 nib_status nib_cuda_gemm_fp8_geglu(const nib_blas_gemm_args *a, const nib_fp8_tile *tile, void *stream);
 
 /* Quantize bf16 X [M,K] to e4m3 with per-token (or per-tensor) scale = amax/448 (device). */

@@ -1960,7 +1960,9 @@ NIB_TEST(gemm_fp8_gpu_geglu) {
             for (int64_t i = 0; i < rows * ldy; i++) hy[i] = (uint16_t)POISON;
             CHECK_OK(nib_dev_upload(dy, hy, (size_t)rows * ldy * 2));
             nib_blas_gemm_args a = {1, dx, dsx, vec, dw, dsw, vec, m, n, k, cases[ci].bias ? db : NULL, NULL, 0, dy, ldy};
+            setenv("NIB_FP8_PERSIST", "0", 1); /* one tile a CTA, against fp64; the persistent kernel below */
             nib_status st = nib_cuda_gemm_fp8_geglu(&a, ti < nt ? &tiles[ti] : NULL, NULL);
+            unsetenv("NIB_FP8_PERSIST");
             CHECK_OK(st);
             if (st) continue;
             CHECK_OK(nib_dev_download(hy, dy, (size_t)rows * ldy * 2));
@@ -1987,10 +1989,9 @@ NIB_TEST(gemm_fp8_gpu_geglu) {
                 }
             CHECK_MSG(guard == 0, "fp8 nib GeGLU M=%lld H=%lld K=%lld tile %d: %d guard values overwritten", (long long)m,
                       (long long)h, (long long)k, ti, guard);
-            /* NIB_FP8_PERSIST=1: the persistent kernel (every CTA resident, then 3 CTAs walking every tile, the
-             * ring's phases wrapping across tiles at K = 2064 / 4304) gives the same bits, guards included */
+            /* the persistent kernel (NIB_FP8_PERSIST=1, the default: every CTA resident, then 3 CTAs walking every
+             * tile, the ring's phases wrapping across tiles at K = 2064 / 4304) gives the same bits, guards included */
             for (int pv = 0; pv < 2; pv++) {
-                setenv("NIB_FP8_PERSIST", "1", 1);
                 if (pv) setenv("NIB_FP8_PERSIST_CTAS", "3", 1);
                 for (int64_t i = 0; i < rows * ldy; i++) hy0[i] = (uint16_t)POISON;
                 CHECK_OK(nib_dev_upload(dy, hy0, (size_t)rows * ldy * 2));
@@ -1999,7 +2000,7 @@ NIB_TEST(gemm_fp8_gpu_geglu) {
                 unsetenv("NIB_FP8_PERSIST"), unsetenv("NIB_FP8_PERSIST_CTAS");
                 int64_t diff = 0;
                 for (int64_t i = 0; i < rows * ldy; i++) diff += hy0[i] != hy[i];
-                CHECK_MSG(diff == 0, "fp8 nib GeGLU M=%lld H=%lld K=%lld tile %d, NIB_FP8_PERSIST=1%s: %lld values differ "
+                CHECK_MSG(diff == 0, "fp8 nib GeGLU M=%lld H=%lld K=%lld tile %d, persistent%s: %lld values differ "
                           "from the one-tile-per-CTA kernel", (long long)m, (long long)h, (long long)k, ti,
                           pv ? " on 3 CTAs" : "", (long long)diff);
             }
@@ -2009,7 +2010,7 @@ NIB_TEST(gemm_fp8_gpu_geglu) {
             setenv("NIB_FP8_PERSIST", "2", 1);
             CHECK_ST(nib_cuda_gemm_fp8_geglu(&a, NULL, NULL), NIB_ERR_INVALID_ARG);
             CHECK(strstr(nib_last_error(), "NIB_FP8_PERSIST") != NULL);
-            setenv("NIB_FP8_PERSIST", "1", 1);
+            unsetenv("NIB_FP8_PERSIST");
             setenv("NIB_FP8_PERSIST_CTAS", "0", 1);
             CHECK_ST(nib_cuda_gemm_fp8_geglu(&a, NULL, NULL), NIB_ERR_INVALID_ARG);
             CHECK(strstr(nib_last_error(), "NIB_FP8_PERSIST_CTAS") != NULL);

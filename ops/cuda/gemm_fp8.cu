@@ -362,7 +362,7 @@ __global__ void __launch_bounds__(WG * 128 + 32, 1)
     if (CM > 1) cluster_sync(); /* no CTA leaves while a peer may still arrive on its barriers */
 }
 
-/* NIB_FP8_PERSIST=1 (lab switch; GeGLU products on a tile without a K split or multicast): k_gemm_fp8_pt, one CTA per
+/* NIB_FP8_PERSIST=1 (the default; GeGLU products on a tile without a K split or multicast): k_gemm_fp8_pt, one CTA per
  * resident slot walking the tiles in k_gemm_fp8's grid order (M tiles fastest; tile t of blockIdx.x, + gridDim.x,
  * ...). Its producer warp runs on into the next tile's K blocks while the consumers finish a tile, so the ring is
  * refilled under the epilogue instead of after the CTA's exit and the next CTA's start (the prefix's gate|up at 2
@@ -638,13 +638,17 @@ static int fp8_cpre_env(void) {
     return strcmp(e, "0") ? -1 : 0;
 }
 
-/* NIB_FP8_PERSIST: 0 (the default) or 1 (GeGLU products on k_gemm_fp8_pt where the tile has no K split or multicast;
- * a tile with either runs k_gemm_fp8 as before); -1: another value. NIB_FP8_PERSIST_CTAS=N (tests): at most N CTAs
+/* NIB_FP8_PERSIST: 1 (the default since the sixty-second session: GeGLU products on k_gemm_fp8_pt where the tile has no
+ * K split or multicast; a tile with either runs k_gemm_fp8) or 0 (the A/B switch: k_gemm_fp8 always); -1: another
+ * value. H200, `scripts/ab.sh env -n 2 -q -e '' -e NIB_FP8_PERSIST=1 -- pi05 --preset fast --reps 100` (before the
+ * default changed): 2 cameras, the prefix's gate|up at 532 rows, 3 x 171 tiles of 192 x 192: H = 10 8.887 / 8.889 ->
+ * 8.857 / 8.863 ms, H = 50 10.743 / 10.754 -> 10.713 / 10.725 (prefix column 2.70 -> 2.67); 1 and 3 cameras run
+ * cuBLASLt's product there (fused at 276 / 788 rows as well: 0.015 / 0.37 ms slower). NIB_FP8_PERSIST_CTAS=N (tests): at most N CTAs
  * in its grid (so that a CTA walks many tiles at small shapes); 0: unset; -1: not a positive integer */
 static int fp8_persist_env(void) {
     const char *e = getenv("NIB_FP8_PERSIST");
-    if (!e || !*e || !strcmp(e, "0")) return 0;
-    return strcmp(e, "1") ? -1 : 1;
+    if (!e || !*e || !strcmp(e, "1")) return 1;
+    return strcmp(e, "0") ? -1 : 0;
 }
 
 static int fp8_persist_ctas_env(void) {
@@ -748,8 +752,8 @@ static nib_status gemm_fp8(const nib_blas_gemm_args *a, const nib_fp8_tile *tile
                        (long long)nout, (long long)ntiles, (long long)bnout);
     const int persist = gh ? fp8_persist_env() : 0;
     if (persist < 0)
-        return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_FP8_PERSIST=%s: 0 (the default) or 1 (GeGLU products on the persistent "
-                       "kernel)", getenv("NIB_FP8_PERSIST"));
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_FP8_PERSIST=%s: 1 (GeGLU products on the persistent kernel, the default) "
+                       "or 0 (one tile a CTA)", getenv("NIB_FP8_PERSIST"));
     if (persist) {
         PtKern *pk;
         NIB_RETURN_IF_ERR(pt_kernel(&tk->t, &pk));
