@@ -1843,28 +1843,27 @@ static void fp8_case_run(nib_test_ctx *t, nib_rng *rng, const fp8_case *c, doubl
     tiles[nt].wg = 0; /* last: the planner's pick (NULL tile) */
     uint16_t *hy0 = nib_malloc((size_t)rows * ldy * 2);
     REQUIRE(hy0);
-    /* each tile: the default; with C, NIB_FP8_EPI_CPRE=0 (chunk by chunk, pre = 1); NIB_FP8_WAIT0=1 (each stage
-     * released as soon as its products are done, pre = 2). Both must give the default's bits, guards included */
-    for (int tp = 0; tp < 3 * (nt + 1); tp++) {
-        const int ti = tp / 3, pre = tp % 3;
-        if (pre == 1 && !c->cmode) continue;
+    /* with C, each tile twice: the default (NIB_FP8_EPI_CPRE=1: every C chunk of a thread loaded first), then
+     * NIB_FP8_EPI_CPRE=0 (chunk by chunk), which must give the same bits, guards included */
+    for (int tp = 0; tp <= 2 * nt + 1; tp++) {
+        const int ti = tp / 2, pre = tp % 2;
+        if (pre && !c->cmode) continue;
         const int inplace = c->cmode == 2;
         for (int64_t i = 0; i < rows * ldy; i++) hy[i] = inplace && i < m * ldy && i % ldy < n ? hc[i] : (uint16_t)POISON;
         CHECK_OK(nib_dev_upload(dy, hy, (size_t)rows * ldy * 2));
         nib_blas_gemm_args a = {1, dx, dsx, c->vec, dw, dsw, c->vec, m, n, k, c->bias ? db : NULL,
                                 c->cmode == 1 ? dc : c->cmode == 2 ? dy : NULL, c->cmode == 2 ? ldy : ldc, dy, ldy};
-        if (pre == 1) setenv("NIB_FP8_EPI_CPRE", "0", 1);
-        if (pre == 2) setenv("NIB_FP8_WAIT0", "1", 1);
+        if (pre) setenv("NIB_FP8_EPI_CPRE", "0", 1);
         nib_status st = nib_cuda_gemm_fp8(&a, ti < nt ? &tiles[ti] : NULL, NULL);
-        unsetenv("NIB_FP8_EPI_CPRE"), unsetenv("NIB_FP8_WAIT0");
+        unsetenv("NIB_FP8_EPI_CPRE");
         CHECK_OK(st);
         if (st) continue;
         CHECK_OK(nib_dev_download(hy, dy, (size_t)rows * ldy * 2));
         if (pre) {
             CHECK_MSG(!memcmp(hy, hy0, (size_t)rows * ldy * 2),
-                      "fp8 nib M=%lld N=%lld K=%lld tile %d: %s changes the output (C mode %d)", (long long)m,
-                      (long long)n, (long long)k, ti, pre == 1 ? "NIB_FP8_EPI_CPRE=0" : "NIB_FP8_WAIT0=1", c->cmode);
-            *cpre_runs += pre == 1;
+                      "fp8 nib M=%lld N=%lld K=%lld tile %d: NIB_FP8_EPI_CPRE=0 changes the output (C mode %d)",
+                      (long long)m, (long long)n, (long long)k, ti, c->cmode);
+            (*cpre_runs)++;
             continue;
         }
         memcpy(hy0, hy, (size_t)rows * ldy * 2);
@@ -1992,19 +1991,18 @@ NIB_TEST(gemm_fp8_gpu_geglu) {
                       (long long)h, (long long)k, ti, guard);
             /* the persistent kernel (NIB_FP8_PERSIST=1, the default: every CTA resident, then 3 CTAs walking every
              * tile, the ring's phases wrapping across tiles at K = 2064 / 4304) gives the same bits, guards included */
-            for (int pv = 0; pv < 3; pv++) { /* pv = 2: NIB_FP8_WAIT0=1 as well (the same bits) */
+            for (int pv = 0; pv < 2; pv++) {
                 if (pv) setenv("NIB_FP8_PERSIST_CTAS", "3", 1);
-                if (pv == 2) setenv("NIB_FP8_WAIT0", "1", 1);
                 for (int64_t i = 0; i < rows * ldy; i++) hy0[i] = (uint16_t)POISON;
                 CHECK_OK(nib_dev_upload(dy, hy0, (size_t)rows * ldy * 2));
                 CHECK_OK(nib_cuda_gemm_fp8_geglu(&a, ti < nt ? &tiles[ti] : NULL, NULL));
                 CHECK_OK(nib_dev_download(hy0, dy, (size_t)rows * ldy * 2));
-                unsetenv("NIB_FP8_PERSIST"), unsetenv("NIB_FP8_PERSIST_CTAS"), unsetenv("NIB_FP8_WAIT0");
+                unsetenv("NIB_FP8_PERSIST"), unsetenv("NIB_FP8_PERSIST_CTAS");
                 int64_t diff = 0;
                 for (int64_t i = 0; i < rows * ldy; i++) diff += hy0[i] != hy[i];
                 CHECK_MSG(diff == 0, "fp8 nib GeGLU M=%lld H=%lld K=%lld tile %d, persistent%s: %lld values differ "
                           "from the one-tile-per-CTA kernel", (long long)m, (long long)h, (long long)k, ti,
-                          pv == 2 ? " on 3 CTAs, NIB_FP8_WAIT0=1" : pv ? " on 3 CTAs" : "", (long long)diff);
+                          pv ? " on 3 CTAs" : "", (long long)diff);
             }
         }
         if (ci == 0) { /* the switches' bad values are refused by name */

@@ -65,7 +65,6 @@ struct Fp8Args {
     int gh; /* GeGLU: the output width H (W rows: gate [0, H), up [H, 2H)); 0: a plain product */
     int ft; /* GeGLU with gelu_tanh_approx (gelu.cuh: h goes to FP8 next; NIB_FAST_TANH) */
     int cpre; /* NIB_FP8_EPI_CPRE=1: every C chunk of a thread loaded before its first store (epilogue) */
-    int w0;   /* NIB_FP8_WAIT0=1: each K block's products waited for at once and its stage released then (lab) */
 };
 
 /* the tile's column scales and bias (0 past N) into shared memory, by the consumer threads, then
@@ -326,12 +325,9 @@ __global__ void __launch_bounds__(WG * 128 + 32, 1)
 #pragma unroll
         for (int q = 0; q < 4; q++) WgmmaE4M3<BN>::mma(acc, wgmma_desc_sw128(sa + q * 32), wgmma_desc_sw128(sb + q * 32));
         wgmma_commit();
-        /* block kb - 1's products are done: its stage may be refilled (NIB_FP8_WAIT0=1: block kb's, so the ring
-         * holds one stage per consumer instead of two, and the other warpgroups keep the tensor cores busy) */
-        if (p.w0) wgmma_wait<0>();
-        else wgmma_wait<1>();
-        if (kb > 0 || p.w0) {
-            const uint32_t e = empty0 + 8 * ((kb - !p.w0) % ST);
+        wgmma_wait<1>(); /* block kb - 1's products are done: its stage may be refilled */
+        if (kb > 0) {
+            const uint32_t e = empty0 + 8 * ((kb - 1) % ST);
             if (CM == 1) {
                 if (lane == 0) mbar_arrive(e);
             } else if ((tid & 127) < CM) {
@@ -499,14 +495,12 @@ __global__ void __launch_bounds__(WG * 128 + 32, 1)
             for (int q = 0; q < 4; q++)
                 WgmmaE4M3<BN>::mma(acc, wgmma_desc_sw128(sa + q * 32), wgmma_desc_sw128(sb + q * 32));
             wgmma_commit();
-            /* block gg - 1's products are done: its stage may be refilled (NIB_FP8_WAIT0=1: block gg's) */
-            if (p.w0) wgmma_wait<0>();
-            else wgmma_wait<1>();
-            if ((kb > 0 || p.w0) && lane == 0) mbar_arrive(empty0 + 8 * ((gg - !p.w0) % ST));
+            wgmma_wait<1>(); /* block gg - 1's products are done: its stage may be refilled */
+            if (kb > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((gg - 1) % ST));
         }
         wgmma_wait<0>();
         wgmma_fence_operand(acc);
-        if (!p.w0 && lane == 0) mbar_arrive(empty0 + 8 * ((g + nk - 1) % ST)); /* the tile's last block */
+        if (lane == 0) mbar_arrive(empty0 + 8 * ((g + nk - 1) % ST)); /* the tile's last block */
         g += nk;
 #pragma unroll
         for (int c = 0; c < NCOL; c++) {
@@ -736,11 +730,6 @@ static nib_status gemm_fp8(const nib_blas_gemm_args *a, const nib_fp8_tile *tile
         return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_FP8_EPI_CPRE=%s: 1 (nib's FP8 GEMM loads each thread's C chunks "
                        "before its stores, the default) or 0 (chunk by chunk)", getenv("NIB_FP8_EPI_CPRE"));
     p.cpre = cpre;
-    const char *w0e = getenv("NIB_FP8_WAIT0");
-    p.w0 = w0e && !strcmp(w0e, "1");
-    if (w0e && *w0e && !p.w0 && strcmp(w0e, "0"))
-        return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_FP8_WAIT0=%s: 0 (each stage released one K block late, the default) "
-                       "or 1 (released as soon as its products are done)", w0e);
     if (gh) {
         const int ft = nib_fast_tanh();
         if (ft < 0)
