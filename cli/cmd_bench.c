@@ -24,9 +24,11 @@
 #define MAX_MS 16
 #define MAX_COPIES 64
 
-typedef enum { V_BF16, V_FP8LT, V_W8A8, V_FP8NIB, V_NVFP4, V_MXFP4, V_INT4, V_FP8, V_COUNT } variant;
-static const char *const k_vname[V_COUNT] = {"cublas-bf16", "cublaslt-fp8", "fp8-w8a8",  "fp8-nib",
+typedef enum { V_BF16, V_FP8LT, V_W8A8, V_FP8NIB, V_FP8GEGLU, V_NVFP4, V_MXFP4, V_INT4, V_FP8, V_COUNT } variant;
+static const char *const k_vname[V_COUNT] = {"cublas-bf16", "cublaslt-fp8", "fp8-w8a8",  "fp8-nib", "fp8-nib-geglu",
                                               "nvfp4",       "mxfp4",        "int4-g128", "fp8-wo"};
+/* nib's FP8 product, plain or with the GeGLU epilogue (N = 2H weight rows, Y is M x H) */
+static int is_fp8_nib(int v) { return v == V_FP8NIB || v == V_FP8GEGLU; }
 
 typedef struct bench_cfg {
     int nshapes;
@@ -91,6 +93,10 @@ static nib_status gemm_call(void *c, int i, void *stream) {
     case V_FP8NIB: {
         nib_blas_gemm_args a = {1, g->xq, g->sx, 1, g->bw[j], g->sw, 1, g->m, g->n, g->k, NULL, NULL, 0, g->y, g->n};
         return nib_cuda_gemm_fp8(&a, g->tile, stream);
+    }
+    case V_FP8GEGLU: { /* the prefix's gate|up as the model runs it where nib's kernel takes it */
+        nib_blas_gemm_args a = {1, g->xq, g->sx, 1, g->bw[j], g->sw, 1, g->m, g->n, g->k, NULL, NULL, 0, g->y, g->n / 2};
+        return nib_cuda_gemm_fp8_geglu(&a, g->tile, stream);
     }
     default: {
         /* --inplace: Y += X W^T through the epilogue's residual (y as its own residual), as a decoder's o and down
@@ -442,12 +448,14 @@ static nib_status bench_lt_search(const bench_cfg *cfg, gemm_ctx *g, uint64_t ca
     return NIB_OK;
 }
 
-/* --sweep for fp8-nib: every compiled tile, next to the planner's (already timed in *row) */
+/* --sweep for fp8-nib (fp8-nib-geglu: the tiles that can run GeGLU): every compiled tile, next to the planner's
+ * (already timed in *row) */
 static nib_status sweep_fp8_tiles(const bench_cfg *cfg, gemm_ctx *g, uint64_t canon_bytes, double copy_gbps,
                                   double bf16_us, const bench_row *row, bench_row *rows, int *nrows, int max_rows) {
     nib_fp8_tile tiles[64], pick;
     const int nt = nib_fp8_tiles(tiles, 64);
-    NIB_RETURN_IF_ERR(nib_cuda_fp8_plan(g->m, g->n, g->k, 0, &pick));
+    const int geglu = g->v == V_FP8GEGLU;
+    NIB_RETURN_IF_ERR(nib_cuda_fp8_plan(g->m, g->n, g->k, geglu, &pick));
     double best = row->us;
     char best_plan[64];
     snprintf(best_plan, sizeof best_plan, "%s", row->plan);
@@ -455,6 +463,7 @@ static nib_status sweep_fp8_tiles(const bench_cfg *cfg, gemm_ctx *g, uint64_t ca
         if (tiles[i].wg == pick.wg && tiles[i].bn == pick.bn && tiles[i].stages == pick.stages && tiles[i].ks == pick.ks &&
             tiles[i].cm == pick.cm)
             continue;
+        if (geglu && !nib_fp8_tile_geglu(&tiles[i])) continue;
         g->tile = &tiles[i];
         bench_row *sr = &rows[(*nrows)++];
         nib_status st = time_row(g, cfg->reps < 5 ? cfg->reps : 5, canon_bytes, copy_gbps, bf16_us, sr);
@@ -472,7 +481,7 @@ static nib_status sweep_fp8_tiles(const bench_cfg *cfg, gemm_ctx *g, uint64_t ca
         }
     }
     printf("%6lld %6lld %5lld  %-13s best tile %s: %.2f us (planner's %.2f us, %.2fx)\n", (long long)g->k,
-           (long long)g->n, (long long)g->m, k_vname[V_FP8NIB], best_plan, best, row->us, row->us / best);
+           (long long)g->n, (long long)g->m, k_vname[g->v], best_plan, best, row->us, row->us / best);
     return NIB_OK;
 }
 
@@ -491,7 +500,7 @@ static nib_status bench_variant(const bench_cfg *cfg, variant v, gemm_ctx *g, ni
                                                                                           : NIB_WFMT_FP8;
     nib_wsrc src;
     if (v == V_BF16) one = (uint64_t)n * k * 2;
-    else if (v == V_FP8LT || v == V_W8A8 || v == V_FP8NIB) one = (uint64_t)n * k;
+    else if (v == V_FP8LT || v == V_W8A8 || is_fp8_nib(v)) one = (uint64_t)n * k;
     else {
         NIB_TRY(make_random_wsrc(r, f, n, k, &src, hbufs));
         NIB_TRY(nib_cuda_weight_bytes(&src, 0, &one));
@@ -503,7 +512,7 @@ static nib_status bench_variant(const bench_cfg *cfg, variant v, gemm_ctx *g, ni
     g->ncopies = copies;
     NIB_TRY(nib_dev_arena_init(&arena, (size_t)(one + 4096) * copies + (size_t)n * 4 + 4096, "bench weights"));
     uint64_t canon_bytes = 0;
-    if (v == V_BF16 || v == V_FP8LT || v == V_W8A8 || v == V_FP8NIB) {
+    if (v == V_BF16 || v == V_FP8LT || v == V_W8A8 || is_fp8_nib(v)) {
         /* random bf16 / e4m3 matrices filled on the host once, copied on the device */
         size_t eb = v == V_BF16 ? 2 : 1;
         uint8_t *hw = nib_malloc((size_t)n * k * eb);
@@ -573,15 +582,15 @@ static nib_status bench_variant(const bench_cfg *cfg, variant v, gemm_ctx *g, ni
             NIB_TRY(bench_algos(cfg, g, canon_bytes, copy_gbps, bf16_us[mi], row, rows, nrows, max_rows));
             continue;
         }
-        if (v == V_FP8NIB) {
+        if (is_fp8_nib(v)) {
             nib_fp8_tile pick;
-            NIB_TRY(nib_cuda_fp8_plan(g->m, n, k, 0, &pick));
+            NIB_TRY(nib_cuda_fp8_plan(g->m, n, k, v == V_FP8GEGLU, &pick));
             snprintf(row->plan, sizeof row->plan, "tile %dx%d st%d ks%d cm%d", 64 * pick.wg, pick.bn, pick.stages, pick.ks,
                      pick.cm);
             row->sweep = cfg->sweep ? 2 : 0;
         }
         print_row(row);
-        if (cfg->sweep && v == V_FP8NIB) {
+        if (cfg->sweep && is_fp8_nib(v)) {
             NIB_TRY(sweep_fp8_tiles(cfg, g, canon_bytes, copy_gbps, bf16_us[mi], row, rows, nrows, max_rows));
             continue;
         }
@@ -661,6 +670,11 @@ static nib_status bench_shape(const bench_cfg *cfg, int si, nib_blas *blas, nib_
                    (long long)n, k_vname[v]);
             continue;
         }
+        if (v == V_FP8GEGLU && n % 16) {
+            printf("%6lld %6lld     -  %-13s n/a: GeGLU needs N = 2H with H a multiple of 8\n", (long long)k,
+                   (long long)n, k_vname[v]);
+            continue;
+        }
         if (v == V_MXFP4 && k % 32) {
             printf("%6lld %6lld     -  %-13s n/a: K is not a multiple of the MXFP4 block (32)\n", (long long)k,
                    (long long)n, k_vname[v]);
@@ -712,7 +726,7 @@ static int bench_gemm(int argc, char **argv) {
     parse_shapes("2048:2560,2048:32768,16384:2048,1024:2560,2048:1024,1024:8192,4096:1024,1152:4304,4304:1152",
                  &cfg);
     cfg.nm = parse_list("1,4,10,16,50,128,532,1024", cfg.m, MAX_MS);
-    for (int v = 0; v < V_COUNT; v++) cfg.enabled[v] = 1;
+    for (int v = 0; v < V_COUNT; v++) cfg.enabled[v] = v != V_FP8GEGLU; /* that one when named */
     cfg.reps = 15;
     cfg.bf16_listed = 1;
     for (int i = 1; i < argc; i++) {
@@ -724,7 +738,8 @@ static int bench_gemm(int argc, char **argv) {
                    "                      [--json FILE]\n"
                    "The GEMM kernel lab. Variants: cublas-bf16 (baseline), cublaslt-fp8 (GEMM only),\n"
                    "fp8-w8a8 (per-token quantize + the FP8 product the engine rule picks: cuBLASLt or nib's),\n"
-                   "fp8-nib (nib's wgmma FP8 product, GEMM only), nvfp4, mxfp4, int4-g128, fp8-wo (nib's\n"
+                   "fp8-nib (nib's wgmma FP8 product, GEMM only), fp8-nib-geglu (the same with the GeGLU epilogue:\n"
+                   "N = 2H weight rows, gate | up, Y is M x H; only when named), nvfp4, mxfp4, int4-g128, fp8-wo (nib's\n"
                    "weight-only kernels: mma.sync at small M; wgmma for NVFP4, MXFP4, INT4 and FP8 from M = 128,\n"
                    "past M = 32 on weights of 2M+ elements, and for NVFP4 and INT4 at M = 9..32 on weights of\n"
                    "one 128-row tile per SM or more (16- and 32-token tiles) and at M = 17..32 with K >= 4096;\n"
@@ -741,7 +756,8 @@ static int bench_gemm(int argc, char **argv) {
                    "--sweep: for nib's low-bit variants, also time every mma.sync launch plan that fits (warps\n"
                    "along K, K splits, register budget; up to 4 waves of CTAs; 5 reps each) and print\n"
                    "the best against the planner's choice (rows marked sweep; JSON: \"sweep\": true);\n"
-                   "for fp8-nib, every compiled tile (token rows x channels, stages, K split, cluster).\n"
+                   "for fp8-nib, every compiled tile (token rows x channels, stages, K split, cluster); for\n"
+                   "fp8-nib-geglu every tile that can run GeGLU.\n"
                    "--hot: time with one weight copy, which stays in L2 between calls (the default\n"
                    "rotates copies over > 3x L2, so weights come from DRAM as in the model).\n"
                    "--algos N: for the cuBLAS variants, also time cuBLASLt's first N heuristic candidates\n"

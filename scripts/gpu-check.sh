@@ -27,9 +27,10 @@
 #             cudaErrorIllegalInstruction (sections) or exits 9 silently (--metrics gpu__time_duration.sum),
 #             with NIB_PDL=0, NIB_OVERLAP=0 and NIB_EXPERT_BULK=0 too; ncu attached without profiling it
 #             runs clean, and so does compute-sanitizer. Use experttrace (clock64 segments) meanwhile.
-#   fp8prof   Nsight Compute on nib's FP8 GEMM (one launch of `nib bench gemm --variants fp8-nib`, FP8PROF_SHAPES
-#             default 2048:32768, FP8PROF_M default 532): raw stall reasons summarized into fp8prof-stalls.txt, and
-#             per-SASS-instruction samples (ncu-fp8-sass.csv)
+#   fp8prof   Nsight Compute on nib's FP8 GEMM (one launch of `nib bench gemm --variants $FP8PROF_VARIANT`, default
+#             fp8-nib, or fp8-nib-geglu: the persistent GeGLU kernel the prefix runs; FP8PROF_SHAPES default 2048:32768,
+#             FP8PROF_M default 532): raw stall reasons summarized into fp8prof-stalls.txt, and per-SASS-instruction
+#             samples (ncu-fp8-sass.csv)
 #   pi05prof  Nsight Compute's duration of every kernel of one `nib run pi05` call (PI05PROF_PRESET,
 #             default fast; 2 cameras, 20 text tokens; kernels serialized, caches not flushed;
 #             the per-op expert, the default; PI05PROF_FUSED=1 sets NIB_FUSED_STEP=1, which kernel
@@ -124,10 +125,11 @@ fi
 if has fp8prof; then
     # where nib's FP8 GEMM's warps wait (the K loop is 15-35 % behind cuBLASLt's at the prefix's gate|up shape,
     # sixty-second session): one launch past the lab's warm-up of FP8PROF_SHAPES (2048:32768) at FP8PROF_M (532)
-    # rows, the plain product (fp8-nib); raw stall reasons (ncu-fp8-raw.csv, summarized into fp8prof-stalls.txt)
+    # rows, the plain product (fp8-nib; FP8PROF_VARIANT=fp8-nib-geglu: the GeGLU kernel); raw stall reasons (ncu-fp8-raw.csv, summarized into fp8prof-stalls.txt)
     # and per-SASS-instruction samples (ncu-fp8-sass.csv)
     ncu_bin=$(command -v ncu 2>/dev/null || echo "${CUDA_HOME:-/usr/local/cuda}/bin/ncu")
-    fp8_bench=(./build/nib bench gemm --shapes "${FP8PROF_SHAPES:-2048:32768}" --m "${FP8PROF_M:-532}" --variants fp8-nib --reps 5)
+    fp8_bench=(./build/nib bench gemm --shapes "${FP8PROF_SHAPES:-2048:32768}" --m "${FP8PROF_M:-532}"
+               --variants "${FP8PROF_VARIANT:-fp8-nib}" --reps 5)
     "$ncu_bin" --clock-control none --kernel-name regex:k_gemm_fp8 --launch-skip 2 --launch-count 1 \
         --section WarpStateStats --section InstructionStats --page raw --csv "${fp8_bench[@]}" \
         >"$OUT/ncu-fp8-raw.csv" 2>"$OUT/ncu-fp8.err"
