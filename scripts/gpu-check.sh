@@ -125,7 +125,8 @@ fi
 if has fp8prof; then
     # where nib's FP8 GEMM's warps wait (the K loop is 15-35 % behind cuBLASLt's at the prefix's gate|up shape,
     # sixty-second session): one launch past the lab's warm-up of FP8PROF_SHAPES (2048:32768) at FP8PROF_M (532)
-    # rows, the plain product (fp8-nib; FP8PROF_VARIANT=fp8-nib-geglu: the GeGLU kernel); raw stall reasons (ncu-fp8-raw.csv, summarized into fp8prof-stalls.txt)
+    # rows, the plain product (fp8-nib; FP8PROF_VARIANT=fp8-nib-geglu: the GeGLU kernel); raw stall reasons
+    # (ncu-fp8-raw.csv, summarized into fp8prof-stalls.txt)
     # and per-SASS-instruction samples (ncu-fp8-sass.csv)
     ncu_bin=$(command -v ncu 2>/dev/null || echo "${CUDA_HOME:-/usr/local/cuda}/bin/ncu")
     fp8_bench=(./build/nib bench gemm --shapes "${FP8PROF_SHAPES:-2048:32768}" --m "${FP8PROF_M:-532}"
