@@ -630,26 +630,26 @@ extern "C" nib_status nib_cuda_fp8_plan(int64_t m, int64_t n, int64_t k, int geg
     return NIB_OK;
 }
 
-/* NIB_FP8_EPI_CPRE: 1 (the default) loads every C chunk of an epilogue thread before its first store, 0 (the A/B
- * switch) chunk by chunk; -1: another value */
-static int fp8_cpre_env(void) {
-    const char *e = getenv("NIB_FP8_EPI_CPRE");
+/* an on-by-default switch: unset, empty or "1" 1, "0" 0, another value -1 */
+static int fp8_switch_env(const char *name) {
+    const char *e = getenv(name);
     if (!e || !*e || !strcmp(e, "1")) return 1;
     return strcmp(e, "0") ? -1 : 0;
 }
+
+/* NIB_FP8_EPI_CPRE: 1 (the default) loads every C chunk of an epilogue thread before its first store, 0 (the A/B
+ * switch) chunk by chunk; -1: another value */
+static int fp8_cpre_env(void) { return fp8_switch_env("NIB_FP8_EPI_CPRE"); }
 
 /* NIB_FP8_PERSIST: 1 (the default since the sixty-second session: GeGLU products on k_gemm_fp8_pt where the tile has no
  * K split or multicast; a tile with either runs k_gemm_fp8) or 0 (the A/B switch: k_gemm_fp8 always); -1: another
  * value. H200, `scripts/ab.sh env -n 2 -q -e '' -e NIB_FP8_PERSIST=1 -- pi05 --preset fast --reps 100` (before the
  * default changed): 2 cameras, the prefix's gate|up at 532 rows, 3 x 171 tiles of 192 x 192: H = 10 8.887 / 8.889 ->
  * 8.857 / 8.863 ms, H = 50 10.743 / 10.754 -> 10.713 / 10.725 (prefix column 2.70 -> 2.67); 1 and 3 cameras run
- * cuBLASLt's product there (fused at 276 / 788 rows as well: 0.015 / 0.37 ms slower). NIB_FP8_PERSIST_CTAS=N (tests): at most N CTAs
- * in its grid (so that a CTA walks many tiles at small shapes); 0: unset; -1: not a positive integer */
-static int fp8_persist_env(void) {
-    const char *e = getenv("NIB_FP8_PERSIST");
-    if (!e || !*e || !strcmp(e, "1")) return 1;
-    return strcmp(e, "0") ? -1 : 0;
-}
+ * cuBLASLt's product there (fused at 276 / 788 rows as well: 0.015 / 0.37 ms slower). NIB_FP8_PERSIST_CTAS=N
+ * (tests): at most N CTAs in its grid (so that a CTA walks many tiles at small shapes); 0: unset; -1: not a positive
+ * integer */
+static int fp8_persist_env(void) { return fp8_switch_env("NIB_FP8_PERSIST"); }
 
 static int fp8_persist_ctas_env(void) {
     const char *e = getenv("NIB_FP8_PERSIST_CTAS");
