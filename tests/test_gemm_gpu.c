@@ -1907,8 +1907,37 @@ static void fp8_case_run(nib_test_ctx *t, nib_rng *rng, const fp8_case *c, doubl
  * same codes. Bound: the fast-accumulation bound of fp8_case_run for g (eg) and u (eu) carried
  * through the product with |gelu'| <= 1.13, 2^-20 (|g| + 1) |u| for the fp32 epilogue and tanhf
  * (2 ulp), the hardware tanh's NIB_ACT_TANH_APPROX_ERR |g| (|u| + eu) / 2 (ops/act.h: h goes to FP8 next),
- * and the bf16 rounding of the result. Guard columns and row as above. */
+ * and the bf16 rounding of the result. Guard columns and row as above. The persistent kernel is checked bit for bit
+ * against the one-tile kernel, the ping-pong kernel (NIB_FP8_PP) against fp64. */
 static double gelu_tanh_ref(double g) { return 0.5 * g * (1.0 + tanh(0.7978845608028654 * (g + 0.044715 * g * g * g))); }
+
+/* Y (rows M + 1 of ldy, poisoned before the product) against the fp64 GeGLU of the sums S (M x 2H) with their
+ * bounds B: every value within its bound, every guard value untouched; *worst: the largest error / bound */
+static void geglu_check(nib_test_ctx *t, const uint16_t *hy, const double *S, const double *B, int64_t m, int64_t h,
+                        int64_t k, int64_t ldy, int approx, const char *what, double *worst) {
+    const int64_t n = 2 * h, rows = m + 1;
+    int over = 0, guard = 0;
+    for (int64_t i = 0; i < rows; i++)
+        for (int64_t j = 0; j < ldy; j++) {
+            const uint16_t y16 = hy[i * ldy + j];
+            if (i >= m || j >= h) {
+                guard += y16 != POISON;
+                continue;
+            }
+            const double g = S[i * n + j], u = S[i * n + h + j], eg = B[i * n + j], eu = B[i * n + h + j];
+            const double want = gelu_tanh_ref(g) * u, y = nib_bf16_to_f32(y16);
+            const double bound = 1.13 * eg * (fabs(u) + eu) + fabs(gelu_tanh_ref(g)) * eu +
+                                 0x1p-20 * (fabs(g) + 1.0) * fabs(u) + 0x1p-8 * 1.01 * fabs(want) + 1e-30 +
+                                 (approx ? 0.5 * NIB_ACT_TANH_APPROX_ERR * fabs(g) * (fabs(u) + eu) : 0.0);
+            const double r = fabs(y - want) / bound;
+            if (r > *worst) *worst = r;
+            if (!(fabs(y - want) <= bound) && over++ < 3)
+                nib_test_fail(t, __FILE__, __LINE__, "fp8 nib GeGLU M=%lld H=%lld K=%lld %s [%lld,%lld]: %g vs %g (bound %g)",
+                              (long long)m, (long long)h, (long long)k, what, (long long)i, (long long)j, y, want, bound);
+        }
+    CHECK_MSG(guard == 0, "fp8 nib GeGLU M=%lld H=%lld K=%lld %s: %d guard values overwritten", (long long)m,
+              (long long)h, (long long)k, what, guard);
+}
 
 NIB_TEST(gemm_fp8_gpu_geglu) {
     NIB_REQUIRE_GPU();
@@ -1966,29 +1995,10 @@ NIB_TEST(gemm_fp8_gpu_geglu) {
             CHECK_OK(st);
             if (st) continue;
             CHECK_OK(nib_dev_download(hy, dy, (size_t)rows * ldy * 2));
-            int over = 0, guard = 0;
-            for (int64_t i = 0; i < rows; i++)
-                for (int64_t j = 0; j < ldy; j++) {
-                    const uint16_t y16 = hy[i * ldy + j];
-                    if (i >= m || j >= h) {
-                        guard += y16 != POISON;
-                        continue;
-                    }
-                    const double g = S[i * n + j], u = S[i * n + h + j], eg = B[i * n + j], eu = B[i * n + h + j];
-                    const double want = gelu_tanh_ref(g) * u, y = nib_bf16_to_f32(y16);
-                    const double bound = 1.13 * eg * (fabs(u) + eu) + fabs(gelu_tanh_ref(g)) * eu +
-                                         0x1p-20 * (fabs(g) + 1.0) * fabs(u) + 0x1p-8 * 1.01 * fabs(want) + 1e-30 +
-                                         (approx ? 0.5 * NIB_ACT_TANH_APPROX_ERR * fabs(g) * (fabs(u) + eu) : 0.0);
-                    const double r = fabs(y - want) / bound;
-                    if (r > worst) worst = r;
-                    if (!(fabs(y - want) <= bound) && over++ < 3)
-                        nib_test_fail(t, __FILE__, __LINE__, "fp8 nib GeGLU M=%lld H=%lld K=%lld tile %s%dx%d [%lld,%lld]: %g vs %g (bound %g)",
-                                      (long long)m, (long long)h, (long long)k, ti < nt ? "" : "planner ",
-                                      ti < nt ? 64 * tiles[ti].wg : 0, ti < nt ? tiles[ti].bn : 0, (long long)i,
-                                      (long long)j, y, want, bound);
-                }
-            CHECK_MSG(guard == 0, "fp8 nib GeGLU M=%lld H=%lld K=%lld tile %d: %d guard values overwritten", (long long)m,
-                      (long long)h, (long long)k, ti, guard);
+            char what[64];
+            snprintf(what, sizeof what, "tile %s%dx%d", ti < nt ? "" : "planner ", ti < nt ? 64 * tiles[ti].wg : 0,
+                     ti < nt ? tiles[ti].bn : 0);
+            geglu_check(t, hy, S, B, m, h, k, ldy, approx, what, &worst);
             /* the persistent kernel (NIB_FP8_PERSIST=1, the default: every CTA resident, then 3 CTAs walking every
              * tile, the ring's phases wrapping across tiles at K = 2064 / 4304) gives the same bits, guards included */
             for (int pv = 0; pv < 2; pv++) {
@@ -2004,6 +2014,23 @@ NIB_TEST(gemm_fp8_gpu_geglu) {
                           "from the one-tile-per-CTA kernel", (long long)m, (long long)h, (long long)k, ti,
                           pv ? " on 3 CTAs" : "", (long long)diff);
             }
+            /* the ping-pong kernel (NIB_FP8_PP, a lab switch; it ignores the tile argument): each consumer tile on
+             * every CTA it fills and on 3 CTAs (each consumer walking several tiles, the ring's phases wrapping and
+             * the consumers' turns passing at every tile), against fp64 */
+            if (ti == nt) {
+                static const char *pps[] = {"192x128", "128x192", "64x256"};
+                for (int pi = 0; pi < 6; pi++) {
+                    setenv("NIB_FP8_PP", pps[pi / 2], 1);
+                    if (pi & 1) setenv("NIB_FP8_PERSIST_CTAS", "3", 1);
+                    for (int64_t i = 0; i < rows * ldy; i++) hy0[i] = (uint16_t)POISON;
+                    CHECK_OK(nib_dev_upload(dy, hy0, (size_t)rows * ldy * 2));
+                    CHECK_OK(nib_cuda_gemm_fp8_geglu(&a, NULL, NULL));
+                    CHECK_OK(nib_dev_download(hy0, dy, (size_t)rows * ldy * 2));
+                    unsetenv("NIB_FP8_PP"), unsetenv("NIB_FP8_PERSIST_CTAS");
+                    snprintf(what, sizeof what, "ping-pong %s%s", pps[pi / 2], pi & 1 ? " on 3 CTAs" : "");
+                    geglu_check(t, hy0, S, B, m, h, k, ldy, approx, what, &worst);
+                }
+            }
         }
         if (ci == 0) { /* the switches' bad values are refused by name */
             nib_blas_gemm_args a = {1, dx, dsx, vec, dw, dsw, vec, m, n, k, NULL, NULL, 0, dy, ldy};
@@ -2011,6 +2038,10 @@ NIB_TEST(gemm_fp8_gpu_geglu) {
             CHECK_ST(nib_cuda_gemm_fp8_geglu(&a, NULL, NULL), NIB_ERR_INVALID_ARG);
             CHECK(strstr(nib_last_error(), "NIB_FP8_PERSIST") != NULL);
             unsetenv("NIB_FP8_PERSIST");
+            setenv("NIB_FP8_PP", "192x192", 1);
+            CHECK_ST(nib_cuda_gemm_fp8_geglu(&a, NULL, NULL), NIB_ERR_INVALID_ARG);
+            CHECK(strstr(nib_last_error(), "NIB_FP8_PP") != NULL);
+            unsetenv("NIB_FP8_PP");
             setenv("NIB_FP8_PERSIST_CTAS", "0", 1);
             CHECK_ST(nib_cuda_gemm_fp8_geglu(&a, NULL, NULL), NIB_ERR_INVALID_ARG);
             CHECK(strstr(nib_last_error(), "NIB_FP8_PERSIST_CTAS") != NULL);

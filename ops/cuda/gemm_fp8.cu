@@ -39,6 +39,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -512,6 +513,111 @@ __global__ void __launch_bounds__(WG * 128 + 32, 1)
     }
 }
 
+/* NIB_FP8_PP=<rows>x<cols> (lab switch; off by default): the GeGLU product on k_gemm_fp8_pp, a persistent ping-pong
+ * kernel. Three warpgroups: the first is the producer (one warp issues the TMA loads of producer_pt; the warpgroup gives
+ * its registers back with setmaxnreg), the other two are consumers that take the CTA's tiles alternately, each a whole
+ * tile of 64 MW rows x BN weight rows (gate BN / 2 | up BN / 2) on its own (MW m64 accumulator sets of BN / 2 registers,
+ * up to 232 registers a thread after setmaxnreg). Their K loops take turns (named barriers 2 and 3: a consumer starts
+ * its tile's K loop once the other has issued every product of its own), so one warpgroup's GeGLU epilogue runs while
+ * the other keeps the tensor cores busy; in k_gemm_fp8_pt every consumer waits in its epilogue together (the
+ * sixty-third session's Nsight Compute samples of the prefix's gate|up at 532 rows: 24 % of the consumer warps' samples
+ * after the K loop). The turns also keep each consumer's ring waits in order: a consumer that waited on a stage two
+ * phases ahead of its barrier would pass at once. The ring, its stage and phase counter, and the tile order are
+ * producer_pt's (tile t of the CTA's walk is consumer t % 2's); the epilogue is epilogue_geglu_regs per m64 set.
+ * Measured on the H200 (sixty-third session; docs/design.md, bench/results/fp8-pingpong-*-h200.json): the lab's
+ * 2048 -> 32768 (`NIB_FP8_PP=... nib bench gemm --variants fp8-nib-geglu --m 276,532,788`) 45.97 / 63.16 / 111.56 us on
+ * k_gemm_fp8_pt's picks, 51.24 / 58.85 / 111.81 at 192x128, 45.06 / 67.10 / 98.48 at 128x192, 41.04 / 63.49 / 88.87
+ * at 64x256 (cuBLASLt's product alone 36.25 / 58.11 / 79.43). In the model (fast, H = 10): 192x128 at 2 cameras
+ * takes the prefix 2.589 / 2.594 -> 2.540 / 2.548 ms with the first flow step kept off the prefix's side
+ * (NIB_OVERLAP=0), but 2.687 / 2.686 -> 2.698 / 2.696 with it beside (the default: the call 8.831 / 8.832 -> 8.841 /
+ * 8.843); 64x256 fused at every row count is slower at 1-3 cameras (3 cameras 10.11 / 10.13 -> 10.64 / 10.65 ms). So
+ * it is a lab switch, off by default. */
+template <int MW, int BN, int ST>
+__global__ void __launch_bounds__(384, 1)
+    k_gemm_fp8_pp(const __grid_constant__ CUtensorMap tmx, const __grid_constant__ CUtensorMap tmw, const Fp8Args p) {
+    constexpr int BM = 64 * MW, A_BYTES = BM * 128, STAGE = A_BYTES + BN * 128;
+    constexpr int NCOL = (BN + 127) / 128; /* tile columns per consumer thread (scales, bias) */
+    static_assert(MW >= 1 && MW <= 4 && BN % 16 == 0 && BN <= 256 && MW * BN / 2 <= 192 && ST >= 2, "tile");
+    extern __shared__ uint8_t smem_raw[];
+    __shared__ __align__(8) uint64_t bars[2 * ST];
+    const uint32_t sbase = (smem_u32(smem_raw) + 1023u) & ~1023u;
+    const uint32_t full0 = smem_u32(&bars[0]), empty0 = smem_u32(&bars[ST]);
+    const int tid = threadIdx.x, warp = nib::warp_id(), wg = warp >> 2, lane = tid & 31;
+    const int nk = (p.k + 127) >> 7, mtiles = (p.m + BM - 1) / BM, tiles = mtiles * ((p.gh + BN / 2 - 1) / (BN / 2));
+    if (tid == 0) {
+        for (int s = 0; s < ST; s++) {
+            mbar_init(full0 + 8 * s, 1);
+            mbar_init(empty0 + 8 * s, 4); /* lane 0 of each warp of the consumer that read the stage */
+        }
+        mbar_init_fence();
+    }
+    __syncthreads();
+    if (wg == 0) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;" ::: "memory");
+        if (warp == 0) producer_pt<MW, BN, ST>(tmx, tmw, sbase, full0, empty0, lane, nk, mtiles, tiles, p.gh);
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;" ::: "memory");
+    const int c = wg - 1, ct = tid - 128 - 128 * c; /* consumer c, its thread 0..127 */
+    pdl_wait(); /* Y may still be read by the previous kernel */
+    /* the tile's column scales and bias, per consumer, double-buffered by the consumer's tile parity (buffer b is
+     * rewritten two of its tiles later, after the consumer's barrier of the tile in between) */
+    __shared__ __align__(16) float s_sw[2][2][BN], s_b[2][2][BN];
+    const int ntl = (tiles - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x; /* the CTA's tiles */
+    for (int it = c, j = 0; it < ntl; it += 2, j++) {
+        const int t = (int)blockIdx.x + it * (int)gridDim.x;
+        const int m0 = (t % mtiles) * BM, n0 = (t / mtiles) * (BN / 2);
+        const int g = it * nk; /* the ring's block count at this tile's first block */
+        float cw[NCOL], cb[NCOL]; /* loaded before the K loop, stored to shared memory after it */
+#pragma unroll
+        for (int q = 0; q < NCOL; q++) {
+            const int i = ct + q * 128;
+            cw[q] = 0.f, cb[q] = 0.f;
+            if (i < BN && n0 + (i < BN / 2 ? i : i - BN / 2) < p.gh) {
+                const int col = i < BN / 2 ? n0 + i : p.gh + n0 + i - BN / 2;
+                cw[q] = p.sw[p.sw_vec ? col : 0];
+                if (p.bias) cb[q] = __bfloat162float(p.bias[col]);
+            }
+        }
+        float acc[MW][BN / 2];
+#pragma unroll
+        for (int w = 0; w < MW; w++)
+#pragma unroll
+            for (int i = 0; i < BN / 2; i++) acc[w][i] = 0.f;
+        /* the other consumer has issued every product of the tile before this one */
+        if (it > 0) asm volatile("bar.sync %0, 256;" ::"r"(2 + c) : "memory");
+        for (int kb = 0; kb < nk; kb++) {
+            const int gg = g + kb, s = gg % ST;
+            mbar_wait(full0 + 8 * s, (gg / ST) & 1);
+            const uint32_t sa = sbase + s * STAGE, sb = sbase + s * STAGE + A_BYTES;
+            wgmma_fence();
+#pragma unroll
+            for (int q = 0; q < 4; q++)
+#pragma unroll
+                for (int w = 0; w < MW; w++)
+                    WgmmaE4M3<BN>::mma(acc[w], wgmma_desc_sw128(sa + w * 64 * 128 + q * 32), wgmma_desc_sw128(sb + q * 32));
+            wgmma_commit();
+            wgmma_wait<1>(); /* block gg - 1's products are done: its stage may be refilled */
+            if (kb > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((gg - 1) % ST));
+        }
+        /* the next tile's consumer may start its K loop */
+        if (it + 1 < ntl) asm volatile("bar.arrive %0, 256;" ::"r"(2 + (c ^ 1)) : "memory");
+        wgmma_wait<0>();
+#pragma unroll
+        for (int w = 0; w < MW; w++) wgmma_fence_operand(acc[w]);
+        if (lane == 0) mbar_arrive(empty0 + 8 * ((g + nk - 1) % ST)); /* the tile's last block */
+#pragma unroll
+        for (int q = 0; q < NCOL; q++) {
+            const int i = ct + q * 128;
+            if (i < BN) s_sw[c][j & 1][i] = cw[q], s_b[c][j & 1][i] = cb[q];
+        }
+        asm volatile("bar.sync %0, 128;" ::"r"(4 + c) : "memory");
+#pragma unroll
+        for (int w = 0; w < MW; w++)
+            epilogue_geglu_regs<1, BN>(p, acc[w], m0 + 64 * w, n0, 0, warp, lane, s_sw[c][j & 1], s_b[c][j & 1]);
+    }
+}
+
 typedef void (*KernFn)(const CUtensorMap, const CUtensorMap, const Fp8Args);
 struct TileKern {
     nib_fp8_tile t;
@@ -547,6 +653,18 @@ PtKern g_pt[] = {NIB_FP8_PT(1, 64, 6),  NIB_FP8_PT(1, 96, 5),  NIB_FP8_PT(1, 128
                  NIB_FP8_PT(2, 192, 4), NIB_FP8_PT(2, 256, 4), NIB_FP8_PT(3, 192, 4)};
 #undef NIB_FP8_PT
 constexpr int N_PT = (int)(sizeof g_pt / sizeof g_pt[0]);
+
+/* k_gemm_fp8_pp's instantiations (NIB_FP8_PP=<rows>x<cols>: a consumer's tile, 64 MW rows x BN weight rows) */
+struct PpKern {
+    int mw, bn, stages;
+    KernFn fn;
+    int attr_set;
+};
+#define NIB_FP8_PP(MW, BN, ST) {MW, BN, ST, k_gemm_fp8_pp<MW, BN, ST>, 0}
+PpKern g_pp[] = {NIB_FP8_PP(3, 128, 5), NIB_FP8_PP(2, 192, 5), NIB_FP8_PP(1, 256, 5)};
+#undef NIB_FP8_PP
+constexpr int N_PP = (int)(sizeof g_pp / sizeof g_pp[0]);
+size_t pp_smem(const PpKern *k) { return (size_t)k->stages * (64 * k->mw + k->bn) * 128 + 1024; }
 
 int g_sms;
 
@@ -659,6 +777,54 @@ static int fp8_persist_ctas_env(void) {
     return *end || v < 1 || v > 1 << 20 ? -1 : (int)v;
 }
 
+/* NIB_FP8_PP: unset, empty or "0": off (the default); "<rows>x<cols>": GeGLU products on k_gemm_fp8_pp with that
+ * consumer tile (*out; the tile argument and the planner's pick are ignored); -1: another value */
+static int fp8_pp_env(PpKern **out) {
+    *out = NULL;
+    const char *e = getenv("NIB_FP8_PP");
+    if (!e || !*e || !strcmp(e, "0")) return 0;
+    for (int i = 0; i < N_PP; i++) {
+        char name[24];
+        snprintf(name, sizeof name, "%dx%d", 64 * g_pp[i].mw, g_pp[i].bn);
+        if (!strcmp(e, name)) {
+            *out = &g_pp[i];
+            return 1;
+        }
+    }
+    return -1;
+}
+
+/* the GeGLU product on the ping-pong kernel pk: one CTA per SM (at most one per tile, at most NIB_FP8_PERSIST_CTAS) */
+static nib_status launch_pp(PpKern *pk, const nib_blas_gemm_args *a, const Fp8Args &p, void *stream) {
+    const size_t smem = pp_smem(pk);
+    if (!pk->attr_set) {
+        NIB_CUDA_CHECK(cudaFuncSetAttribute(pk->fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        int per_sm = 0;
+        NIB_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, pk->fn, 384, smem));
+        if (per_sm != 1)
+            return NIB_ERR(NIB_ERR_UNSUPPORTED, "fp8 gemm (nib): the ping-pong tile %dx%d gives %d CTAs an SM (needs 1)",
+                           64 * pk->mw, pk->bn, per_sm);
+        pk->attr_set = 1;
+    }
+    CUtensorMap tmx, tmw;
+    NIB_RETURN_IF_ERR(encode_rows(&tmx, a->x, a->m, a->k, 64 * pk->mw, "fp8 gemm (nib) X"));
+    NIB_RETURN_IF_ERR(encode_rows(&tmw, a->w, a->n, a->k, pk->bn / 2, "fp8 gemm (nib) W"));
+    const int64_t mtiles = (a->m + 64 * pk->mw - 1) / (64 * pk->mw), ntiles = (p.gh + pk->bn / 2 - 1) / (pk->bn / 2);
+    if (mtiles * ntiles > INT32_MAX / 2)
+        return NIB_ERR(NIB_ERR_SHAPE, "fp8 gemm (nib): %lld x %lld tiles exceed the ping-pong kernel's count",
+                       (long long)mtiles, (long long)ntiles);
+    const int cap = fp8_persist_ctas_env();
+    if (cap < 0)
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_FP8_PERSIST_CTAS=%s: a positive number of CTAs",
+                       getenv("NIB_FP8_PERSIST_CTAS"));
+    int64_t ctas = g_sms;
+    if (ctas > mtiles * ntiles) ctas = mtiles * ntiles;
+    if (cap && ctas > cap) ctas = cap;
+    NIB_CUDA_CHECK(nib::launch(pk->fn, dim3((unsigned)ctas), dim3(384), smem, (cudaStream_t)stream, tmx, tmw, p));
+    NIB_LAUNCH_CHECK("k_gemm_fp8_pp");
+    return NIB_OK;
+}
+
 /* the persistent GeGLU kernel of a tile (NULL: none compiled), its shared-memory attribute set and its resident CTAs
  * per SM measured */
 static nib_status pt_kernel(const nib_fp8_tile *tile, PtKern **out) {
@@ -736,6 +902,14 @@ static nib_status gemm_fp8(const nib_blas_gemm_args *a, const nib_fp8_tile *tile
             return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_FAST_TANH=%s: 1 (the hardware tanh in the GeGLU of a W8A8 "
                            "product, the default) or 0 (tanhf)", getenv("NIB_FAST_TANH"));
         p.ft = ft;
+    }
+    if (gh) {
+        PpKern *pk;
+        const int pp = fp8_pp_env(&pk);
+        if (pp < 0)
+            return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_FP8_PP=%s: 0 (off, the default) or a ping-pong consumer tile: "
+                           "192x128, 128x192 or 64x256", getenv("NIB_FP8_PP"));
+        if (pp) return launch_pp(pk, a, p, stream);
     }
     CUtensorMap tmx, tmw;
     NIB_RETURN_IF_ERR(encode_rows(&tmx, a->x, a->m, a->k, 64 * tk->t.wg, "fp8 gemm (nib) X"));
