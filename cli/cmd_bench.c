@@ -458,7 +458,7 @@ static nib_status sweep_fp8_tiles(const bench_cfg *cfg, gemm_ctx *g, uint64_t ca
     const char *pp = getenv("NIB_FP8_PP");
     if (geglu && pp && *pp && strcmp(pp, "0"))
         return NIB_ERR(NIB_ERR_INVALID_ARG, "bench gemm --sweep: fp8-nib-geglu's tiles cannot be swept under NIB_FP8_PP=%s "
-                       "(the ping-pong kernel has its own tile); unset it", pp);
+                       "(the ping-pong kernel has its own tile); unset it or set it to 0", pp);
     NIB_RETURN_IF_ERR(nib_cuda_fp8_plan(g->m, g->n, g->k, geglu, &pick));
     double best = row->us;
     char best_plan[64];
@@ -591,9 +591,11 @@ static nib_status bench_variant(const bench_cfg *cfg, variant v, gemm_ctx *g, ni
             NIB_TRY(nib_cuda_fp8_plan(g->m, n, k, v == V_FP8GEGLU, &pick));
             snprintf(row->plan, sizeof row->plan, "tile %dx%d st%d ks%d cm%d", 64 * pick.wg, pick.bn, pick.stages, pick.ks,
                      pick.cm);
-            const char *pp = getenv("NIB_FP8_PP"); /* the GeGLU product on the ping-pong kernel instead */
-            if (v == V_FP8GEGLU && pp && *pp && strcmp(pp, "0"))
-                snprintf(row->plan, sizeof row->plan, "ping-pong %.40s", pp);
+            /* the GeGLU product on the ping-pong kernel instead (by rule or NIB_FP8_PP; not under NIB_FP8_PERSIST=0) */
+            const char *pe = getenv("NIB_FP8_PERSIST");
+            const int pp = v == V_FP8GEGLU && !(pe && !strcmp(pe, "0")) ? nib_fp8_geglu_pp(g->m, n, k) : 0;
+            if (pp)
+                snprintf(row->plan, sizeof row->plan, "ping-pong %dx%d", pp, pp == 64 ? 256 : pp == 128 ? 192 : 128);
             row->sweep = cfg->sweep ? 2 : 0;
         }
         print_row(row);
@@ -764,9 +766,11 @@ static int bench_gemm(int argc, char **argv) {
                    "along K, K splits, register budget; up to 4 waves of CTAs; 5 reps each) and print\n"
                    "the best against the planner's choice (rows marked sweep; JSON: \"sweep\": true);\n"
                    "for fp8-nib, every compiled tile (token rows x channels, stages, K split, cluster); for\n"
-                   "fp8-nib-geglu every tile that can run GeGLU. NIB_FP8_PP=192x128|128x192|64x256 runs\n"
-                   "fp8-nib-geglu (and the model's fused GeGLU products) on the ping-pong kernel with that\n"
-                   "tile per consumer warpgroup (a lab switch, off by default; the plan column says so).\n"
+                   "fp8-nib-geglu every tile that can run GeGLU. fp8-nib-geglu (and the model's fused GeGLU\n"
+                   "products) run on the ping-pong kernel where its rule picks it (K <= 2048, 2H >= 16384:\n"
+                   "257-320 rows on 64x256, 513-640 rows on 192x128; the plan column says so);\n"
+                   "NIB_FP8_PP=0 turns that off, NIB_FP8_PP=192x128|128x192|64x256 forces that tile per\n"
+                   "consumer warpgroup.\n"
                    "--hot: time with one weight copy, which stays in L2 between calls (the default\n"
                    "rotates copies over > 3x L2, so weights come from DRAM as in the model).\n"
                    "--algos N: for the cuBLAS variants, also time cuBLASLt's first N heuristic candidates\n"

@@ -778,10 +778,29 @@ int nib_fp8_use_nib_geglu(int64_t m, int64_t n, int64_t k) {
     /* 257-320 rows: cuBLASLt's reconfigured product and the GeGLU + FP8 kernel measured faster
      * than the fused kernel (prefix at 1 camera 2.286 -> 2.171 ms, nineteenth session); at 513-640
      * rows the fused kernel stays (2 cameras: prefix 3.017 with it against 3.126-3.132 ms) */
+    /* 257-320 rows where the ping-pong kernel takes them (sixty-fourth session): fused again */
+    if (m >= 257 && m <= 320 && nib_fp8_geglu_pp(m, n, k)) return 1;
     nib_blas_tune t;
     if (nib_blas_tune_on() && nib_blas_tune_for(1, m, n, k, 132, &t) && !(m >= 513 && m <= 640)) return 0;
     if (m >= 513 && m <= 640) return fp8_rule(m, n, k);
     return nib_fp8_use_nib(m, n, k) || (k <= 2048 && m > 256 && m <= 320);
+}
+
+int nib_fp8_geglu_pp(int64_t m, int64_t n, int64_t k) {
+    const char *e = getenv("NIB_FP8_PP");
+    if (e && *e) { /* forced ("<rows>x<cols>": the tile's rows) or off; a bad value is refused at the launch */
+        static const struct {
+            const char *name;
+            int rows;
+        } tiles[] = {{"192x128", 192}, {"128x192", 128}, {"64x256", 64}};
+        for (size_t i = 0; i < sizeof tiles / sizeof tiles[0]; i++)
+            if (!strcmp(e, tiles[i].name)) return tiles[i].rows;
+        return 0;
+    }
+    if (k > 2048 || n < 16384 || n % 2) return 0;
+    if (m >= 257 && m <= 320) return 64;
+    if (m >= 513 && m <= 640 && m % 256 >= 1 && m % 256 <= 64) return 192;
+    return 0;
 }
 
 static int fp8_shape_fits(const nib_blas_gemm_args *a) {

@@ -1791,25 +1791,28 @@ static void fp8_rand_inputs(nib_rng *r, int64_t m, int64_t n, int64_t k, uint8_t
 }
 
 /* S[i][j]: the fp64 sum of the scaled products; B[i][j]: its fast-accumulation bound (above) */
+static void fp8_ref_sum1(const uint8_t *hx, const uint8_t *hw, const float *hsx, const float *hsw, int vec, int64_t i,
+                         int64_t j, int64_t k, double *S, double *B) {
+    const double sc = (double)hsx[vec ? i : 0] * (double)hsw[vec ? j : 0];
+    double sum = 0, gmax = 0, align = 0, run = 0;
+    for (int64_t q = 0; q < k; q++) {
+        const double tt = (double)nib_e4m3_to_f32(hx[i * k + q]) * (double)nib_e4m3_to_f32(hw[j * k + q]) * sc;
+        sum += tt;
+        if (fabs(tt) > gmax) gmax = fabs(tt);
+        if (q % 16 == 15 || q == k - 1) {
+            run += fabs(sum);
+            align += 16 * gmax;
+            gmax = 0;
+        }
+    }
+    *S = sum;
+    *B = 0x1p-12 * (run + align);
+}
+
 static void fp8_ref_sums(const uint8_t *hx, const uint8_t *hw, const float *hsx, const float *hsw, int vec, int64_t m,
                          int64_t n, int64_t k, double *S, double *B) {
     for (int64_t i = 0; i < m; i++)
-        for (int64_t j = 0; j < n; j++) {
-            const double sc = (double)hsx[vec ? i : 0] * (double)hsw[vec ? j : 0];
-            double sum = 0, gmax = 0, align = 0, run = 0;
-            for (int64_t q = 0; q < k; q++) {
-                const double tt = (double)nib_e4m3_to_f32(hx[i * k + q]) * (double)nib_e4m3_to_f32(hw[j * k + q]) * sc;
-                sum += tt;
-                if (fabs(tt) > gmax) gmax = fabs(tt);
-                if (q % 16 == 15 || q == k - 1) {
-                    run += fabs(sum);
-                    align += 16 * gmax;
-                    gmax = 0;
-                }
-            }
-            S[i * n + j] = sum;
-            B[i * n + j] = 0x1p-12 * (run + align);
-        }
+        for (int64_t j = 0; j < n; j++) fp8_ref_sum1(hx, hw, hsx, hsw, vec, i, j, k, &S[i * n + j], &B[i * n + j]);
 }
 
 static void fp8_case_run(nib_test_ctx *t, nib_rng *rng, const fp8_case *c, double *worst_out, int *cpre_runs) {
@@ -2000,34 +2003,40 @@ NIB_TEST(gemm_fp8_gpu_geglu) {
                      ti < nt ? tiles[ti].bn : 0);
             geglu_check(t, hy, S, B, m, h, k, ldy, approx, what, &worst);
             /* the persistent kernel (NIB_FP8_PERSIST=1, the default: every CTA resident, then 3 CTAs walking every
-             * tile, the ring's phases wrapping across tiles at K = 2064 / 4304) gives the same bits, guards included */
-            for (int pv = 0; pv < 2; pv++) {
-                if (pv) setenv("NIB_FP8_PERSIST_CTAS", "3", 1);
+             * tile, the ring's phases wrapping across tiles at K = 2064 / 4304) gives the same bits, guards included;
+             * so does it launched without the PDL attribute (NIB_FP8_GEGLU_PDL=0) */
+            for (int pv = 0; pv < 3; pv++) {
+                if (pv == 1) setenv("NIB_FP8_PERSIST_CTAS", "3", 1);
+                if (pv == 2) setenv("NIB_FP8_GEGLU_PDL", "0", 1);
                 for (int64_t i = 0; i < rows * ldy; i++) hy0[i] = (uint16_t)POISON;
                 CHECK_OK(nib_dev_upload(dy, hy0, (size_t)rows * ldy * 2));
                 CHECK_OK(nib_cuda_gemm_fp8_geglu(&a, ti < nt ? &tiles[ti] : NULL, NULL));
                 CHECK_OK(nib_dev_download(hy0, dy, (size_t)rows * ldy * 2));
                 unsetenv("NIB_FP8_PERSIST"), unsetenv("NIB_FP8_PERSIST_CTAS");
+                unsetenv("NIB_FP8_GEGLU_PDL");
                 int64_t diff = 0;
                 for (int64_t i = 0; i < rows * ldy; i++) diff += hy0[i] != hy[i];
                 CHECK_MSG(diff == 0, "fp8 nib GeGLU M=%lld H=%lld K=%lld tile %d, persistent%s: %lld values differ "
                           "from the one-tile-per-CTA kernel", (long long)m, (long long)h, (long long)k, ti,
-                          pv ? " on 3 CTAs" : "", (long long)diff);
+                          pv == 1 ? " on 3 CTAs" : pv == 2 ? ", without PDL" : "",
+                          (long long)diff);
             }
-            /* the ping-pong kernel (NIB_FP8_PP, a lab switch; it ignores the tile argument): each consumer tile on
+            /* the ping-pong kernel (NIB_FP8_PP forces a tile; it ignores the tile argument): each consumer tile on
              * every CTA it fills and on 3 CTAs (each consumer walking several tiles, the ring's phases wrapping and
              * the consumers' turns passing at every tile), against fp64 */
             if (ti == nt) {
-                static const char *pps[] = {"192x128", "128x192", "64x256"};
-                for (int pi = 0; pi < 6; pi++) {
+                static const char *pps[] = {"192x128", "128x192", "64x256", "64x256"};
+                for (int pi = 0; pi < 7; pi++) { /* the last: launched with the PDL attribute (NIB_FP8_GEGLU_PDL=1) */
                     setenv("NIB_FP8_PP", pps[pi / 2], 1);
                     if (pi & 1) setenv("NIB_FP8_PERSIST_CTAS", "3", 1);
+                    if (pi == 6) setenv("NIB_FP8_GEGLU_PDL", "1", 1);
                     for (int64_t i = 0; i < rows * ldy; i++) hy0[i] = (uint16_t)POISON;
                     CHECK_OK(nib_dev_upload(dy, hy0, (size_t)rows * ldy * 2));
                     CHECK_OK(nib_cuda_gemm_fp8_geglu(&a, NULL, NULL));
                     CHECK_OK(nib_dev_download(hy0, dy, (size_t)rows * ldy * 2));
-                    unsetenv("NIB_FP8_PP"), unsetenv("NIB_FP8_PERSIST_CTAS");
-                    snprintf(what, sizeof what, "ping-pong %s%s", pps[pi / 2], pi & 1 ? " on 3 CTAs" : "");
+                    unsetenv("NIB_FP8_PP"), unsetenv("NIB_FP8_PERSIST_CTAS"), unsetenv("NIB_FP8_GEGLU_PDL");
+                    snprintf(what, sizeof what, "ping-pong %s%s", pps[pi / 2],
+                             pi == 6 ? " with PDL" : pi & 1 ? " on 3 CTAs" : "");
                     geglu_check(t, hy0, S, B, m, h, k, ldy, approx, what, &worst);
                 }
             }
@@ -2046,6 +2055,10 @@ NIB_TEST(gemm_fp8_gpu_geglu) {
             CHECK_ST(nib_cuda_gemm_fp8_geglu(&a, NULL, NULL), NIB_ERR_INVALID_ARG);
             CHECK(strstr(nib_last_error(), "NIB_FP8_PERSIST_CTAS") != NULL);
             unsetenv("NIB_FP8_PERSIST"), unsetenv("NIB_FP8_PERSIST_CTAS");
+            setenv("NIB_FP8_GEGLU_PDL", "2", 1);
+            CHECK_ST(nib_cuda_gemm_fp8_geglu(&a, NULL, NULL), NIB_ERR_INVALID_ARG);
+            CHECK(strstr(nib_last_error(), "NIB_FP8_GEGLU_PDL") != NULL);
+            unsetenv("NIB_FP8_GEGLU_PDL");
             nib_clear_error();
         }
         /* a tile that cannot run GeGLU is refused, and an odd weight row count */
@@ -2065,6 +2078,96 @@ NIB_TEST(gemm_fp8_gpu_geglu) {
         nib_free(S), nib_free(B);
     }
     printf("  fp8 nib GeGLU: worst error / bound %.3f over every tile and case\n", worst);
+}
+
+/* The ping-pong rule (nib_fp8_geglu_pp) at the shapes it was measured on: Gemma's gate|up, 2048 -> 2 x 16384, at 276
+ * and 532 rows (one and two cameras). The planner's product (no tile given) gives the bits of the forced tile
+ * (NIB_FP8_PP=64x256 / 192x128: the dispatch reaches that kernel), every guard value untouched, and sampled rows (the
+ * first, one inside, the last: a partial tile) against fp64 within geglu_check's bound on every 8th output column. */
+NIB_TEST(gemm_fp8_gpu_geglu_pp_rule) {
+    NIB_REQUIRE_GPU();
+    const char *fte = getenv("NIB_FAST_TANH");
+    const int approx = !(fte && !strcmp(fte, "0"));
+    nib_rng rng;
+    nib_test_rng(t, &rng);
+    const int64_t h = 16384, n = 2 * h, k = 2048, ldy = h + 8;
+    const struct {
+        int64_t m;
+        const char *tile;
+    } cases[] = {{276, "64x256"}, {532, "192x128"}};
+    uint8_t *hw = nib_malloc((size_t)n * k);
+    float *hsw = nib_malloc((size_t)n * 4);
+    REQUIRE(hw && hsw);
+    void *dw;
+    float *dsw;
+    CHECK_OK(nib_dev_malloc(&dw, (size_t)n * k, "w"));
+    CHECK_OK(nib_dev_malloc((void **)&dsw, (size_t)n * 4, "sw"));
+    double worst = 0;
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const int64_t m = cases[ci].m, rows = m + 1;
+        CHECK(nib_fp8_geglu_pp(m, n, k) != 0);
+        uint8_t *hx = nib_malloc((size_t)m * k);
+        float *hsx = nib_malloc((size_t)m * 4);
+        uint16_t *hb = nib_malloc((size_t)n * 2), *hy = nib_malloc((size_t)rows * ldy * 2),
+                 *hy0 = nib_malloc((size_t)rows * ldy * 2);
+        REQUIRE(hx && hsx && hb && hy && hy0);
+        fp8_rand_inputs(&rng, m, ci == 0 ? n : 0, k, hx, hw, hsx, hsw, hb); /* W once, X per case */
+        void *dx, *dy;
+        float *dsx;
+        CHECK_OK(nib_dev_malloc(&dx, (size_t)m * k, "x"));
+        CHECK_OK(nib_dev_malloc(&dy, (size_t)rows * ldy * 2, "y"));
+        CHECK_OK(nib_dev_malloc((void **)&dsx, (size_t)m * 4, "sx"));
+        CHECK_OK(nib_dev_upload(dx, hx, (size_t)m * k));
+        CHECK_OK(nib_dev_upload(dsx, hsx, (size_t)m * 4));
+        if (ci == 0) {
+            CHECK_OK(nib_dev_upload(dw, hw, (size_t)n * k));
+            CHECK_OK(nib_dev_upload(dsw, hsw, (size_t)n * 4));
+        }
+        nib_blas_gemm_args a = {1, dx, dsx, 1, dw, dsw, 1, m, n, k, NULL, NULL, 0, dy, ldy};
+        for (int v = 0; v < 2; v++) { /* the rule, then the forced tile */
+            uint16_t *out = v ? hy0 : hy;
+            for (int64_t i = 0; i < rows * ldy; i++) out[i] = (uint16_t)POISON;
+            CHECK_OK(nib_dev_upload(dy, out, (size_t)rows * ldy * 2));
+            if (v) setenv("NIB_FP8_PP", cases[ci].tile, 1);
+            CHECK_OK(nib_cuda_gemm_fp8_geglu(&a, NULL, NULL));
+            unsetenv("NIB_FP8_PP");
+            CHECK_OK(nib_dev_download(out, dy, (size_t)rows * ldy * 2));
+        }
+        int64_t diff = 0, guard = 0;
+        for (int64_t i = 0; i < rows * ldy; i++) {
+            diff += hy[i] != hy0[i];
+            if (i / ldy >= m || i % ldy >= h) guard += hy[i] != POISON;
+        }
+        CHECK_MSG(diff == 0, "fp8 GeGLU M=%lld: the rule's product differs from NIB_FP8_PP=%s in %lld values",
+                  (long long)m, cases[ci].tile, (long long)diff);
+        CHECK_MSG(guard == 0, "fp8 GeGLU M=%lld (rule): %lld guard values overwritten", (long long)m, (long long)guard);
+        const int64_t sample[] = {0, m / 2 + 1, m - 1};
+        int over = 0;
+        for (int si = 0; si < 3; si++)
+            for (int64_t j = si; j < h; j += 8) {
+                const int64_t i = sample[si];
+                double g, u, eg, eu;
+                fp8_ref_sum1(hx, hw, hsx, hsw, 1, i, j, k, &g, &eg);
+                fp8_ref_sum1(hx, hw, hsx, hsw, 1, i, h + j, k, &u, &eu);
+                eg += 0x1p-20 * (fabs(g) + 1.0), eu += 0x1p-20 * (fabs(u) + 1.0);
+                const double want = gelu_tanh_ref(g) * u, y = nib_bf16_to_f32(hy[i * ldy + j]);
+                const double bound = 1.13 * eg * (fabs(u) + eu) + fabs(gelu_tanh_ref(g)) * eu +
+                                     0x1p-20 * (fabs(g) + 1.0) * fabs(u) + 0x1p-8 * 1.01 * fabs(want) + 1e-30 +
+                                     (approx ? 0.5 * NIB_ACT_TANH_APPROX_ERR * fabs(g) * (fabs(u) + eu) : 0.0);
+                if (fabs(y - want) / bound > worst) worst = fabs(y - want) / bound;
+                if (!(fabs(y - want) <= bound) && over++ < 3)
+                    nib_test_fail(t, __FILE__, __LINE__, "fp8 GeGLU M=%lld (rule) [%lld,%lld]: %g vs %g (bound %g)",
+                                  (long long)m, (long long)i, (long long)j, y, want, bound);
+            }
+        nib_dev_free(dx, (size_t)m * k);
+        nib_dev_free(dy, (size_t)rows * ldy * 2);
+        nib_dev_free(dsx, (size_t)m * 4);
+        nib_free(hx), nib_free(hsx), nib_free(hb), nib_free(hy), nib_free(hy0);
+    }
+    nib_dev_free(dw, (size_t)n * k);
+    nib_dev_free(dsw, (size_t)n * 4);
+    nib_free(hw), nib_free(hsw);
+    printf("  fp8 GeGLU ping-pong rule: worst error / bound %.3f on the sampled rows\n", worst);
 }
 
 NIB_TEST(gemm_fp8_gpu_every_tile) {

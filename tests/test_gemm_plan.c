@@ -703,8 +703,32 @@ NIB_TEST(gemm_fp8_plan_and_checks) {
     /* the gate|up with the GeGLU fused: the product's rule; 257-320 rows go to cuBLASLt's
      * reconfigured algorithm (nib_blas_tune_for), or, with NIB_BLAS_TUNE=0, to nib's kernel */
     CHECK(nib_fp8_use_nib_geglu(532, 32768, 2048) == 1);
+    /* 257-320 rows: fused on the ping-pong kernel (nib_fp8_geglu_pp); with NIB_FP8_PP=0 cuBLASLt's reconfigured
+     * product and the GeGLU + FP8 kernel, as before it */
+    CHECK(nib_fp8_use_nib_geglu(276, 32768, 2048) == 1);
+    CHECK(nib_fp8_use_nib_geglu(320, 32768, 2048) == 1);
+    CHECK(nib_fp8_geglu_pp(276, 32768, 2048) == 64);
+    CHECK(nib_fp8_geglu_pp(257, 32768, 2048) == 64);
+    CHECK(nib_fp8_geglu_pp(532, 32768, 2048) == 192);
+    CHECK(nib_fp8_geglu_pp(576, 32768, 2048) == 192);
+    CHECK(nib_fp8_geglu_pp(577, 32768, 2048) == 0);   /* past 64 rows over 512 */
+    CHECK(nib_fp8_geglu_pp(512, 32768, 2048) == 0);
+    CHECK(nib_fp8_geglu_pp(256, 32768, 2048) == 0);
+    CHECK(nib_fp8_geglu_pp(321, 32768, 2048) == 0);
+    CHECK(nib_fp8_geglu_pp(788, 32768, 2048) == 0);   /* 3 cameras: cuBLASLt's product measured faster */
+    CHECK(nib_fp8_geglu_pp(276, 32768, 4096) == 0);   /* K past the measured 2048 */
+    CHECK(nib_fp8_geglu_pp(276, 8192, 2048) == 0);    /* 2H below 16384 */
+    setenv("NIB_FP8_PP", "0", 1);
+    CHECK(nib_fp8_geglu_pp(532, 32768, 2048) == 0);
+    CHECK(nib_fp8_use_nib_geglu(532, 32768, 2048) == 1);
     CHECK(nib_fp8_use_nib_geglu(276, 32768, 2048) == 0);
     CHECK(nib_fp8_use_nib_geglu(320, 32768, 2048) == 0);
+    setenv("NIB_FP8_PP", "64x256", 1);                /* forced: that tile wherever the GeGLU is fused */
+    CHECK(nib_fp8_geglu_pp(532, 32768, 2048) == 64);
+    CHECK(nib_fp8_geglu_pp(100, 1024, 4096) == 64);
+    setenv("NIB_FP8_PP", "64x64", 1);                 /* not a tile: 0 here, refused at the launch */
+    CHECK(nib_fp8_geglu_pp(532, 32768, 2048) == 0);
+    unsetenv("NIB_FP8_PP");
     setenv("NIB_BLAS_TUNE", "0", 1);
     CHECK(nib_fp8_use_nib_geglu(276, 32768, 2048) == 1);
     CHECK(nib_fp8_use_nib_geglu(320, 32768, 2048) == 1);

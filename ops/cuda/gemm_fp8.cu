@@ -513,8 +513,8 @@ __global__ void __launch_bounds__(WG * 128 + 32, 1)
     }
 }
 
-/* NIB_FP8_PP=<rows>x<cols> (lab switch; off by default): the GeGLU product on k_gemm_fp8_pp, a persistent ping-pong
- * kernel. Three warpgroups: the first is the producer (one warp issues the TMA loads of producer_pt; the warpgroup gives
+/* k_gemm_fp8_pp (by rule, nib_fp8_geglu_pp; NIB_FP8_PP=0 turns it off, NIB_FP8_PP=<rows>x<cols> forces a tile): the
+ * GeGLU product on a persistent ping-pong kernel. Three warpgroups: the first is the producer (one warp issues the TMA loads of producer_pt; the warpgroup gives
  * its registers back with setmaxnreg), the other two are consumers that take the CTA's tiles alternately, each a whole
  * tile of 64 MW rows x BN weight rows (gate BN / 2 | up BN / 2) on its own (MW m64 accumulator sets of BN / 2 registers,
  * up to 232 registers a thread after setmaxnreg). Their K loops take turns (named barriers 2 and 3: a consumer starts
@@ -530,8 +530,10 @@ __global__ void __launch_bounds__(WG * 128 + 32, 1)
  * at 64x256 (cuBLASLt's product alone 36.25 / 58.11 / 79.43). In the model (fast, H = 10): 192x128 at 2 cameras
  * takes the prefix 2.589 / 2.594 -> 2.540 / 2.548 ms with the first flow step kept off the prefix's side
  * (NIB_OVERLAP=0), but 2.687 / 2.686 -> 2.698 / 2.696 with it beside (the default: the call 8.831 / 8.832 -> 8.841 /
- * 8.843); 64x256 fused at every row count is slower at 1-3 cameras (3 cameras 10.11 / 10.13 -> 10.64 / 10.65 ms). So
- * it is a lab switch, off by default. */
+ * 8.843); 64x256 fused at every row count is slower at 1-3 cameras (3 cameras 10.11 / 10.13 -> 10.64 / 10.65 ms). The
+ * loss was its own early launch under PDL (sixty-fourth session; launch_geglu): launched without the PDL attribute it
+ * is the default where nib_fp8_geglu_pp (ops/gemm_plan.c) picks it: 64x256 at one camera (276 rows), 192x128 at two
+ * (532). */
 template <int MW, int BN, int ST>
 __global__ void __launch_bounds__(384, 1)
     k_gemm_fp8_pp(const __grid_constant__ CUtensorMap tmx, const __grid_constant__ CUtensorMap tmw, const Fp8Args p) {
@@ -777,12 +779,41 @@ static int fp8_persist_ctas_env(void) {
     return *end || v < 1 || v > 1 << 20 ? -1 : (int)v;
 }
 
-/* NIB_FP8_PP: unset, empty or "0": off (the default); "<rows>x<cols>": GeGLU products on k_gemm_fp8_pp with that
- * consumer tile (*out; the tile argument and the planner's pick are ignored); -1: another value */
+/* NIB_FP8_GEGLU_PDL: unset or empty: each persistent GeGLU kernel's default (k_gemm_fp8_pt launched with the PDL
+ * attribute, k_gemm_fp8_pp without it); 1 / 0: every one with / without it (the A/B switch); -1: another value.
+ * Why the ping-pong kernel goes without (sixty-fourth session, H200, fast, H = 10, `scripts/ab.sh env -n 2 -q`, ms of the
+ * prefix column, bench/results/fp8-geglu-pdl-ab-h200.json): at 3 cameras with NIB_OVERLAP=0 NIB_FUSED_GEGLU=1 the
+ * 64x256 ping-pong kernel took the prefix 3.643 / 3.652 (persistent kernel) -> 3.827 / 3.835 with the attribute and
+ * 3.371 / 3.382 without it; the persistent kernel without it 3.609 / 3.601; its next kernel launched only at its exit
+ * (no early trigger) 3.675 / 3.667, no better. So what costs the ping-pong kernel in the graph is its own early launch
+ * behind the norm, not the next kernel's. With NIB_PDL=0 everywhere: 3.454 / 3.462 against 3.712 / 3.715. */
+static nib_status launch_geglu(KernFn fn, unsigned ctas, unsigned threads, size_t smem, cudaStream_t stream,
+                               const CUtensorMap &tmx, const CUtensorMap &tmw, const Fp8Args &p, int pdl_default,
+                               const char *name) {
+    const char *e = getenv("NIB_FP8_GEGLU_PDL");
+    const int pdl = !e || !*e ? pdl_default : fp8_switch_env("NIB_FP8_GEGLU_PDL");
+    if (pdl < 0)
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_FP8_GEGLU_PDL=%s: 1 (the GeGLU kernels launched with PDL) or 0 "
+                       "(without); unset: the persistent kernel with, the ping-pong kernel without", e);
+    const int was = nib_pdl_suspended();
+    if (!pdl) nib_pdl_suspend(1);
+    const cudaError_t ce = nib::launch(fn, dim3(ctas), dim3(threads), smem, stream, tmx, tmw, p);
+    nib_pdl_suspend(was);
+    NIB_CUDA_CHECK(ce);
+    const cudaError_t le = cudaGetLastError(); /* NIB_LAUNCH_CHECK with the caller's name */
+    if (le != cudaSuccess) return nib_cuda_status((int)le, name, __FILE__, __LINE__);
+    return NIB_OK;
+}
+
+/* NIB_FP8_PP: unset or empty: the rule (nib_fp8_geglu_pp, ops/gemm_plan.c; *out is NULL, returns 2); "0": off, every GeGLU
+ * product on the planner's persistent tile (the A/B switch; returns 0); "<rows>x<cols>": every GeGLU product on
+ * k_gemm_fp8_pp with that consumer tile (*out; the tile argument and the planner's pick are ignored; returns 1); -1:
+ * another value */
 static int fp8_pp_env(PpKern **out) {
     *out = NULL;
     const char *e = getenv("NIB_FP8_PP");
-    if (!e || !*e || !strcmp(e, "0")) return 0;
+    if (!e || !*e) return 2;
+    if (!strcmp(e, "0")) return 0;
     for (int i = 0; i < N_PP; i++) {
         char name[24];
         snprintf(name, sizeof name, "%dx%d", 64 * g_pp[i].mw, g_pp[i].bn);
@@ -820,9 +851,7 @@ static nib_status launch_pp(PpKern *pk, const nib_blas_gemm_args *a, const Fp8Ar
     int64_t ctas = g_sms;
     if (ctas > mtiles * ntiles) ctas = mtiles * ntiles;
     if (cap && ctas > cap) ctas = cap;
-    NIB_CUDA_CHECK(nib::launch(pk->fn, dim3((unsigned)ctas), dim3(384), smem, (cudaStream_t)stream, tmx, tmw, p));
-    NIB_LAUNCH_CHECK("k_gemm_fp8_pp");
-    return NIB_OK;
+    return launch_geglu(pk->fn, (unsigned)ctas, 384, smem, (cudaStream_t)stream, tmx, tmw, p, 0, "launch of k_gemm_fp8_pp");
 }
 
 /* the persistent GeGLU kernel of a tile (NULL: none compiled), its shared-memory attribute set and its resident CTAs
@@ -907,9 +936,16 @@ static nib_status gemm_fp8(const nib_blas_gemm_args *a, const nib_fp8_tile *tile
         PpKern *pk;
         const int pp = fp8_pp_env(&pk);
         if (pp < 0)
-            return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_FP8_PP=%s: 0 (off, the default) or a ping-pong consumer tile: "
+            return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_FP8_PP=%s: unset (the rule), 0 (off) or a ping-pong consumer tile: "
                            "192x128, 128x192 or 64x256", getenv("NIB_FP8_PP"));
-        if (pp) return launch_pp(pk, a, p, stream);
+        if (pp == 2 && !tile && fp8_persist_env() == 1) { /* the planner's product: the ping-pong rule */
+            const int rows = nib_fp8_geglu_pp(a->m, a->n, a->k);
+            for (int i = 0; i < N_PP && rows; i++)
+                if (64 * g_pp[i].mw == rows) pk = &g_pp[i];
+            if (rows && !pk)
+                return NIB_ERR(NIB_ERR_INTERNAL, "fp8 gemm (nib): the ping-pong rule's %d-row tile is not compiled", rows);
+        }
+        if (pk) return launch_pp(pk, a, p, stream);
     }
     CUtensorMap tmx, tmw;
     NIB_RETURN_IF_ERR(encode_rows(&tmx, a->x, a->m, a->k, 64 * tk->t.wg, "fp8 gemm (nib) X"));
@@ -942,10 +978,8 @@ static nib_status gemm_fp8(const nib_blas_gemm_args *a, const nib_fp8_tile *tile
             int64_t ctas = (int64_t)pk->per_sm * g_sms;
             if (ctas > mtiles * ntiles) ctas = mtiles * ntiles;
             if (cap && ctas > cap) ctas = cap;
-            NIB_CUDA_CHECK(nib::launch(pk->fn, dim3((unsigned)ctas), dim3(128 * tk->t.wg + 32), smem,
-                                       (cudaStream_t)stream, tmx, tmw, p));
-            NIB_LAUNCH_CHECK("k_gemm_fp8_pt");
-            return NIB_OK;
+            return launch_geglu(pk->fn, (unsigned)ctas, 128 * tk->t.wg + 32, smem, (cudaStream_t)stream, tmx, tmw,
+                                p, 1, "launch of k_gemm_fp8_pt");
         }
     }
     const dim3 grid((unsigned)((mtiles + cm - 1) / cm * cm), (unsigned)ntiles, (unsigned)tk->t.ks);
