@@ -591,11 +591,9 @@ static nib_status bench_variant(const bench_cfg *cfg, variant v, gemm_ctx *g, ni
             NIB_TRY(nib_cuda_fp8_plan(g->m, n, k, v == V_FP8GEGLU, &pick));
             snprintf(row->plan, sizeof row->plan, "tile %dx%d st%d ks%d cm%d", 64 * pick.wg, pick.bn, pick.stages, pick.ks,
                      pick.cm);
-            /* the GeGLU product on the ping-pong kernel instead (by rule or NIB_FP8_PP; not under NIB_FP8_PERSIST=0) */
-            const char *pe = getenv("NIB_FP8_PERSIST");
-            const int pp = v == V_FP8GEGLU && !(pe && !strcmp(pe, "0")) ? nib_fp8_geglu_pp(g->m, n, k) : 0;
-            if (pp)
-                snprintf(row->plan, sizeof row->plan, "ping-pong %dx%d", pp, pp == 64 ? 256 : pp == 128 ? 192 : 128);
+            int pr = 0, pc = 0; /* the GeGLU product on the ping-pong kernel instead (by rule or NIB_FP8_PP) */
+            if (v == V_FP8GEGLU) NIB_TRY(nib_cuda_fp8_geglu_pp(g->m, n, k, &pr, &pc));
+            if (pr) snprintf(row->plan, sizeof row->plan, "ping-pong %dx%d", pr, pc);
             row->sweep = cfg->sweep ? 2 : 0;
         }
         print_row(row);

@@ -409,6 +409,9 @@ int nib_fp8_tile_geglu(const nib_fp8_tile *t);
 /* the tile nib_cuda_gemm_fp8 (geglu: nib_cuda_gemm_fp8_geglu) runs for this shape when given none
  * (the device's resident counts) */
 nib_status nib_cuda_fp8_plan(int64_t m, int64_t n, int64_t k, int geglu, nib_fp8_tile *out);
+/* the ping-pong kernel's consumer tile (*rows x *cols) that nib_cuda_gemm_fp8_geglu runs for an M x n x K GeGLU product
+ * given no tile (nib_fp8_geglu_pp under NIB_FP8_PP and NIB_FP8_PERSIST); 0 x 0: the planner's tile, on k_gemm_fp8_pt */
+nib_status nib_cuda_fp8_geglu_pp(int64_t m, int64_t n, int64_t k, int *rows, int *cols);
 /* A reconfiguration of cuBLASLt's first heuristic candidate measured faster for this product
  * (ops/gemm_plan.c: the Gemma down projection and gate|up at the model's row counts): 1 and its
  * tile / custom option / cluster shape ids (cuBLASLt's enums) in *out, else 0. sms: the device's

@@ -106,6 +106,11 @@ nib_status nib_cuda_fp8_plan(int64_t m, int64_t n, int64_t k, int geglu, nib_fp8
     (void)m, (void)n, (void)k, (void)geglu, (void)out;
     return NO_CUDA("nib_cuda_fp8_plan");
 }
+nib_status nib_cuda_fp8_geglu_pp(int64_t m, int64_t n, int64_t k, int *rows, int *cols) {
+    (void)m, (void)n, (void)k;
+    *rows = 0, *cols = 0;
+    return NO_CUDA("nib_cuda_fp8_geglu_pp");
+}
 nib_status nib_cuda_fp8_tile_slots(const nib_fp8_tile *tile, int *ctas) {
     (void)tile, (void)ctas;
     return NO_CUDA("nib_cuda_fp8_tile_slots");

@@ -2105,7 +2105,19 @@ NIB_TEST(gemm_fp8_gpu_geglu_pp_rule) {
     double worst = 0;
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         const int64_t m = cases[ci].m, rows = m + 1;
-        CHECK(nib_fp8_geglu_pp(m, n, k) != 0);
+        int pr = 0, pc = 0; /* the launch's own answer: the ping-pong tile of the case, and none when turned off */
+        CHECK_OK(nib_cuda_fp8_geglu_pp(m, n, k, &pr, &pc));
+        char got[32];
+        snprintf(got, sizeof got, "%dx%d", pr, pc);
+        CHECK_MSG(!strcmp(got, cases[ci].tile), "fp8 GeGLU M=%lld: the rule runs %s, expected %s", (long long)m, got,
+                  cases[ci].tile);
+        setenv("NIB_FP8_PP", "0", 1);
+        CHECK_OK(nib_cuda_fp8_geglu_pp(m, n, k, &pr, &pc));
+        CHECK(pr == 0 && pc == 0);
+        setenv("NIB_FP8_PP", "64x64", 1);
+        CHECK_ST(nib_cuda_fp8_geglu_pp(m, n, k, &pr, &pc), NIB_ERR_INVALID_ARG);
+        unsetenv("NIB_FP8_PP");
+        nib_clear_error();
         uint8_t *hx = nib_malloc((size_t)m * k);
         float *hsx = nib_malloc((size_t)m * 4);
         uint16_t *hb = nib_malloc((size_t)n * 2), *hy = nib_malloc((size_t)rows * ldy * 2),

@@ -825,6 +825,33 @@ static int fp8_pp_env(PpKern **out) {
     return -1;
 }
 
+/* the ping-pong kernel nib_fp8_geglu_pp's rule picks for an M x n x K GeGLU product (*out NULL: none) */
+static nib_status pp_by_rule(int64_t m, int64_t n, int64_t k, PpKern **out) {
+    *out = NULL;
+    const int rows = nib_fp8_geglu_pp(m, n, k);
+    for (int i = 0; i < N_PP && rows; i++)
+        if (64 * g_pp[i].mw == rows) *out = &g_pp[i];
+    if (rows && !*out)
+        return NIB_ERR(NIB_ERR_INTERNAL, "fp8 gemm (nib): the ping-pong rule's %d-row tile is not compiled", rows);
+    return NIB_OK;
+}
+
+extern "C" nib_status nib_cuda_fp8_geglu_pp(int64_t m, int64_t n, int64_t k, int *rows, int *cols) {
+    *rows = 0, *cols = 0;
+    PpKern *pk;
+    const int pp = fp8_pp_env(&pk);
+    if (pp < 0)
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_FP8_PP=%s: unset (the rule), 0 (off) or a ping-pong consumer tile: "
+                       "192x128, 128x192 or 64x256", getenv("NIB_FP8_PP"));
+    const int persist = fp8_persist_env();
+    if (persist < 0)
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_FP8_PERSIST=%s: 1 (GeGLU products on the persistent kernel, the default) "
+                       "or 0 (one tile a CTA)", getenv("NIB_FP8_PERSIST"));
+    if (pp == 2 && persist == 1) NIB_RETURN_IF_ERR(pp_by_rule(m, n, k, &pk));
+    if (pk) *rows = 64 * pk->mw, *cols = pk->bn;
+    return NIB_OK;
+}
+
 /* the GeGLU product on the ping-pong kernel pk: one CTA per SM (at most one per tile, at most NIB_FP8_PERSIST_CTAS) */
 static nib_status launch_pp(PpKern *pk, const nib_blas_gemm_args *a, const Fp8Args &p, void *stream) {
     const size_t smem = pp_smem(pk);
@@ -899,6 +926,7 @@ static nib_status gemm_fp8(const nib_blas_gemm_args *a, const nib_fp8_tile *tile
         g_sms = d.sm_count;
     }
     nib_fp8_tile pick;
+    const bool planned = !tile; /* the planner's product (the ping-pong rule may take a GeGLU one) */
     if (!tile) {
         NIB_RETURN_IF_ERR(nib_cuda_fp8_plan(a->m, a->n, a->k, gh != 0, &pick));
         tile = &pick;
@@ -938,13 +966,7 @@ static nib_status gemm_fp8(const nib_blas_gemm_args *a, const nib_fp8_tile *tile
         if (pp < 0)
             return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_FP8_PP=%s: unset (the rule), 0 (off) or a ping-pong consumer tile: "
                            "192x128, 128x192 or 64x256", getenv("NIB_FP8_PP"));
-        if (pp == 2 && !tile && fp8_persist_env() == 1) { /* the planner's product: the ping-pong rule */
-            const int rows = nib_fp8_geglu_pp(a->m, a->n, a->k);
-            for (int i = 0; i < N_PP && rows; i++)
-                if (64 * g_pp[i].mw == rows) pk = &g_pp[i];
-            if (rows && !pk)
-                return NIB_ERR(NIB_ERR_INTERNAL, "fp8 gemm (nib): the ping-pong rule's %d-row tile is not compiled", rows);
-        }
+        if (pp == 2 && planned && fp8_persist_env() == 1) NIB_RETURN_IF_ERR(pp_by_rule(a->m, a->n, a->k, &pk));
         if (pk) return launch_pp(pk, a, p, stream);
     }
     CUtensorMap tmx, tmw;
