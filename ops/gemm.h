@@ -437,11 +437,13 @@ int nib_fp8_use_nib_geglu(int64_t m, int64_t n, int64_t k);
  * 192x128), or 0 for the planner's persistent tile (k_gemm_fp8_pt). M x n (gate|up, 2H) x K with K <= 2048 and
  * n >= 16384: 64x256 at 257-320 rows, 192x128 at 513-640 rows that overrun a 256-row multiple by at most 64; the
  * ping-pong kernel launches without PDL (NIB_FP8_GEGLU_PDL). Measured in the model only on Gemma's gate|up
- * (2048 -> 32768) at 276 and 532 rows (sixty-fourth session, H200, fast, H = 10, `scripts/ab.sh env -n 2 -q`, with
- * the side stream: 1 camera 7.873 / 7.869 -> 7.784 / 7.790 ms, 2 cameras 8.862 / 8.863 -> 8.807 / 8.807; at 788 rows
- * (3 cameras) 64x256 fused took 10.139 / 10.134 -> 10.273 / 10.277, so cuBLASLt's product stays there;
- * bench/results/fp8-geglu-pp-rule-ab-h200.json). NIB_FP8_PP: "0" turns the rule off, "<rows>x<cols>" forces that tile
- * (192x128, 128x192, 64x256; returned here as its rows; another value returns 0 and the launch refuses it). */
+ * (2048 -> 32768) at 276 and 532 rows (sixty-fourth session, H200, fast, `scripts/ab.sh env -n 2 -q -e '' -e
+ * NIB_FP8_PP=0`, ms, bench/results/fp8-geglu-pp-rule-ab-h200.json): 1 camera H = 10 7.908 / 7.907 -> 7.805 / 7.804, but
+ * H = 50 9.536 / 9.537 -> 9.586 / 9.582 (the rule cannot see H: at H = 50 the first flow step beside the prefix is
+ * larger); 2 cameras H = 10 8.862 / 8.863 -> 8.821 / 8.815, H = 50 10.714 / 10.727 -> 10.697 / 10.698. At 788 rows (3
+ * cameras) 64x256 fused took 10.139 / 10.134 -> 10.273 / 10.277 at H = 10 (fp8-pp-nopdl-default-ab-h200.json), so
+ * cuBLASLt's product stays there. NIB_FP8_PP: "0" turns the rule off, "<rows>x<cols>" forces that tile (192x128,
+ * 128x192, 64x256; returned here as its rows; another value returns 0 and the launch refuses it). */
 int nib_fp8_geglu_pp(int64_t m, int64_t n, int64_t k);
 /* whether the shapes, strides and alignment suit nib's kernel (no error set: the engine rule's
  * test; cuBLASLt takes the product otherwise) */

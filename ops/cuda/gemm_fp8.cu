@@ -786,7 +786,8 @@ static int fp8_persist_ctas_env(void) {
  * 64x256 ping-pong kernel took the prefix 3.643 / 3.652 (persistent kernel) -> 3.827 / 3.835 with the attribute and
  * 3.371 / 3.382 without it; the persistent kernel without it 3.609 / 3.601; its next kernel launched only at its exit
  * (no early trigger) 3.675 / 3.667, no better. So what costs the ping-pong kernel in the graph is its own early launch
- * behind the norm, not the next kernel's. With NIB_PDL=0 everywhere: 3.454 / 3.462 against 3.712 / 3.715. */
+ * behind the norm, not the next kernel's (NIB_FP8_GEGLU_TRIGGER=exit was that run's lab switch, not kept). With NIB_PDL=0
+ * everywhere: 3.454 / 3.462 against 3.712 / 3.715 (bench/results/fp8-pp-pdl-ab-h200.json). */
 static nib_status launch_geglu(KernFn fn, unsigned ctas, unsigned threads, size_t smem, cudaStream_t stream,
                                const CUtensorMap &tmx, const CUtensorMap &tmw, const Fp8Args &p, int pdl_default,
                                const char *name) {
