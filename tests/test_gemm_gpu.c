@@ -1914,6 +1914,13 @@ static void fp8_case_run(nib_test_ctx *t, nib_rng *rng, const fp8_case *c, doubl
  * against the one-tile kernel, the ping-pong kernel (NIB_FP8_PP) against fp64. */
 static double gelu_tanh_ref(double g) { return 0.5 * g * (1.0 + tanh(0.7978845608028654 * (g + 0.044715 * g * g * g))); }
 
+/* the bound on bf16(gelu_tanh(g) u) for fp64 sums g, u with bounds eg, eu (above) */
+static double geglu_bound(double g, double u, double eg, double eu, int approx) {
+    const double want = gelu_tanh_ref(g) * u;
+    return 1.13 * eg * (fabs(u) + eu) + fabs(gelu_tanh_ref(g)) * eu + 0x1p-20 * (fabs(g) + 1.0) * fabs(u) +
+           0x1p-8 * 1.01 * fabs(want) + 1e-30 + (approx ? 0.5 * NIB_ACT_TANH_APPROX_ERR * fabs(g) * (fabs(u) + eu) : 0.0);
+}
+
 /* Y (rows M + 1 of ldy, poisoned before the product) against the fp64 GeGLU of the sums S (M x 2H) with their
  * bounds B: every value within its bound, every guard value untouched; *worst: the largest error / bound */
 static void geglu_check(nib_test_ctx *t, const uint16_t *hy, const double *S, const double *B, int64_t m, int64_t h,
@@ -1929,9 +1936,7 @@ static void geglu_check(nib_test_ctx *t, const uint16_t *hy, const double *S, co
             }
             const double g = S[i * n + j], u = S[i * n + h + j], eg = B[i * n + j], eu = B[i * n + h + j];
             const double want = gelu_tanh_ref(g) * u, y = nib_bf16_to_f32(y16);
-            const double bound = 1.13 * eg * (fabs(u) + eu) + fabs(gelu_tanh_ref(g)) * eu +
-                                 0x1p-20 * (fabs(g) + 1.0) * fabs(u) + 0x1p-8 * 1.01 * fabs(want) + 1e-30 +
-                                 (approx ? 0.5 * NIB_ACT_TANH_APPROX_ERR * fabs(g) * (fabs(u) + eu) : 0.0);
+            const double bound = geglu_bound(g, u, eg, eu, approx);
             const double r = fabs(y - want) / bound;
             if (r > *worst) *worst = r;
             if (!(fabs(y - want) <= bound) && over++ < 3)
@@ -2163,9 +2168,7 @@ NIB_TEST(gemm_fp8_gpu_geglu_pp_rule) {
                 fp8_ref_sum1(hx, hw, hsx, hsw, 1, i, h + j, k, &u, &eu);
                 eg += 0x1p-20 * (fabs(g) + 1.0), eu += 0x1p-20 * (fabs(u) + 1.0);
                 const double want = gelu_tanh_ref(g) * u, y = nib_bf16_to_f32(hy[i * ldy + j]);
-                const double bound = 1.13 * eg * (fabs(u) + eu) + fabs(gelu_tanh_ref(g)) * eu +
-                                     0x1p-20 * (fabs(g) + 1.0) * fabs(u) + 0x1p-8 * 1.01 * fabs(want) + 1e-30 +
-                                     (approx ? 0.5 * NIB_ACT_TANH_APPROX_ERR * fabs(g) * (fabs(u) + eu) : 0.0);
+                const double bound = geglu_bound(g, u, eg, eu, approx);
                 if (fabs(y - want) / bound > worst) worst = fabs(y - want) / bound;
                 if (!(fabs(y - want) <= bound) && over++ < 3)
                     nib_test_fail(t, __FILE__, __LINE__, "fp8 GeGLU M=%lld (rule) [%lld,%lld]: %g vs %g (bound %g)",
