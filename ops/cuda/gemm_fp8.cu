@@ -514,8 +514,8 @@ __global__ void __launch_bounds__(WG * 128 + 32, 1)
 }
 
 /* k_gemm_fp8_pp (by rule, nib_fp8_geglu_pp; NIB_FP8_PP=0 turns it off, NIB_FP8_PP=<rows>x<cols> forces a tile): the
- * GeGLU product on a persistent ping-pong kernel. Three warpgroups: the first is the producer (one warp issues the TMA loads of producer_pt; the warpgroup gives
- * its registers back with setmaxnreg), the other two are consumers that take the CTA's tiles alternately, each a whole
+ * GeGLU product on a persistent ping-pong kernel. Three warpgroups: the first is the producer (one warp issues the TMA
+ * loads of producer_pt; the warpgroup gives its registers back with setmaxnreg), the other two are consumers that take the CTA's tiles alternately, each a whole
  * tile of 64 MW rows x BN weight rows (gate BN / 2 | up BN / 2) on its own (MW m64 accumulator sets of BN / 2 registers,
  * up to 232 registers a thread after setmaxnreg). Their K loops take turns (named barriers 2 and 3: a consumer starts
  * its tile's K loop once the other has issued every product of its own), so one warpgroup's GeGLU epilogue runs while
