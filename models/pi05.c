@@ -1470,6 +1470,11 @@ void nib_pi05_free(nib_pi05 *m) {
         expert_args(m, m->xrows, 0, &a);
         if (nib_cuda_expert_trace_report(&a, m->xws, m->xws_bytes, stderr)) nib_clear_error();
     }
+    const char *kt = getenv("NIB_KTRACE"); /* a lab build's kernel stamps (runtime/ktrace.cuh) */
+    if (kt && *kt && m->be.kind == NIB_BE_CUDA && nib_cuda_ktrace_dump(kt)) {
+        fprintf(stderr, "NIB_KTRACE=%s: %s\n", kt, nib_last_error());
+        nib_clear_error();
+    }
     for (int i = 0; i < MAX_GRAPHS; i++) nib_be_graph_free(m->graphs[i].g);
     for (int i = 0; i < m->n_ev; i++) nib_be_event_free(m->ev[i]);
     for (int i = 0; i < 2; i++) nib_be_event_free(m->ev_in[i]);

@@ -99,6 +99,9 @@ nib_status nib_dev_sync(void);
  * orders a kernel after its predecessor's completion instead of letting it sit resident beside it. */
 void nib_pdl_suspend(int on);
 int nib_pdl_suspended(void);
+/* a lab build's in-graph kernel stamps (runtime/ktrace.cuh: NIB_LAB_NVCCFLAGS=-DNIB_KTRACE=1) written to path as text;
+ * NIB_ERR_UNSUPPORTED in any other build */
+nib_status nib_cuda_ktrace_dump(const char *path);
 
 #ifdef __cplusplus
 }

@@ -188,6 +188,10 @@ nib_status nib_cuda_expert_prepare(const nib_expert_args *a, void *ws, uint64_t 
     (void)a, (void)ws, (void)ws_bytes;
     return NO_CUDA("nib_cuda_expert_prepare");
 }
+nib_status nib_cuda_ktrace_dump(const char *path) {
+    (void)path;
+    return NO_CUDA("nib_cuda_ktrace_dump");
+}
 nib_status nib_cuda_expert_trace_report(const nib_expert_args *a, void *ws, uint64_t ws_bytes, FILE *out) {
     (void)a, (void)ws, (void)ws_bytes, (void)out;
     return NO_CUDA("nib_cuda_expert_trace_report");

@@ -4,7 +4,7 @@
 # to $OUT (default ./gpu-out); a short table is printed last.
 #
 #   scripts/gpu-check.sh [build] [doctor] [tests] [gemm] [ops] [attn] [demo] [pi05] [accuracy]
-#                        [load] [sanitize] [profile] [fp8prof] [attnprof] [expertprof] [pi05prof] [experttrace] [plansearch] [T=filter]
+#                        [load] [sanitize] [profile] [fp8prof] [attnprof] [expertprof] [pi05prof] [ktrace] [experttrace] [plansearch] [T=filter]
 #   (no step names = build doctor tests gemm ops attn demo pi05 accuracy load)
 #   demo      nib demo (synthesizes the full-size checkpoint in $TMPDIR once)
 #   pi05      nib bench pi05 --json pi05.json
@@ -38,6 +38,11 @@
 #             (ncu-pi05.csv, ncu-pi05.txt, with the first PI05PROF_LIST (40) prefix kernels in order);
 #             PI05PROF_PRESET, PI05PROF_HORIZON (default 10) and PI05PROF_CAMS (default 2) take comma
 #             lists, each triple other than fast / 10 / 2 writing ncu-pi05-<preset>-h<H>-c<cams>.*
+#   ktrace    a second build with in-graph kernel stamps (build-kt/, NIB_LAB_NVCCFLAGS=-DNIB_KTRACE=1; runtime/ktrace.cuh),
+#             then `nib bench pi05 --preset fast --cams $KTRACE_CAMS (1) --horizon 10 --reps 30` under each environment of
+#             KTRACE_ENVS (';'-separated; default: NIB_OVERLAP=0, the same with NIB_FP8_GEGLU_PDL=1, the default, and
+#             NIB_FP8_GEGLU_PDL=1), each summarized by scripts/ktrace.py --blocks --detail (ktrace-<i>.txt): the
+#             prefix's GeGLU kernel, the norm before it and the row quantization after it, per layer
 #   experttrace  NIB_FUSED_STEP=1 NIB_EXPERT_TRACE=1 nib bench pi05 --preset fast --cams 2 --horizon 10 (experttrace.log):
 #             the persistent expert kernel's per-phase times and per-CTA segments
 #   plansearch  scripts/plan_search.py $PLANSEARCH_ARGS (plan-search.json, plansearch.log): the in-model
@@ -231,6 +236,23 @@ if has pi05prof; then
             done
         done
     done
+fi
+if has ktrace; then
+    if make -j"$JOBS" BUILD=build-kt NIB_LAB_NVCCFLAGS=-DNIB_KTRACE=1 >>"$LOG" 2>&1; then
+        IFS=';' read -r -a kenvs <<<"${KTRACE_ENVS:-NIB_OVERLAP=0;NIB_OVERLAP=0 NIB_FP8_GEGLU_PDL=1;;NIB_FP8_GEGLU_PDL=1}"
+        for i in "${!kenvs[@]}"; do
+            kf=${TMPDIR:-/tmp}/nib-ktrace-$i.txt
+            # shellcheck disable=SC2086 # the environment's words are VAR=VALUE assignments
+            env ${kenvs[$i]} NIB_KTRACE="$kf" ./build-kt/nib bench pi05 --preset fast --cams "${KTRACE_CAMS:-1}" \
+                --horizon 10 --reps 30 >"$OUT/ktrace-$i.bench.log" 2>&1
+            rc=$?
+            python3 scripts/ktrace.py "$kf" --blocks --detail >"$OUT/ktrace-$i.txt" 2>&1
+            note "ktrace $i '${kenvs[$i]}' (bench rc $rc): $(grep -E '^fast ' "$OUT/ktrace-$i.bench.log" | tr -s ' ' |
+                cut -d' ' -f1-7); $(grep -E 'gg run' "$OUT/ktrace-$i.txt" | tr -s ' ')"
+        done
+    else
+        note "ktrace: the stamped build FAILED (see gpu-check.log)"
+    fi
 fi
 if has experttrace; then
     # the persistent expert kernel's own clock: per phase of a layer, work and barrier time, and

@@ -962,6 +962,11 @@ NIB_TEST(pi05_plan_search_script) { python_script_test(t, "tests/python/test_pla
  * without python3. */
 NIB_TEST(ab_json_script) { python_script_test(t, "tests/python/test_ab_json.py"); }
 
+/* scripts/ktrace.py (a -DNIB_KTRACE=1 build's in-graph kernel stamps -> per-layer times of the prefix's GeGLU kernel and
+ * its neighbours) on made-up stamp files (tests/python/test_ktrace.py): its medians, launch grouping, placement count
+ * and refusals. Skips without python3. */
+NIB_TEST(ktrace_script) { python_script_test(t, "tests/python/test_ktrace.py"); }
+
 /* python/nib.py over this build's libnib.so (tests/python/test_nib.py): the same call's actions
  * bit for bit, its input forms and its errors. Skips without python3, without the shared library
  * next to this binary, or under the sanitizers (python cannot load an ASan-built library). */

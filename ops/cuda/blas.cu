@@ -18,6 +18,7 @@
 #include "ops/cuda/fp8_rows.cuh"
 #include "ops/gemm.h"
 #include "runtime/cuda_check.h"
+#include "runtime/ktrace.cuh"
 #include "runtime/launch.cuh"
 #include "runtime/device.h"
 
@@ -704,7 +705,10 @@ __device__ __forceinline__ float block_max_256(float v, float *red) {
 template <int VMAX>
 __global__ void __launch_bounds__(256) k_quant_fp8_rows_vec(const __nv_bfloat16 *x, int64_t k, uint8_t *xq,
                                                              float *scales) {
+    NIB_KT(NIB_KT_QROWS, NIB_KT_ENTRY);
     nib::pdl_enter(); /* runtime/launch.cuh: first, before any access or return */
+    NIB_KT(NIB_KT_QROWS, NIB_KT_WAITED);
+    NIB_KT_EXIT_GUARD(NIB_KT_QROWS);
     __shared__ float red[33];
     const uint4 *row = (const uint4 *)(x + blockIdx.x * k);
     uint2 *qrow = (uint2 *)(xq + blockIdx.x * k);
@@ -816,3 +820,5 @@ nib_status nib_cuda_quantize_fp8_rows(const void *x, int64_t m, int64_t k, int p
     NIB_LAUNCH_CHECK("k_quant_fp8_tensor");
     return NIB_OK;
 }
+
+NIB_KTRACE_UNIT(blas)

@@ -50,6 +50,7 @@
 #include "ops/gemm.h"
 #include "runtime/cuda_check.h"
 #include "runtime/device.h"
+#include "runtime/ktrace.cuh"
 #include "runtime/launch.cuh"
 
 using namespace nib;
@@ -454,6 +455,7 @@ __global__ void __launch_bounds__(WG * 128 + 32, 1)
     const uint32_t full0 = smem_u32(&bars[0]), empty0 = smem_u32(&bars[ST]);
     const int tid = threadIdx.x, warp = nib::warp_id(), wg = warp >> 2, lane = tid & 31;
     const int nk = (p.k + 127) >> 7, mtiles = (p.m + BM - 1) / BM, tiles = mtiles * ((p.gh + BN / 2 - 1) / (BN / 2));
+    NIB_KT(NIB_KT_PT, NIB_KT_ENTRY);
     if (tid == 0) {
         for (int s = 0; s < ST; s++) {
             mbar_init(full0 + 8 * s, 1);
@@ -467,6 +469,8 @@ __global__ void __launch_bounds__(WG * 128 + 32, 1)
         return;
     }
     pdl_wait(); /* Y may still be read by the previous kernel */
+    NIB_KT(NIB_KT_PT, NIB_KT_WAITED);
+    NIB_KT_EXIT_GUARD(NIB_KT_PT);
     /* the tile's column scales and bias, double-buffered by tile parity: buffer b is rewritten two tiles after it was
      * read, and every consumer passed the barrier between (after the tile in between's K loop) */
     __shared__ __align__(16) float s_sw[2][BN], s_b[2][BN];
@@ -553,6 +557,7 @@ __global__ void __launch_bounds__(384, 1)
         }
         mbar_init_fence();
     }
+    NIB_KT(NIB_KT_PP, NIB_KT_ENTRY);
     __syncthreads();
     if (wg == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;" ::: "memory");
@@ -562,6 +567,7 @@ __global__ void __launch_bounds__(384, 1)
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;" ::: "memory");
     const int c = wg - 1, ct = tid - 128 - 128 * c; /* consumer c, its thread 0..127 */
     pdl_wait(); /* Y may still be read by the previous kernel */
+    NIB_KT_ONE(ct == 0 && c == 0, NIB_KT_PP, NIB_KT_WAITED);
     /* the tile's column scales and bias, per consumer, double-buffered by the consumer's tile parity (buffer b is
      * rewritten two of its tiles later, after the consumer's barrier of the tile in between) */
     __shared__ __align__(16) float s_sw[2][2][BN], s_b[2][2][BN];
@@ -618,6 +624,7 @@ __global__ void __launch_bounds__(384, 1)
         for (int w = 0; w < MW; w++)
             epilogue_geglu_regs<1, BN>(p, acc[w], m0 + 64 * w, n0, 0, warp, lane, s_sw[c][j & 1], s_b[c][j & 1]);
     }
+    NIB_KT_ONE(ct == 0, NIB_KT_PP, c ? NIB_KT_EXIT_C1 : NIB_KT_EXIT_C0);
 }
 
 typedef void (*KernFn)(const CUtensorMap, const CUtensorMap, const Fp8Args);
@@ -676,6 +683,8 @@ nib_status encode_rows(CUtensorMap *m, const void *base, int64_t rows, int64_t k
 }
 
 } /* namespace */
+
+NIB_KTRACE_UNIT(gemm_fp8)
 
 /* the kernel of a compiled tile, with its shared-memory attribute set */
 static nib_status tile_kernel(const nib_fp8_tile *tile, TileKern **out) {

@@ -29,6 +29,7 @@
 #include "ops/cuda/norm_row.cuh"
 #include "ops/norm.h"
 #include "runtime/cuda_check.h"
+#include "runtime/ktrace.cuh"
 #include "runtime/launch.cuh"
 
 struct NormParams {
@@ -64,7 +65,10 @@ __device__ __forceinline__ void norm_body(const NormParams &p) {
             if (p.rg) nib::prefetch_l2(p.rg + 8 * cc);
         }
     }
+    NIB_KT(NIB_KT_NORM, NIB_KT_ENTRY);
     nib::pdl_enter(); /* runtime/launch.cuh: before any access or return */
+    NIB_KT(NIB_KT_NORM, NIB_KT_WAITED);
+    NIB_KT_EXIT_GUARD(NIB_KT_NORM);
     const long long row = blockIdx.x;
     if (p.n_valid && row >= *p.n_valid) return; /* uniform per CTA: before any barrier */
     __shared__ double s_sum[8], s_sq[8];
@@ -271,3 +275,5 @@ nib_status nib_cuda_norm(const nib_norm_args *a, void *stream) {
     NIB_LAUNCH_CHECK("k_norm");
     return NIB_OK;
 }
+
+NIB_KTRACE_UNIT(norm)

@@ -1,0 +1,93 @@
+/* ktrace.cuh — in-graph kernel timestamps, a lab build only (make NIB_LAB_NVCCFLAGS=-DNIB_KTRACE=1, or
+ * scripts/ab.sh flags -f -DNIB_KTRACE=1). Nsight Compute serializes kernels and Nsight Systems does not run on the
+ * device machines, so neither shows what programmatic dependent launch does inside a graph; these stamps do.
+ *
+ * A kernel calls NIB_KT(kid, ev) (thread 0 of each CTA) or nib_kt::stamp(kid, ev) (any one thread): one record of
+ * %globaltimer (ns), the kernel id, the event, the SM, blockIdx.x and gridDim.x into this translation unit's ring
+ * (2^18 records; the newest kept). Kernel ids: NIB_KT_PP k_gemm_fp8_pp, NIB_KT_PT k_gemm_fp8_pt, NIB_KT_NORM k_norm,
+ * NIB_KT_QROWS k_quant_fp8_rows_vec. Events: NIB_KT_ENTRY (first statement), NIB_KT_WAITED (griddepcontrol.wait
+ * returned), NIB_KT_EXIT (thread 0 done), NIB_KT_EXIT_C0 / _C1 (the ping-pong kernel's consumers done).
+ * nib_cuda_ktrace_dump (runtime/device.h) writes every unit's ring as text, one record a line: "t kid ev sm block
+ * grid"; scripts/ktrace.py summarizes it. `nib_pi05_free` calls it when NIB_KTRACE=<file> is set. Without the
+ * build flag the macros are empty and the dump says the build has no stamps. */
+#ifndef NIB_RUNTIME_KTRACE_CUH
+#define NIB_RUNTIME_KTRACE_CUH
+
+#include <stdio.h>
+
+enum { NIB_KT_PP = 1, NIB_KT_PT = 2, NIB_KT_NORM = 3, NIB_KT_QROWS = 4 };
+enum { NIB_KT_ENTRY = 0, NIB_KT_WAITED = 1, NIB_KT_EXIT = 2, NIB_KT_EXIT_C0 = 3, NIB_KT_EXIT_C1 = 4 };
+
+/* each stamped unit's dump of its ring (defined by NIB_KTRACE_UNIT in that unit; a no-op without the flag) */
+extern "C" int nib_ktrace_dump_gemm_fp8(FILE *f);
+extern "C" int nib_ktrace_dump_norm(FILE *f);
+extern "C" int nib_ktrace_dump_blas(FILE *f);
+
+#if defined(NIB_KTRACE) && NIB_KTRACE
+#include <stdlib.h>
+namespace nib_kt {
+constexpr unsigned RING = 1u << 18;
+static __device__ unsigned long long g_ring[2 * RING];
+static __device__ unsigned g_n;
+__device__ __forceinline__ void stamp(unsigned kid, unsigned ev) {
+    unsigned long long t;
+    unsigned sm;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    const unsigned i = atomicAdd(&g_n, 1u) & (RING - 1);
+    g_ring[2 * i] = t;
+    g_ring[2 * i + 1] = (unsigned long long)(kid & 255u) | (unsigned long long)(ev & 255u) << 8 |
+                        (unsigned long long)(sm & 255u) << 16 | (unsigned long long)(blockIdx.x & 0xfffffu) << 24 |
+                        (unsigned long long)(gridDim.x & 0xfffffu) << 44;
+}
+/* the ring, oldest record first; 0, or -1 when the copy failed */
+static inline int dump(FILE *f) {
+    unsigned n = 0;
+    if (cudaDeviceSynchronize() != cudaSuccess || cudaMemcpyFromSymbol(&n, g_n, sizeof n) != cudaSuccess) return -1;
+    unsigned long long *r = (unsigned long long *)malloc(sizeof(unsigned long long) * 2 * RING);
+    if (!r) return -1;
+    if (cudaMemcpyFromSymbol(r, g_ring, sizeof(unsigned long long) * 2 * RING) != cudaSuccess) {
+        free(r);
+        return -1;
+    }
+    for (unsigned j = n > RING ? n - RING : 0; j < n; j++) {
+        const unsigned i = j & (RING - 1);
+        const unsigned long long m = r[2 * i + 1];
+        fprintf(f, "%llu %u %u %u %u %u\n", r[2 * i], (unsigned)(m & 255u), (unsigned)(m >> 8 & 255u),
+                (unsigned)(m >> 16 & 255u), (unsigned)(m >> 24 & 0xfffffu), (unsigned)(m >> 44 & 0xfffffu));
+    }
+    free(r);
+    return 0;
+}
+} /* namespace nib_kt */
+#define NIB_KT(kid, ev)                                   \
+    do {                                                  \
+        if (threadIdx.x == 0) nib_kt::stamp((kid), (ev)); \
+    } while (0)
+#define NIB_KT_ONE(cond, kid, ev)                    \
+    do {                                             \
+        if (cond) nib_kt::stamp((kid), (ev));        \
+    } while (0)
+#define NIB_KTRACE_UNIT(name) \
+    extern "C" int nib_ktrace_dump_##name(FILE *f) { return nib_kt::dump(f); }
+/* thread 0's exit, on every return path of the scope it is declared in */
+struct NibKtExit {
+    unsigned kid;
+    __device__ ~NibKtExit() {
+        if (threadIdx.x == 0) nib_kt::stamp(kid, NIB_KT_EXIT);
+    }
+};
+#define NIB_KT_EXIT_GUARD(kid) NibKtExit nib_kt_exit_guard_{(kid)}
+#else
+#define NIB_KT(kid, ev) \
+    do {                \
+    } while (0)
+#define NIB_KT_ONE(cond, kid, ev) \
+    do {                          \
+    } while (0)
+#define NIB_KTRACE_UNIT(name) \
+    extern "C" int nib_ktrace_dump_##name(FILE *f) { return (void)f, 1; }
+#define NIB_KT_EXIT_GUARD(kid) (void)0
+#endif
+
+#endif

@@ -1,0 +1,147 @@
+#!/usr/bin/env python3
+"""ktrace.py — summarize a lab build's in-graph kernel stamps (runtime/ktrace.cuh; NIB_KTRACE=<file>).
+
+    scripts/ktrace.py FILE [--layers N] [--detail] [--blocks]
+
+Groups the stamps into kernel launches (a kernel's entries in time order, gridDim of them a launch; launches of one
+kernel do not interleave), takes the last N (default 17: one call's prefix at 1-3 cameras) launches of the GeGLU kernel
+(k_gemm_fp8_pp, else k_gemm_fp8_pt), and prints, per layer and as medians, in us: the norm before it (its first entry to
+its last exit), the GeGLU kernel's first / last entry and first / last return from griddepcontrol.wait relative to the
+norm's last exit, its last exit relative to its first return, and the next row quantization's first entry / first
+return / last exit relative to the GeGLU kernel's last exit. --detail prints every launch around the last layer's;
+--blocks, for the last three GeGLU launches, each CTA's exit relative to the launch's first return from the wait
+(quartiles, the six latest with their SMs) and how many CTA pairs (2i, 2i + 1) sit on one SM pair (2k, 2k + 1), i.e.
+whether the launch placed its blocks in order (sixty-fifth session: without PDL it does, with PDL it does not)."""
+import argparse
+import bisect
+import statistics
+import sys
+
+NAMES = {1: "k_gemm_fp8_pp", 2: "k_gemm_fp8_pt", 3: "k_norm", 4: "k_quant_fp8_rows"}
+ENTRY, WAITED, EXIT, EXIT_C0, EXIT_C1 = 0, 1, 2, 3, 4
+
+
+def launches(recs):
+    """recs: (t, kid, ev, sm, block, grid) -> per kid a list of launches {entry: {block: t}, ev: {ev: [t]}, t0, grid}"""
+    out = {}
+    for kid in sorted({r[1] for r in recs}):
+        ent = sorted((r for r in recs if r[1] == kid and r[2] == ENTRY), key=lambda r: r[0])
+        ls, cur = [], None
+        for r in ent:
+            if cur is None or len(cur["entry"]) >= cur["grid"] or r[4] in cur["entry"]:
+                cur = {"entry": {}, "ev": {}, "grid": r[5], "sms": set()}
+                ls.append(cur)
+            cur["entry"][r[4]] = r[0]
+            cur["sms"].add(r[3])
+        for l in ls:
+            l["t0"] = min(l["entry"].values())
+        # each other stamp to the launch whose entry of that block is the latest before it
+        byblock = {}
+        for i, l in enumerate(ls):
+            for b, t in l["entry"].items():
+                byblock.setdefault(b, []).append((t, i))
+        for b in byblock:
+            byblock[b].sort()
+        for r in recs:
+            if r[1] != kid or r[2] == ENTRY or r[4] not in byblock:
+                continue
+            lst = byblock[r[4]]
+            j = bisect.bisect_right(lst, (r[0], 1 << 60)) - 1
+            if j >= 0:
+                ls[lst[j][1]]["ev"].setdefault(r[2], []).append(r[0])
+        out[kid] = ls
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("file")
+    ap.add_argument("--layers", type=int, default=17)
+    ap.add_argument("--detail", action="store_true")
+    ap.add_argument("--blocks", action="store_true")
+    a = ap.parse_args()
+    recs = []
+    with open(a.file) as f:
+        for line in f:
+            p = line.split()
+            if len(p) == 6:
+                recs.append(tuple(int(x) for x in p))
+    if not recs:
+        sys.exit(f"ktrace: no stamps in {a.file}")
+    L = launches(recs)
+    gk = 1 if L.get(1) else 2 if L.get(2) else None
+    if gk is None:
+        sys.exit("ktrace: no GeGLU kernel launches in the stamps")
+    us = lambda x: x / 1000.0
+    rows = []
+    for g in L[gk][-a.layers:]:
+        g_first_entry, g_last_entry = g["t0"], max(g["entry"].values())
+        w = g["ev"].get(WAITED, [])
+        ex = g["ev"].get(EXIT_C0, []) + g["ev"].get(EXIT_C1, []) + g["ev"].get(EXIT, [])
+        if not w or not ex:
+            continue
+        norm = [n for n in L.get(3, []) if n["t0"] < g_first_entry and n["ev"].get(EXIT)]
+        q = [n for n in L.get(4, []) if n["t0"] > g_first_entry and n["ev"].get(EXIT) and n["ev"].get(WAITED)]
+        if not norm or not q:
+            continue
+        n, qq = norm[-1], q[0]
+        n_end = max(n["ev"][EXIT])
+        g_end = max(ex)
+        rows.append({
+            "norm us": us(n_end - n["t0"]),
+            "norm CTAs": n["grid"],
+            "gg entry first": us(g_first_entry - n_end),
+            "gg entry last": us(g_last_entry - n_end),
+            "gg waited first": us(min(w) - n_end),
+            "gg waited last": us(max(w) - n_end),
+            "gg run (last exit - first waited)": us(g_end - min(w)),
+            "gg CTAs": g["grid"],
+            "q entry first": us(qq["t0"] - g_end),
+            "q waited first": us(min(qq["ev"][WAITED]) - g_end),
+            "q last exit": us(max(qq["ev"][EXIT]) - g_end),
+        })
+    if not rows:
+        sys.exit("ktrace: no layer with a norm before and a row quantization after the GeGLU kernel")
+    print(f"{NAMES[gk]}: {len(rows)} layers; us, medians (min .. max)")
+    for k in rows[0]:
+        v = [r[k] for r in rows]
+        print(f"  {k:36s} {statistics.median(v):9.2f}   ({min(v):.2f} .. {max(v):.2f})")
+    if a.blocks:
+        for g in L[gk][-3:]:
+            w = g["ev"].get(WAITED, [])
+            exs = g["ev"].get(EXIT, []) + g["ev"].get(EXIT_C0, []) + g["ev"].get(EXIT_C1, [])
+            if not w or not exs:
+                continue
+            tw, t_end = min(w), max(exs)
+            ex, sm = {}, {}
+            for r in recs:  # this launch's stamps: its blocks' entries, and exits up to its last
+                if r[1] != gk or r[4] not in g["entry"]:
+                    continue
+                if r[2] == ENTRY and g["entry"][r[4]] == r[0]:
+                    sm[r[4]] = r[3]
+                elif r[2] in (EXIT, EXIT_C0, EXIT_C1) and g["entry"][r[4]] <= r[0] <= t_end:
+                    ex[r[4]] = max(ex.get(r[4], 0), r[0])
+            v = sorted(us(t - tw) for t in ex.values())
+            q = lambda f: v[min(len(v) - 1, int(f * (len(v) - 1) + 0.5))]
+            pairs = [b for b in sm if b % 2 == 0 and b + 1 in sm]
+            inorder = sum(1 for b in pairs if sm[b] % 2 == 0 and sm[b + 1] == sm[b] + 1)
+            late = sorted(ex, key=lambda b: -ex[b])[:6]
+            print(f"launch at {us(g['t0'] - L[gk][-1]['t0']):9.2f} us: {len(v)} CTAs, exit after the first wait (us) "
+                  f"min {v[0]:.1f} q1 {q(0.25):.1f} median {q(0.5):.1f} q3 {q(0.75):.1f} max {v[-1]:.1f}; "
+                  f"block pairs on one SM pair {inorder} / {len(pairs)}; latest (block, SM, us): "
+                  + ", ".join(f"({b}, {sm.get(b, '?')}, {us(ex[b] - tw):.1f})" for b in late))
+    if a.detail:
+        g = L[gk][-1]
+        t0 = g["t0"]
+        print("launches from 200 us before to 300 us after the last GeGLU launch's first entry (us from that entry):")
+        allk = [(l["t0"], kid, l) for kid, ls in L.items() for l in ls if t0 - 200000 <= l["t0"] <= t0 + 300000]
+        for t, kid, l in sorted(allk, key=lambda x: x[0]):
+            w = l["ev"].get(WAITED, [])
+            ex = l["ev"].get(EXIT, []) + l["ev"].get(EXIT_C0, []) + l["ev"].get(EXIT_C1, [])
+            f = lambda x: f"{us(x - t0):9.2f}" if x is not None else "        -"
+            print(f"  {NAMES.get(kid, kid):18s} grid {l['grid']:5d}  entry {f(l['t0'])} .. {f(max(l['entry'].values()))}"
+                  f"  waited {f(min(w) if w else None)} .. {f(max(w) if w else None)}  exit .. {f(max(ex) if ex else None)}")
+
+
+if __name__ == "__main__":
+    main()
