@@ -366,15 +366,6 @@ __global__ void __launch_bounds__(WG * 128 + 32, 1)
     if (CM > 1) cluster_sync(); /* no CTA leaves while a peer may still arrive on its barriers */
 }
 
-/* NIB_FP8_PERSIST=1 (the default; GeGLU products on a tile without a K split or multicast): k_gemm_fp8_pt, one CTA per
- * resident slot walking the tiles in k_gemm_fp8's grid order (M tiles fastest; tile t of blockIdx.x, + gridDim.x,
- * ...). Its producer warp runs on into the next tile's K blocks while the consumers finish a tile, so the ring is
- * refilled under the epilogue instead of after the CTA's exit and the next CTA's start (the prefix's gate|up at 2
- * cameras: 3 x 171 tiles of 192 x 192 on 132 SMs, one CTA an SM: four waves, each with its ring fill and epilogue
- * exposed). The ring is the producer's throughout, so the epilogue is GeGLU from the accumulator registers (gate
- * column c and up column BN / 2 + c of the tile are held by the same thread of the fragment) with 4-byte stores of
- * bf16 pairs: the same fp32 operations, one rounding, so the same bits as k_gemm_fp8's staged GeGLU epilogue. The
- * ring's stage and phase continue across tiles (one block counter g). */
 /* Which tiles a CTA of a persistent GeGLU kernel takes, in order (ops/tile_walk.h): cl = 0 the grid order (consecutive
  * blocks share a weight slice; where the blocks land decides which SMs share it, and a launch under PDL behind the norm
  * or beside the side stream scatters them: the sixty-fifth session's scripts/ktrace.py, the ping-pong kernel 36.8 ->
@@ -390,6 +381,15 @@ struct TileWalk {
     }
 };
 
+/* NIB_FP8_PERSIST=1 (the default; GeGLU products on a tile without a K split or multicast): k_gemm_fp8_pt, one CTA per
+ * resident slot walking the tiles in k_gemm_fp8's grid order (M tiles fastest; tile t of blockIdx.x, + gridDim.x,
+ * ...). Its producer warp runs on into the next tile's K blocks while the consumers finish a tile, so the ring is
+ * refilled under the epilogue instead of after the CTA's exit and the next CTA's start (the prefix's gate|up at 2
+ * cameras: 3 x 171 tiles of 192 x 192 on 132 SMs, one CTA an SM: four waves, each with its ring fill and epilogue
+ * exposed). The ring is the producer's throughout, so the epilogue is GeGLU from the accumulator registers (gate
+ * column c and up column BN / 2 + c of the tile are held by the same thread of the fragment) with 4-byte stores of
+ * bf16 pairs: the same fp32 operations, one rounding, so the same bits as k_gemm_fp8's staged GeGLU epilogue. The
+ * ring's stage and phase continue across tiles (one block counter g). */
 template <int WG, int BN, int ST>
 __device__ __forceinline__ void producer_pt(const CUtensorMap &tmx, const CUtensorMap &tmw, uint32_t sbase,
                                             uint32_t full0, uint32_t empty0, int lane, int nk, const TileWalk &walk,
@@ -559,7 +559,9 @@ __global__ void __launch_bounds__(WG * 128 + 32, 1)
  * 8.843); 64x256 fused at every row count is slower at 1-3 cameras (3 cameras 10.11 / 10.13 -> 10.64 / 10.65 ms). The
  * loss was its own early launch under PDL (sixty-fourth session; launch_geglu): launched without the PDL attribute it
  * is the default where nib_fp8_geglu_pp (ops/gemm_plan.c) picks it: 64x256 at one camera (276 rows), 192x128 at two
- * (532). */
+ * (532). Why the early launch costs (sixty-fifth session, scripts/ktrace.py): the tiles run slower once the blocks are
+ * scattered over the SMs, not later; NIB_FP8_PP_CL=2..8 (a lab switch, not yet measured) launches the kernel as
+ * clusters that each walk their weight slices' M tiles (TileWalk), so the CTAs sharing a slice stay on one GPC. */
 template <int MW, int BN, int ST>
 __global__ void __launch_bounds__(384, 1)
     k_gemm_fp8_pp(const __grid_constant__ CUtensorMap tmx, const __grid_constant__ CUtensorMap tmw, const Fp8Args p) {
