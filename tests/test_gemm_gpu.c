@@ -1911,8 +1911,7 @@ static void fp8_case_run(nib_test_ctx *t, nib_rng *rng, const fp8_case *c, doubl
  * through the product with |gelu'| <= 1.13, 2^-20 (|g| + 1) |u| for the fp32 epilogue and tanhf
  * (2 ulp), the hardware tanh's NIB_ACT_TANH_APPROX_ERR |g| (|u| + eu) / 2 (ops/act.h: h goes to FP8 next),
  * and the bf16 rounding of the result. Guard columns and row as above. The persistent kernel is checked bit for bit
- * against the one-tile kernel, the ping-pong kernel (NIB_FP8_PP) against fp64, and its cluster launches (NIB_FP8_PP_CL)
- * bit for bit against it. */
+ * against the one-tile kernel, the ping-pong kernel (NIB_FP8_PP) against fp64. */
 static double gelu_tanh_ref(double g) { return 0.5 * g * (1.0 + tanh(0.7978845608028654 * (g + 0.044715 * g * g * g))); }
 
 /* the bound on bf16(gelu_tanh(g) u) for fp64 sums g, u with bounds eg, eu (above) */
@@ -1966,9 +1965,9 @@ NIB_TEST(gemm_fp8_gpu_geglu) {
         uint8_t *hx = nib_malloc((size_t)m * k), *hw = nib_malloc((size_t)n * k);
         float *hsx = nib_malloc((size_t)m * 4), *hsw = nib_malloc((size_t)n * 4);
         uint16_t *hb = nib_malloc((size_t)n * 2), *hy = nib_malloc((size_t)rows * ldy * 2),
-                 *hy0 = nib_malloc((size_t)rows * ldy * 2), *hy1 = nib_malloc((size_t)rows * ldy * 2);
+                 *hy0 = nib_malloc((size_t)rows * ldy * 2);
         double *S = nib_malloc((size_t)m * n * 8), *B = nib_malloc((size_t)m * n * 8);
-        REQUIRE(hx && hw && hsx && hsw && hb && hy && hy0 && hy1 && S && B);
+        REQUIRE(hx && hw && hsx && hsw && hb && hy && hy0 && S && B);
         fp8_rand_inputs(&rng, m, n, k, hx, hw, hsx, hsw, hb);
         fp8_ref_sums(hx, hw, hsx, hsw, vec, m, n, k, S, B);
         for (int64_t i = 0; i < m * n; i++) { /* + bias, and the fp32 epilogue's rounding */
@@ -2030,35 +2029,20 @@ NIB_TEST(gemm_fp8_gpu_geglu) {
             /* the ping-pong kernel (NIB_FP8_PP forces a tile; it ignores the tile argument): each consumer tile on
              * every CTA it fills and on 3 CTAs (each consumer walking several tiles, the ring's phases wrapping and
              * the consumers' turns passing at every tile), against fp64 */
-            /* each also launched as clusters of 2 and of 5 CTAs (NIB_FP8_PP_CL: every cluster walking its weight
-             * slices' M tiles; on 3 CTAs one cluster, the cap's floor): the same bits, guards included */
             if (ti == nt) {
                 static const char *pps[] = {"192x128", "128x192", "64x256", "64x256"};
-                static const char *cls[] = {"", "2", "5"};
                 for (int pi = 0; pi < 7; pi++) { /* the last: launched with the PDL attribute (NIB_FP8_GEGLU_PDL=1) */
-                    for (int cv = 0; cv < 3; cv++) {
-                        uint16_t *out = cv ? hy1 : hy0;
-                        setenv("NIB_FP8_PP", pps[pi / 2], 1);
-                        if (pi & 1) setenv("NIB_FP8_PERSIST_CTAS", "3", 1);
-                        if (pi == 6) setenv("NIB_FP8_GEGLU_PDL", "1", 1);
-                        if (cv) setenv("NIB_FP8_PP_CL", cls[cv], 1);
-                        for (int64_t i = 0; i < rows * ldy; i++) out[i] = (uint16_t)POISON;
-                        CHECK_OK(nib_dev_upload(dy, out, (size_t)rows * ldy * 2));
-                        CHECK_OK(nib_cuda_gemm_fp8_geglu(&a, NULL, NULL));
-                        CHECK_OK(nib_dev_download(out, dy, (size_t)rows * ldy * 2));
-                        unsetenv("NIB_FP8_PP"), unsetenv("NIB_FP8_PERSIST_CTAS"), unsetenv("NIB_FP8_GEGLU_PDL");
-                        unsetenv("NIB_FP8_PP_CL");
-                        snprintf(what, sizeof what, "ping-pong %s%s", pps[pi / 2],
-                                 pi == 6 ? " with PDL" : pi & 1 ? " on 3 CTAs" : "");
-                        if (!cv) {
-                            geglu_check(t, hy0, S, B, m, h, k, ldy, approx, what, &worst);
-                            continue;
-                        }
-                        int64_t diff = 0;
-                        for (int64_t i = 0; i < rows * ldy; i++) diff += hy1[i] != hy0[i];
-                        CHECK_MSG(diff == 0, "fp8 nib GeGLU M=%lld H=%lld K=%lld %s: %lld values differ with NIB_FP8_PP_CL=%s",
-                                  (long long)m, (long long)h, (long long)k, what, (long long)diff, cls[cv]);
-                    }
+                    setenv("NIB_FP8_PP", pps[pi / 2], 1);
+                    if (pi & 1) setenv("NIB_FP8_PERSIST_CTAS", "3", 1);
+                    if (pi == 6) setenv("NIB_FP8_GEGLU_PDL", "1", 1);
+                    for (int64_t i = 0; i < rows * ldy; i++) hy0[i] = (uint16_t)POISON;
+                    CHECK_OK(nib_dev_upload(dy, hy0, (size_t)rows * ldy * 2));
+                    CHECK_OK(nib_cuda_gemm_fp8_geglu(&a, NULL, NULL));
+                    CHECK_OK(nib_dev_download(hy0, dy, (size_t)rows * ldy * 2));
+                    unsetenv("NIB_FP8_PP"), unsetenv("NIB_FP8_PERSIST_CTAS"), unsetenv("NIB_FP8_GEGLU_PDL");
+                    snprintf(what, sizeof what, "ping-pong %s%s", pps[pi / 2],
+                             pi == 6 ? " with PDL" : pi & 1 ? " on 3 CTAs" : "");
+                    geglu_check(t, hy0, S, B, m, h, k, ldy, approx, what, &worst);
                 }
             }
         }
@@ -2080,13 +2064,6 @@ NIB_TEST(gemm_fp8_gpu_geglu) {
             CHECK_ST(nib_cuda_gemm_fp8_geglu(&a, NULL, NULL), NIB_ERR_INVALID_ARG);
             CHECK(strstr(nib_last_error(), "NIB_FP8_GEGLU_PDL") != NULL);
             unsetenv("NIB_FP8_GEGLU_PDL");
-            static const char *bad_cl[] = {"1", "9", "22", "x"};
-            for (int bi = 0; bi < 4; bi++) {
-                setenv("NIB_FP8_PP", "64x256", 1), setenv("NIB_FP8_PP_CL", bad_cl[bi], 1);
-                CHECK_ST(nib_cuda_gemm_fp8_geglu(&a, NULL, NULL), NIB_ERR_INVALID_ARG);
-                CHECK(strstr(nib_last_error(), "NIB_FP8_PP_CL") != NULL);
-                unsetenv("NIB_FP8_PP"), unsetenv("NIB_FP8_PP_CL");
-            }
             nib_clear_error();
         }
         /* a tile that cannot run GeGLU is refused, and an odd weight row count */
@@ -2103,7 +2080,7 @@ NIB_TEST(gemm_fp8_gpu_geglu) {
         nib_dev_free(dsx, (size_t)m * 4);
         nib_dev_free(dsw, (size_t)n * 4);
         nib_free(hx), nib_free(hw), nib_free(hsx), nib_free(hsw), nib_free(hb), nib_free(hy), nib_free(hy0);
-        nib_free(hy1), nib_free(S), nib_free(B);
+        nib_free(S), nib_free(B);
     }
     printf("  fp8 nib GeGLU: worst error / bound %.3f over every tile and case\n", worst);
 }
@@ -2111,8 +2088,7 @@ NIB_TEST(gemm_fp8_gpu_geglu) {
 /* The ping-pong rule (nib_fp8_geglu_pp) at the shapes it was measured on: Gemma's gate|up, 2048 -> 2 x 16384, at 276
  * and 532 rows (one and two cameras). The planner's product (no tile given) gives the bits of the forced tile
  * (NIB_FP8_PP=64x256 / 192x128: the dispatch reaches that kernel), every guard value untouched, and sampled rows (the
- * first, one inside, the last: a partial tile) against fp64 within geglu_check's bound on every 8th output column; the
- * rule's kernel launched as clusters of 2, 4 and 5 CTAs (NIB_FP8_PP_CL) gives the same bits. */
+ * first, one inside, the last: a partial tile) against fp64 within geglu_check's bound on every 8th output column. */
 NIB_TEST(gemm_fp8_gpu_geglu_pp_rule) {
     NIB_REQUIRE_GPU();
     const char *fte = getenv("NIB_FAST_TANH");
@@ -2165,27 +2141,22 @@ NIB_TEST(gemm_fp8_gpu_geglu_pp_rule) {
             CHECK_OK(nib_dev_upload(dsw, hsw, (size_t)n * 4));
         }
         nib_blas_gemm_args a = {1, dx, dsx, 1, dw, dsw, 1, m, n, k, NULL, NULL, 0, dy, ldy};
-        /* the rule, the forced tile, then the rule launched as clusters of 2, 4 and 5 CTAs (NIB_FP8_PP_CL) */
-        static const char *cls[] = {"2", "4", "5"};
-        int64_t diff[5] = {0}, guard = 0;
-        for (int v = 0; v < 5; v++) {
+        for (int v = 0; v < 2; v++) { /* the rule, then the forced tile */
             uint16_t *out = v ? hy0 : hy;
             for (int64_t i = 0; i < rows * ldy; i++) out[i] = (uint16_t)POISON;
             CHECK_OK(nib_dev_upload(dy, out, (size_t)rows * ldy * 2));
-            if (v == 1) setenv("NIB_FP8_PP", cases[ci].tile, 1);
-            if (v >= 2) setenv("NIB_FP8_PP_CL", cls[v - 2], 1);
+            if (v) setenv("NIB_FP8_PP", cases[ci].tile, 1);
             CHECK_OK(nib_cuda_gemm_fp8_geglu(&a, NULL, NULL));
-            unsetenv("NIB_FP8_PP"), unsetenv("NIB_FP8_PP_CL");
+            unsetenv("NIB_FP8_PP");
             CHECK_OK(nib_dev_download(out, dy, (size_t)rows * ldy * 2));
-            for (int64_t i = 0; i < rows * ldy && v; i++) diff[v] += hy[i] != hy0[i];
         }
-        for (int64_t i = 0; i < rows * ldy; i++)
+        int64_t diff = 0, guard = 0;
+        for (int64_t i = 0; i < rows * ldy; i++) {
+            diff += hy[i] != hy0[i];
             if (i / ldy >= m || i % ldy >= h) guard += hy[i] != POISON;
-        CHECK_MSG(diff[1] == 0, "fp8 GeGLU M=%lld: the rule's product differs from NIB_FP8_PP=%s in %lld values",
-                  (long long)m, cases[ci].tile, (long long)diff[1]);
-        for (int v = 2; v < 5; v++)
-            CHECK_MSG(diff[v] == 0, "fp8 GeGLU M=%lld: NIB_FP8_PP_CL=%s differs from the rule in %lld values", (long long)m,
-                      cls[v - 2], (long long)diff[v]);
+        }
+        CHECK_MSG(diff == 0, "fp8 GeGLU M=%lld: the rule's product differs from NIB_FP8_PP=%s in %lld values",
+                  (long long)m, cases[ci].tile, (long long)diff);
         CHECK_MSG(guard == 0, "fp8 GeGLU M=%lld (rule): %lld guard values overwritten", (long long)m, (long long)guard);
         const int64_t sample[] = {0, m / 2 + 1, m - 1};
         int over = 0;

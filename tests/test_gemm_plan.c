@@ -20,7 +20,6 @@
 
 #include "io/json.h"
 #include "ops/gemm.h"
-#include "ops/tile_walk.h"
 #include "tests/harness.h"
 
 #define SWEEP_FILE "bench/results/gemm-sweep-h100-v4-msplit.json"
@@ -936,54 +935,3 @@ NIB_TEST(gemm_wg_tile_rule) {
     unsetenv("NIB_GEMM_WG_BT");
 }
 #undef WG_IS
-
-/* ops/tile_walk.h, the persistent GeGLU kernels' tile order: for grid sizes, cluster sizes and tile counts around the
- * model's (276 rows: 5 x 128 tiles on 132 CTAs or clusters of 2, 4, 5; 532 rows: 3 x 256) and small awkward ones, every
- * tile goes to exactly one CTA; the grid order (cl = 0) is tile b + it x grid, M fastest; in a cluster walk the tiles
- * of one weight slice all belong to one cluster, and CTA r's tile it is the cluster's item r + it x cl; no CTA takes
- * more than the balanced share plus the slices' remainder. */
-NIB_TEST(gemm_fp8_tile_walk) {
-    static const int shapes[][2] = {{5, 128}, {3, 256}, {2, 256}, {1, 1}, {1, 7}, {7, 1}, {4, 33}, {6, 5}, {3, 2}};
-    static const int grids[] = {1, 2, 3, 5, 7, 8, 10, 40, 128, 130, 132};
-    static const int cls[] = {0, 2, 3, 4, 5, 8};
-    int cases = 0;
-    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
-        for (size_t gi = 0; gi < sizeof grids / sizeof grids[0]; gi++)
-            for (size_t ci = 0; ci < sizeof cls / sizeof cls[0]; ci++) {
-                const int mt = shapes[si][0], nt = shapes[si][1], cl = cls[ci];
-                int grid = grids[gi];
-                if (cl >= 2) grid = grid / cl * cl; /* whole clusters */
-                if (grid < 1) continue;
-                const int tiles = mt * nt;
-                int *owner = calloc((size_t)tiles, sizeof(int));
-                REQUIRE(owner);
-                int bad = 0, maxn = 0, total = 0;
-                for (int b = 0; b < grid; b++) {
-                    const int n = nib_tile_walk_count(b, grid, cl, mt, nt);
-                    if (n > maxn) maxn = n;
-                    for (int it = 0; it < n; it++) {
-                        int mi = -1, ni = -1;
-                        nib_tile_walk_tile(b, grid, cl, mt, it, &mi, &ni);
-                        if (mi < 0 || mi >= mt || ni < 0 || ni >= nt) {
-                            bad++;
-                            continue;
-                        }
-                        owner[ni * mt + mi]++, total++;
-                        if (cl < 2 && ni * mt + mi != b + it * grid) bad++;
-                        if (cl >= 2 && ni % (grid / cl) != b / cl) bad++; /* the slice is the CTA's cluster's */
-                        if (cl >= 2 && (ni / (grid / cl)) * mt + mi != b % cl + it * cl) bad++;
-                    }
-                }
-                int missing = 0, twice = 0;
-                for (int i = 0; i < tiles; i++) missing += owner[i] == 0, twice += owner[i] > 1;
-                /* the largest share: the grid order's ceil(tiles / grid); a cluster's ceil(slices x mt / cl) */
-                const int kn = cl >= 2 ? grid / cl : 0;
-                const int cap = cl < 2 ? (tiles + grid - 1) / grid : (((nt + kn - 1) / kn) * mt + cl - 1) / cl;
-                CHECK_MSG(!bad && !missing && !twice && total == tiles && maxn <= cap,
-                          "tile walk %d x %d tiles, grid %d, cl %d: %d wrong, %d missing, %d twice, %d of %d taken, "
-                          "largest share %d (at most %d)", mt, nt, grid, cl, bad, missing, twice, total, tiles, maxn, cap);
-                free(owner);
-                cases++;
-            }
-    CHECK(cases > 400);
-}

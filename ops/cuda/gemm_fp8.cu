@@ -48,7 +48,6 @@
 #include "ops/cuda/tmap.h"
 #include "ops/cuda/wgmma.cuh"
 #include "ops/gemm.h"
-#include "ops/tile_walk.h"
 #include "runtime/cuda_check.h"
 #include "runtime/device.h"
 #include "runtime/ktrace.cuh"
@@ -68,7 +67,6 @@ struct Fp8Args {
     int gh; /* GeGLU: the output width H (W rows: gate [0, H), up [H, 2H)); 0: a plain product */
     int ft; /* GeGLU with gelu_tanh_approx (gelu.cuh: h goes to FP8 next; NIB_FAST_TANH) */
     int cpre; /* NIB_FP8_EPI_CPRE=1: every C chunk of a thread loaded before its first store (epilogue) */
-    int cl;   /* k_gemm_fp8_pp launched as clusters of cl CTAs (NIB_FP8_PP_CL, TileWalk); 0: the grid order walk */
 };
 
 /* the tile's column scales and bias (0 past N) into shared memory, by the consumer threads, then
@@ -366,21 +364,6 @@ __global__ void __launch_bounds__(WG * 128 + 32, 1)
     if (CM > 1) cluster_sync(); /* no CTA leaves while a peer may still arrive on its barriers */
 }
 
-/* Which tiles a CTA of a persistent GeGLU kernel takes, in order (ops/tile_walk.h): cl = 0 the grid order (consecutive
- * blocks share a weight slice; where the blocks land decides which SMs share it, and a launch under PDL behind the norm
- * or beside the side stream scatters them: the sixty-fifth session's scripts/ktrace.py, the ping-pong kernel 36.8 ->
- * 47.0 us at 276 rows); cl >= 2 (k_gemm_fp8_pp launched as clusters, NIB_FP8_PP_CL) each cluster walks all M tiles of
- * its weight slices. */
-struct TileWalk {
-    int cl, mtiles, n; /* n: this CTA's tile count */
-    __device__ __forceinline__ TileWalk(int cl_, int mtiles_, int ntiles) : cl(cl_), mtiles(mtiles_) {
-        n = nib_tile_walk_count((int)blockIdx.x, (int)gridDim.x, cl, mtiles, ntiles);
-    }
-    __device__ __forceinline__ void tile(int it, int &mi, int &ni) const {
-        nib_tile_walk_tile((int)blockIdx.x, (int)gridDim.x, cl, mtiles, it, &mi, &ni);
-    }
-};
-
 /* NIB_FP8_PERSIST=1 (the default; GeGLU products on a tile without a K split or multicast): k_gemm_fp8_pt, one CTA per
  * resident slot walking the tiles in k_gemm_fp8's grid order (M tiles fastest; tile t of blockIdx.x, + gridDim.x,
  * ...). Its producer warp runs on into the next tile's K blocks while the consumers finish a tile, so the ring is
@@ -392,15 +375,13 @@ struct TileWalk {
  * ring's stage and phase continue across tiles (one block counter g). */
 template <int WG, int BN, int ST>
 __device__ __forceinline__ void producer_pt(const CUtensorMap &tmx, const CUtensorMap &tmw, uint32_t sbase,
-                                            uint32_t full0, uint32_t empty0, int lane, int nk, const TileWalk &walk,
+                                            uint32_t full0, uint32_t empty0, int lane, int nk, int mtiles, int tiles,
                                             int gh) {
     constexpr int A_BYTES = 64 * WG * 128, STAGE = A_BYTES + BN * 128, BM = 64 * WG;
     const bool issue = lane == 0;
     int g = 0; /* K blocks issued so far, over every tile of this CTA */
-    for (int it = 0; it < walk.n; it++) {
-        int mi, ni;
-        walk.tile(it, mi, ni);
-        const int m0 = mi * BM, n0 = ni * (BN / 2);
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+        const int m0 = (t % mtiles) * BM, n0 = (t / mtiles) * (BN / 2);
         int kb = 0;
         if (g == 0) { /* the first tile: the weights of the first stages before the grid dependency, X after it */
             const int pre = nk < ST ? nk : ST;
@@ -483,9 +464,8 @@ __global__ void __launch_bounds__(WG * 128 + 32, 1)
         mbar_init_fence();
     }
     __syncthreads();
-    const TileWalk walk(0, mtiles, tiles / mtiles);
     if (warp == 4 * WG) {
-        producer_pt<WG, BN, ST>(tmx, tmw, sbase, full0, empty0, lane, nk, walk, p.gh);
+        producer_pt<WG, BN, ST>(tmx, tmw, sbase, full0, empty0, lane, nk, mtiles, tiles, p.gh);
         return;
     }
     pdl_wait(); /* Y may still be read by the previous kernel */
@@ -494,11 +474,9 @@ __global__ void __launch_bounds__(WG * 128 + 32, 1)
     /* the tile's column scales and bias, double-buffered by tile parity: buffer b is rewritten two tiles after it was
      * read, and every consumer passed the barrier between (after the tile in between's K loop) */
     __shared__ __align__(16) float s_sw[2][BN], s_b[2][BN];
-    int g = 0;
-    for (int it = 0; it < walk.n; it++) {
-        int mi, ni;
-        walk.tile(it, mi, ni);
-        const int m0 = mi * BM, n0 = ni * (BN / 2);
+    int g = 0, it = 0;
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x, it++) {
+        const int m0 = (t % mtiles) * BM, n0 = (t / mtiles) * (BN / 2);
         float cw[NCOL], cb[NCOL]; /* loaded before the K loop, stored to shared memory after it */
 #pragma unroll
         for (int c = 0; c < NCOL; c++) {
@@ -559,9 +537,10 @@ __global__ void __launch_bounds__(WG * 128 + 32, 1)
  * 8.843); 64x256 fused at every row count is slower at 1-3 cameras (3 cameras 10.11 / 10.13 -> 10.64 / 10.65 ms). The
  * loss was its own early launch under PDL (sixty-fourth session; launch_geglu): launched without the PDL attribute it
  * is the default where nib_fp8_geglu_pp (ops/gemm_plan.c) picks it: 64x256 at one camera (276 rows), 192x128 at two
- * (532). Why the early launch costs (sixty-fifth session, scripts/ktrace.py): the tiles run slower once the blocks are
- * scattered over the SMs, not later; NIB_FP8_PP_CL=2..8 (a lab switch, not yet measured) launches the kernel as
- * clusters that each walk their weight slices' M tiles (TileWalk), so the CTAs sharing a slice stay on one GPC. */
+ * (532). Why the early launch costs (scripts/ktrace.py, 276 rows): the tiles run slower once the blocks are scattered
+ * over the SMs (36.8-38.9 us without PDL, every block pair (2i, 2i + 1) on one SM pair; 47.0 with it), not later. A
+ * cluster walk that kept each weight slice's M tiles inside one cluster of 2 CTAs was slower still (53.7 us without
+ * PDL, 55.2 with it; sixty-sixth session, reverted), so the grid order stays. */
 template <int MW, int BN, int ST>
 __global__ void __launch_bounds__(384, 1)
     k_gemm_fp8_pp(const __grid_constant__ CUtensorMap tmx, const __grid_constant__ CUtensorMap tmw, const Fp8Args p) {
@@ -585,9 +564,7 @@ __global__ void __launch_bounds__(384, 1)
     __syncthreads();
     if (wg == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;" ::: "memory");
-        if (warp == 0)
-            producer_pt<MW, BN, ST>(tmx, tmw, sbase, full0, empty0, lane, nk, TileWalk(p.cl, mtiles, tiles / mtiles),
-                                    p.gh);
+        if (warp == 0) producer_pt<MW, BN, ST>(tmx, tmw, sbase, full0, empty0, lane, nk, mtiles, tiles, p.gh);
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;" ::: "memory");
@@ -597,12 +574,10 @@ __global__ void __launch_bounds__(384, 1)
     /* the tile's column scales and bias, per consumer, double-buffered by the consumer's tile parity (buffer b is
      * rewritten two of its tiles later, after the consumer's barrier of the tile in between) */
     __shared__ __align__(16) float s_sw[2][2][BN], s_b[2][2][BN];
-    const TileWalk walk(p.cl, mtiles, tiles / mtiles);
-    const int ntl = walk.n; /* the CTA's tiles */
+    const int ntl = (tiles - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x; /* the CTA's tiles */
     for (int it = c, j = 0; it < ntl; it += 2, j++) {
-        int mi, ni;
-        walk.tile(it, mi, ni);
-        const int m0 = mi * BM, n0 = ni * (BN / 2);
+        const int t = (int)blockIdx.x + it * (int)gridDim.x;
+        const int m0 = (t % mtiles) * BM, n0 = (t / mtiles) * (BN / 2);
         const int g = it * nk; /* the ring's block count at this tile's first block */
         float cw[NCOL], cb[NCOL]; /* loaded before the K loop, stored to shared memory after it */
 #pragma unroll
@@ -827,7 +802,7 @@ static int fp8_persist_ctas_env(void) {
  * everywhere: 3.454 / 3.462 against 3.712 / 3.715 (bench/results/fp8-pp-pdl-ab-h200.json). */
 static nib_status launch_geglu(KernFn fn, unsigned ctas, unsigned threads, size_t smem, cudaStream_t stream,
                                const CUtensorMap &tmx, const CUtensorMap &tmw, const Fp8Args &p, int pdl_default,
-                               const char *name, unsigned cl = 0) {
+                               const char *name) {
     const char *e = getenv("NIB_FP8_GEGLU_PDL");
     const int pdl = !e || !*e ? pdl_default : fp8_switch_env("NIB_FP8_GEGLU_PDL");
     if (pdl < 0)
@@ -835,9 +810,7 @@ static nib_status launch_geglu(KernFn fn, unsigned ctas, unsigned threads, size_
                        "(without); unset: the persistent kernel with, the ping-pong kernel without", e);
     const int was = nib_pdl_suspended();
     if (!pdl) nib_pdl_suspend(1);
-    const cudaError_t ce = cl >= 2 ? nib::launch_cluster(fn, dim3(ctas), dim3(threads), smem, stream, dim3(cl, 1, 1), tmx,
-                                                         tmw, p)
-                                   : nib::launch(fn, dim3(ctas), dim3(threads), smem, stream, tmx, tmw, p);
+    const cudaError_t ce = nib::launch(fn, dim3(ctas), dim3(threads), smem, stream, tmx, tmw, p);
     nib_pdl_suspend(was);
     NIB_CUDA_CHECK(ce);
     const cudaError_t le = cudaGetLastError(); /* NIB_LAUNCH_CHECK with the caller's name */
@@ -892,25 +865,8 @@ extern "C" nib_status nib_cuda_fp8_geglu_pp(int64_t m, int64_t n, int64_t k, int
     return NIB_OK;
 }
 
-/* NIB_FP8_PP_CL: unset, empty or 0 (the default): the ping-pong kernel walks its tiles in grid order; 2..8: it is launched
- * as clusters of that many CTAs, each cluster walking all M tiles of its weight slices (TileWalk; a lab switch of the
- * sixty-fifth session, not yet measured); -1: another value */
-static int fp8_pp_cl_env(void) {
-    const char *e = getenv("NIB_FP8_PP_CL");
-    if (!e || !*e || !strcmp(e, "0")) return 0;
-    return e[1] == '\0' && e[0] >= '2' && e[0] <= '8' ? e[0] - '0' : -1;
-}
-
-/* the GeGLU product on the ping-pong kernel pk: one CTA per SM (at most one per tile, at most NIB_FP8_PERSIST_CTAS);
- * under NIB_FP8_PP_CL=c as many clusters of c CTAs as are resident at once (at most one per weight slice, at most
- * NIB_FP8_PERSIST_CTAS / c, at least one) */
-static nib_status launch_pp(PpKern *pk, const nib_blas_gemm_args *a, const Fp8Args &p0, void *stream) {
-    Fp8Args p = p0;
-    const int cl = fp8_pp_cl_env();
-    if (cl < 0)
-        return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_FP8_PP_CL=%s: 0 (the ping-pong kernel's grid order walk, the default) "
-                       "or 2..8 (clusters of that many CTAs, each walking its weight slices' M tiles)",
-                       getenv("NIB_FP8_PP_CL"));
+/* the GeGLU product on the ping-pong kernel pk: one CTA per SM (at most one per tile, at most NIB_FP8_PERSIST_CTAS) */
+static nib_status launch_pp(PpKern *pk, const nib_blas_gemm_args *a, const Fp8Args &p, void *stream) {
     const size_t smem = pp_smem(pk);
     if (!pk->attr_set) {
         NIB_CUDA_CHECK(cudaFuncSetAttribute(pk->fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
@@ -935,31 +891,7 @@ static nib_status launch_pp(PpKern *pk, const nib_blas_gemm_args *a, const Fp8Ar
     int64_t ctas = g_sms;
     if (ctas > mtiles * ntiles) ctas = mtiles * ntiles;
     if (cap && ctas > cap) ctas = cap;
-    if (cl) {
-        cudaLaunchConfig_t cfg = {};
-        cudaLaunchAttribute attr = {};
-        attr.id = cudaLaunchAttributeClusterDimension;
-        attr.val.clusterDim.x = (unsigned)cl;
-        attr.val.clusterDim.y = 1;
-        attr.val.clusterDim.z = 1;
-        cfg.gridDim = dim3((unsigned)cl);
-        cfg.blockDim = dim3(384);
-        cfg.dynamicSmemBytes = smem;
-        cfg.attrs = &attr;
-        cfg.numAttrs = 1;
-        int clusters = 0;
-        NIB_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, pk->fn, &cfg));
-        if (clusters < 1)
-            return NIB_ERR(NIB_ERR_UNSUPPORTED, "fp8 gemm (nib): NIB_FP8_PP_CL=%d: no cluster of %d ping-pong CTAs fits "
-                           "this device", cl, cl);
-        int64_t k = clusters;
-        if (k > ntiles) k = ntiles;
-        if (cap && k > cap / cl) k = cap / cl > 0 ? cap / cl : 1;
-        ctas = k * cl;
-    }
-    p.cl = cl;
-    return launch_geglu(pk->fn, (unsigned)ctas, 384, smem, (cudaStream_t)stream, tmx, tmw, p, 0, "launch of k_gemm_fp8_pp",
-                        (unsigned)cl);
+    return launch_geglu(pk->fn, (unsigned)ctas, 384, smem, (cudaStream_t)stream, tmx, tmw, p, 0, "launch of k_gemm_fp8_pp");
 }
 
 /* the persistent GeGLU kernel of a tile (NULL: none compiled), its shared-memory attribute set and its resident CTAs
@@ -1034,7 +966,6 @@ static nib_status gemm_fp8(const nib_blas_gemm_args *a, const nib_fp8_tile *tile
         return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_FP8_EPI_CPRE=%s: 1 (nib's FP8 GEMM loads each thread's C chunks "
                        "before its stores, the default) or 0 (chunk by chunk)", getenv("NIB_FP8_EPI_CPRE"));
     p.cpre = cpre;
-    p.cl = 0;
     if (gh) {
         const int ft = nib_fast_tanh();
         if (ft < 0)
