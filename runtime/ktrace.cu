@@ -10,7 +10,8 @@
 extern "C" nib_status nib_cuda_ktrace_dump(const char *path) {
     FILE *f = fopen(path, "w");
     if (!f) return NIB_ERR(NIB_ERR_IO, "ktrace: cannot write %s", path);
-    int (*const units[])(FILE *) = {nib_ktrace_dump_gemm_fp8, nib_ktrace_dump_norm, nib_ktrace_dump_blas};
+    int (*const units[])(FILE *) = {nib_ktrace_dump_gemm_fp8, nib_ktrace_dump_norm,         nib_ktrace_dump_blas,
+                                          nib_ktrace_dump_gemm_lowbit, nib_ktrace_dump_attention, nib_ktrace_dump_edge};
     int built = 0, failed = 0;
     for (auto u : units) {
         const int r = u(f);

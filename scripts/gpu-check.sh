@@ -39,10 +39,11 @@
 #             PI05PROF_PRESET, PI05PROF_HORIZON (default 10) and PI05PROF_CAMS (default 2) take comma
 #             lists, each triple other than fast / 10 / 2 writing ncu-pi05-<preset>-h<H>-c<cams>.*
 #   ktrace    a second build with in-graph kernel stamps (build-kt/, NIB_LAB_NVCCFLAGS=-DNIB_KTRACE=1; runtime/ktrace.cuh),
-#             then `nib bench pi05 --preset fast --cams $KTRACE_CAMS (1) --horizon 10 --reps 30` under each environment of
+#             then `nib bench pi05 --preset fast --cams $KTRACE_CAMS (1) --horizon $KTRACE_HORIZON (10) --reps 30` under each environment of
 #             KTRACE_ENVS (';'-separated; default: NIB_OVERLAP=0, the same with NIB_FP8_GEGLU_PDL=1, the default, and
-#             NIB_FP8_GEGLU_PDL=1), each summarized by scripts/ktrace.py --blocks --detail (ktrace-<i>.txt): the
-#             prefix's GeGLU kernel, the norm before it and the row quantization after it, per layer
+#             NIB_FP8_GEGLU_PDL=1), each summarized by scripts/ktrace.py $KTRACE_ARGS (default --blocks --detail: the
+#             prefix's GeGLU kernel, the norm before it and the row quantization after it, per layer; --expert: the
+#             per-op flow steps' launches, boundaries and runs) into ktrace-<i>.txt; KTRACE_HORIZON (10) sets H
 #   experttrace  NIB_FUSED_STEP=1 NIB_EXPERT_TRACE=1 nib bench pi05 --preset fast --cams 2 --horizon 10 (experttrace.log):
 #             the persistent expert kernel's per-phase times and per-CTA segments
 #   plansearch  scripts/plan_search.py $PLANSEARCH_ARGS (plan-search.json, plansearch.log): the in-model
@@ -244,11 +245,12 @@ if has ktrace; then
             kf=${TMPDIR:-/tmp}/nib-ktrace-$i.txt
             # shellcheck disable=SC2086 # the environment's words are VAR=VALUE assignments
             env ${kenvs[$i]} NIB_KTRACE="$kf" ./build-kt/nib bench pi05 --preset fast --cams "${KTRACE_CAMS:-1}" \
-                --horizon 10 --reps 30 >"$OUT/ktrace-$i.bench.log" 2>&1
+                --horizon "${KTRACE_HORIZON:-10}" --reps 30 >"$OUT/ktrace-$i.bench.log" 2>&1
             rc=$?
-            python3 scripts/ktrace.py "$kf" --blocks --detail >"$OUT/ktrace-$i.txt" 2>&1
+            # shellcheck disable=SC2086 # KTRACE_ARGS: the script's options, word-split on purpose
+            python3 scripts/ktrace.py "$kf" ${KTRACE_ARGS:---blocks --detail} >"$OUT/ktrace-$i.txt" 2>&1
             note "ktrace $i '${kenvs[$i]}' (bench rc $rc): $(grep -E '^fast ' "$OUT/ktrace-$i.bench.log" | tr -s ' ' |
-                cut -d' ' -f1-7); $(grep -E 'gg run' "$OUT/ktrace-$i.txt" | tr -s ' ')"
+                cut -d' ' -f1-7); $(grep -E 'gg run|sum of spans' "$OUT/ktrace-$i.txt" | tr -s ' ')"
         done
     else
         note "ktrace: the stamped build FAILED (see gpu-check.log)"

@@ -1,35 +1,55 @@
-#!/usr/bin/env python3
 """ktrace.py — summarize a lab build's in-graph kernel stamps (runtime/ktrace.cuh; NIB_KTRACE=<file>).
 
     scripts/ktrace.py FILE [--layers N] [--detail] [--blocks]
+    scripts/ktrace.py FILE --expert [--steps N] [--detail]
 
-Groups the stamps into kernel launches (a kernel's entries in time order, gridDim of them a launch; launches of one
-kernel do not interleave), takes the last N (default 17: one call's prefix at 1-3 cameras) launches of the GeGLU kernel
+Groups the stamps into kernel launches (per kernel and grid size, a kernel's entries in time order, grid-many of them a
+launch; launches of one kernel and grid size do not interleave).
+
+The default summary takes the last N (default 17: one call's prefix at 1-3 cameras) launches of the GeGLU kernel
 (k_gemm_fp8_pp, else k_gemm_fp8_pt), and prints, per layer and as medians, in us: the norm before it (its first entry to
 its last exit), the GeGLU kernel's first / last entry and first / last return from griddepcontrol.wait relative to the
 norm's last exit, its last exit relative to its first return, and the next row quantization's first entry / first
 return / last exit relative to the GeGLU kernel's last exit. --detail prints every launch around the last layer's;
 --blocks, for the last three GeGLU launches, each CTA's exit relative to the launch's first return from the wait
 (quartiles, the six latest with their SMs) and how many CTA pairs (2i, 2i + 1) sit on one SM pair (2k, 2k + 1), i.e.
-whether the launch placed its blocks in order (sixty-fifth session: without PDL it does, with PDL it does not)."""
+whether the launch placed its blocks in order (sixty-fifth session: without PDL it does, with PDL it does not).
+
+--expert: the per-op flow steps (the expert's launches: the low-bit GEMMs, the attention kernels and the merge, the
+step edge and the norms of fewer than 100 rows). The steps are the spans between two step-edge launches; the last N
+(default 8) whole ones are taken. Each layer is cut at its attention launch; where the launches around it are the
+per-op layer's (adaRMS or the step edge, q|k|v, attention, merge, o, adaRMS, gate|up, down, the next adaRMS or edge),
+each position gets, as medians over the layers, in us: gap (its first return from the wait after the previous
+launch's last exit: the boundary), run (its last exit after its first return), span (its last exit after the previous
+launch's last exit: its share of the layer), early (its first return after its first entry: how long its first CTA sat
+resident before the wait ended), waits (last minus first return from the wait), tail (last minus first exit) and its
+CTAs; and the layer (its first adaRMS's last exit to the next layer's). Where no layer has that form, the last step's
+first launches are printed and the script fails. --detail prints the launches around the last step's middle layer."""
 import argparse
 import bisect
 import statistics
 import sys
 
-NAMES = {1: "k_gemm_fp8_pp", 2: "k_gemm_fp8_pt", 3: "k_norm", 4: "k_quant_fp8_rows"}
+NAMES = {1: "k_gemm_fp8_pp", 2: "k_gemm_fp8_pt", 3: "k_norm", 4: "k_quant_fp8_rows", 5: "k_gemm_lowbit",
+         6: "k_gemm_lowbit_wg", 7: "k_attn_dec", 8: "k_attn", 9: "k_attn_merge", 10: "k_edge", 11: "k_attn_wg"}
+NORM, LOWBIT, LOWBIT_WG, ATTN_DEC, ATTN, MERGE, EDGE, ATTN_WG = 3, 5, 6, 7, 8, 9, 10, 11
+ATTNS = (ATTN_DEC, ATTN, ATTN_WG)
 ENTRY, WAITED, EXIT, EXIT_C0, EXIT_C1 = 0, 1, 2, 3, 4
 
 
 def launches(recs):
-    """recs: (t, kid, ev, sm, block, grid) -> per kid a list of launches {entry: {block: t}, ev: {ev: [t]}, t0, grid}"""
+    """recs: (t, kid, ev, sm, block, grid) -> per kid a list of launches {entry: {block: t}, ev: {ev: [t]}, t0, grid,
+    kid} in order of first entry (launches of one kid with different grid sizes may interleave)"""
+    groups = {}
+    for r in recs:
+        groups.setdefault((r[1], r[5]), []).append(r)
     out = {}
-    for kid in sorted({r[1] for r in recs}):
-        ent = sorted((r for r in recs if r[1] == kid and r[2] == ENTRY), key=lambda r: r[0])
+    for (kid, grid), rs in sorted(groups.items()):
+        ent = sorted((r for r in rs if r[2] == ENTRY), key=lambda r: r[0])
         ls, cur = [], None
         for r in ent:
             if cur is None or len(cur["entry"]) >= cur["grid"] or r[4] in cur["entry"]:
-                cur = {"entry": {}, "ev": {}, "grid": r[5], "sms": set()}
+                cur = {"entry": {}, "ev": {}, "grid": r[5], "sms": set(), "kid": kid}
                 ls.append(cur)
             cur["entry"][r[4]] = r[0]
             cur["sms"].add(r[3])
@@ -42,15 +62,87 @@ def launches(recs):
                 byblock.setdefault(b, []).append((t, i))
         for b in byblock:
             byblock[b].sort()
-        for r in recs:
-            if r[1] != kid or r[2] == ENTRY or r[4] not in byblock:
+        for r in rs:
+            if r[2] == ENTRY or r[4] not in byblock:
                 continue
             lst = byblock[r[4]]
             j = bisect.bisect_right(lst, (r[0], 1 << 60)) - 1
             if j >= 0:
                 ls[lst[j][1]]["ev"].setdefault(r[2], []).append(r[0])
-        out[kid] = ls
+        out.setdefault(kid, []).extend(ls)
+    for kid in out:
+        out[kid].sort(key=lambda l: l["t0"])
     return out
+
+
+def exits(l):
+    return l["ev"].get(EXIT, []) + l["ev"].get(EXIT_C0, []) + l["ev"].get(EXIT_C1, [])
+
+
+# the per-op expert layer around its attention launch (offset from the attention: kernel ids)
+LAYER = [(-2, (NORM, EDGE)), (-1, (LOWBIT, LOWBIT_WG)), (0, ATTNS), (1, (MERGE,)), (2, (LOWBIT, LOWBIT_WG)),
+         (3, (NORM,)), (4, (LOWBIT, LOWBIT_WG)), (5, (LOWBIT, LOWBIT_WG)), (6, (NORM, EDGE))]
+LABELS = {-2: "adaRMS 1", -1: "q|k|v", 0: "attention", 1: "merge", 2: "o", 3: "adaRMS 2", 4: "gate|up", 5: "down",
+          6: "next adaRMS 1"}
+
+
+def expert(L, steps, detail):
+    us = lambda x: x / 1000.0
+    ex = [l for kid, ls in L.items() for l in ls
+          if kid in (LOWBIT, LOWBIT_WG, MERGE, EDGE) + ATTNS or (kid == NORM and l["grid"] < 100)]
+    ex = [l for l in ex if l["ev"].get(WAITED) and exits(l)]
+    ex.sort(key=lambda l: l["t0"])
+    edges = [i for i, l in enumerate(ex) if l["kid"] == EDGE]
+    if len(edges) < 2:
+        sys.exit("ktrace: fewer than two step-edge launches in the stamps (no per-op flow steps)")
+    spans = list(zip(edges[:-1], edges[1:]))[-steps:]
+    rows, layer_us, step_us = [], [], []
+    for s0, s1 in spans:
+        step_us.append(us(max(exits(ex[s1])) - max(exits(ex[s0]))))
+        seq = ex[s0:s1 + 1]
+        for k, l in enumerate(seq):
+            if l["kid"] not in ATTNS or k - 2 < 0 or k + 6 >= len(seq):
+                continue
+            if not all(seq[k + o]["kid"] in kinds for o, kinds in LAYER):
+                continue
+            row = {}
+            for o, _ in LAYER[1:]:
+                cur, prev = seq[k + o], seq[k + o - 1]
+                w, e, pe = cur["ev"][WAITED], exits(cur), max(exits(prev))
+                row[o] = {"gap": us(min(w) - pe), "run": us(max(e) - min(w)), "span": us(max(e) - pe),
+                          "early": us(min(w) - cur["t0"]), "waits": us(max(w) - min(w)), "tail": us(max(e) - min(e)),
+                          "CTAs": cur["grid"]}
+            rows.append(row)
+            layer_us.append(us(max(exits(seq[k + 6])) - max(exits(seq[k - 2]))))
+    if not rows:
+        seq = ex[spans[-1][0]:spans[-1][1] + 1]
+        print("the last step's first 24 launches (name, grid):", ", ".join(
+            f"{NAMES.get(l['kid'], l['kid'])} {l['grid']}" for l in seq[:24]))
+        sys.exit("ktrace: no per-op expert layer (adaRMS, q|k|v, attention, merge, o, adaRMS, gate|up, down) in the "
+                 "last steps")
+    med = statistics.median
+    print(f"expert: {len(spans)} steps (median {med(step_us):.2f} us from one step edge's last exit to the next's), "
+          f"{len(rows)} layers; medians, us")
+    cols = ["gap", "run", "span", "early", "waits", "tail", "CTAs"]
+    print(f"  {'launch':14s}" + "".join(f"{c:>9s}" for c in cols))
+    for o, _ in LAYER[1:]:
+        print(f"  {LABELS[o]:14s}" + "".join(f"{med([r[o][c] for r in rows]):9.2f}" for c in cols))
+    print(f"  {'sum of spans':14s}{'':18s}{med([sum(r[o]['span'] for o, _ in LAYER[1:-1]) for r in rows]):9.2f}"
+          f"   (q|k|v .. down; the layer: {med(layer_us):.2f}, {min(layer_us):.2f} .. {max(layer_us):.2f})")
+    print(f"  {'sum of gaps':14s}{med([sum(r[o]['gap'] for o, _ in LAYER[1:-1]) for r in rows]):9.2f}"
+          f"   {'sum of runs':s} {med([sum(r[o]['run'] for o, _ in LAYER[1:-1]) for r in rows]):.2f}")
+    if detail:
+        s0, s1 = spans[-1]
+        seq = ex[s0:s1 + 1]
+        att = [k for k, l in enumerate(seq) if l["kid"] in ATTNS]
+        k = att[len(att) // 2] if att else len(seq) // 2
+        t0 = seq[k]["t0"]
+        print("the last step's middle layer (us from its attention's first entry):")
+        for l in seq[max(0, k - 3):k + 8]:
+            w, e = l["ev"][WAITED], exits(l)
+            print(f"  {NAMES.get(l['kid'], l['kid']):18s} grid {l['grid']:5d}  entry {us(l['t0'] - t0):9.2f} .. "
+                  f"{us(max(l['entry'].values()) - t0):9.2f}  waited {us(min(w) - t0):9.2f} .. {us(max(w) - t0):9.2f}"
+                  f"  exit {us(min(e) - t0):9.2f} .. {us(max(e) - t0):9.2f}")
 
 
 def main():
@@ -59,6 +151,8 @@ def main():
     ap.add_argument("--layers", type=int, default=17)
     ap.add_argument("--detail", action="store_true")
     ap.add_argument("--blocks", action="store_true")
+    ap.add_argument("--expert", action="store_true")
+    ap.add_argument("--steps", type=int, default=8)
     a = ap.parse_args()
     recs = []
     with open(a.file) as f:
@@ -69,6 +163,9 @@ def main():
     if not recs:
         sys.exit(f"ktrace: no stamps in {a.file}")
     L = launches(recs)
+    if a.expert:
+        expert(L, a.steps, a.detail)
+        return
     gk = 1 if L.get(1) else 2 if L.get(2) else None
     if gk is None:
         sys.exit("ktrace: no GeGLU kernel launches in the stamps")

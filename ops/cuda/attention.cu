@@ -791,3 +791,5 @@ nib_status nib_cuda_attn_cache(const nib_attn_cache_args *a, void *ws, void *str
     p.pf_kv = kv->dtype == NIB_KV_BF16 && !(pe && pe[0] == '0' && !pe[1]);
     return launch(p, pl, ws, (cudaStream_t)stream, 1);
 }
+
+NIB_KTRACE_UNIT(attention)

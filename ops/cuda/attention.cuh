@@ -11,6 +11,7 @@
 
 #include "ops/attention.h"
 #include "ops/cuda/gemm_lowbit.cuh"
+#include "runtime/ktrace.cuh" /* NIB_KT: the stamps of a lab build (attention.cu owns the ring) */
 #include "runtime/launch.cuh"
 
 namespace nib {
@@ -267,7 +268,10 @@ __device__ __forceinline__ void softmax_fold(float (&mx)[2], float (&mrow)[2], f
 template <int FMT, int DP, int WR, int WT, int KW, int ST, int CL = 0>
 __global__ void __launch_bounds__(Cfg<FMT, DP, WR, WT, KW, ST, CL>::NT, Cfg<FMT, DP, WR, WT, KW, ST, CL>::MINB)
     k_attn(AttnParams p) {
+    NIB_KT(NIB_KT_ATTN, NIB_KT_ENTRY);
     nib::pdl_enter(); /* runtime/launch.cuh: first, before any access or return */
+    NIB_KT(NIB_KT_ATTN, NIB_KT_WAITED);
+    NIB_KT_EXIT_GUARD(NIB_KT_ATTN);
     using C = Cfg<FMT, DP, WR, WT, KW, ST, CL>;
     constexpr int NT = C::NT, TK = C::TK, LDS = C::LDS, ROWS = C::ROWS, KROW = C::KROW, BROW = C::BROW;
     constexpr int NSJ = 2 * KW;  /* S n-tiles (8 keys) per warp and tile */
@@ -739,7 +743,10 @@ struct MergeParams {
  * cache; NIB_ATTN_MERGE_LF in attention.cu) */
 template <int PER, bool ALL = false, bool LF = false> __global__ void __launch_bounds__(256) k_attn_merge(MergeParams p) {
     static_assert(ALL || !LF, "k_attn_merge: LF (lengths with the partials) needs ALL");
+    NIB_KT(NIB_KT_MERGE, NIB_KT_ENTRY);
     nib::pdl_enter(); /* runtime/launch.cuh: first, before any access or return */
+    NIB_KT(NIB_KT_MERGE, NIB_KT_WAITED);
+    NIB_KT_EXIT_GUARD(NIB_KT_MERGE);
     const int SL = 1 << p.sl_log2, c4 = p.d / 4;
     /* 32-bit index math: the host caps blocks x 256 below 2^31 (unsigned division, no 64-bit) */
     const unsigned gid = blockIdx.x * blockDim.x + threadIdx.x;

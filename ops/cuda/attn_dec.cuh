@@ -167,8 +167,11 @@ static_assert(dec_red_layout_ok<F_BF16>() && dec_red_layout_ok<F_FP8>() && dec_r
 
 template <int FMT>
 __global__ void __launch_bounds__(DEC_NT, 2) k_attn_dec(AttnParams p) {
+    NIB_KT(NIB_KT_ATTN_DEC, NIB_KT_ENTRY);
     attn_prefetch_kv(p, DEC_TK); /* a hint before the wait: see there */
     nib::pdl_enter(); /* runtime/launch.cuh: first, before any other access or return */
+    NIB_KT(NIB_KT_ATTN_DEC, NIB_KT_WAITED);
+    NIB_KT_EXIT_GUARD(NIB_KT_ATTN_DEC);
     using F = DecFmt<FMT>;
     constexpr int WPC = F::WPC, NKC = F::NKC, NVC = F::NVC;
     __shared__ __align__(16) uint32_t qf[16][4][8][2];      /* [k-step][t][row g][b] bf16x2 */

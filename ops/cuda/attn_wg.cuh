@@ -137,8 +137,11 @@ __device__ __forceinline__ void softmax_fold_lazy(float (&mx)[2], float (&mrow)[
 
 template <int WGS, int KSPLIT, int TMA = 0, int LZ = 0>
 __global__ void __launch_bounds__(WgCfg<WGS, KSPLIT, TMA>::NT, 1) k_attn_wg(const __grid_constant__ AttnParams p) {
+    NIB_KT(NIB_KT_ATTN_WG, NIB_KT_ENTRY);
     attn_prefetch_kv(p, WgCfg<WGS, KSPLIT, TMA>::TK); /* a hint before the wait: see there */
     nib::pdl_enter(); /* runtime/launch.cuh: first, before any other access or return */
+    NIB_KT(NIB_KT_ATTN_WG, NIB_KT_WAITED);
+    NIB_KT_EXIT_GUARD(NIB_KT_ATTN_WG);
     using C = WgCfg<WGS, KSPLIT, TMA>;
     constexpr int TK = C::TK, NSJ = TK / 8; /* keys per tile, S n-tiles (8 keys) per tile */
     extern __shared__ __align__(16) unsigned char smem_raw[];

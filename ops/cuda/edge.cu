@@ -27,6 +27,7 @@
 #include "ops/cuda/norm_row.cuh"
 #include "ops/edge.h"
 #include "runtime/cuda_check.h"
+#include "runtime/ktrace.cuh"
 #include "runtime/launch.cuh"
 
 struct EdgeParams {
@@ -84,6 +85,7 @@ __global__ void __launch_bounds__(256) k_edge(const EdgeParams p) {
     const int c = threadIdx.x, nw = blockDim.x >> 5;
     const bool live = c < p.nch; /* (the last warp's threads past dim / 8 hold zeros) */
     uint4 *so = s_w, *si = s_w + (OUT ? p.adim * p.nch : 0);
+    NIB_KT(NIB_KT_EDGE, NIB_KT_ENTRY);
     /* load-time constants: allowed before the wait (runtime/launch.cuh, rule 1) */
     if (OUT && live)
         for (int j = 0; j < p.adim; j++) edge_cp16(so + j * p.nch + c, p.wo + (size_t)j * p.dim + 8 * c);
@@ -96,6 +98,8 @@ __global__ void __launch_bounds__(256) k_edge(const EdgeParams p) {
         if (IN) nib::prefetch_l2(p.ns + 8 * c), nib::prefetch_l2(p.nb + 8 * c);
     }
     nib::pdl_enter();
+    NIB_KT(NIB_KT_EDGE, NIB_KT_WAITED);
+    NIB_KT_EXIT_GUARD(NIB_KT_EDGE);
     const long long row = blockIdx.x;
     if (OUT) {
         float v[8], sc[8], sh[8];
@@ -246,3 +250,5 @@ nib_status nib_cuda_edge(const nib_edge_args *a, void *stream) {
     NIB_LAUNCH_CHECK("k_edge");
     return NIB_OK;
 }
+
+NIB_KTRACE_UNIT(edge)

@@ -31,6 +31,7 @@
 #include "ops/qkv.h"
 #include "runtime/cuda_check.h"
 #include "runtime/device.h"
+#include "runtime/ktrace.cuh"
 #include "runtime/launch.cuh"
 
 using namespace nib;
@@ -567,6 +568,8 @@ __device__ __forceinline__ void gemm_lowbit_body(const GemmParams &p) {
      * cp.async.bulk issued by lane 0 sat in a loop that moved its operands to uniform registers one distinct
      * value at a time (ELECT, five R2UR, the copy, a branch): ~60 instructions a pipeline step at batch 1.
      * 44 R2UR -> 2 in the lean M = 1 kernel (docs/design.md, "Fifty-second session"). */
+    NIB_KT(NIB_KT_LOWBIT, NIB_KT_ENTRY);
+    NIB_KT_EXIT_GUARD(NIB_KT_LOWBIT);
     const int lane = threadIdx.x & 31, warp = nib::warp_id();
     const int wn_count = 1 << p.wn_shift; /* warps along N (WARPS / wk, a power of two) */
     const int wn = warp & (wn_count - 1), wkk = warp >> p.wn_shift;
@@ -673,6 +676,7 @@ __device__ __forceinline__ void gemm_lowbit_body(const GemmParams &p) {
         if (nsteps > 0) load_chunks_reg<FMT, CPS>(nxt, rwp, rsp, rg_ok[0], rc, c_end, g, pol);
     }
     nib::pdl_enter(); /* X comes from the previous kernel */
+    NIB_KT(NIB_KT_LOWBIT, NIB_KT_WAITED);
 #pragma unroll
     for (int j = 0; j < S - 1; j++) is.step(p, ring);
     /* Everything the epilogue reads besides the sums (column scales, gates, residuals or the q|k|v
@@ -1912,3 +1916,5 @@ static nib_status gemm_run(const nib_qweight *w, const void *x, int64_t m, int64
     default: return NIB_ERR(NIB_ERR_UNSUPPORTED, "gemm: format %d", (int)w->fmt);
     }
 }
+
+NIB_KTRACE_UNIT(gemm_lowbit)

@@ -298,6 +298,7 @@ __device__ __forceinline__ void gemm_lowbit_wg_body(const CUtensorMap &tmx, cons
     load_chunks_reg<FMT, 1>(nxt, wp, sp, rg_ok, 0, nk, g, pol);
     pdl_wait(); /* X, and the residual of the epilogue, may come from an earlier kernel */
     pdl_trigger();
+    NIB_KT(NIB_KT_LOWBIT_WG, NIB_KT_WAITED);
     /* !PW, warp 0: the next chunk whose X is to be loaded. The whole warp keeps the counter and
      * lane 0 issues: kept by thread 0 alone it was not warp-uniform, and each copy sat in a loop
      * that moved its operands into uniform registers one value at a time */
@@ -472,6 +473,8 @@ __device__ __forceinline__ void gemm_lowbit_wg_body(const CUtensorMap &tmx, cons
 #define WG_LEAN_QKV(split) ((split) | 8)
 template <int FMT, int BT, int CM, int L = 0>
 __global__ void __launch_bounds__(WgPW<FMT, BT>::THREADS, WgPW<FMT, BT>::OCC) k_gemm_lowbit_wg(const __grid_constant__ CUtensorMap tmx, const GemmParams pa) {
+    NIB_KT(NIB_KT_LOWBIT_WG, NIB_KT_ENTRY);
+    NIB_KT_EXIT_GUARD(NIB_KT_LOWBIT_WG);
     if constexpr (L == 0) {
         gemm_lowbit_wg_body<FMT, BT, CM>(tmx, pa);
     } else { /* the fixed fields as constants the compiler propagates */

@@ -2,7 +2,9 @@
 """scripts/ktrace.py (the in-graph kernel stamps of a -DNIB_KTRACE=1 build, runtime/ktrace.cuh) on made-up stamp files
 (no GPU): three layers of norm -> GeGLU kernel -> row quantization with known times, the stamps shuffled; the medians
 it prints, its launch grouping (two launches of one kernel back to back in a layer), its block placement count for an
-in-order and a scattered placement, and its refusals (an empty file, no GeGLU kernel). Run by nib_tests
+in-order and a scattered placement, and its refusals (an empty file, no GeGLU kernel); --expert on made-up flow
+steps (every launch of a layer with a known boundary gap and run, the launches of one kernel with different grids
+interleaved with a prefix norm's) and its refusal of stamps without step edges. Run by nib_tests
 (ktrace_script) from the repository root."""
 import os
 import random
@@ -57,6 +59,65 @@ def value(out, key):
     m = re.search(re.escape(key) + r"\s+([-\d.]+)", out)
     return float(m.group(1)) if m else None
 
+
+# the expert's layer: (kernel id, grid, gap, run) in us; gap = its first return from the wait after the previous
+# launch's last exit, run = its last exit after that return
+LOWBIT, ATTN_DEC, MERGE, EDGE = 5, 7, 9, 10
+EXPERT_LAYER = [(LOWBIT, 4, 1.0, 3.0), (ATTN_DEC, 3, 1.1, 5.0), (MERGE, 2, 1.2, 2.0), (LOWBIT, 3, 1.3, 3.5),
+                (NORM, 2, 0.9, 1.5), (LOWBIT, 3, 1.4, 4.0), (LOWBIT, 4, 1.5, 4.5)]
+
+
+def launch(kid, grid, p_exit, gap, run):
+    """one launch after the previous one's last exit p_exit (ns): entries 2 us before it, the first wait returned gap
+    after it, the last 0.1 us later; exits from run - 0.3 us to run after the first return; returns its last exit"""
+    out, w0 = [], p_exit + int(gap * 1000)
+    for b in range(grid):
+        out += [(p_exit - 2000 + b, kid, ENTRY, b, b, grid), (w0 + (100 if b == grid - 1 else 0), kid, WAITED, b, b, grid),
+                (w0 + int(run * 1000) - (300 if b == 0 else 0), kid, EXIT, b, b, grid)]
+    return out, w0 + int(run * 1000)
+
+
+def expert_steps(steps, layers):
+    """steps x (the step edge, then layers x (q|k|v .. down, adaRMS)), the last adaRMS of a step replaced by the next
+    step's edge; a prefix norm of 532 rows beside the first step"""
+    out, t = [], 10_000_000
+    recs, t = launch(EDGE, 2, t, 1.0, 2.0)
+    out += recs
+    out += launch(NORM, 532, t - 500, 0.2, 3.0)[0]  # the prefix's norm, interleaved in time with the expert's
+    for s in range(steps):
+        for li in range(layers):
+            for kid, grid, gap, run in EXPERT_LAYER:
+                recs, t = launch(kid, grid, t, gap, run)
+                out += recs
+            recs, t = launch(EDGE if li == layers - 1 else NORM, 2, t, 0.8, 1.5)
+            out += recs
+    return out
+
+
+with tempfile.TemporaryDirectory() as d:
+    recs = expert_steps(3, 4)
+    rc, out = run(write(d, "expert.txt", recs), "--expert", "--steps", "2", "--detail")
+    check(rc == 0, "ktrace.py --expert failed on a well-formed file: " + out)
+    check(out.startswith("expert: 2 steps") and "8 layers" in out, "2 steps of 4 layers: " + out[:120])
+    m = re.search(r"median ([\d.]+) us from one step edge", out)
+    check(m is not None and abs(float(m.group(1)) - 4 * 34.2) < 0.01, "a step is 4 layers of 34.2 us: " + out)
+    for label, gap, run_us, grid in [("q|k|v", 0.8, 3.0, 4), ("attention", 1.1, 5.0, 3), ("merge", 1.2, 2.0, 2),
+                                     ("o", 1.3, 3.5, 3), ("adaRMS 2", 0.9, 1.5, 2), ("gate|up", 1.4, 4.0, 3),
+                                     ("down", 1.5, 4.5, 4)]:
+        m = re.search(r"\n  " + re.escape(label) + r"\s+([-\d.]+)\s+([-\d.]+)\s+([-\d.]+)\s+([-\d.]+)\s+([-\d.]+)"
+                      r"\s+([-\d.]+)\s+([-\d.]+)", out)
+        check(m is not None, "a row for " + label + ": " + out)
+        if m:
+            v = [float(x) for x in m.groups()]
+            want = [gap if label != "q|k|v" else 1.0, run_us, (gap if label != "q|k|v" else 1.0) + run_us,
+                    2.0 + (gap if label != "q|k|v" else 1.0), 0.1, 0.3, grid]
+            check(all(abs(a - b) < 0.006 for a, b in zip(v, want)), f"{label}: {v} should be {want}: " + out)
+    check("the layer: 34.20" in out, "the layer is 34.2 us (every gap and run): " + out)
+    check(re.search(r"sum of spans\s+31.90", out) is not None, "q|k|v .. down span 31.9 us: " + out)
+    check(re.search(r"sum of gaps\s+8.40\s+sum of runs 23.50", out) is not None, "gaps 8.4, runs 23.5 us: " + out)
+    check("k_attn_dec" in out and "k_attn_merge" in out, "--detail lists the middle layer's launches: " + out)
+    rc, out = run(write(d, "noedge.txt", [r for r in recs if r[1] != EDGE]), "--expert")
+    check(rc != 0 and "step-edge" in out, "stamps without step edges are refused: " + out)
 
 with tempfile.TemporaryDirectory() as d:
     random.seed(7)
