@@ -26,7 +26,6 @@ resident before the wait ended), waits (last minus first return from the wait), 
 CTAs; and the layer (its first adaRMS's last exit to the next layer's). Where no layer has that form, the last step's
 first launches are printed and the script fails. --detail prints the launches around the last step's middle layer."""
 import argparse
-import bisect
 import statistics
 import sys
 
@@ -55,20 +54,22 @@ def launches(recs):
             cur["sms"].add(r[3])
         for l in ls:
             l["t0"] = min(l["entry"].values())
-        # each other stamp to the launch whose entry of that block is the latest before it
+        # each other stamp of a block, in time order per event, to the block's launches in order: the earliest one
+        # entered by then that has no such stamp of the block yet (under PDL the next launch of a kernel and grid
+        # size can enter a block before the previous one's block exits; a stamp older than every such entry, whose
+        # launch's entry the ring lost, is dropped)
         byblock = {}
         for i, l in enumerate(ls):
             for b, t in l["entry"].items():
                 byblock.setdefault(b, []).append((t, i))
         for b in byblock:
             byblock[b].sort()
-        for r in rs:
-            if r[2] == ENTRY or r[4] not in byblock:
-                continue
-            lst = byblock[r[4]]
-            j = bisect.bisect_right(lst, (r[0], 1 << 60)) - 1
-            if j >= 0:
-                ls[lst[j][1]]["ev"].setdefault(r[2], []).append(r[0])
+        nxt = {}
+        for r in sorted((r for r in rs if r[2] != ENTRY and r[4] in byblock), key=lambda r: r[0]):
+            lst, k = byblock[r[4]], nxt.get((r[4], r[2]), 0)
+            if k < len(lst) and lst[k][0] <= r[0]:
+                ls[lst[k][1]]["ev"].setdefault(r[2], []).append(r[0])
+                nxt[(r[4], r[2])] = k + 1
         out.setdefault(kid, []).extend(ls)
     for kid in out:
         out[kid].sort(key=lambda l: l["t0"])
