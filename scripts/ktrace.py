@@ -23,8 +23,10 @@ each position gets, as medians over the layers, in us: gap (its first return fro
 launch's last exit: the boundary), run (its last exit after its first return), span (its last exit after the previous
 launch's last exit: its share of the layer), early (its first return after its first entry: how long its first CTA sat
 resident before the wait ended), waits (last minus first return from the wait), tail (last minus first exit) and its
-CTAs; and the layer (its first adaRMS's last exit to the next layer's). Where no layer has that form, the last step's
-first launches are printed and the script fails. --detail prints the launches around the last step's middle layer."""
+CTAs; and the layer (its first adaRMS's last exit to the next layer's). Then, for each low-bit product, its points
+(runtime/ktrace.cuh MARK1..4: first X window in, K loop done, outputs or split-K partials stored, the K split's last CTA
+starting the sum) and its exit, each CTA's against its own return from the wait: medians over the layers of the median
+CTA and of the slowest. Where no layer has that form, the last step's first launches are printed and the script fails. --detail prints the launches around the last step's middle layer."""
 import argparse
 import statistics
 import sys
@@ -33,7 +35,9 @@ NAMES = {1: "k_gemm_fp8_pp", 2: "k_gemm_fp8_pt", 3: "k_norm", 4: "k_quant_fp8_ro
          6: "k_gemm_lowbit_wg", 7: "k_attn_dec", 8: "k_attn", 9: "k_attn_merge", 10: "k_edge", 11: "k_attn_wg"}
 NORM, LOWBIT, LOWBIT_WG, ATTN_DEC, ATTN, MERGE, EDGE, ATTN_WG = 3, 5, 6, 7, 8, 9, 10, 11
 ATTNS = (ATTN_DEC, ATTN, ATTN_WG)
-ENTRY, WAITED, EXIT, EXIT_C0, EXIT_C1 = 0, 1, 2, 3, 4
+ENTRY, WAITED, EXIT, EXIT_C0, EXIT_C1, MARK1, MARK2, MARK3, MARK4 = 0, 1, 2, 3, 4, 5, 6, 7, 8
+# k_gemm_lowbit's points between its wait and its exit (runtime/ktrace.cuh)
+MARKS = [(MARK1, "X in"), (MARK2, "K loop"), (MARK3, "stored"), (MARK4, "sum"), (EXIT, "exit")]
 
 
 def launches(recs):
@@ -48,7 +52,7 @@ def launches(recs):
         ls, cur = [], None
         for r in ent:
             if cur is None or len(cur["entry"]) >= cur["grid"] or r[4] in cur["entry"]:
-                cur = {"entry": {}, "ev": {}, "grid": r[5], "sms": set(), "kid": kid}
+                cur = {"entry": {}, "ev": {}, "bev": {}, "grid": r[5], "sms": set(), "kid": kid}
                 ls.append(cur)
             cur["entry"][r[4]] = r[0]
             cur["sms"].add(r[3])
@@ -69,6 +73,7 @@ def launches(recs):
             lst, k = byblock[r[4]], nxt.get((r[4], r[2]), 0)
             if k < len(lst) and lst[k][0] <= r[0]:
                 ls[lst[k][1]]["ev"].setdefault(r[2], []).append(r[0])
+                ls[lst[k][1]]["bev"].setdefault(r[2], {})[r[4]] = r[0]
                 nxt[(r[4], r[2])] = k + 1
         out.setdefault(kid, []).extend(ls)
     for kid in out:
@@ -113,6 +118,13 @@ def expert(L, steps, detail):
                 row[o] = {"gap": us(min(w) - pe), "run": us(max(e) - min(w)), "span": us(max(e) - pe),
                           "early": us(min(w) - cur["t0"]), "waits": us(max(w) - min(w)), "tail": us(max(e) - min(e)),
                           "CTAs": cur["grid"]}
+            for o, _ in LAYER[1:]:  # the points inside a low-bit product, after each CTA's own return from the wait
+                bev = seq[k + o]["bev"]
+                w = bev.get(WAITED, {})
+                for ev, name in MARKS:
+                    d = sorted(us(t - w[b]) for b, t in bev.get(ev, {}).items() if b in w)
+                    if d and seq[k + o]["kid"] in (LOWBIT, LOWBIT_WG):
+                        row[o]["m " + name] = (statistics.median(d), d[-1], len(d))
             rows.append(row)
             layer_us.append(us(max(exits(seq[k + 6])) - max(exits(seq[k - 2]))))
     if not rows:
@@ -132,6 +144,18 @@ def expert(L, steps, detail):
           f"   (q|k|v .. down; the layer: {med(layer_us):.2f}, {min(layer_us):.2f} .. {max(layer_us):.2f})")
     print(f"  {'sum of gaps':14s}{med([sum(r[o]['gap'] for o, _ in LAYER[1:-1]) for r in rows]):9.2f}"
           f"   {'sum of runs':s} {med([sum(r[o]['run'] for o, _ in LAYER[1:-1]) for r in rows]):.2f}")
+    marked = [o for o, _ in LAYER[1:] if all("m X in" in r[o] for r in rows)]
+    if marked:
+        print("inside the low-bit products, us after each CTA's own return from the wait (medians over the layers of the "
+              "median CTA / the slowest CTA; CTAs with the point):")
+        for o in marked:
+            cells = []
+            for _, name in MARKS:
+                v = [r[o]["m " + name] for r in rows if "m " + name in r[o]]
+                if len(v) == len(rows):
+                    cells.append(f"{name} {med([x[0] for x in v]):.2f} / {med([x[1] for x in v]):.2f} "
+                                 f"({med([x[2] for x in v]):.0f})")
+            print(f"  {LABELS[o]:14s}" + "; ".join(cells))
     if detail:
         s0, s1 = spans[-1]
         seq = ex[s0:s1 + 1]

@@ -713,6 +713,7 @@ __device__ __forceinline__ void gemm_lowbit_body(const GemmParams &p) {
     for (int i = 0; i < nsteps; i++) {
         cp_async_wait<S - 2>();
         if (use_in == 0) __syncthreads(); /* X window complete in every thread */
+        if (i == 0) NIB_KT(NIB_KT_LOWBIT, NIB_KT_MARK1); /* the first X window is in */
         Chunk<FMT> ch[CPS][R];
         if (REG == 2) {
             /* the positions that copied something (IssueState::step: rg_ok and a chunk left) */
@@ -761,6 +762,7 @@ __device__ __forceinline__ void gemm_lowbit_body(const GemmParams &p) {
 #pragma unroll
             for (int i = 0; i < 4; i++) acc[r][nt][i] += acc2[r][nt][i];
     __syncthreads(); /* all warps are done with ring and X buffers: reuse them for the reduction */
+    NIB_KT(NIB_KT_LOWBIT, NIB_KT_MARK2); /* every warp's K loop done */
 
     float *red = (float *)smem;
     const int frag = R * MT * 4;
@@ -819,6 +821,7 @@ __device__ __forceinline__ void gemm_lowbit_body(const GemmParams &p) {
             }
         }
     }
+    NIB_KT(NIB_KT_LOWBIT, NIB_KT_MARK3); /* thread 0's outputs (or split-K partials) stored */
     if (p.ksplit == 1 || (L >> 2) == 1) return;
 
     /* split-K: the last CTA of this (row block, M chunk) finishes the tile */
@@ -828,6 +831,7 @@ __device__ __forceinline__ void gemm_lowbit_body(const GemmParams &p) {
     if (threadIdx.x == 0) s_last = (atomic_add_acq_rel_gpu(ctr, 1) == p.ksplit - 1);
     __syncthreads();
     if (!s_last) return;
+    NIB_KT(NIB_KT_LOWBIT, NIB_KT_MARK4); /* the last CTA of the K split starts the sum */
     const int rows_cta = 16 * R * wn_count;
     const int pb = blockIdx.x * rows_cta;
     const int rows = min(rows_cta, p.np - pb);

@@ -70,11 +70,19 @@ EXPERT_LAYER = [(LOWBIT, 4, 1.0, 3.0), (ATTN_DEC, 3, 1.1, 5.0), (MERGE, 2, 1.2, 
 
 def launch(kid, grid, p_exit, gap, run):
     """one launch after the previous one's last exit p_exit (ns): entries 2 us before it, the first wait returned gap
-    after it, the last 0.1 us later; exits from run - 0.3 us to run after the first return; returns its last exit"""
+    after it, the last 0.1 us later; exits from run - 0.3 us to run after the first return; returns its last exit.
+    A low-bit product's CTA b also stamps its points (ktrace.cuh MARK1..3) 0.5 / 1.0 / 1.2 us + 0.1 b after its own
+    wait, and on a 4-CTA grid (a K split) its last CTA the sum (MARK4) 1.5 us after"""
     out, w0 = [], p_exit + int(gap * 1000)
     for b in range(grid):
-        out += [(p_exit - 2000 + b, kid, ENTRY, b, b, grid), (w0 + (100 if b == grid - 1 else 0), kid, WAITED, b, b, grid),
+        wb = w0 + (100 if b == grid - 1 else 0)
+        out += [(p_exit - 2000 + b, kid, ENTRY, b, b, grid), (wb, kid, WAITED, b, b, grid),
                 (w0 + int(run * 1000) - (300 if b == 0 else 0), kid, EXIT, b, b, grid)]
+        if kid == LOWBIT:
+            out += [(wb + 500 + 100 * b, kid, 5, b, b, grid), (wb + 1000 + 100 * b, kid, 6, b, b, grid),
+                    (wb + 1200 + 100 * b, kid, 7, b, b, grid)]
+            if grid == 4 and b == grid - 1:
+                out += [(wb + 1500, kid, 8, b, b, grid)]
     return out, w0 + int(run * 1000)
 
 
@@ -117,6 +125,13 @@ with tempfile.TemporaryDirectory() as d:
     check(re.search(r"sum of spans\s+31.90", out) is not None, "q|k|v .. down span 31.9 us: " + out)
     check(re.search(r"sum of gaps\s+8.40\s+sum of runs 23.50", out) is not None, "gaps 8.4, runs 23.5 us: " + out)
     check("k_attn_dec" in out and "k_attn_merge" in out, "--detail lists the middle layer's launches: " + out)
+    # q|k|v, 4 CTAs (a K split): X in at 0.5 + 0.1 b us after each CTA's wait (median of 0.5, 0.6, 0.7, 0.8 = 0.65,
+    # slowest 0.8); the sum on its last CTA alone at 1.5; its exits after each CTA's own wait: 2.7 (block 0, 0.3 early),
+    # 3.0, 3.0, 2.9 (block 3 waited 0.1 later): median 2.95
+    check("q|k|v         X in 0.65 / 0.80 (4); K loop 1.15 / 1.30 (4); stored 1.35 / 1.50 (4); sum 1.50 / 1.50 (1); "
+          "exit 2.95 / 3.00 (4)" in out, "q|k|v's points inside the product: " + out)
+    check(re.search(r"\n  o\s+X in 0.60 / 0.70 \(3\); K loop 1.10 / 1.20 \(3\); stored 1.30 / 1.40 \(3\); exit", out)
+          is not None, "o (3 CTAs, no sum): " + out)
     rc, out = run(write(d, "noedge.txt", [r for r in recs if r[1] != EDGE]), "--expert")
     check(rc != 0 and "step-edge" in out, "stamps without step edges are refused: " + out)
 
