@@ -11,7 +11,8 @@
  * k_attn_merge, NIB_KT_EDGE k_edge, NIB_KT_ATTN_WG k_attn_wg. Events: NIB_KT_ENTRY (first statement), NIB_KT_WAITED (griddepcontrol.wait
  * returned), NIB_KT_EXIT (thread 0 done), NIB_KT_EXIT_C0 / _C1 (the ping-pong kernel's consumers done), NIB_KT_MARK1..4
  * (points inside a kernel; k_gemm_lowbit: its first X window in, every warp's K loop done, thread 0's outputs or split-K
- * partials stored, the K split's last CTA starting the sum).
+ * partials stored, the K split's last CTA starting the sum; k_attn_dec: Q staged, warp 0's keys done, every warp's
+ * partial O in shared memory).
  * nib_cuda_ktrace_dump (runtime/device.h) writes every unit's ring as text, one record a line: "t kid ev sm block
  * grid", only from the time every sub-ring still holds on (a wrapped sub-ring lost its older records);
  * scripts/ktrace.py summarizes it. `nib_pi05_free` calls it when NIB_KTRACE=<file> is set. Without the build flag

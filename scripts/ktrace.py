@@ -23,10 +23,11 @@ each position gets, as medians over the layers, in us: gap (its first return fro
 launch's last exit: the boundary), run (its last exit after its first return), span (its last exit after the previous
 launch's last exit: its share of the layer), early (its first return after its first entry: how long its first CTA sat
 resident before the wait ended), waits (last minus first return from the wait), tail (last minus first exit) and its
-CTAs; and the layer (its first adaRMS's last exit to the next layer's). Then, for each low-bit product, its points
-(runtime/ktrace.cuh MARK1..4: first X window in, K loop done, outputs or split-K partials stored, the K split's last CTA
-starting the sum) and its exit, each CTA's against its own return from the wait: medians over the layers of the median
-CTA and of the slowest. Where no layer has that form, the last step's first launches are printed and the script fails. --detail prints the launches around the last step's middle layer."""
+CTAs; and the layer (its first adaRMS's last exit to the next layer's). Then, for each low-bit product and the decode
+attention, their points (runtime/ktrace.cuh MARK1..4; k_gemm_lowbit: first X window in, K loop done, outputs or split-K
+partials stored, the K split's last CTA starting the sum; k_attn_dec: Q staged, warp 0's keys done, the partial O in
+shared memory) and the exit, each CTA's against its own return from the wait: medians over the layers of the median CTA
+and of the slowest. Where no layer has that form, the last step's first launches are printed and the script fails. --detail prints the launches around the last step's middle layer."""
 import argparse
 import statistics
 import sys
@@ -36,8 +37,9 @@ NAMES = {1: "k_gemm_fp8_pp", 2: "k_gemm_fp8_pt", 3: "k_norm", 4: "k_quant_fp8_ro
 NORM, LOWBIT, LOWBIT_WG, ATTN_DEC, ATTN, MERGE, EDGE, ATTN_WG = 3, 5, 6, 7, 8, 9, 10, 11
 ATTNS = (ATTN_DEC, ATTN, ATTN_WG)
 ENTRY, WAITED, EXIT, EXIT_C0, EXIT_C1, MARK1, MARK2, MARK3, MARK4 = 0, 1, 2, 3, 4, 5, 6, 7, 8
-# k_gemm_lowbit's points between its wait and its exit (runtime/ktrace.cuh)
-MARKS = [(MARK1, "X in"), (MARK2, "K loop"), (MARK3, "stored"), (MARK4, "sum"), (EXIT, "exit")]
+# the points between a kernel's wait and its exit (runtime/ktrace.cuh): k_gemm_lowbit's, k_attn_dec's
+MARKS = {5: [(MARK1, "X in"), (MARK2, "K loop"), (MARK3, "stored"), (MARK4, "sum"), (EXIT, "exit")],
+         7: [(MARK1, "Q in"), (MARK2, "keys"), (MARK3, "O in smem"), (EXIT, "exit")]}
 
 
 def launches(recs):
@@ -117,13 +119,13 @@ def expert(L, steps, detail):
                 w, e, pe = cur["ev"][WAITED], exits(cur), max(exits(prev))
                 row[o] = {"gap": us(min(w) - pe), "run": us(max(e) - min(w)), "span": us(max(e) - pe),
                           "early": us(min(w) - cur["t0"]), "waits": us(max(w) - min(w)), "tail": us(max(e) - min(e)),
-                          "CTAs": cur["grid"]}
-            for o, _ in LAYER[1:]:  # the points inside a low-bit product, after each CTA's own return from the wait
+                          "CTAs": cur["grid"], "kid": cur["kid"]}
+            for o, _ in LAYER[1:]:  # the points inside a kernel, after each CTA's own return from the wait
                 bev = seq[k + o]["bev"]
                 w = bev.get(WAITED, {})
-                for ev, name in MARKS:
+                for ev, name in MARKS.get(seq[k + o]["kid"], []):
                     d = sorted(us(t - w[b]) for b, t in bev.get(ev, {}).items() if b in w)
-                    if d and seq[k + o]["kid"] in (LOWBIT, LOWBIT_WG):
+                    if d:
                         row[o]["m " + name] = (statistics.median(d), d[-1], len(d))
             rows.append(row)
             layer_us.append(us(max(exits(seq[k + 6])) - max(exits(seq[k - 2]))))
@@ -144,13 +146,15 @@ def expert(L, steps, detail):
           f"   (q|k|v .. down; the layer: {med(layer_us):.2f}, {min(layer_us):.2f} .. {max(layer_us):.2f})")
     print(f"  {'sum of gaps':14s}{med([sum(r[o]['gap'] for o, _ in LAYER[1:-1]) for r in rows]):9.2f}"
           f"   {'sum of runs':s} {med([sum(r[o]['run'] for o, _ in LAYER[1:-1]) for r in rows]):.2f}")
-    marked = [o for o, _ in LAYER[1:] if all("m X in" in r[o] for r in rows)]
+    # positions of one kernel in every layer, each with some point stamped
+    marked = [o for o, _ in LAYER[1:] if len({r[o]["kid"] for r in rows}) == 1
+              and all(any(key.startswith("m ") for key in r[o]) for r in rows)]
     if marked:
-        print("inside the low-bit products, us after each CTA's own return from the wait (medians over the layers of the "
-              "median CTA / the slowest CTA; CTAs with the point):")
+        print("inside the kernels, us after each CTA's own return from the wait (medians over the layers of the median "
+              "CTA / the slowest CTA; CTAs with the point):")
         for o in marked:
             cells = []
-            for _, name in MARKS:
+            for _, name in MARKS[rows[0][o]["kid"]]:
                 v = [r[o]["m " + name] for r in rows if "m " + name in r[o]]
                 if len(v) == len(rows):
                     cells.append(f"{name} {med([x[0] for x in v]):.2f} / {med([x[1] for x in v]):.2f} "

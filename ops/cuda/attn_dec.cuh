@@ -314,6 +314,7 @@ __global__ void __launch_bounds__(DEC_NT, 2) k_attn_dec(AttnParams p) {
         }
     }
     __syncthreads();
+    NIB_KT(NIB_KT_ATTN_DEC, NIB_KT_MARK1); /* Q staged (the first K / V in flight) */
 
     /* logits to log2 units (FP8: also undo the Q rows' 2^k) for rows 2t, 2t + 1 */
     float lsc[2] = {LOG2E_F, LOG2E_F};
@@ -428,6 +429,7 @@ __global__ void __launch_bounds__(DEC_NT, 2) k_attn_dec(AttnParams p) {
         if (step + DEC_NW < n_steps) load_v(step + DEC_NW); /* vr is free now */
     }
 
+    NIB_KT(NIB_KT_ATTN_DEC, NIB_KT_MARK2); /* warp 0's keys done */
     /* row sums over the 8 key lanes g */
 #pragma unroll
     for (int i = 0; i < 2; i++)
@@ -448,6 +450,7 @@ __global__ void __launch_bounds__(DEC_NT, 2) k_attn_dec(AttnParams p) {
         red_l[warp][2 * t] = lrow[0], red_l[warp][2 * t + 1] = lrow[1];
     }
     __syncthreads();
+    NIB_KT(NIB_KT_ATTN_DEC, NIB_KT_MARK3); /* every warp's partial O in shared memory */
     /* thread -> row r = tid / 16, dims 16 (tid % 16) .. + 15 */
     const int r = tid >> 4, d0 = (tid & 15) * 16;
     if (r >= (p.n_splits > 1 ? p.rows_max : rows_valid)) return; /* with splits every row: see the top */

@@ -71,14 +71,14 @@ EXPERT_LAYER = [(LOWBIT, 4, 1.0, 3.0), (ATTN_DEC, 3, 1.1, 5.0), (MERGE, 2, 1.2, 
 def launch(kid, grid, p_exit, gap, run):
     """one launch after the previous one's last exit p_exit (ns): entries 2 us before it, the first wait returned gap
     after it, the last 0.1 us later; exits from run - 0.3 us to run after the first return; returns its last exit.
-    A low-bit product's CTA b also stamps its points (ktrace.cuh MARK1..3) 0.5 / 1.0 / 1.2 us + 0.1 b after its own
+    A low-bit product's or the attention's CTA b also stamps its points (ktrace.cuh MARK1..3) 0.5 / 1.0 / 1.2 us + 0.1 b after its own
     wait, and on a 4-CTA grid (a K split) its last CTA the sum (MARK4) 1.5 us after"""
     out, w0 = [], p_exit + int(gap * 1000)
     for b in range(grid):
         wb = w0 + (100 if b == grid - 1 else 0)
         out += [(p_exit - 2000 + b, kid, ENTRY, b, b, grid), (wb, kid, WAITED, b, b, grid),
                 (w0 + int(run * 1000) - (300 if b == 0 else 0), kid, EXIT, b, b, grid)]
-        if kid == LOWBIT:
+        if kid in (LOWBIT, ATTN_DEC):
             out += [(wb + 500 + 100 * b, kid, 5, b, b, grid), (wb + 1000 + 100 * b, kid, 6, b, b, grid),
                     (wb + 1200 + 100 * b, kid, 7, b, b, grid)]
             if grid == 4 and b == grid - 1:
@@ -132,6 +132,9 @@ with tempfile.TemporaryDirectory() as d:
           "exit 2.95 / 3.00 (4)" in out, "q|k|v's points inside the product: " + out)
     check(re.search(r"\n  o\s+X in 0.60 / 0.70 \(3\); K loop 1.10 / 1.20 \(3\); stored 1.30 / 1.40 \(3\); exit", out)
           is not None, "o (3 CTAs, no sum): " + out)
+    check(re.search(r"\n  attention\s+Q in 0.60 / 0.70 \(3\); keys 1.10 / 1.20 \(3\); O in smem 1.30 / 1.40 \(3\); "
+                    r"exit", out) is not None, "the attention's own points: " + out)
+    check(re.search(r"\n  (merge|adaRMS 2) +[A-Z]", out) is None, "no points for kernels without them: " + out)
     rc, out = run(write(d, "noedge.txt", [r for r in recs if r[1] != EDGE]), "--expert")
     check(rc != 0 and "step-edge" in out, "stamps without step edges are refused: " + out)
 
