@@ -159,8 +159,6 @@ int nib_cuda_gemm_qkv_fuses(const nib_qweight *w, int64_t m, const struct nib_qk
  * q|k|v epilogue) and on the wgmma kernel's 64-token tiles without X multicast (the action expert's
  * products at H <= 16 and H = 50); 0 never (A/B); other values are errors. For tests. */
 long long nib_cuda_gemm_lean_launches(void);
-/* launches of the REG = 3 kernel (NIB_GEMM_REG3=1; every step's weights in registers before the PDL wait) */
-long long nib_cuda_gemm_reg3_launches(void);
 /* How many wgmma launches ran the q|k|v epilogue (NIB_GEMM_WG_QKV) since the process started. For tests. */
 long long nib_cuda_gemm_wg_qkv_launches(void);
 

@@ -46,7 +46,6 @@ int nib_cuda_gemm_qkv_fuses(const nib_qweight *w, int64_t m, const struct nib_qk
     return -1;
 }
 long long nib_cuda_gemm_lean_launches(void) { return 0; }
-long long nib_cuda_gemm_reg3_launches(void) { return 0; }
 long long nib_cuda_gemm_wg_qkv_launches(void) { return 0; }
 nib_status nib_cuda_gemm_plan(const nib_qweight *w, int64_t m, uint64_t ws_elems, nib_gemm_plan *plan) {
     (void)w, (void)m, (void)ws_elems;

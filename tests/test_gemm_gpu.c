@@ -669,12 +669,11 @@ NIB_TEST(gemm_gpu_wgmma_tiles) {
     nib_cuda_gemm_ws_free(&ws);
 }
 
-/* One case run twice on the same inputs, with env=off and env=on: both within the reference's bound, bitwise equal
- * (guards included), and the second with exactly `want` launches counted by `count` (the first with none). Returns
- * the worst error/bound ratio. */
-static double env_pair(nib_test_ctx *t, nib_rng *rng, const nib_wsrc *w, int64_t m, const case_opts *o, nib_gemm_ws *ws,
-                       const char *env, const char *off, const char *on, long long (*count)(void), int want,
-                       const char *what) {
+/* One case run twice on the same inputs, with NIB_GEMM_LEAN=0 (the general kernel) and =1: both within the
+ * reference's bound, bitwise equal (guards included), and the second on a lean instantiation exactly when
+ * want_lean. Returns the worst error/bound ratio. */
+static double lean_pair(nib_test_ctx *t, nib_rng *rng, const nib_wsrc *w, int64_t m, const case_opts *o,
+                        nib_gemm_ws *ws, int want_lean, const char *what) {
     const int64_t n_out = o->geglu ? w->n / 2 : w->n, vals = (m + 2) * (n_out + 8);
     uint16_t *y0 = nib_malloc((size_t)vals * 2), *y1 = nib_malloc((size_t)vals * 2);
     double worst = 0.0;
@@ -683,115 +682,30 @@ static double env_pair(nib_test_ctx *t, nib_rng *rng, const nib_wsrc *w, int64_t
         goto out;
     }
     nib_rng r0 = *rng, r1 = *rng;
-    setenv(env, off, 1);
-    long long before = count();
+    setenv("NIB_GEMM_LEAN", "0", 1);
+    long long before = nib_cuda_gemm_lean_launches();
     g_capture = y0;
     worst = run_case(t, &r0, w, m, o, ws, 0);
-    CHECK_MSG(count() == before, "%s M=%lld: a counted launch with %s=%s", what, (long long)m, env, off);
-    setenv(env, on, 1);
-    before = count();
+    CHECK_MSG(nib_cuda_gemm_lean_launches() == before, "%s M=%lld: a lean launch with NIB_GEMM_LEAN=0", what, (long long)m);
+    setenv("NIB_GEMM_LEAN", "1", 1);
+    before = nib_cuda_gemm_lean_launches();
     g_capture = y1;
     const double w1 = run_case(t, &r1, w, m, o, ws, 0);
     g_capture = NULL;
-    unsetenv(env);
+    unsetenv("NIB_GEMM_LEAN");
     *rng = r1;
     if (w1 > worst) worst = w1;
-    const long long launched = count() - before;
-    CHECK_MSG(launched == want, "%s M=%lld: %lld counted launches with %s=%s, expected %d", what, (long long)m, launched,
-              env, on, want);
+    const long long launched = nib_cuda_gemm_lean_launches() - before;
+    CHECK_MSG(launched == (want_lean ? 1 : 0), "%s M=%lld: %lld lean launches, expected %d", what, (long long)m, launched,
+              want_lean);
     int64_t diff = 0;
     for (int64_t i = 0; i < vals; i++) diff += y0[i] != y1[i];
-    CHECK_MSG(diff == 0, "%s M=%lld: %s=%s and =%s differ in %lld of %lld values (guards included)", what, (long long)m,
-              env, off, on, (long long)diff, (long long)vals);
+    CHECK_MSG(diff == 0, "%s M=%lld: lean and general kernels differ in %lld of %lld values (guards included)", what,
+              (long long)m, (long long)diff, (long long)vals);
 out:
     nib_free(y0);
     nib_free(y1);
     return worst;
-}
-
-/* NIB_GEMM_LEAN=0 (the general kernel) against =1, a lean instantiation exactly when want_lean */
-static double lean_pair(nib_test_ctx *t, nib_rng *rng, const nib_wsrc *w, int64_t m, const case_opts *o,
-                        nib_gemm_ws *ws, int want_lean, const char *what) {
-    return env_pair(t, rng, w, m, o, ws, "NIB_GEMM_LEAN", "0", "1", nib_cuda_gemm_lean_launches, want_lean, what);
-}
-
-/* NIB_GEMM_REG3=1 (ops/cuda/gemm_lowbit.cu: every pipeline step's weights in registers before the PDL wait) against
- * the default: the GeGLU lean plans at MT = 2 with one K split whose warps have exactly 4 steps (K = 1024 on one warp
- * along K: the expert's gate|up at H <= 16) run it, bitwise equal to REG = 1 and within the reference's bound, at
- * M = 9, 10, 16, N with a partial row group; K = 1152 (5 steps), two warps along K (2 steps) and a gate with a
- * residual (not lean) stay on the other kernels with the knob set; a bad value is an error naming it. */
-NIB_TEST(gemm_gpu_reg3) {
-    NIB_REQUIRE_GPU();
-    nib_rng rng;
-    nib_gemm_ws ws;
-    gemm_test_begin(t, &rng, &ws, 128, 2048);
-    const int64_t ks[] = {1024, 1152}, ms[] = {9, 10, 16};
-    int on = 0, off = 0;
-    double worst = 0.0;
-    for (size_t ki = 0; ki < NIB_ARRAY_LEN(ks); ki++) {
-        rand_w rw;
-        REQUIRE(make_rand_w(&rng, NIB_WFMT_NVFP4, 2 * 136, ks[ki], 0, 0, 0, 0, &rw));
-        nib_dev_arena a;
-        nib_qweight q;
-        load_probe(t, &rw.w, 1, &a, &q);
-        for (size_t mi = 0; mi < NIB_ARRAY_LEN(ms); mi++) {
-            static nib_gemm_plan pls[1024];
-            const int np = nib_cuda_gemm_plans(&q, ms[mi], ws.acc_elems, pls, (int)NIB_ARRAY_LEN(pls));
-            CHECK_MSG(np > 0 && np < (int)NIB_ARRAY_LEN(pls), "M=%lld: %d plans", (long long)ms[mi], np);
-            for (int p = 0; p < np; p++) {
-                if (pls[p].mt != 2 || pls[p].reg != 1 || pls[p].wgt || pls[p].m_chunks != 1 || pls[p].wk > 2) continue;
-                const int want = ks[ki] == 1024 && pls[p].wk == 1 && pls[p].ksplit == 1;
-                char what[96];
-                snprintf(what, sizeof what, "K=%lld wk%d ks%d", (long long)ks[ki], pls[p].wk, pls[p].ksplit);
-                const case_opts og = {1, 0, 0, 0, &pls[p], NULL};
-                const double r = env_pair(t, &rng, &rw.w, ms[mi], &og, &ws, "NIB_GEMM_REG3", "0", "1",
-                                          nib_cuda_gemm_reg3_launches, want, what);
-                CHECK_MSG(r <= 1.0, "%s M=%lld: err/bound %.3f", what, (long long)ms[mi], r);
-                worst = fmax(worst, r);
-                on += want;
-                off += !want;
-                if (want) { /* GeGLU with a gate and a residual: the general kernel, whatever the knob */
-                    const case_opts ogr = {1, 1, 1, 0, &pls[p], NULL};
-                    worst = fmax(worst, env_pair(t, &rng, &rw.w, ms[mi], &ogr, &ws, "NIB_GEMM_REG3", "0", "1",
-                                                 nib_cuda_gemm_reg3_launches, 0, "K=1024 gate and residual"));
-                    off++;
-                }
-            }
-        }
-        if (ki == 0) { /* a bad value: an error naming the knob */
-            nib_gemm_plan pl;
-            memset(&pl, 0, sizeof pl);
-            int found = 0;
-            static nib_gemm_plan pls[1024];
-            const int np = nib_cuda_gemm_plans(&q, 10, ws.acc_elems, pls, (int)NIB_ARRAY_LEN(pls));
-            for (int p = 0; p < np && !found; p++)
-                if (pls[p].mt == 2 && pls[p].reg == 1 && !pls[p].wgt && pls[p].wk == 1 && pls[p].ksplit == 1 &&
-                    pls[p].m_chunks == 1)
-                    pl = pls[p], found = 1;
-            CHECK_MSG(found, "no wk1 ks1 register plan at M = 10");
-            if (found) {
-                void *x = NULL, *y = NULL;
-                CHECK_OK(nib_dev_malloc(&x, (size_t)10 * ks[0] * 2, "x"));
-                CHECK_OK(nib_dev_malloc(&y, (size_t)10 * 136 * 2, "y"));
-                nib_gemm_epi e;
-                memset(&e, 0, sizeof e);
-                e.geglu = 1;
-                setenv("NIB_GEMM_REG3", "2", 1);
-                const nib_status st = nib_cuda_gemm_planned(&q, x, 10, ks[0], y, 136, &e, &ws, &pl, NULL);
-                unsetenv("NIB_GEMM_REG3");
-                CHECK_MSG(st == NIB_ERR_INVALID_ARG && strstr(nib_last_error(), "NIB_GEMM_REG3=2"),
-                          "NIB_GEMM_REG3=2: status %d, %s", (int)st, nib_last_error());
-                nib_clear_error();
-                nib_dev_free(x, (size_t)10 * ks[0] * 2);
-                nib_dev_free(y, (size_t)10 * 136 * 2);
-            }
-        }
-        nib_dev_arena_free(&a);
-        rand_w_free(&rw);
-    }
-    printf("  %d cases on REG = 3, %d left on the other kernels, worst err/bound %.3f\n", on, off, worst);
-    CHECK_MSG(on >= (int)NIB_ARRAY_LEN(ms) && off >= (int)NIB_ARRAY_LEN(ms), "%d cases on REG = 3, %d off", on, off);
-    nib_cuda_gemm_ws_free(&ws);
 }
 
 /* The lean instantiations (NIB_GEMM_LEAN: NVFP4 compiled for one epilogue kind and one K-split mode: the

@@ -558,7 +558,6 @@ __device__ __forceinline__ void load_chunks_reg(Chunk<FMT> (&dst)[CPS], const ui
  * 1 one K split, 2 several. Every lean kind has no act-order and no bias; GeGLU and q|k|v no gate or
  * residual (lean_kind() on the host checks all of it). */
 enum { LEAN_PLAIN = 1, LEAN_GEGLU = 2, LEAN_QKV = 3 };
-constexpr int REG3_STEPS = 4; /* REG = 3: the most pipeline steps a warp may have (all held in registers) */
 #define LEAN(kind, split) ((kind) | ((split) << 2))
 
 template <int FMT, int MT, int R, int REG, int L>
@@ -676,17 +675,6 @@ __device__ __forceinline__ void gemm_lowbit_body(const GemmParams &p) {
         pol = evict_first_policy();
         if (nsteps > 0) load_chunks_reg<FMT, CPS>(nxt, rwp, rsp, rg_ok[0], rc, c_end, g, pol);
     }
-    /* REG = 3: every step's weights (exactly REG3_STEPS steps, the host checks) in registers before the wait: after it
-     * the K loop waits for no weight load (REG = 1 keeps one step ahead, so a warp with 4 steps waits for 3 round
-     * trips after the wait; the expert's gate|up at H <= 16) */
-    Chunk<FMT> wall[REG == 3 ? REG3_STEPS : 1][CPS];
-    if constexpr (REG == 3) {
-        pol = evict_first_policy();
-#pragma unroll
-        for (int j = 0; j < REG3_STEPS; j++)
-            load_chunks_reg<FMT, CPS>(wall[j], rwp + j * is.wstep, rsp + j * is.sstep, rg_ok[0], rc + j * p.wk * CPS,
-                                      c_end, g, pol);
-    }
     nib::pdl_enter(); /* X comes from the previous kernel */
     NIB_KT(NIB_KT_LOWBIT, NIB_KT_WAITED);
 #pragma unroll
@@ -733,21 +721,6 @@ __device__ __forceinline__ void gemm_lowbit_body(const GemmParams &p) {
             const unsigned char *stp = bring_ptr + use_stage * (CPS * BulkChunk<FMT>::B);
 #pragma unroll
             for (int cc = 0; cc < CPS; cc++) read_chunk_bulk<FMT, CPS>(ch[cc][0], stp, cc, lane, g);
-        } else if (REG == 3) {
-            /* a case per step, each with constant indices, so that wall stays in registers (indexed by i it went to
-             * the stack); the loop itself stays as the other REGs have it */
-            switch (i) {
-#define NIB_REG3_CASE(j)                                                                                           \
-    case j:                                                                                                        \
-        for (int cc = 0; cc < CPS; cc++) ch[cc][0] = wall[REG == 3 ? j : 0][cc];                                   \
-        break;
-                NIB_REG3_CASE(0)
-                NIB_REG3_CASE(1)
-                NIB_REG3_CASE(2)
-                NIB_REG3_CASE(3)
-#undef NIB_REG3_CASE
-            }
-            static_assert(REG != 3 || REG3_STEPS == 4, "a case per step");
         } else if (REG == 1) {
 #pragma unroll
             for (int cc = 0; cc < CPS; cc++) ch[cc][0] = nxt[cc];
@@ -1537,9 +1510,8 @@ int nib_cuda_gemm_plans(const nib_qweight *w, int64_t m, uint64_t ws_elems, nib_
     return nib_gemm_plans_for(&sh, m, ws_elems, g_num_sms, out, max);
 }
 
-static long long g_lean_launches, g_wg_qkv_launches, g_reg3_launches;
+static long long g_lean_launches, g_wg_qkv_launches;
 long long nib_cuda_gemm_lean_launches(void) { return __atomic_load_n(&g_lean_launches, __ATOMIC_RELAXED); }
-long long nib_cuda_gemm_reg3_launches(void) { return __atomic_load_n(&g_reg3_launches, __ATOMIC_RELAXED); }
 long long nib_cuda_gemm_wg_qkv_launches(void) { return __atomic_load_n(&g_wg_qkv_launches, __ATOMIC_RELAXED); }
 
 /* NIB_GEMM_LEAN: 1 (default) runs the lean instantiations where one applies, 0 never (A/B); -1: another value */
@@ -1714,15 +1686,6 @@ static nib_status launch_lean_bulk(int lk, const GemmParams &p, dim3 g, size_t s
                                      : launch_t<FMT, 1, 1, 2, 2, LEAN(LEAN_PLAIN, 2)>(p, g, smem, s);
 }
 
-/* NIB_GEMM_REG3: 1 runs the GeGLU lean plans at MT = 2 with register weights and one K split (the expert's gate|up at
- * H <= 16) on REG = 3 (every step's weights loaded before the PDL wait; one CTA an SM's registers) where every warp has
- * exactly REG3_STEPS steps (K = 1024 on one warp along K); 0 (the default) keeps REG = 1; -1: another value */
-static int reg3_env(void) {
-    const char *e = getenv("NIB_GEMM_REG3");
-    if (!e || !*e || !strcmp(e, "0")) return 0;
-    return strcmp(e, "1") ? -1 : 1;
-}
-
 template <int FMT>
 static nib_status launch_mt(int mt, int occ, int reg, const GemmParams &p, dim3 g, size_t smem, cudaStream_t s) {
     if constexpr (FMT == NIB_WFMT_INT4) {
@@ -1739,18 +1702,6 @@ static nib_status launch_mt(int mt, int occ, int reg, const GemmParams &p, dim3 
             if (env < 0) return lean_env_error();
             const int lk = env ? lean_kind(p) : 0;
             if (lk && reg == 2) return launch_lean_bulk<FMT>(lk, p, g, smem, s);
-            if (lk == LEAN(LEAN_GEGLU, 1) && mt == 2) {
-                const int r3 = reg3_env();
-                if (r3 < 0)
-                    return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_GEMM_REG3=%s: 1 (every step's weights in registers before "
-                                   "the wait, the GeGLU lean plans at MT = 2) or 0 (one step ahead, the default)",
-                                   getenv("NIB_GEMM_REG3"));
-                if (r3 && p.nsteps_full == REG3_STEPS && p.nsteps_last == REG3_STEPS) {
-                    __atomic_fetch_add(&g_lean_launches, 1, __ATOMIC_RELAXED);
-                    __atomic_fetch_add(&g_reg3_launches, 1, __ATOMIC_RELAXED);
-                    return launch_t<FMT, 2, 1, 1, 3, LEAN(LEAN_GEGLU, 1)>(p, g, smem, s);
-                }
-            }
             if (lk) return mt == 1 ? launch_lean<FMT, 1>(lk, p, g, smem, s) : launch_lean<FMT, 2>(lk, p, g, smem, s);
         }
     }
