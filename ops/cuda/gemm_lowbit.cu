@@ -1526,8 +1526,24 @@ static nib_status lean_env_error(void) {
                    "default) or 0 (never)", getenv("NIB_GEMM_LEAN"));
 }
 
+/* NIB_GEMM_SMEM_PAD=BYTES (a lab knob): every mma.sync low-bit launch asks for at least BYTES of dynamic shared memory
+ * (at most NIB_GEMM_MAX_SMEM), so that, above half an SM's, one CTA an SM: where the CTAs of a grid land; unset or 0:
+ * none (the default); -1: a bad value */
+static long smem_pad_env(void) {
+    const char *e = getenv("NIB_GEMM_SMEM_PAD");
+    if (!e || !*e) return 0;
+    char *end = NULL;
+    const long v = strtol(e, &end, 10);
+    return *end || v < 0 || v > NIB_GEMM_MAX_SMEM ? -1 : v;
+}
+
 template <int FMT, int MT, int R, int OCC, int REG, int L = 0>
 static nib_status launch_t(const GemmParams &p, dim3 grid, size_t smem, cudaStream_t stream) {
+    const long pad = smem_pad_env();
+    if (pad < 0)
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_GEMM_SMEM_PAD=%s: bytes of dynamic shared memory, 0 .. %d",
+                       getenv("NIB_GEMM_SMEM_PAD"), NIB_GEMM_MAX_SMEM);
+    if ((size_t)pad > smem) smem = (size_t)pad;
     static int attr_set;
     if (!attr_set) {
         NIB_CUDA_CHECK(cudaFuncSetAttribute(k_gemm_lowbit<FMT, MT, R, OCC, REG, L>,
