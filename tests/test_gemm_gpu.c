@@ -708,6 +708,72 @@ out:
     return worst;
 }
 
+/* NIB_GEMM_SMEM_PAD=BYTES[:N] (a lab knob: more dynamic shared memory per CTA, so one CTA an SM) changes where CTAs
+ * land, never the numbers: a GeGLU product at M = 10 on an MT = 2 register plan, bitwise equal with the knob unset,
+ * set for every launch, set for this weight's rows only and for other rows; bad values are errors naming it. */
+NIB_TEST(gemm_gpu_smem_pad) {
+    NIB_REQUIRE_GPU();
+    nib_rng rng;
+    nib_gemm_ws ws;
+    gemm_test_begin(t, &rng, &ws, 128, 2048);
+    rand_w rw;
+    REQUIRE(make_rand_w(&rng, NIB_WFMT_NVFP4, 2 * 136, 1024, 0, 0, 0, 0, &rw));
+    nib_dev_arena a;
+    nib_qweight q;
+    load_probe(t, &rw.w, 1, &a, &q);
+    static nib_gemm_plan pls[1024];
+    const int np = nib_cuda_gemm_plans(&q, 10, ws.acc_elems, pls, (int)NIB_ARRAY_LEN(pls));
+    int p = 0;
+    while (p < np && (pls[p].mt != 2 || pls[p].reg != 1 || pls[p].wgt)) p++;
+    CHECK_MSG(p < np, "no MT = 2 register plan at M = 10");
+    if (p < np) {
+        char own[64];
+        snprintf(own, sizeof own, "120000:%lld", (long long)q.np);
+        const char *vals[] = {NULL, "120000", own, "120000:64"};
+        const int64_t n_vals = 12 * (136 + 8);
+        uint16_t *y[4] = {NULL, NULL, NULL, NULL};
+        const case_opts o = {1, 0, 0, 0, &pls[p], NULL};
+        for (int i = 0; i < 4; i++) {
+            y[i] = nib_malloc((size_t)n_vals * 2);
+            REQUIRE(y[i] != NULL);
+            nib_rng r = rng;
+            if (vals[i]) setenv("NIB_GEMM_SMEM_PAD", vals[i], 1);
+            g_capture = y[i];
+            const double worst = run_case(t, &r, &rw.w, 10, &o, &ws, 0);
+            g_capture = NULL;
+            unsetenv("NIB_GEMM_SMEM_PAD");
+            CHECK_MSG(worst <= 1.0, "NIB_GEMM_SMEM_PAD=%s: err/bound %.3f", vals[i] ? vals[i] : "(unset)", worst);
+            if (i) {
+                int64_t diff = 0;
+                for (int64_t j = 0; j < n_vals; j++) diff += y[i][j] != y[0][j];
+                CHECK_MSG(diff == 0, "NIB_GEMM_SMEM_PAD=%s: %lld of %lld values differ from the unset run", vals[i],
+                          (long long)diff, (long long)n_vals);
+            }
+        }
+        for (int i = 0; i < 4; i++) nib_free(y[i]);
+        const char *bad[] = {"x", "5:", "120000:0", "300000", "-1"};
+        void *dx = NULL, *dy = NULL;
+        CHECK_OK(nib_dev_malloc(&dx, 10 * 1024 * 2, "x"));
+        CHECK_OK(nib_dev_malloc(&dy, 10 * 136 * 2, "y"));
+        nib_gemm_epi e;
+        memset(&e, 0, sizeof e);
+        e.geglu = 1;
+        for (size_t i = 0; i < NIB_ARRAY_LEN(bad); i++) {
+            setenv("NIB_GEMM_SMEM_PAD", bad[i], 1);
+            const nib_status st = nib_cuda_gemm_planned(&q, dx, 10, 1024, dy, 136, &e, &ws, &pls[p], NULL);
+            unsetenv("NIB_GEMM_SMEM_PAD");
+            CHECK_MSG(st == NIB_ERR_INVALID_ARG && strstr(nib_last_error(), "NIB_GEMM_SMEM_PAD=") != NULL,
+                      "NIB_GEMM_SMEM_PAD=%s gave status %d, error: %s", bad[i], (int)st, nib_last_error());
+            nib_clear_error();
+        }
+        nib_dev_free(dx, 10 * 1024 * 2);
+        nib_dev_free(dy, 10 * 136 * 2);
+    }
+    nib_dev_arena_free(&a);
+    rand_w_free(&rw);
+    nib_cuda_gemm_ws_free(&ws);
+}
+
 /* The lean instantiations (NIB_GEMM_LEAN: NVFP4 compiled for one epilogue kind and one K-split mode: the
  * mma.sync kernel's MT = 1 and MT = 2 register plans, the latter the action expert's products at H <= 16, its
  * MT = 1 bulk-ring plans (lean without GeGLU since the forty-ninth session's lean rule), and

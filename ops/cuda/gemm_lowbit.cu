@@ -1526,23 +1526,31 @@ static nib_status lean_env_error(void) {
                    "default) or 0 (never)", getenv("NIB_GEMM_LEAN"));
 }
 
-/* NIB_GEMM_SMEM_PAD=BYTES (a lab knob): every mma.sync low-bit launch asks for at least BYTES of dynamic shared memory
- * (at most NIB_GEMM_MAX_SMEM), so that, above half an SM's, one CTA an SM: where the CTAs of a grid land; unset or 0:
- * none (the default); -1: a bad value */
-static long smem_pad_env(void) {
+/* NIB_GEMM_SMEM_PAD=BYTES[:N] (a lab knob): every mma.sync low-bit launch (with :N, those of weights with N padded rows)
+ * asks for at least BYTES of dynamic shared memory (at most NIB_GEMM_MAX_SMEM), so that, above half an SM's, a CTA has
+ * its SM to itself: where a grid's CTAs land (docs/design.md, "Sixty-seventh session"). Unset or 0: none (the default).
+ * Returns the bytes for a launch of np rows, or -1 for a bad value. */
+static long smem_pad_env(int np) {
     const char *e = getenv("NIB_GEMM_SMEM_PAD");
     if (!e || !*e) return 0;
     char *end = NULL;
     const long v = strtol(e, &end, 10);
-    return *end || v < 0 || v > NIB_GEMM_MAX_SMEM ? -1 : v;
+    long n = -1;
+    if (*end == ':') {
+        const char *ns = end + 1;
+        n = strtol(ns, &end, 10);
+        if (end == ns || n < 1) return -1;
+    }
+    if (*end || end == e || v < 0 || v > NIB_GEMM_MAX_SMEM) return -1;
+    return n < 0 || n == np ? v : 0;
 }
 
 template <int FMT, int MT, int R, int OCC, int REG, int L = 0>
 static nib_status launch_t(const GemmParams &p, dim3 grid, size_t smem, cudaStream_t stream) {
-    const long pad = smem_pad_env();
+    const long pad = smem_pad_env(p.np);
     if (pad < 0)
-        return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_GEMM_SMEM_PAD=%s: bytes of dynamic shared memory, 0 .. %d",
-                       getenv("NIB_GEMM_SMEM_PAD"), NIB_GEMM_MAX_SMEM);
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_GEMM_SMEM_PAD=%s: BYTES[:N], bytes of dynamic shared memory 0 .. %d, "
+                       "optionally only for weights of N rows", getenv("NIB_GEMM_SMEM_PAD"), NIB_GEMM_MAX_SMEM);
     if ((size_t)pad > smem) smem = (size_t)pad;
     static int attr_set;
     if (!attr_set) {
