@@ -1710,6 +1710,7 @@ static nib_status op_layer(nib_pi05 *m, const call_shape *cs, op_step *o, int l)
     memset(&ca, 0, sizeof ca);
     ca.q = m->eq, ca.o = m->eattn, ca.q_tok = ca.o_tok = nh * hd, ca.nq = (int32_t)H, ca.n_heads = (int32_t)nh;
     ca.kv = m->kv[l], ca.t_valid = m->ints + 1;
+    ca.lens_settled = 1; /* m->ints: uploaded before the call's first kernel (send_inputs), written by no kernel */
     /* The cache holds max_cameras x 256 + max_text + max_horizon slots, but this call's keys are its
      * S + H (a graph is captured per V, L, H): a view of that length (token-major planes: the same
      * pointers) plans the splits over the keys there are. 2 cameras, H = 10: 9 tiles of 64 instead of

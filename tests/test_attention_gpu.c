@@ -627,6 +627,9 @@ typedef struct ccase {
     int32_t t_max, tv, nq, nqv, H, KV;
 } ccase;
 
+/* run_cache's nib_attn_cache_args.lens_settled (attn_gpu_lens_early sets it) */
+static int32_t g_lens_settled;
+
 /* Runs one cache attention on the GPU and checks it; fills out_gpu / out_ref [nqv][H][D] (for
  * the cosines) when not NULL. Returns the GPU's error NMSE against the reference. */
 static double run_cache(nib_test_ctx *t, nib_kv_dtype dt, const ccase *c, const float *hq, const float *kx,
@@ -672,6 +675,7 @@ static double run_cache(nib_test_ctx *t, nib_kv_dtype dt, const ccase *c, const 
     CHECK_OK(nib_kv_layer_map(&a.kv, dt, c->t_max, c->KV, D, dkv.p));
     a.t_valid = (const int32_t *)dint.p;
     a.nq_valid = (const int32_t *)dint.p + 1;
+    a.lens_settled = g_lens_settled;
     nib_attn_plan pl;
     CHECK_OK(nib_cuda_attn_cache_plan(&a, &pl));
     if (!dalloc(t, &dws, (size_t)pl.ws_bytes, "workspace")) goto done;
@@ -1085,6 +1089,80 @@ NIB_TEST(attn_gpu_prefetch_switch) {
             nib_test_fail(t, __FILE__, __LINE__, "host allocation failed");
         }
         nib_free(hq), nib_free(kx), nib_free(vx), nib_free(o0), nib_free(o1), nib_free(r0), nib_free(r1);
+    }
+}
+
+/* NIB_ATTN_LENS_EARLY=1 with lens_settled (runtime/launch.cuh, rule 1b): the decode kernel reads the lengths before
+ * its PDL wait. The output is bitwise the one without (every cache dtype; decode with T ending inside a tile, and
+ * the Pi0.5 suffix at H = 10 over a 555-key view with all and with 7 valid tokens); the launch counter moves only
+ * with both set, and at least once (the per-token suffix runs the decode kernel); a bad value is an error naming
+ * it before anything runs. */
+NIB_TEST(attn_gpu_lens_early) {
+    NIB_REQUIRE_GPU();
+    nib_rng rng;
+    nib_test_rng(t, &rng);
+    const ccase cs[] = {{5000, 3333, 1, 1, 8, 1}, {555, 555, 10, 10, 8, 1}, {555, 550, 10, 7, 8, 1}};
+    const nib_kv_dtype dts[] = {NIB_KV_BF16, NIB_KV_FP8, NIB_KV_NVFP4};
+    long long moved = 0;
+    for (size_t i = 0; i < NIB_ARRAY_LEN(cs); i++)
+        for (size_t di = 0; di < NIB_ARRAY_LEN(dts); di++) {
+            const ccase *c = &cs[i];
+            const int D = 256;
+            const int64_t hd = (int64_t)c->H * D, q_tok = hd + 8, nkv = (int64_t)c->tv * c->KV * D;
+            const size_t on = (size_t)c->nqv * hd;
+            float *hq = nib_malloc((size_t)c->nq * q_tok * 4), *kx = nib_malloc((size_t)nkv * 4),
+                  *vx = nib_malloc((size_t)nkv * 4), *o0 = nib_malloc(on * 4), *o1 = nib_malloc(on * 4),
+                  *o2 = nib_malloc(on * 4), *r = nib_malloc(on * 4);
+            if (hq && kx && vx && o0 && o1 && o2 && r) {
+                for (int64_t j = 0; j < c->nq * q_tok; j++) hq[j] = bfr((float)(nib_rng_normal(&rng) / 16.0));
+                for (int64_t j = 0; j < nkv; j++) {
+                    kx[j] = (float)nib_rng_normal(&rng);
+                    vx[j] = (float)nib_rng_normal(&rng);
+                }
+                g_lens_settled = 1;
+                run_cache(t, dts[di], c, hq, kx, vx, o0, r);
+                long long before = nib_cuda_attn_lens_early_launches();
+                setenv("NIB_ATTN_LENS_EARLY", "1", 1);
+                run_cache(t, dts[di], c, hq, kx, vx, o1, r);
+                const long long used = nib_cuda_attn_lens_early_launches() - before;
+                moved += used;
+                g_lens_settled = 0;
+                before = nib_cuda_attn_lens_early_launches();
+                run_cache(t, dts[di], c, hq, kx, vx, o2, r);
+                unsetenv("NIB_ATTN_LENS_EARLY");
+                CHECK_MSG(nib_cuda_attn_lens_early_launches() == before,
+                          "T %d nq %d %s: an early-lengths launch without lens_settled", c->tv, c->nq,
+                          nib_kv_dtype_name(dts[di]));
+                CHECK_MSG(!memcmp(o0, o1, on * 4) && !memcmp(o0, o2, on * 4),
+                          "T %d/%d nq %d/%d %s: the output with the lengths read early differs", c->tv, c->t_max, c->nqv,
+                          c->nq, nib_kv_dtype_name(dts[di]));
+                printf("  T %d/%d nq %d/%d %-5s: %lld decode launches read the lengths early\n", c->tv, c->t_max,
+                       c->nqv, c->nq, nib_kv_dtype_name(dts[di]), used);
+            } else {
+                nib_test_fail(t, __FILE__, __LINE__, "host allocation failed");
+            }
+            g_lens_settled = 0;
+            nib_free(hq), nib_free(kx), nib_free(vx), nib_free(o0), nib_free(o1), nib_free(o2), nib_free(r);
+        }
+    CHECK_MSG(moved > 0, "no decode launch read its lengths early");
+    { /* a bad value: an error naming it, before any launch (fake aligned pointers: nothing is read) */
+        void *fake = (void *)(uintptr_t)65536;
+        nib_attn_cache_args a;
+        memset(&a, 0, sizeof a);
+        a.q = fake;
+        a.o = fake;
+        a.q_tok = a.o_tok = 8 * 256;
+        a.nq = 1;
+        a.n_heads = 8;
+        CHECK_OK(nib_kv_layer_map(&a.kv, NIB_KV_BF16, 1024, 1, 256, fake));
+        a.t_valid = (const int32_t *)fake;
+        a.lens_settled = 1;
+        setenv("NIB_ATTN_LENS_EARLY", "2", 1);
+        const nib_status st = nib_cuda_attn_cache(&a, fake, NULL);
+        unsetenv("NIB_ATTN_LENS_EARLY");
+        CHECK_MSG(st == NIB_ERR_INVALID_ARG && strstr(nib_last_error(), "NIB_ATTN_LENS_EARLY=2") != NULL,
+                  "NIB_ATTN_LENS_EARLY=2 gave status %d, error: %s", (int)st, nib_last_error());
+        nib_clear_error();
     }
 }
 

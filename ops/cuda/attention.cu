@@ -466,6 +466,11 @@ static void fill_plan_out(const Plan &pl, nib_attn_plan *o) {
     o->ws_bytes = pl.ws_bytes;
 }
 
+static long long g_lens_early_launches; /* k_attn_dec launches with the lengths read before the wait */
+long long nib_cuda_attn_lens_early_launches(void) {
+    return __atomic_load_n(&g_lens_early_launches, __ATOMIC_RELAXED);
+}
+
 static nib_status launch(AttnParams p, const Plan &pl, void *ws, cudaStream_t stream, int cache) {
     const KInfo &k = g_kinfo[pl.ki];
     const char *mae = getenv("NIB_ATTN_MERGE_ALL");
@@ -513,6 +518,7 @@ static nib_status launch(AttnParams p, const Plan &pl, void *ws, cudaStream_t st
     }
     NIB_CUDA_CHECK(nib::launch(k.kern, grid, dim3((unsigned)k.threads), (size_t)k.smem, stream, p));
     NIB_LAUNCH_CHECK("k_attn");
+    if (p.lens_early && !strcmp(k.name, "rk")) __atomic_fetch_add(&g_lens_early_launches, 1, __ATOMIC_RELAXED);
     if (pl.n_splits > 1) {
         MergeParams m;
         m.ws_o = p.ws_o;
@@ -789,6 +795,13 @@ nib_status nib_cuda_attn_cache(const nib_attn_cache_args *a, void *ws, void *str
      * 0.3-1.0 us slower even with the cache in L2, so it is off there. NIB_ATTN_PREFETCH=0: off. */
     const char *pe = getenv("NIB_ATTN_PREFETCH");
     p.pf_kv = kv->dtype == NIB_KV_BF16 && !(pe && pe[0] == '0' && !pe[1]);
+    /* NIB_ATTN_LENS_EARLY=1 (a lab switch, off until measured): where the caller settled the lengths
+     * (a->lens_settled), the decode kernel reads them before its PDL wait (runtime/launch.cuh, rule 1b) */
+    const char *le = getenv("NIB_ATTN_LENS_EARLY");
+    if (le && *le && strcmp(le, "0") && strcmp(le, "1"))
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_ATTN_LENS_EARLY=%s: 1 (the decode kernel reads lengths the caller "
+                       "settled before its PDL wait) or 0 (after it, the default)", le);
+    p.lens_early = a->lens_settled && le && !strcmp(le, "1");
     return launch(p, pl, ws, (cudaStream_t)stream, 1);
 }
 

@@ -38,6 +38,7 @@ struct AttnParams {
     float lscale;                             /* log2(e) x the logit scale (exp2 argument per logit) */
     float *ws_o, *ws_m, *ws_l;                /* [z][split][row][d], [z][split][row] x 2 */
     int pf_kv;                                /* attn_prefetch_kv before the PDL wait (cache path) */
+    int lens_early;                           /* k_attn_dec: the lengths read before the PDL wait (rule 1b) */
 };
 
 /* Compile-time shape of one variant and its shared-memory map (bytes). */
@@ -96,6 +97,12 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 }
 __device__ __forceinline__ int read_len(const int *p, int max) {
     int v = p ? *p : max;
+    return v < 0 ? 0 : v > max ? max : v;
+}
+/* the same from L2 (ld.global.cg): for a read before the PDL wait (runtime/launch.cuh, rule 1b), which must not
+ * find an SM's L1 copy from an earlier call */
+__device__ __forceinline__ int read_len_l2(const int *p, int max) {
+    int v = p ? __ldcg(p) : max;
     return v < 0 ? 0 : v > max ? max : v;
 }
 /* An idle split's workspace rows [row0, row0 + rows) as (m, l, o) = (-inf, 0, 0) (with splits only), by nt threads:

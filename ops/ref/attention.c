@@ -284,6 +284,7 @@ nib_status nib_cuda_attn_cache(const nib_attn_cache_args *a, void *ws, void *str
     (void)a, (void)ws, (void)stream;
     return NO_CUDA_ATTN;
 }
+long long nib_cuda_attn_lens_early_launches(void) { return 0; }
 nib_status nib_cuda_attn_prefix_ws_bytes(const nib_attn_prefix_args *a, uint64_t *bytes) {
     (void)a;
     if (bytes) *bytes = 0;
