@@ -708,6 +708,17 @@ out:
     return worst;
 }
 
+/* the first MT = 2 register-weight mma.sync plan at M = 10 for q (a failed check when there is none) */
+static int mt2_reg_plan(nib_test_ctx *t, const nib_qweight *q, const nib_gemm_ws *ws, nib_gemm_plan *out) {
+    static nib_gemm_plan pls[1024];
+    const int np = nib_cuda_gemm_plans(q, 10, ws->acc_elems, pls, (int)NIB_ARRAY_LEN(pls));
+    int p = 0;
+    while (p < np && (pls[p].mt != 2 || pls[p].reg != 1 || pls[p].wgt)) p++;
+    CHECK_MSG(p < np, "no MT = 2 register plan at M = 10");
+    if (p < np) *out = pls[p];
+    return p < np;
+}
+
 /* NIB_GEMM_SMEM_PAD=BYTES[:N] (a lab knob: more dynamic shared memory per CTA, so one CTA an SM) changes where CTAs
  * land, never the numbers: a GeGLU product at M = 10 on an MT = 2 register plan, bitwise equal with the knob unset,
  * set for every launch, set for this weight's rows only and for other rows; bad values are errors naming it. */
@@ -721,18 +732,14 @@ NIB_TEST(gemm_gpu_smem_pad) {
     nib_dev_arena a;
     nib_qweight q;
     load_probe(t, &rw.w, 1, &a, &q);
-    static nib_gemm_plan pls[1024];
-    const int np = nib_cuda_gemm_plans(&q, 10, ws.acc_elems, pls, (int)NIB_ARRAY_LEN(pls));
-    int p = 0;
-    while (p < np && (pls[p].mt != 2 || pls[p].reg != 1 || pls[p].wgt)) p++;
-    CHECK_MSG(p < np, "no MT = 2 register plan at M = 10");
-    if (p < np) {
+    nib_gemm_plan pl;
+    if (mt2_reg_plan(t, &q, &ws, &pl)) {
         char own[64];
         snprintf(own, sizeof own, "120000:%lld", (long long)q.np);
         const char *vals[] = {NULL, "120000", own, "120000:64"};
         const int64_t n_vals = 12 * (136 + 8);
         uint16_t *y[4] = {NULL, NULL, NULL, NULL};
-        const case_opts o = {1, 0, 0, 0, &pls[p], NULL};
+        const case_opts o = {1, 0, 0, 0, &pl, NULL};
         for (int i = 0; i < 4; i++) {
             y[i] = nib_malloc((size_t)n_vals * 2);
             REQUIRE(y[i] != NULL);
@@ -760,7 +767,7 @@ NIB_TEST(gemm_gpu_smem_pad) {
         e.geglu = 1;
         for (size_t i = 0; i < NIB_ARRAY_LEN(bad); i++) {
             setenv("NIB_GEMM_SMEM_PAD", bad[i], 1);
-            const nib_status st = nib_cuda_gemm_planned(&q, dx, 10, 1024, dy, 136, &e, &ws, &pls[p], NULL);
+            const nib_status st = nib_cuda_gemm_planned(&q, dx, 10, 1024, dy, 136, &e, &ws, &pl, NULL);
             unsetenv("NIB_GEMM_SMEM_PAD");
             CHECK_MSG(st == NIB_ERR_INVALID_ARG && strstr(nib_last_error(), "NIB_GEMM_SMEM_PAD=") != NULL,
                       "NIB_GEMM_SMEM_PAD=%s gave status %d, error: %s", bad[i], (int)st, nib_last_error());
@@ -983,17 +990,13 @@ NIB_TEST(gemm_gpu_lean_variants) {
         nib_dev_arena a;
         nib_qweight q;
         load_probe(t, &rw.w, 0, &a, &q);
-        static nib_gemm_plan pls[1024];
-        const int np = nib_cuda_gemm_plans(&q, 10, ws.acc_elems, pls, (int)NIB_ARRAY_LEN(pls));
-        int p = 0;
-        while (p < np && (pls[p].mt != 2 || pls[p].reg != 1 || pls[p].wgt)) p++;
-        CHECK_MSG(p < np, "no MT = 2 register plan at M = 10");
-        if (p < np) {
+        nib_gemm_plan pl;
+        if (mt2_reg_plan(t, &q, &ws, &pl)) {
             void *dx = NULL, *dy = NULL;
             CHECK_OK(nib_dev_malloc(&dx, 10 * 1024 * 2, "x"));
             CHECK_OK(nib_dev_malloc(&dy, 10 * 64 * 2, "y"));
             setenv("NIB_GEMM_LEAN", "2", 1);
-            const nib_status st = nib_cuda_gemm_planned(&q, dx, 10, 1024, dy, 64, NULL, &ws, &pls[p], NULL);
+            const nib_status st = nib_cuda_gemm_planned(&q, dx, 10, 1024, dy, 64, NULL, &ws, &pl, NULL);
             unsetenv("NIB_GEMM_LEAN");
             CHECK_MSG(st != NIB_OK && strstr(nib_last_error(), "NIB_GEMM_LEAN=2") != NULL,
                       "NIB_GEMM_LEAN=2 gave status %d, error: %s", (int)st, nib_last_error());
