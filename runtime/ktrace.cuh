@@ -117,8 +117,9 @@ static inline int dump(FILE *f) {
     }
     unsigned long long t_from = 0; /* the newest "oldest kept record" of the wrapped sub-rings */
     for (unsigned s = 0; s < SUBS; s++)
-        if (n[s] > RING) {
-            const unsigned long long t = r[(size_t)s * 2 * RING + 2 * (n[s] & (RING - 1))];
+        if (n[s] > RING) { /* its oldest kept record: the first one with a time (unused reserved slots have none) */
+            unsigned long long t = 0;
+            for (unsigned j = n[s] - RING; j < n[s] && !t; j++) t = r[(size_t)s * 2 * RING + 2 * (j & (RING - 1))];
             if (t > t_from) t_from = t;
         }
     for (unsigned s = 0; s < SUBS; s++)
