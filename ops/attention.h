@@ -116,8 +116,8 @@ typedef struct nib_attn_cache_args {
     const int32_t *nq_valid;     /* 1 int: valid query tokens; NULL = nq */
     int32_t lens_settled;        /* 1: *t_valid and *nq_valid were written by an upload, or by a kernel at least two
                                     launches before this call, and nothing writes them until it ends
-                                    (runtime/launch.cuh, rule 1b): with NIB_ATTN_LENS_EARLY=1 the decode kernel
-                                    reads them before its PDL wait. 0 (the default): after it */
+                                    (runtime/launch.cuh, rule 1b): the decode kernel then reads them before its
+                                    PDL wait (unless NIB_ATTN_LENS_EARLY=0). 0 (the default): after it */
 } nib_attn_cache_args;
 
 /* ---- reference backend (host) -------------------------------------------------------------
@@ -135,7 +135,7 @@ nib_status nib_ref_attn_cache(const nib_attn_cache_args *a);
  * NIB_ERR_UNSUPPORTED (head_dim), NIB_ERR_NO_DEVICE (CPU-only build), NIB_ERR_CUDA. */
 nib_status nib_cuda_attn_prefix(const nib_attn_prefix_args *a, void *ws, void *stream);
 nib_status nib_cuda_attn_cache(const nib_attn_cache_args *a, void *ws, void *stream);
-/* decode-kernel launches that read their lengths before the PDL wait (lens_settled with NIB_ATTN_LENS_EARLY=1) */
+/* decode-kernel launches that read their lengths before the PDL wait (lens_settled, unless NIB_ATTN_LENS_EARLY=0) */
 long long nib_cuda_attn_lens_early_launches(void);
 /* Workspace bytes a call with these (maximum) sizes needs; pointers are not read. */
 nib_status nib_cuda_attn_prefix_ws_bytes(const nib_attn_prefix_args *a, uint64_t *bytes);

@@ -14,10 +14,10 @@
 
 #include "ops/gemm.h"
 
-/* X windows for `steps` pipeline steps: the largest window (in steps) whose buffers fit. */
-static int plan_x(int xrows_alloc, int wk, int cps, int steps, int stages, int budget, int *xw, int *nxb,
+/* X windows for `steps` pipeline steps: the largest window (in steps, at most wmax) whose buffers fit. */
+static int plan_x(int xrows_alloc, int wk, int cps, int steps, int wmax, int stages, int budget, int *xw, int *nxb,
                   int *lds) {
-    for (int w = steps; w >= 1; w--) {
+    for (int w = steps < wmax ? steps : wmax; w >= 1; w--) {
         int nb = w >= steps ? 1 : 1 + (stages - 1 + w - 1) / w;
         int l = w * wk * cps * NIB_GEMM_KCH + 8; /* +8 elements: conflict-free ldmatrix rows */
         if ((long)nb * xrows_alloc * l * 2 <= budget) {
@@ -63,7 +63,7 @@ static int plan_eval(const nib_gemm_shape *w, int64_t m, uint64_t ws_elems, int 
     if ((nchunks + cpc - 1) / cpc != ks) return 0; /* the same split as a smaller ks */
     const int steps = (cpc + wk * cps - 1) / (wk * cps);
     int xw, nxb, lds;
-    if (!plan_x(xrows_alloc, wk, cps, steps, stages, xbudget, &xw, &nxb, &lds)) return 0;
+    if (!plan_x(xrows_alloc, wk, cps, steps, steps, stages, xbudget, &xw, &nxb, &lds)) return 0;
     /* ring bytes: a CTA with fewer steps than stages only ever touches stages 0 .. steps-1
      * (stage j holds step j), so it needs only those (at M = 10 and K = 1024 one step per warp:
      * 24 KB instead of 96 KB, two CTAs per SM instead of one) */
@@ -101,6 +101,38 @@ static int plan_eval(const nib_gemm_shape *w, int64_t m, uint64_t ws_elems, int 
     pl->ctas = ctas;
     *cost_out = cost;
     return 1;
+}
+
+/* NIB_GEMM_XW=N (a lab knob): an mma.sync plan's X window at most N pipeline steps, so that the first step waits
+ * only for its own part of X (the planner takes the largest window that fits: all of a CTA's K at the expert's
+ * shapes). Unset: no change. */
+nib_status nib_gemm_plan_xw_env(const nib_gemm_shape *w, int64_t m, nib_gemm_plan *pl) {
+    const char *e = getenv("NIB_GEMM_XW");
+    if (!e || !*e) return NIB_OK;
+    char *end = NULL;
+    const long cap = strtol(e, &end, 10);
+    if (end == e || *end || cap < 1 || cap > 64)
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_GEMM_XW=%s: the X window's pipeline steps at most, 1 .. 64", e);
+    if (pl->wgt || cap >= pl->xw) return NIB_OK;
+    const int stages = NIB_GEMM_STAGES(pl->mt), cps = NIB_GEMM_CPS(pl->mt), nchunks = (int)(w->kp / NIB_GEMM_KCH);
+    const int cpc = (nchunks + pl->ksplit - 1) / pl->ksplit, steps = (cpc + pl->wk * cps - 1) / (pl->wk * cps);
+    const int xrows_alloc = (int)(m < pl->mt * 8 ? m : pl->mt * 8) + 1;
+    const int xbudget = pl->occ == 1 ? 2 * NIB_GEMM_X_BUDGET : NIB_GEMM_X_BUDGET;
+    int xw, nxb, lds;
+    if (!plan_x(xrows_alloc, pl->wk, cps, steps, (int)cap, stages, xbudget, &xw, &nxb, &lds))
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_GEMM_XW=%s: no X window fits K=%lld M=%lld", e, (long long)w->kp,
+                       (long long)m);
+    const size_t xs = (size_t)nxb * xrows_alloc * lds * 2;
+    const size_t red = (size_t)(pl->wk - 1) * (NIB_GEMM_WARPS / pl->wk) * pl->mt * 4 * 32 * 4;
+    const size_t smem = pl->ring_bytes + xs > red ? pl->ring_bytes + xs : red;
+    if (smem > NIB_GEMM_MAX_SMEM)
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_GEMM_XW=%s: %zu bytes of shared memory for K=%lld M=%lld", e, smem,
+                       (long long)w->kp, (long long)m);
+    pl->xw = xw;
+    pl->nxb = nxb;
+    pl->lds = lds;
+    pl->smem = smem;
+    return NIB_OK;
 }
 
 static nib_status shape_check(const nib_gemm_shape *w, int64_t m, int sms) {

@@ -20,7 +20,7 @@
  *      wait, so when kernel N starts, kernel N - 1 has passed its wait and N - 2 has completed, its writes visible
  *      in L2 (cuBLAS kernels trigger at completion, later still). Such reads go to L2 (ld.global.cg: an SM's L1
  *      may hold a line from an earlier kernel). The caller states it (nib_attn_cache_args.lens_settled: Pi0.5's
- *      lengths, uploaded before the call); the decode attention uses it behind NIB_ATTN_LENS_EARLY=1.
+ *      lengths, uploaded before the call); the decode attention then reads them early (NIB_ATTN_LENS_EARLY=0: not).
  *   2. nib_pdl_wait(), then nib_pdl_trigger(): the next kernel may launch now. Triggering
  *      after the wait keeps at most one grid waiting behind the running one.
  * cuBLAS kernels do not trigger: a nib kernel launched after one waits for its completion

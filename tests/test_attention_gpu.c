@@ -1092,11 +1092,11 @@ NIB_TEST(attn_gpu_prefetch_switch) {
     }
 }
 
-/* NIB_ATTN_LENS_EARLY=1 with lens_settled (runtime/launch.cuh, rule 1b): the decode kernel reads the lengths before
- * its PDL wait. The output is bitwise the one without (every cache dtype; decode with T ending inside a tile, and
- * the Pi0.5 suffix at H = 10 over a 555-key view with all and with 7 valid tokens); the launch counter moves only
- * with both set, and at least once (the per-token suffix runs the decode kernel); a bad value is an error naming
- * it before anything runs. */
+/* lens_settled (runtime/launch.cuh, rule 1b): the decode kernel reads the lengths before its PDL wait, the default;
+ * NIB_ATTN_LENS_EARLY=0 turns it off. The output is bitwise the one with it off (every cache dtype; decode with T ending
+ * inside a tile, and the Pi0.5 suffix at H = 10 over a 555-key view with all and with 7 valid tokens); the launch
+ * counter moves only with lens_settled and without =0, and at least once (the per-token suffix runs the decode
+ * kernel); a bad value is an error naming it before anything runs. */
 NIB_TEST(attn_gpu_lens_early) {
     NIB_REQUIRE_GPU();
     nib_rng rng;
@@ -1120,16 +1120,20 @@ NIB_TEST(attn_gpu_lens_early) {
                     vx[j] = (float)nib_rng_normal(&rng);
                 }
                 g_lens_settled = 1;
-                run_cache(t, dts[di], c, hq, kx, vx, o0, r);
+                setenv("NIB_ATTN_LENS_EARLY", "0", 1);
                 long long before = nib_cuda_attn_lens_early_launches();
-                setenv("NIB_ATTN_LENS_EARLY", "1", 1);
+                run_cache(t, dts[di], c, hq, kx, vx, o0, r);
+                CHECK_MSG(nib_cuda_attn_lens_early_launches() == before,
+                          "T %d nq %d %s: an early-lengths launch with NIB_ATTN_LENS_EARLY=0", c->tv, c->nq,
+                          nib_kv_dtype_name(dts[di]));
+                unsetenv("NIB_ATTN_LENS_EARLY");
+                before = nib_cuda_attn_lens_early_launches();
                 run_cache(t, dts[di], c, hq, kx, vx, o1, r);
                 const long long used = nib_cuda_attn_lens_early_launches() - before;
                 moved += used;
                 g_lens_settled = 0;
                 before = nib_cuda_attn_lens_early_launches();
                 run_cache(t, dts[di], c, hq, kx, vx, o2, r);
-                unsetenv("NIB_ATTN_LENS_EARLY");
                 CHECK_MSG(nib_cuda_attn_lens_early_launches() == before,
                           "T %d nq %d %s: an early-lengths launch without lens_settled", c->tv, c->nq,
                           nib_kv_dtype_name(dts[di]));

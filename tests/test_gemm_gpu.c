@@ -781,6 +781,68 @@ NIB_TEST(gemm_gpu_smem_pad) {
     nib_cuda_gemm_ws_free(&ws);
 }
 
+/* NIB_GEMM_XW=N (a lab knob: an mma.sync plan's X window at most N pipeline steps) changes when X arrives, never the
+ * numbers: the expert's gate|up plan (MT = 2, one warp along K, 4 steps a warp, forced) at M = 10 as a GeGLU product,
+ * bitwise equal with the knob unset and at 1, 2 and 3 steps; the planned window is what the knob says; bad values are
+ * errors naming it. */
+NIB_TEST(gemm_gpu_xw_knob) {
+    NIB_REQUIRE_GPU();
+    nib_rng rng;
+    nib_gemm_ws ws;
+    gemm_test_begin(t, &rng, &ws, 128, 2048);
+    rand_w rw;
+    REQUIRE(make_rand_w(&rng, NIB_WFMT_NVFP4, 2 * 136, 1024, 0, 0, 0, 0, &rw));
+    nib_dev_arena a;
+    nib_qweight q;
+    load_probe(t, &rw.w, 1, &a, &q);
+    char force[64];
+    snprintf(force, sizeof force, "1024:%lld:10:2:1:1", (long long)q.np);
+    setenv("NIB_GEMM_FORCE", force, 1);
+    const char *vals[] = {NULL, "1", "2", "3"};
+    const int want_xw[] = {4, 1, 2, 3};
+    const int64_t n_vals = 12 * (136 + 8);
+    uint16_t *y[4] = {NULL, NULL, NULL, NULL};
+    const case_opts o = {1, 0, 0, 0, NULL, NULL};
+    for (int i = 0; i < 4; i++) {
+        y[i] = nib_malloc((size_t)n_vals * 2);
+        REQUIRE(y[i] != NULL);
+        if (vals[i]) setenv("NIB_GEMM_XW", vals[i], 1);
+        nib_gemm_plan pl;
+        memset(&pl, 0, sizeof pl);
+        CHECK_OK(nib_cuda_gemm_plan(&q, 10, ws.acc_elems, &pl));
+        CHECK_MSG(pl.mt == 2 && pl.wk == 1 && pl.ksplit == 1 && pl.xw == want_xw[i],
+                  "NIB_GEMM_XW=%s: plan mt %d wk %d ks %d xw %d, want mt 2 wk 1 ks 1 xw %d", vals[i] ? vals[i] : "(unset)",
+                  pl.mt, pl.wk, pl.ksplit, pl.xw, want_xw[i]);
+        nib_rng r = rng;
+        g_capture = y[i];
+        const double worst = run_case(t, &r, &rw.w, 10, &o, &ws, 0);
+        g_capture = NULL;
+        unsetenv("NIB_GEMM_XW");
+        CHECK_MSG(worst <= 1.0, "NIB_GEMM_XW=%s: err/bound %.3f", vals[i] ? vals[i] : "(unset)", worst);
+        if (i) {
+            int64_t diff = 0;
+            for (int64_t j = 0; j < n_vals; j++) diff += y[i][j] != y[0][j];
+            CHECK_MSG(diff == 0, "NIB_GEMM_XW=%s: %lld of %lld values differ from the unset run", vals[i], (long long)diff,
+                      (long long)n_vals);
+        }
+    }
+    for (int i = 0; i < 4; i++) nib_free(y[i]);
+    const char *bad[] = {"x", "0", "65", "2x", "-1"};
+    for (size_t i = 0; i < NIB_ARRAY_LEN(bad); i++) {
+        setenv("NIB_GEMM_XW", bad[i], 1);
+        nib_gemm_plan pl;
+        const nib_status st = nib_cuda_gemm_plan(&q, 10, ws.acc_elems, &pl);
+        unsetenv("NIB_GEMM_XW");
+        CHECK_MSG(st == NIB_ERR_INVALID_ARG && strstr(nib_last_error(), "NIB_GEMM_XW=") != NULL,
+                  "NIB_GEMM_XW=%s gave status %d, error: %s", bad[i], (int)st, nib_last_error());
+        nib_clear_error();
+    }
+    unsetenv("NIB_GEMM_FORCE");
+    nib_dev_arena_free(&a);
+    rand_w_free(&rw);
+    nib_cuda_gemm_ws_free(&ws);
+}
+
 /* The lean instantiations (NIB_GEMM_LEAN: NVFP4 compiled for one epilogue kind and one K-split mode: the
  * mma.sync kernel's MT = 1 and MT = 2 register plans, the latter the action expert's products at H <= 16, its
  * MT = 1 bulk-ring plans (lean without GeGLU since the forty-ninth session's lean rule), and

@@ -795,13 +795,16 @@ nib_status nib_cuda_attn_cache(const nib_attn_cache_args *a, void *ws, void *str
      * 0.3-1.0 us slower even with the cache in L2, so it is off there. NIB_ATTN_PREFETCH=0: off. */
     const char *pe = getenv("NIB_ATTN_PREFETCH");
     p.pf_kv = kv->dtype == NIB_KV_BF16 && !(pe && pe[0] == '0' && !pe[1]);
-    /* NIB_ATTN_LENS_EARLY=1 (a lab switch, off until measured): where the caller settled the lengths
-     * (a->lens_settled), the decode kernel reads them before its PDL wait (runtime/launch.cuh, rule 1b) */
+    /* Where the caller settled the lengths (a->lens_settled), the decode kernel reads them before its PDL wait
+     * (runtime/launch.cuh, rule 1b), so Q, K and V are one L2 round trip sooner after it. Sixty-eighth session,
+     * `scripts/ab.sh env -n 2 -q -e '' -e NIB_ATTN_LENS_EARLY=1 -- pi05 --preset fast --cams 2 --reps 100` on one
+     * H200: 8.896 / 8.897 -> 8.867 / 8.864 ms (step 0.530 -> 0.526-0.527), H = 50 unchanged (10.718-10.723)
+     * (bench/results/attn-lens-early-ab-h200.json). NIB_ATTN_LENS_EARLY=0: after the wait, as before. */
     const char *le = getenv("NIB_ATTN_LENS_EARLY");
     if (le && *le && strcmp(le, "0") && strcmp(le, "1"))
         return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_ATTN_LENS_EARLY=%s: 1 (the decode kernel reads lengths the caller "
-                       "settled before its PDL wait) or 0 (after it, the default)", le);
-    p.lens_early = a->lens_settled && le && !strcmp(le, "1");
+                       "settled before its PDL wait, the default) or 0 (after it)", le);
+    p.lens_early = a->lens_settled && !(le && !strcmp(le, "0"));
     return launch(p, pl, ws, (cudaStream_t)stream, 1);
 }
 

@@ -708,10 +708,12 @@ __device__ __forceinline__ void gemm_lowbit_body(const GemmParams &p) {
         }
     }
 
+    NIB_KT(NIB_KT_LOWBIT, NIB_KT_MARK5); /* the first X windows and the epilogue's inputs issued */
     int use_stage = 0, use_in = 0, use_xb = 0, use_c = c_begin + wkk * CPS;
     uint32_t use_phase = 0; /* REG = 2: parity of the stage's current phase */
     for (int i = 0; i < nsteps; i++) {
         cp_async_wait<S - 2>();
+        if (i == 0) NIB_KT(NIB_KT_LOWBIT, NIB_KT_MARK6); /* thread 0's part of the first X window is in */
         if (use_in == 0) __syncthreads(); /* X window complete in every thread */
         if (i == 0) NIB_KT(NIB_KT_LOWBIT, NIB_KT_MARK1); /* the first X window is in */
         Chunk<FMT> ch[CPS][R];
@@ -1492,11 +1494,12 @@ static nib_status cuda_plan(const nib_qweight *w, int64_t m, uint64_t ws_elems, 
         }
         return st;
     }
-    if (hit) return NIB_OK;
+    if (hit) return nib_gemm_plan_xw_env(&sh, m, pl);
     int ks = 1, cm = 1;
     const int bt = nib_gemm_wg_tile(w->fmt, w->perm != NULL, m, w->np, w->kp, ws_elems, g_num_sms, &ks, &cm);
     if (bt) return nib_cuda_gemm_wg_plan(w, m, bt, ks, cm, pl);
-    return nib_gemm_plan_for(&sh, m, ws_elems, g_num_sms, pl);
+    NIB_RETURN_IF_ERR(nib_gemm_plan_for(&sh, m, ws_elems, g_num_sms, pl));
+    return nib_gemm_plan_xw_env(&sh, m, pl);
 }
 
 nib_status nib_cuda_gemm_plan(const nib_qweight *w, int64_t m, uint64_t ws_elems, nib_gemm_plan *pl) {
