@@ -252,7 +252,8 @@ nib_status nib_gemm_plan_forced(const nib_gemm_shape *w, int64_t m, uint64_t ws_
  * NIB_GEMM_RULE_K1024: at 8 < M <= 16 and K a multiple of 1024, one M chunk (MT 2), 4 warps along K
  * and K / 1024 CTAs along K: every warp one pipeline step. Pi0.5's action expert at H = 10 (H100,
  * bench/results/pi05-expert-gemm-plans-h100.json): o and down on this rule instead of two M chunks,
- * fast 10.565 -> 10.19 ms per call; as made (pi05-gemm-rule-ab-h100.json) 10.53 -> 10.20. */
+ * fast 10.565 -> 10.19 ms per call; as made (pi05-gemm-rule-ab-h100.json) 10.53 -> 10.20. Both rules' X windows are
+ * one pipeline step (the planner's: all of K; gate|up 0.035-0.04 ms a call faster, gemm-xw-ab-h200.json). */
 #define NIB_GEMM_RULE_K1024 1
 /* NIB_GEMM_RULE_K1024_WK1: the same with one warp along K (each warp all four pipeline steps of its
  * 1024-wide K split), a quarter of the CTAs. Pi0.5's gate|up product at H = 10 (1024 -> 8192, GeGLU:
@@ -277,8 +278,9 @@ nib_status nib_gemm_plan_forced(const nib_gemm_shape *w, int64_t m, uint64_t ws_
  * NIB_GEMM_RULE other than 0 or 1 is an error. */
 nib_status nib_gemm_plan_rule(const nib_gemm_shape *w, int rule, int64_t m, uint64_t ws_elems, int sms,
                               nib_gemm_plan *pl, int *hit);
-/* NIB_GEMM_XW=N (a lab knob, unset: nothing): an mma.sync plan's X window cut to at most N pipeline steps (X buffers,
- * row stride and shared memory recomputed); a bad value, or one whose buffers do not fit, is an error naming it. */
+/* NIB_GEMM_XW=N (a lab knob, unset: nothing): an mma.sync plan's X window re-planned to the largest of at most N pipeline
+ * steps that fits (X buffers, row stride and shared memory recomputed; the planner's own pick is the largest of all, the
+ * K1024 rules' one step); a bad value, or one whose buffers do not fit, is an error naming it. */
 nib_status nib_gemm_plan_xw_env(const nib_gemm_shape *w, int64_t m, nib_gemm_plan *pl);
 /* Every plan that fits, in a fixed order; returns how many were written to out (at most max),
  * or -1 (with the error set) for a bad shape. */

@@ -103,35 +103,37 @@ static int plan_eval(const nib_gemm_shape *w, int64_t m, uint64_t ws_elems, int 
     return 1;
 }
 
-/* NIB_GEMM_XW=N (a lab knob): an mma.sync plan's X window at most N pipeline steps, so that the first step waits
- * only for its own part of X (the planner takes the largest window that fits: all of a CTA's K at the expert's
- * shapes). Unset: no change. */
-nib_status nib_gemm_plan_xw_env(const nib_gemm_shape *w, int64_t m, nib_gemm_plan *pl) {
-    const char *e = getenv("NIB_GEMM_XW");
-    if (!e || !*e) return NIB_OK;
-    char *end = NULL;
-    const long cap = strtol(e, &end, 10);
-    if (end == e || *end || cap < 1 || cap > 64)
-        return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_GEMM_XW=%s: the X window's pipeline steps at most, 1 .. 64", e);
-    if (pl->wgt || cap >= pl->xw) return NIB_OK;
+/* An mma.sync plan's X window re-planned to the largest of at most wmax pipeline steps that fits (X buffers, row stride
+ * and shared memory recomputed); 0 where none fits (the plan unchanged). */
+static int plan_set_xw(const nib_gemm_shape *w, int64_t m, int wmax, nib_gemm_plan *pl) {
     const int stages = NIB_GEMM_STAGES(pl->mt), cps = NIB_GEMM_CPS(pl->mt), nchunks = (int)(w->kp / NIB_GEMM_KCH);
     const int cpc = (nchunks + pl->ksplit - 1) / pl->ksplit, steps = (cpc + pl->wk * cps - 1) / (pl->wk * cps);
     const int xrows_alloc = (int)(m < pl->mt * 8 ? m : pl->mt * 8) + 1;
     const int xbudget = pl->occ == 1 ? 2 * NIB_GEMM_X_BUDGET : NIB_GEMM_X_BUDGET;
     int xw, nxb, lds;
-    if (!plan_x(xrows_alloc, pl->wk, cps, steps, (int)cap, stages, xbudget, &xw, &nxb, &lds))
-        return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_GEMM_XW=%s: no X window fits K=%lld M=%lld", e, (long long)w->kp,
-                       (long long)m);
+    if (!plan_x(xrows_alloc, pl->wk, cps, steps, wmax, stages, xbudget, &xw, &nxb, &lds)) return 0;
     const size_t xs = (size_t)nxb * xrows_alloc * lds * 2;
     const size_t red = (size_t)(pl->wk - 1) * (NIB_GEMM_WARPS / pl->wk) * pl->mt * 4 * 32 * 4;
     const size_t smem = pl->ring_bytes + xs > red ? pl->ring_bytes + xs : red;
-    if (smem > NIB_GEMM_MAX_SMEM)
-        return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_GEMM_XW=%s: %zu bytes of shared memory for K=%lld M=%lld", e, smem,
-                       (long long)w->kp, (long long)m);
+    if (smem > NIB_GEMM_MAX_SMEM) return 0;
     pl->xw = xw;
     pl->nxb = nxb;
     pl->lds = lds;
     pl->smem = smem;
+    return 1;
+}
+
+nib_status nib_gemm_plan_xw_env(const nib_gemm_shape *w, int64_t m, nib_gemm_plan *pl) {
+    const char *e = getenv("NIB_GEMM_XW");
+    if (!e || !*e) return NIB_OK;
+    char *end = NULL;
+    const long n = strtol(e, &end, 10);
+    if (end == e || *end || n < 1 || n > 64)
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_GEMM_XW=%s: the X window's pipeline steps at most, 1 .. 64", e);
+    if (pl->wgt) return NIB_OK;
+    if (!plan_set_xw(w, m, (int)n, pl))
+        return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_GEMM_XW=%s: no X window fits K=%lld M=%lld", e, (long long)w->kp,
+                       (long long)m);
     return NIB_OK;
 }
 
@@ -399,6 +401,11 @@ nib_status nib_gemm_plan_rule(const nib_gemm_shape *w, int rule, int64_t m, uint
     double cost;
     const int wk = rule == NIB_GEMM_RULE_K1024_WK1 ? 1 : 4;
     *hit = plan_eval(w, m, ws_elems, sms, NIB_GEMM_MT(m), wk, 2, (int)(w->kp / 1024), 1, pl, &cost);
+    /* X windows of one pipeline step, so that the first step waits for its own part of X only (the planner's
+     * window is all of the CTA's K: gate|up's 4 steps; the wk = 4 plans have one step a warp anyway). H200, fast,
+     * 2 cameras, H = 10 (bench/results/gemm-xw-ab-h200.json): 8.848 / 8.847 -> 8.813 / 8.807 ms (2 steps:
+     * 8.835 / 8.835); NIB_GEMM_XW=64 gives back the whole window. */
+    if (*hit) plan_set_xw(w, m, 1, pl);
     return NIB_OK;
 }
 

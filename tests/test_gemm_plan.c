@@ -476,6 +476,39 @@ NIB_TEST(gemm_plan_rule_k1024) {
         }
     CHECK_OK(nib_gemm_plan_rule(&down, NIB_GEMM_RULE_K1024_WK1, 10, SWEEP_WS_ELEMS, SWEEP_SMS, &p, &hit));
     CHECK_MSG(hit && p.wk == 1 && p.ksplit == 4, "WK1, down: hit %d wk%d ks%d", hit, p.wk, p.ksplit);
+    /* the rules' X windows are one pipeline step (gate|up on WK1: 4 steps a warp, so 4 buffers: one for each step in
+     * flight); NIB_GEMM_XW=N re-plans them to the largest of at most N steps (64: all 4, the planner's window), a bad
+     * value is an error naming it */
+    unsetenv("NIB_GEMM_XW");
+    CHECK_OK(nib_gemm_plan_rule(&gu, NIB_GEMM_RULE_K1024_WK1, 10, SWEEP_WS_ELEMS, SWEEP_SMS, &p, &hit));
+    CHECK_MSG(hit && p.xw == 1 && p.nxb == NIB_GEMM_STAGES(2) && p.lds == NIB_GEMM_CPS(2) * NIB_GEMM_KCH + 8,
+              "WK1 gate|up: xw %d nxb %d lds %d", p.xw, p.nxb, p.lds);
+    CHECK_OK(nib_gemm_plan_rule(&o, NIB_GEMM_RULE_K1024, 10, SWEEP_WS_ELEMS, SWEEP_SMS, &q, &hit));
+    CHECK_MSG(hit && q.xw == 1 && q.nxb == 1, "K1024 o: xw %d nxb %d (one step a warp: one window)", q.xw, q.nxb);
+    {
+        const char *xw_vals[] = {"64", "4", "3", "2", "1"};
+        const int xw_want[] = {4, 4, 3, 2, 1};
+        for (size_t i = 0; i < NIB_ARRAY_LEN(xw_vals); i++) {
+            nib_gemm_plan r = p;
+            setenv("NIB_GEMM_XW", xw_vals[i], 1);
+            CHECK_OK(nib_gemm_plan_xw_env(&gu, 10, &r));
+            CHECK_MSG(r.xw == xw_want[i] && r.mt == p.mt && r.wk == p.wk && r.ksplit == p.ksplit && r.ctas == p.ctas &&
+                          r.lds == xw_want[i] * NIB_GEMM_CPS(2) * NIB_GEMM_KCH + 8 && r.smem >= (size_t)r.nxb * 11 * r.lds * 2,
+                      "NIB_GEMM_XW=%s: xw %d nxb %d lds %d smem %zu", xw_vals[i], r.xw, r.nxb, r.lds, r.smem);
+        }
+        const char *bad[] = {"0", "65", "x", "2x", "-3"};
+        for (size_t i = 0; i < NIB_ARRAY_LEN(bad); i++) {
+            nib_gemm_plan r = p;
+            setenv("NIB_GEMM_XW", bad[i], 1);
+            CHECK_ST(nib_gemm_plan_xw_env(&gu, 10, &r), NIB_ERR_INVALID_ARG);
+            CHECK_MSG(strstr(nib_last_error(), "NIB_GEMM_XW=") != NULL, "%s: %s", bad[i], nib_last_error());
+            nib_clear_error();
+        }
+        unsetenv("NIB_GEMM_XW");
+        nib_gemm_plan r = p;
+        CHECK_OK(nib_gemm_plan_xw_env(&gu, 10, &r));
+        CHECK_MSG(!memcmp(&r, &p, sizeof r), "NIB_GEMM_XW unset changed the plan");
+    }
     /* above 32 tokens (up to 64: H = 50) NIB_GEMM_RULE_K1024_WK1 is the wgmma kernel's 64-token tile without a K
      * split (gate|up: 64 CTAs; the tile rule's cost model gives it 2 splits); NIB_GEMM_RULE_K1024 leaves it */
     const int64_t wk1_wg[] = {33, 50, 64};
