@@ -11,10 +11,10 @@
  * k_gemm_fp8_pp, NIB_KT_PT k_gemm_fp8_pt, NIB_KT_NORM k_norm, NIB_KT_QROWS k_quant_fp8_rows_vec, NIB_KT_LOWBIT
  * k_gemm_lowbit, NIB_KT_LOWBIT_WG k_gemm_lowbit_wg, NIB_KT_ATTN_DEC k_attn_dec, NIB_KT_ATTN k_attn, NIB_KT_MERGE
  * k_attn_merge, NIB_KT_EDGE k_edge, NIB_KT_ATTN_WG k_attn_wg. Events: NIB_KT_ENTRY (first statement), NIB_KT_WAITED (griddepcontrol.wait
- * returned), NIB_KT_EXIT (thread 0 done), NIB_KT_EXIT_C0 / _C1 (the ping-pong kernel's consumers done), NIB_KT_MARK1..6
+ * returned), NIB_KT_EXIT (thread 0 done), NIB_KT_EXIT_C0 / _C1 (the ping-pong kernel's consumers done), NIB_KT_MARK1..7
  * (points inside a kernel; k_gemm_lowbit: its first X window in (every thread), every warp's K loop done, thread 0's outputs
  * or split-K partials stored, the K split's last CTA starting the sum, the first X windows and epilogue inputs issued,
- * thread 0's part of the first X window in; k_attn_dec: Q staged, warp 0's keys done, every warp's
+ * thread 0's part of the first X window in, the first X windows issued (before the epilogue inputs); k_attn_dec: Q staged, warp 0's keys done, every warp's
  * partial O in shared memory).
  * nib_cuda_ktrace_dump (runtime/device.h) writes every unit's ring as text, one record a line: "t kid ev sm block
  * grid", only from the time every sub-ring still holds on (a wrapped sub-ring lost its older records);
@@ -49,7 +49,8 @@ enum {
     NIB_KT_MARK3 = 7,
     NIB_KT_MARK4 = 8,
     NIB_KT_MARK5 = 9,
-    NIB_KT_MARK6 = 10
+    NIB_KT_MARK6 = 10,
+    NIB_KT_MARK7 = 11
 };
 
 /* each stamped unit's dump of its ring (defined by NIB_KTRACE_UNIT in that unit; a no-op without the flag) */

@@ -24,7 +24,7 @@ launch's last exit: the boundary), run (its last exit after its first return), s
 launch's last exit: its share of the layer), early (its first return after its first entry: how long its first CTA sat
 resident before the wait ended), waits (last minus first return from the wait), tail (last minus first exit) and its
 CTAs; and the layer (its first adaRMS's last exit to the next layer's). Then, for each low-bit product and the decode
-attention, their points (runtime/ktrace.cuh MARK1..6; k_gemm_lowbit: the first X windows and epilogue inputs issued,
+attention, their points (runtime/ktrace.cuh MARK1..7; k_gemm_lowbit: the first X windows issued, then the epilogue inputs too,
 thread 0's part of the first X window in, all of it in, K loop done, outputs or split-K partials stored, the K split's
 last CTA starting the sum; k_attn_dec: Q staged, warp 0's keys done, the partial O in
 shared memory) and the exit, each CTA's against its own return from the wait: medians over the layers of the median CTA
@@ -37,9 +37,9 @@ NAMES = {1: "k_gemm_fp8_pp", 2: "k_gemm_fp8_pt", 3: "k_norm", 4: "k_quant_fp8_ro
          6: "k_gemm_lowbit_wg", 7: "k_attn_dec", 8: "k_attn", 9: "k_attn_merge", 10: "k_edge", 11: "k_attn_wg"}
 NORM, LOWBIT, LOWBIT_WG, ATTN_DEC, ATTN, MERGE, EDGE, ATTN_WG = 3, 5, 6, 7, 8, 9, 10, 11
 ATTNS = (ATTN_DEC, ATTN, ATTN_WG)
-ENTRY, WAITED, EXIT, EXIT_C0, EXIT_C1, MARK1, MARK2, MARK3, MARK4, MARK5, MARK6 = 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10
+ENTRY, WAITED, EXIT, EXIT_C0, EXIT_C1, MARK1, MARK2, MARK3, MARK4, MARK5, MARK6, MARK7 = range(12)
 # the points between a kernel's wait and its exit (runtime/ktrace.cuh): k_gemm_lowbit's, k_attn_dec's
-MARKS = {5: [(MARK5, "issued"), (MARK6, "X t0"), (MARK1, "X in"), (MARK2, "K loop"), (MARK3, "stored"), (MARK4, "sum"),
+MARKS = {5: [(MARK7, "X issued"), (MARK5, "issued"), (MARK6, "X t0"), (MARK1, "X in"), (MARK2, "K loop"), (MARK3, "stored"), (MARK4, "sum"),
              (EXIT, "exit")],
          7: [(MARK1, "Q in"), (MARK2, "keys"), (MARK3, "O in smem"), (EXIT, "exit")]}
 

@@ -679,6 +679,7 @@ __device__ __forceinline__ void gemm_lowbit_body(const GemmParams &p) {
     NIB_KT(NIB_KT_LOWBIT, NIB_KT_WAITED);
 #pragma unroll
     for (int j = 0; j < S - 1; j++) is.step(p, ring);
+    NIB_KT(NIB_KT_LOWBIT, NIB_KT_MARK7); /* the first X windows issued (the epilogue's inputs not yet) */
     /* Everything the epilogue reads besides the sums (column scales, gates, residuals or the q|k|v
      * epilogue's (cos, sin), the slot base), loaded here, in flight during the main loop, by the threads
      * that finish a single K split (MT <= 2: the expert's few tokens; a dozen registers, which FP8 with
