@@ -719,45 +719,72 @@ static int mt2_reg_plan(nib_test_ctx *t, const nib_qweight *q, const nib_gemm_ws
     return p < np;
 }
 
+/* The two lab knobs below run one GeGLU product at M = 10 (N = 2 x 136, K = 1024, NVFP4) under several values of an
+ * environment variable and require the same bits under each. */
+typedef struct knob_probe {
+    nib_rng rng;
+    nib_gemm_ws ws;
+    rand_w rw;
+    nib_dev_arena a;
+    nib_qweight q;
+    int ok;
+} knob_probe;
+
+static void knob_probe_begin(nib_test_ctx *t, knob_probe *k) {
+    memset(k, 0, sizeof *k);
+    gemm_test_begin(t, &k->rng, &k->ws, 128, 2048);
+    k->ok = make_rand_w(&k->rng, NIB_WFMT_NVFP4, 2 * 136, 1024, 0, 0, 0, 0, &k->rw);
+    CHECK_MSG(k->ok, "random weight");
+    if (k->ok) load_probe(t, &k->rw.w, 1, &k->a, &k->q);
+}
+
+static void knob_probe_end(knob_probe *k) {
+    if (k->ok) {
+        nib_dev_arena_free(&k->a);
+        rand_w_free(&k->rw);
+    }
+    nib_cuda_gemm_ws_free(&k->ws);
+}
+
+/* vals[0] NULL (the knob unset) and n - 1 values: each run's output (guards included) against the unset run's */
+static void knob_same_bits(nib_test_ctx *t, knob_probe *k, const case_opts *o, const char *knob, const char *const *vals,
+                           int n) {
+    const int64_t n_vals = 12 * (136 + 8);
+    uint16_t *y0 = nib_malloc((size_t)n_vals * 2), *y = nib_malloc((size_t)n_vals * 2);
+    for (int i = 0; i < n && y0 && y; i++) {
+        nib_rng r = k->rng;
+        if (vals[i]) setenv(knob, vals[i], 1);
+        g_capture = i ? y : y0;
+        const double worst = run_case(t, &r, &k->rw.w, 10, o, &k->ws, 0);
+        g_capture = NULL;
+        unsetenv(knob);
+        CHECK_MSG(worst <= 1.0, "%s=%s: err/bound %.3f", knob, vals[i] ? vals[i] : "(unset)", worst);
+        if (i) {
+            int64_t diff = 0;
+            for (int64_t j = 0; j < n_vals; j++) diff += y[j] != y0[j];
+            CHECK_MSG(diff == 0, "%s=%s: %lld of %lld values differ from the unset run", knob, vals[i], (long long)diff,
+                      (long long)n_vals);
+        }
+    }
+    CHECK_MSG(y0 && y, "host allocation failed");
+    nib_free(y0);
+    nib_free(y);
+}
+
 /* NIB_GEMM_SMEM_PAD=BYTES[:N] (a lab knob: more dynamic shared memory per CTA, so one CTA an SM) changes where CTAs
  * land, never the numbers: a GeGLU product at M = 10 on an MT = 2 register plan, bitwise equal with the knob unset,
  * set for every launch, set for this weight's rows only and for other rows; bad values are errors naming it. */
 NIB_TEST(gemm_gpu_smem_pad) {
     NIB_REQUIRE_GPU();
-    nib_rng rng;
-    nib_gemm_ws ws;
-    gemm_test_begin(t, &rng, &ws, 128, 2048);
-    rand_w rw;
-    REQUIRE(make_rand_w(&rng, NIB_WFMT_NVFP4, 2 * 136, 1024, 0, 0, 0, 0, &rw));
-    nib_dev_arena a;
-    nib_qweight q;
-    load_probe(t, &rw.w, 1, &a, &q);
+    knob_probe k;
+    knob_probe_begin(t, &k);
     nib_gemm_plan pl;
-    if (mt2_reg_plan(t, &q, &ws, &pl)) {
+    if (k.ok && mt2_reg_plan(t, &k.q, &k.ws, &pl)) {
         char own[64];
-        snprintf(own, sizeof own, "120000:%lld", (long long)q.np);
+        snprintf(own, sizeof own, "120000:%lld", (long long)k.q.np);
         const char *vals[] = {NULL, "120000", own, "120000:64"};
-        const int64_t n_vals = 12 * (136 + 8);
-        uint16_t *y[4] = {NULL, NULL, NULL, NULL};
         const case_opts o = {1, 0, 0, 0, &pl, NULL};
-        for (int i = 0; i < 4; i++) {
-            y[i] = nib_malloc((size_t)n_vals * 2);
-            REQUIRE(y[i] != NULL);
-            nib_rng r = rng;
-            if (vals[i]) setenv("NIB_GEMM_SMEM_PAD", vals[i], 1);
-            g_capture = y[i];
-            const double worst = run_case(t, &r, &rw.w, 10, &o, &ws, 0);
-            g_capture = NULL;
-            unsetenv("NIB_GEMM_SMEM_PAD");
-            CHECK_MSG(worst <= 1.0, "NIB_GEMM_SMEM_PAD=%s: err/bound %.3f", vals[i] ? vals[i] : "(unset)", worst);
-            if (i) {
-                int64_t diff = 0;
-                for (int64_t j = 0; j < n_vals; j++) diff += y[i][j] != y[0][j];
-                CHECK_MSG(diff == 0, "NIB_GEMM_SMEM_PAD=%s: %lld of %lld values differ from the unset run", vals[i],
-                          (long long)diff, (long long)n_vals);
-            }
-        }
-        for (int i = 0; i < 4; i++) nib_free(y[i]);
+        knob_same_bits(t, &k, &o, "NIB_GEMM_SMEM_PAD", vals, 4);
         const char *bad[] = {"x", "5:", "120000:0", "300000", "-1"};
         void *dx = NULL, *dy = NULL;
         CHECK_OK(nib_dev_malloc(&dx, 10 * 1024 * 2, "x"));
@@ -767,7 +794,7 @@ NIB_TEST(gemm_gpu_smem_pad) {
         e.geglu = 1;
         for (size_t i = 0; i < NIB_ARRAY_LEN(bad); i++) {
             setenv("NIB_GEMM_SMEM_PAD", bad[i], 1);
-            const nib_status st = nib_cuda_gemm_planned(&q, dx, 10, 1024, dy, 136, &e, &ws, &pl, NULL);
+            const nib_status st = nib_cuda_gemm_planned(&k.q, dx, 10, 1024, dy, 136, &e, &k.ws, &pl, NULL);
             unsetenv("NIB_GEMM_SMEM_PAD");
             CHECK_MSG(st == NIB_ERR_INVALID_ARG && strstr(nib_last_error(), "NIB_GEMM_SMEM_PAD=") != NULL,
                       "NIB_GEMM_SMEM_PAD=%s gave status %d, error: %s", bad[i], (int)st, nib_last_error());
@@ -776,71 +803,48 @@ NIB_TEST(gemm_gpu_smem_pad) {
         nib_dev_free(dx, 10 * 1024 * 2);
         nib_dev_free(dy, 10 * 136 * 2);
     }
-    nib_dev_arena_free(&a);
-    rand_w_free(&rw);
-    nib_cuda_gemm_ws_free(&ws);
+    knob_probe_end(&k);
 }
 
-/* NIB_GEMM_XW=N (a lab knob: an mma.sync plan's X window at most N pipeline steps) changes when X arrives, never the
- * numbers: the expert's gate|up plan (MT = 2, one warp along K, 4 steps a warp, forced) at M = 10 as a GeGLU product,
- * bitwise equal with the knob unset and at 1, 2 and 3 steps; the planned window is what the knob says; bad values are
- * errors naming it. */
+/* NIB_GEMM_XW=N (a lab knob: an mma.sync plan's X window re-planned to at most N pipeline steps) changes when X
+ * arrives, never the numbers: the expert's gate|up plan (MT = 2, one warp along K, 4 steps a warp, forced) at M = 10
+ * as a GeGLU product, bitwise equal with the knob unset and at 1, 2 and 3 steps; the planned window is what the knob
+ * says; bad values are errors naming it. */
 NIB_TEST(gemm_gpu_xw_knob) {
     NIB_REQUIRE_GPU();
-    nib_rng rng;
-    nib_gemm_ws ws;
-    gemm_test_begin(t, &rng, &ws, 128, 2048);
-    rand_w rw;
-    REQUIRE(make_rand_w(&rng, NIB_WFMT_NVFP4, 2 * 136, 1024, 0, 0, 0, 0, &rw));
-    nib_dev_arena a;
-    nib_qweight q;
-    load_probe(t, &rw.w, 1, &a, &q);
-    char force[64];
-    snprintf(force, sizeof force, "1024:%lld:10:2:1:1", (long long)q.np);
-    setenv("NIB_GEMM_FORCE", force, 1);
-    const char *vals[] = {NULL, "1", "2", "3"};
-    const int want_xw[] = {4, 1, 2, 3};
-    const int64_t n_vals = 12 * (136 + 8);
-    uint16_t *y[4] = {NULL, NULL, NULL, NULL};
-    const case_opts o = {1, 0, 0, 0, NULL, NULL};
-    for (int i = 0; i < 4; i++) {
-        y[i] = nib_malloc((size_t)n_vals * 2);
-        REQUIRE(y[i] != NULL);
-        if (vals[i]) setenv("NIB_GEMM_XW", vals[i], 1);
-        nib_gemm_plan pl;
-        memset(&pl, 0, sizeof pl);
-        CHECK_OK(nib_cuda_gemm_plan(&q, 10, ws.acc_elems, &pl));
-        CHECK_MSG(pl.mt == 2 && pl.wk == 1 && pl.ksplit == 1 && pl.xw == want_xw[i],
-                  "NIB_GEMM_XW=%s: plan mt %d wk %d ks %d xw %d, want mt 2 wk 1 ks 1 xw %d", vals[i] ? vals[i] : "(unset)",
-                  pl.mt, pl.wk, pl.ksplit, pl.xw, want_xw[i]);
-        nib_rng r = rng;
-        g_capture = y[i];
-        const double worst = run_case(t, &r, &rw.w, 10, &o, &ws, 0);
-        g_capture = NULL;
-        unsetenv("NIB_GEMM_XW");
-        CHECK_MSG(worst <= 1.0, "NIB_GEMM_XW=%s: err/bound %.3f", vals[i] ? vals[i] : "(unset)", worst);
-        if (i) {
-            int64_t diff = 0;
-            for (int64_t j = 0; j < n_vals; j++) diff += y[i][j] != y[0][j];
-            CHECK_MSG(diff == 0, "NIB_GEMM_XW=%s: %lld of %lld values differ from the unset run", vals[i], (long long)diff,
-                      (long long)n_vals);
+    knob_probe k;
+    knob_probe_begin(t, &k);
+    if (k.ok) {
+        char force[64];
+        snprintf(force, sizeof force, "1024:%lld:10:2:1:1", (long long)k.q.np);
+        setenv("NIB_GEMM_FORCE", force, 1);
+        const char *vals[] = {NULL, "1", "2", "3"};
+        const int want_xw[] = {4, 1, 2, 3};
+        for (int i = 0; i < 4; i++) {
+            if (vals[i]) setenv("NIB_GEMM_XW", vals[i], 1);
+            nib_gemm_plan pl;
+            memset(&pl, 0, sizeof pl);
+            CHECK_OK(nib_cuda_gemm_plan(&k.q, 10, k.ws.acc_elems, &pl));
+            unsetenv("NIB_GEMM_XW");
+            CHECK_MSG(pl.mt == 2 && pl.wk == 1 && pl.ksplit == 1 && pl.xw == want_xw[i],
+                      "NIB_GEMM_XW=%s: plan mt %d wk %d ks %d xw %d, want mt 2 wk 1 ks 1 xw %d",
+                      vals[i] ? vals[i] : "(unset)", pl.mt, pl.wk, pl.ksplit, pl.xw, want_xw[i]);
         }
+        const case_opts o = {1, 0, 0, 0, NULL, NULL};
+        knob_same_bits(t, &k, &o, "NIB_GEMM_XW", vals, 4);
+        const char *bad[] = {"x", "0", "65", "2x", "-1"};
+        for (size_t i = 0; i < NIB_ARRAY_LEN(bad); i++) {
+            setenv("NIB_GEMM_XW", bad[i], 1);
+            nib_gemm_plan pl;
+            const nib_status st = nib_cuda_gemm_plan(&k.q, 10, k.ws.acc_elems, &pl);
+            unsetenv("NIB_GEMM_XW");
+            CHECK_MSG(st == NIB_ERR_INVALID_ARG && strstr(nib_last_error(), "NIB_GEMM_XW=") != NULL,
+                      "NIB_GEMM_XW=%s gave status %d, error: %s", bad[i], (int)st, nib_last_error());
+            nib_clear_error();
+        }
+        unsetenv("NIB_GEMM_FORCE");
     }
-    for (int i = 0; i < 4; i++) nib_free(y[i]);
-    const char *bad[] = {"x", "0", "65", "2x", "-1"};
-    for (size_t i = 0; i < NIB_ARRAY_LEN(bad); i++) {
-        setenv("NIB_GEMM_XW", bad[i], 1);
-        nib_gemm_plan pl;
-        const nib_status st = nib_cuda_gemm_plan(&q, 10, ws.acc_elems, &pl);
-        unsetenv("NIB_GEMM_XW");
-        CHECK_MSG(st == NIB_ERR_INVALID_ARG && strstr(nib_last_error(), "NIB_GEMM_XW=") != NULL,
-                  "NIB_GEMM_XW=%s gave status %d, error: %s", bad[i], (int)st, nib_last_error());
-        nib_clear_error();
-    }
-    unsetenv("NIB_GEMM_FORCE");
-    nib_dev_arena_free(&a);
-    rand_w_free(&rw);
-    nib_cuda_gemm_ws_free(&ws);
+    knob_probe_end(&k);
 }
 
 /* The lean instantiations (NIB_GEMM_LEAN: NVFP4 compiled for one epilogue kind and one K-split mode: the
