@@ -281,7 +281,7 @@ nib_status nib_gemm_plan_rule(const nib_gemm_shape *w, int rule, int64_t m, uint
 /* NIB_GEMM_XW=N (a lab knob, unset: nothing): an mma.sync plan's X window re-planned to the largest of at most N pipeline
  * steps that fits (X buffers, row stride and shared memory recomputed; the planner's own pick is the largest of all, the
  * K1024 rules' one step); a bad value, or one whose buffers do not fit, is an error naming it. */
-nib_status nib_gemm_plan_xw_env(const nib_gemm_shape *w, int64_t m, nib_gemm_plan *pl);
+nib_status nib_gemm_plan_xw_env(const nib_gemm_shape *w, int64_t m, uint64_t ws_elems, int sms, nib_gemm_plan *pl);
 /* Every plan that fits, in a fixed order; returns how many were written to out (at most max),
  * or -1 (with the error set) for a bad shape. */
 int nib_gemm_plans_for(const nib_gemm_shape *w, int64_t m, uint64_t ws_elems, int sms, nib_gemm_plan *out, int max);

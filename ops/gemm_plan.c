@@ -33,8 +33,8 @@ static int plan_x(int xrows_alloc, int wk, int cps, int steps, int wmax, int sta
 /* One launch plan: wk warps along K, occ_regs resident CTAs per SM the registers are budgeted
  * for (2, or 1 for MT = 8), ks CTAs along K. Returns 0 when it does not fit or is not distinct;
  * *cost_out is the planner's estimate in pipeline-step units. */
-static int plan_eval(const nib_gemm_shape *w, int64_t m, uint64_t ws_elems, int sms, int mt, int wk, int occ_regs,
-                     int ks, int reg, nib_gemm_plan *pl, double *cost_out) {
+static int plan_eval_x(const nib_gemm_shape *w, int64_t m, uint64_t ws_elems, int sms, int mt, int wk, int occ_regs,
+                       int ks, int reg, int wmax, nib_gemm_plan *pl, double *cost_out) {
     memset(pl, 0, sizeof *pl);
     pl->mt = mt;
     if (occ_regs != 2 && !(occ_regs == 1 && pl->mt == 8)) return 0; /* instantiated: OCC 2, MT 8 also OCC 1 */
@@ -63,7 +63,7 @@ static int plan_eval(const nib_gemm_shape *w, int64_t m, uint64_t ws_elems, int 
     if ((nchunks + cpc - 1) / cpc != ks) return 0; /* the same split as a smaller ks */
     const int steps = (cpc + wk * cps - 1) / (wk * cps);
     int xw, nxb, lds;
-    if (!plan_x(xrows_alloc, wk, cps, steps, steps, stages, xbudget, &xw, &nxb, &lds)) return 0;
+    if (!plan_x(xrows_alloc, wk, cps, steps, wmax, stages, xbudget, &xw, &nxb, &lds)) return 0;
     /* ring bytes: a CTA with fewer steps than stages only ever touches stages 0 .. steps-1
      * (stage j holds step j), so it needs only those (at M = 10 and K = 1024 one step per warp:
      * 24 KB instead of 96 KB, two CTAs per SM instead of one) */
@@ -103,27 +103,23 @@ static int plan_eval(const nib_gemm_shape *w, int64_t m, uint64_t ws_elems, int 
     return 1;
 }
 
-/* An mma.sync plan's X window re-planned to the largest of at most wmax pipeline steps that fits (X buffers, row stride
- * and shared memory recomputed); 0 where none fits (the plan unchanged). */
-static int plan_set_xw(const nib_gemm_shape *w, int64_t m, int wmax, nib_gemm_plan *pl) {
-    const int stages = NIB_GEMM_STAGES(pl->mt), cps = NIB_GEMM_CPS(pl->mt), nchunks = (int)(w->kp / NIB_GEMM_KCH);
-    const int cpc = (nchunks + pl->ksplit - 1) / pl->ksplit, steps = (cpc + pl->wk * cps - 1) / (pl->wk * cps);
-    const int xrows_alloc = (int)(m < pl->mt * 8 ? m : pl->mt * 8) + 1;
-    const int xbudget = pl->occ == 1 ? 2 * NIB_GEMM_X_BUDGET : NIB_GEMM_X_BUDGET;
-    int xw, nxb, lds;
-    if (!plan_x(xrows_alloc, pl->wk, cps, steps, wmax, stages, xbudget, &xw, &nxb, &lds)) return 0;
-    const size_t xs = (size_t)nxb * xrows_alloc * lds * 2;
-    const size_t red = (size_t)(pl->wk - 1) * (NIB_GEMM_WARPS / pl->wk) * pl->mt * 4 * 32 * 4;
-    const size_t smem = pl->ring_bytes + xs > red ? pl->ring_bytes + xs : red;
-    if (smem > NIB_GEMM_MAX_SMEM) return 0;
-    pl->xw = xw;
-    pl->nxb = nxb;
-    pl->lds = lds;
-    pl->smem = smem;
+/* A plan with the largest X window that fits (the planner's plans and NIB_GEMM_FORCE's) */
+static int plan_eval(const nib_gemm_shape *w, int64_t m, uint64_t ws_elems, int sms, int mt, int wk, int occ_regs,
+                     int ks, int reg, nib_gemm_plan *pl, double *cost_out) {
+    return plan_eval_x(w, m, ws_elems, sms, mt, wk, occ_regs, ks, reg, 1 << 30, pl, cost_out);
+}
+
+/* An mma.sync plan re-planned with the largest X window of at most wmax pipeline steps that fits (X buffers, row
+ * stride and shared memory follow); 0 where none fits (the plan unchanged). */
+static int plan_set_xw(const nib_gemm_shape *w, int64_t m, uint64_t ws_elems, int sms, int wmax, nib_gemm_plan *pl) {
+    nib_gemm_plan r;
+    double cost;
+    if (!plan_eval_x(w, m, ws_elems, sms, pl->mt, pl->wk, pl->occ, pl->ksplit, pl->reg, wmax, &r, &cost)) return 0;
+    *pl = r;
     return 1;
 }
 
-nib_status nib_gemm_plan_xw_env(const nib_gemm_shape *w, int64_t m, nib_gemm_plan *pl) {
+nib_status nib_gemm_plan_xw_env(const nib_gemm_shape *w, int64_t m, uint64_t ws_elems, int sms, nib_gemm_plan *pl) {
     const char *e = getenv("NIB_GEMM_XW");
     if (!e || !*e) return NIB_OK;
     char *end = NULL;
@@ -131,7 +127,7 @@ nib_status nib_gemm_plan_xw_env(const nib_gemm_shape *w, int64_t m, nib_gemm_pla
     if (end == e || *end || n < 1 || n > 64)
         return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_GEMM_XW=%s: the X window's pipeline steps at most, 1 .. 64", e);
     if (pl->wgt) return NIB_OK;
-    if (!plan_set_xw(w, m, (int)n, pl))
+    if (!plan_set_xw(w, m, ws_elems, sms, (int)n, pl))
         return NIB_ERR(NIB_ERR_INVALID_ARG, "NIB_GEMM_XW=%s: no X window fits K=%lld M=%lld", e, (long long)w->kp,
                        (long long)m);
     return NIB_OK;
@@ -405,7 +401,7 @@ nib_status nib_gemm_plan_rule(const nib_gemm_shape *w, int rule, int64_t m, uint
      * window is all of the CTA's K: gate|up's 4 steps; the wk = 4 plans have one step a warp anyway). H200, fast,
      * 2 cameras, H = 10 (bench/results/gemm-xw-ab-h200.json): 8.848 / 8.847 -> 8.813 / 8.807 ms (2 steps:
      * 8.835 / 8.835); NIB_GEMM_XW=64 gives back the whole window. */
-    if (*hit) plan_set_xw(w, m, 1, pl);
+    if (*hit) plan_set_xw(w, m, ws_elems, sms, 1, pl);
     return NIB_OK;
 }
 

@@ -491,7 +491,7 @@ NIB_TEST(gemm_plan_rule_k1024) {
         for (size_t i = 0; i < NIB_ARRAY_LEN(xw_vals); i++) {
             nib_gemm_plan r = p;
             setenv("NIB_GEMM_XW", xw_vals[i], 1);
-            CHECK_OK(nib_gemm_plan_xw_env(&gu, 10, &r));
+            CHECK_OK(nib_gemm_plan_xw_env(&gu, 10, SWEEP_WS_ELEMS, SWEEP_SMS, &r));
             CHECK_MSG(r.xw == xw_want[i] && r.mt == p.mt && r.wk == p.wk && r.ksplit == p.ksplit && r.ctas == p.ctas &&
                           r.lds == xw_want[i] * NIB_GEMM_CPS(2) * NIB_GEMM_KCH + 8 && r.smem >= (size_t)r.nxb * 11 * r.lds * 2,
                       "NIB_GEMM_XW=%s: xw %d nxb %d lds %d smem %zu", xw_vals[i], r.xw, r.nxb, r.lds, r.smem);
@@ -500,13 +500,13 @@ NIB_TEST(gemm_plan_rule_k1024) {
         for (size_t i = 0; i < NIB_ARRAY_LEN(bad); i++) {
             nib_gemm_plan r = p;
             setenv("NIB_GEMM_XW", bad[i], 1);
-            CHECK_ST(nib_gemm_plan_xw_env(&gu, 10, &r), NIB_ERR_INVALID_ARG);
+            CHECK_ST(nib_gemm_plan_xw_env(&gu, 10, SWEEP_WS_ELEMS, SWEEP_SMS, &r), NIB_ERR_INVALID_ARG);
             CHECK_MSG(strstr(nib_last_error(), "NIB_GEMM_XW=") != NULL, "%s: %s", bad[i], nib_last_error());
             nib_clear_error();
         }
         unsetenv("NIB_GEMM_XW");
         nib_gemm_plan r = p;
-        CHECK_OK(nib_gemm_plan_xw_env(&gu, 10, &r));
+        CHECK_OK(nib_gemm_plan_xw_env(&gu, 10, SWEEP_WS_ELEMS, SWEEP_SMS, &r));
         CHECK_MSG(!memcmp(&r, &p, sizeof r), "NIB_GEMM_XW unset changed the plan");
     }
     /* above 32 tokens (up to 64: H = 50) NIB_GEMM_RULE_K1024_WK1 is the wgmma kernel's 64-token tile without a K

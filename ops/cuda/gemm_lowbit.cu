@@ -1495,12 +1495,12 @@ static nib_status cuda_plan(const nib_qweight *w, int64_t m, uint64_t ws_elems, 
         }
         return st;
     }
-    if (hit) return nib_gemm_plan_xw_env(&sh, m, pl);
+    if (hit) return nib_gemm_plan_xw_env(&sh, m, ws_elems, g_num_sms, pl);
     int ks = 1, cm = 1;
     const int bt = nib_gemm_wg_tile(w->fmt, w->perm != NULL, m, w->np, w->kp, ws_elems, g_num_sms, &ks, &cm);
     if (bt) return nib_cuda_gemm_wg_plan(w, m, bt, ks, cm, pl);
     NIB_RETURN_IF_ERR(nib_gemm_plan_for(&sh, m, ws_elems, g_num_sms, pl));
-    return nib_gemm_plan_xw_env(&sh, m, pl);
+    return nib_gemm_plan_xw_env(&sh, m, ws_elems, g_num_sms, pl);
 }
 
 nib_status nib_cuda_gemm_plan(const nib_qweight *w, int64_t m, uint64_t ws_elems, nib_gemm_plan *pl) {
