@@ -396,12 +396,11 @@ nib_status nib_gemm_plan_rule(const nib_gemm_shape *w, int rule, int64_t m, uint
     if (m <= 8 || m > 16 || w->kp % 1024) return NIB_OK;
     double cost;
     const int wk = rule == NIB_GEMM_RULE_K1024_WK1 ? 1 : 4;
-    *hit = plan_eval(w, m, ws_elems, sms, NIB_GEMM_MT(m), wk, 2, (int)(w->kp / 1024), 1, pl, &cost);
     /* X windows of one pipeline step, so that the first step waits for its own part of X only (the planner's
      * window is all of the CTA's K: gate|up's 4 steps; the wk = 4 plans have one step a warp anyway). H200, fast,
      * 2 cameras, H = 10 (bench/results/gemm-xw-ab-h200.json): 8.848 / 8.847 -> 8.813 / 8.807 ms (2 steps:
      * 8.835 / 8.835); NIB_GEMM_XW=64 gives back the whole window. */
-    if (*hit) plan_set_xw(w, m, ws_elems, sms, 1, pl);
+    *hit = plan_eval_x(w, m, ws_elems, sms, NIB_GEMM_MT(m), wk, 2, (int)(w->kp / 1024), 1, 1, pl, &cost);
     return NIB_OK;
 }
 
