@@ -43,7 +43,8 @@
 #             KTRACE_ENVS (';'-separated; default: NIB_OVERLAP=0, the same with NIB_FP8_GEGLU_PDL=1, the default, and
 #             NIB_FP8_GEGLU_PDL=1), each summarized by scripts/ktrace.py $KTRACE_ARGS (default --blocks --detail: the
 #             prefix's GeGLU kernel, the norm before it and the row quantization after it, per layer; --expert: the
-#             per-op flow steps' launches, boundaries and runs) into ktrace-<i>.txt; KTRACE_HORIZON (10) sets H
+#             per-op flow steps' launches, boundaries and runs) into ktrace-<i>.txt; KTRACE_HORIZON (10) sets H;
+#             KTRACE_FLAGS: more nvcc flags for build-kt (a lab switch, e.g. -DNIB_GEMM_LAB_WARM=1)
 #   experttrace  NIB_FUSED_STEP=1 NIB_EXPERT_TRACE=1 nib bench pi05 --preset fast --cams 2 --horizon 10 (experttrace.log):
 #             the persistent expert kernel's per-phase times and per-CTA segments
 #   plansearch  scripts/plan_search.py $PLANSEARCH_ARGS (plan-search.json, plansearch.log): the in-model
@@ -239,7 +240,7 @@ if has pi05prof; then
     done
 fi
 if has ktrace; then
-    if make -j"$JOBS" BUILD=build-kt NIB_LAB_NVCCFLAGS=-DNIB_KTRACE=1 >>"$LOG" 2>&1; then
+    if make -j"$JOBS" BUILD=build-kt NIB_LAB_NVCCFLAGS="-DNIB_KTRACE=1 ${KTRACE_FLAGS:-}" >>"$LOG" 2>&1; then
         IFS=';' read -r -a kenvs <<<"${KTRACE_ENVS:-NIB_OVERLAP=0;NIB_OVERLAP=0 NIB_FP8_GEGLU_PDL=1;;NIB_FP8_GEGLU_PDL=1}"
         for i in "${!kenvs[@]}"; do
             kf=${TMPDIR:-/tmp}/nib-ktrace-$i.txt
