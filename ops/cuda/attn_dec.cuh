@@ -165,12 +165,6 @@ template <int FMT> constexpr bool dec_red_layout_ok() {
 static_assert(dec_red_layout_ok<F_BF16>() && dec_red_layout_ok<F_FP8>() && dec_red_layout_ok<F_NVFP4>(),
               "the decode kernel's O exchange layout");
 
-/* NIB_ATTN_LAB_QFIRST (a lab build's compile flag, never set by the Makefile: `make BUILD=DIR
- * NIB_LAB_NVCCFLAGS=-DNIB_ATTN_LAB_QFIRST=1`): Q's loads are issued before the warp's first K and V
- * loads instead of after them (the stamps put Q staged 2.3 us after the wait). Same results. */
-#ifndef NIB_ATTN_LAB_QFIRST
-#define NIB_ATTN_LAB_QFIRST 0
-#endif
 template <int FMT>
 __global__ void __launch_bounds__(DEC_NT, 2) k_attn_dec(AttnParams p) {
     NIB_KT(NIB_KT_ATTN_DEC, NIB_KT_ENTRY);
@@ -284,13 +278,11 @@ __global__ void __launch_bounds__(DEC_NT, 2) k_attn_dec(AttnParams p) {
         for (int c = 0; c < 4; c++) oacc[m][c] = 0.f;
     float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.f, 0.f}; /* rows 2t, 2t + 1 */
 
-#if !NIB_ATTN_LAB_QFIRST
     /* the warp's first K and V in flight before Q is staged (Q does not gate the loads) */
     if (warp < n_steps) {
         load_k(warp);
         load_v(warp);
     }
-#endif
     /* Q rows (row r = token r / group, head hkv * group + r % group) in the K-step order: the
      * thread's (b, row, t) are fixed by tid, its k-steps are tid / 64 + 2k */
     {
@@ -299,30 +291,16 @@ __global__ void __launch_bounds__(DEC_NT, 2) k_attn_dec(AttnParams p) {
         const __nv_bfloat16 *q = r < rows_valid ? p.q + seq * p.q_seq + (long long)(r / p.group) * p.q_tok +
                                                       (long long)(hkv * p.group + r % p.group) * p.d
                                                 : nullptr;
-#if NIB_ATTN_LAB_QFIRST
-        /* Q's loads issued first, then the warp's first K and V, then Q consumed */
-        uint32_t qw[8];
-#pragma unroll
-        for (int k = 0; k < 8; k++) qw[k] = q ? *(const uint32_t *)(q + dec_kdim<FMT>(ks0 + 2 * k, tq, b)) : 0u;
-        if (warp < n_steps) {
-            load_k(warp);
-            load_v(warp);
-        }
-#endif
         if constexpr (FMT == F_FP8) {
             /* FP8 cache: Q in f16 for the f16 S products (K decodes to f16 in one instruction). Each row
              * is scaled by 2^k so that its largest |q| lies in [2^14, 2^15): a bf16 value converts
              * exactly unless it is below 2^-31 of that largest one (then within 2^-39 of it); the
              * logits are scaled back by 2^-k (exact). The row's 16 threads: lanes ^1, ^16, 4 warps. */
-#if !NIB_ATTN_LAB_QFIRST
             uint32_t qw[8];
-#endif
             float amax = 0.f;
 #pragma unroll
             for (int k = 0; k < 8; k++) {
-#if !NIB_ATTN_LAB_QFIRST
                 qw[k] = q ? *(const uint32_t *)(q + dec_kdim<FMT>(ks0 + 2 * k, tq, b)) : 0u;
-#endif
                 amax = fmaxf(amax, fmaxf(fabsf(__uint_as_float(qw[k] << 16)), fabsf(__uint_as_float(qw[k] & 0xFFFF0000u))));
             }
             amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
@@ -344,11 +322,7 @@ __global__ void __launch_bounds__(DEC_NT, 2) k_attn_dec(AttnParams p) {
 #pragma unroll
             for (int k = 0; k < 8; k++) {
                 const int ks = ks0 + 2 * k;
-#if NIB_ATTN_LAB_QFIRST
-                qf[ks][tq][r][b] = qw[k];
-#else
                 qf[ks][tq][r][b] = q ? *(const uint32_t *)(q + dec_kdim<FMT>(ks, tq, b)) : 0u;
-#endif
             }
         }
     }

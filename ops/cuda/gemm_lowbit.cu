@@ -101,32 +101,6 @@ static_assert(Pieces<NIB_WFMT_NVFP4>::N == NIB_GEMM_PIECES(NIB_WFMT_NVFP4) &&
 __device__ __forceinline__ void cp_async16_ok(uint32_t dst, const void *src, bool ok) {
     cp_async16(dst, src, ok ? 16 : 0);
 }
-/* NIB_GEMM_LAB_WARM (a lab build's compile flag, never set by the Makefile: `make BUILD=DIR
- * NIB_LAB_NVCCFLAGS=-DNIB_GEMM_LAB_WARM=1`): the mma.sync kernel runs the code between its PDL wait and
- * its K loop once before the wait, with the X copies predicated off, so that code is in the SM's
- * instruction caches when the wait returns (bench/probes/icache.cu measured what cold code costs).
- * Results are identical; the question is only what the cold code costs after the wait. */
-#ifndef NIB_GEMM_LAB_WARM
-#define NIB_GEMM_LAB_WARM 0
-#endif
-/* cp_async16, issued only where `live` (a predicated instruction, not a branch: the dry pass of
- * NIB_GEMM_LAB_WARM fetches it without copying) */
-__device__ __forceinline__ void cp_async16_live(uint32_t dst, const void *src, int src_bytes, bool live) {
-#if NIB_GEMM_LAB_WARM
-    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %3, 0;\n @p cp.async.cg.shared.global [%0], [%1], 16, %2;\n}" ::"r"(dst),
-                 "l"(src), "r"(src_bytes), "r"((int)live));
-#else
-    (void)live;
-    cp_async16(dst, src, src_bytes);
-#endif
-}
-/* NIB_GEMM_LAB_TRIGX (a lab build's compile flag, never set by the Makefile: `make BUILD=DIR
- * NIB_LAB_NVCCFLAGS=-DNIB_GEMM_LAB_TRIGX=1`): the mma.sync kernel triggers its dependents once its first X
- * window is in, not right after its wait, so the next kernel's pre-wait loads (weights, L2 prefetches)
- * do not compete with this kernel's X copies. A CTA without steps triggers at its exit. Same results. */
-#ifndef NIB_GEMM_LAB_TRIGX
-#define NIB_GEMM_LAB_TRIGX 0
-#endif
 template <int N> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N));
 }
@@ -198,7 +172,7 @@ struct XWalk {
 
 /* X window -> shared buffer: xrows real token rows x (xw*wk*cps*128) columns from column kbase. */
 __device__ __forceinline__ void issue_x_window(const GemmParams &p, const XWalk &xw, __nv_bfloat16 *xs, int xrows,
-                                               int m0, int kbase, bool live = true) {
+                                               int m0, int kbase) {
     int row = xw.row0, pc = xw.pc0;
     if (!p.perm) {
         const __nv_bfloat16 *src = p.x + (long long)(m0 + row) * p.ldx + kbase + pc * 8;
@@ -208,7 +182,7 @@ __device__ __forceinline__ void issue_x_window(const GemmParams &p, const XWalk 
                        dst_wrap = (uint32_t)(p.lds - xw.ppr * 8) * 2u;
         while (row < xrows) {
             const bool ok = kbase + pc * 8 < p.k;
-            cp_async16_live(dst, ok ? (const void *)src : (const void *)p.x, ok ? 16 : 0, live);
+            cp_async16(dst, ok ? (const void *)src : (const void *)p.x, ok ? 16 : 0);
             row += xw.drow;
             pc += xw.dpc;
             src += src_step;
@@ -517,9 +491,7 @@ template <int FMT, int MT, int REG> struct IssueState {
         }
     }
     /* issue pipeline position j (weights of step j; the X window starting at step j) */
-    /* live = false: NIB_GEMM_LAB_WARM's dry pass (the X copies predicated off; the weight copies of
-     * REG = 0 land the same bytes where the live pass puts them) */
-    __device__ __forceinline__ void step(const GemmParams &p, uint32_t ring, bool live = true) {
+    __device__ __forceinline__ void step(const GemmParams &p, uint32_t ring) {
         if (j < nsteps) {
             if (!REG) issue_chunks<FMT, CPS>(ring, stage, wp, sp, rg_ok, c, c_end);
             if (REG == 2) {
@@ -531,7 +503,7 @@ template <int FMT, int MT, int REG> struct IssueState {
                 bsp += sstep;
             }
             if (in == 0) {
-                issue_x_window(p, xwalk, xs0 + xb * xs_stride, xrows, m0, kcol, live);
+                issue_x_window(p, xwalk, xs0 + xb * xs_stride, xrows, m0, kcol);
                 xb = xb + 1 == p.nxb ? 0 : xb + 1;
             }
             in = in + 1 == p.xw ? 0 : in + 1;
@@ -703,6 +675,11 @@ __device__ __forceinline__ void gemm_lowbit_body(const GemmParams &p) {
         pol = evict_first_policy();
         if (nsteps > 0) load_chunks_reg<FMT, CPS>(nxt, rwp, rsp, rg_ok[0], rc, c_end, g, pol);
     }
+    nib::pdl_enter(); /* X comes from the previous kernel */
+    NIB_KT(NIB_KT_LOWBIT, NIB_KT_WAITED);
+#pragma unroll
+    for (int j = 0; j < S - 1; j++) is.step(p, ring);
+    NIB_KT(NIB_KT_LOWBIT, NIB_KT_MARK7); /* the first X windows issued (the epilogue's inputs not yet) */
     /* Everything the epilogue reads besides the sums (column scales, gates, residuals or the q|k|v
      * epilogue's (cos, sin), the slot base), loaded here, in flight during the main loop, by the threads
      * that finish a single K split (MT <= 2: the expert's few tokens; a dozen registers, which FP8 with
@@ -710,57 +687,28 @@ __device__ __forceinline__ void gemm_lowbit_body(const GemmParams &p) {
      * for the stores before them (y may alias the residual): a chain of L2 round trips. */
     constexpr bool EPRE = MT <= 2 && !(FMT == NIB_WFMT_FP8 && REG == 1);
     EpiIn epre[EPRE ? R : 1][EPRE ? MT : 1][2];
-    auto epre_load = [&]() {
-        if constexpr (EPRE) {
-            if ((L >> 2) != 2 && p.ksplit == 1 && wkk == 0) {
-                const int sb = p.qkv ? qkv_slot_base(p) : 0;
+    if constexpr (EPRE) {
+        if ((L >> 2) != 2 && p.ksplit == 1 && wkk == 0) {
+            const int sb = p.qkv ? qkv_slot_base(p) : 0;
 #pragma unroll
-                for (int r = 0; r < R; r++) {
-                    EpiIn rows;
-                    if (rg_ok[r]) epi_in_rows(p, rg0 + r, g, rows);
+            for (int r = 0; r < R; r++) {
+                EpiIn rows;
+                if (rg_ok[r]) epi_in_rows(p, rg0 + r, g, rows);
 #pragma unroll
-                    for (int nt = 0; nt < MT; nt++)
+                for (int nt = 0; nt < MT; nt++)
 #pragma unroll
-                        for (int i = 0; i < 2; i++) {
-                            EpiIn &e = epre[r][nt][i];
-                            const int mm = m0 + nt * 8 + 2 * (lane & 3) + i;
-                            if (!rg_ok[r] || mm >= p.m) continue;
-                            e = rows;
-                            e.sbase = sb;
-                            epi_in_token(p, rg0 + r, g, mm, e);
-                        }
-                }
+                    for (int i = 0; i < 2; i++) {
+                        EpiIn &e = epre[r][nt][i];
+                        const int mm = m0 + nt * 8 + 2 * (lane & 3) + i;
+                        if (!rg_ok[r] || mm >= p.m) continue;
+                        e = rows;
+                        e.sbase = sb;
+                        epi_in_token(p, rg0 + r, g, mm, e);
+                    }
             }
         }
-    };
-#if NIB_GEMM_LAB_WARM
-    /* the dry pass (pass 0, before the wait) and the live one run the same instructions */
-    const IssueState<FMT, MT, REG> is_first = is;
-#pragma unroll 1
-    for (int pass = 0; pass < 2; pass++) {
-        const bool live = pass == 1;
-        if (live) {
-            is = is_first;
-            nib::pdl_enter(); /* X comes from the previous kernel */
-            NIB_KT(NIB_KT_LOWBIT, NIB_KT_WAITED);
-        }
-#pragma unroll
-        for (int j = 0; j < S - 1; j++) is.step(p, ring, live);
-        if (live) NIB_KT(NIB_KT_LOWBIT, NIB_KT_MARK7);
-        epre_load(); /* the dry pass's values (read before the wait) are overwritten by the live pass */
     }
-#else
-#if NIB_GEMM_LAB_TRIGX
-    nib::pdl_wait(); /* X comes from the previous kernel; the trigger after the first X window is in */
-#else
-    nib::pdl_enter(); /* X comes from the previous kernel */
-#endif
-    NIB_KT(NIB_KT_LOWBIT, NIB_KT_WAITED);
-#pragma unroll
-    for (int j = 0; j < S - 1; j++) is.step(p, ring);
-    NIB_KT(NIB_KT_LOWBIT, NIB_KT_MARK7); /* the first X windows issued (the epilogue's inputs not yet) */
-    epre_load();
-#endif
+
     NIB_KT(NIB_KT_LOWBIT, NIB_KT_MARK5); /* the first X windows and the epilogue's inputs issued */
     int use_stage = 0, use_in = 0, use_xb = 0, use_c = c_begin + wkk * CPS;
     uint32_t use_phase = 0; /* REG = 2: parity of the stage's current phase */
@@ -769,9 +717,6 @@ __device__ __forceinline__ void gemm_lowbit_body(const GemmParams &p) {
         if (i == 0) NIB_KT(NIB_KT_LOWBIT, NIB_KT_MARK6); /* thread 0's part of the first X window is in */
         if (use_in == 0) __syncthreads(); /* X window complete in every thread */
         if (i == 0) NIB_KT(NIB_KT_LOWBIT, NIB_KT_MARK1); /* the first X window is in */
-#if NIB_GEMM_LAB_TRIGX
-        if (i == 0) nib::pdl_trigger();
-#endif
         Chunk<FMT> ch[CPS][R];
         if (REG == 2) {
             /* the positions that copied something (IssueState::step: rg_ok and a chunk left) */
