@@ -28,7 +28,9 @@ attention, their points (runtime/ktrace.cuh MARK1..7; k_gemm_lowbit: the first X
 thread 0's part of the first X window in, all of it in, K loop done, outputs or split-K partials stored, the K split's
 last CTA starting the sum; k_attn_dec: Q staged, warp 0's keys done, the partial O in
 shared memory) and the exit, each CTA's against its own return from the wait: medians over the layers of the median CTA
-and of the slowest. Where no layer has that form, the last step's first launches are printed and the script fails. --detail prints the launches around the last step's middle layer."""
+and of the slowest; then, per low-bit product, how many of its CTAs share their SM with another CTA of the same
+launch (from the SM of each CTA's entry stamp) and the first X window's arrival for the CTAs alone and those sharing.
+Where no layer has that form, the last step's first launches are printed and the script fails. --detail prints the launches around the last step's middle layer."""
 import argparse
 import statistics
 import sys
@@ -56,10 +58,11 @@ def launches(recs):
         ls, cur = [], None
         for r in ent:
             if cur is None or len(cur["entry"]) >= cur["grid"] or r[4] in cur["entry"]:
-                cur = {"entry": {}, "ev": {}, "bev": {}, "grid": r[5], "sms": set(), "kid": kid}
+                cur = {"entry": {}, "ev": {}, "bev": {}, "grid": r[5], "sms": set(), "bsm": {}, "kid": kid}
                 ls.append(cur)
             cur["entry"][r[4]] = r[0]
             cur["sms"].add(r[3])
+            cur["bsm"][r[4]] = r[3]
         for l in ls:
             l["t0"] = min(l["entry"].values())
         # each other stamp of a block, in time order per event, to the block's launches in order: the earliest one
@@ -129,6 +132,19 @@ def expert(L, steps, detail):
                     d = sorted(us(t - w[b]) for b, t in bev.get(ev, {}).items() if b in w)
                     if d:
                         row[o]["m " + name] = (statistics.median(d), d[-1], len(d))
+                # CTAs that share their SM with another CTA of the same launch, and the first X window's arrival
+                # (k_gemm_lowbit's MARK1) of the CTAs alone on their SM and of those sharing one
+                if seq[k + o]["kid"] == LOWBIT and bev.get(MARK1):
+                    bsm = seq[k + o]["bsm"]
+                    per_sm = {}
+                    for b, sm in bsm.items():
+                        per_sm[sm] = per_sm.get(sm, 0) + 1
+                    shared = {b for b, sm in bsm.items() if per_sm[sm] > 1}
+                    xin = {b: us(t - w[b]) for b, t in bev[MARK1].items() if b in w}
+                    alone = sorted(v for b, v in xin.items() if b not in shared)
+                    both = sorted(v for b, v in xin.items() if b in shared)
+                    row[o]["share"] = (len(shared), statistics.median(alone) if alone else None,
+                                       statistics.median(both) if both else None)
             rows.append(row)
             layer_us.append(us(max(exits(seq[k + 6])) - max(exits(seq[k - 2]))))
     if not rows:
@@ -162,6 +178,17 @@ def expert(L, steps, detail):
                     cells.append(f"{name} {med([x[0] for x in v]):.2f} / {med([x[1] for x in v]):.2f} "
                                  f"({med([x[2] for x in v]):.0f})")
             print(f"  {LABELS[o]:14s}" + "; ".join(cells))
+        shares = [o for o in marked if all("share" in r[o] for r in rows)]
+        if shares:
+            print("CTAs sharing their SM with another CTA of the same launch (median over the layers), and the first X "
+                  "window in (us after the wait; medians over the layers of the median CTA alone / sharing; '-': none):")
+            for o in shares:
+                n = med([r[o]["share"][0] for r in rows])
+                cell = []
+                for i in (1, 2):
+                    v = [r[o]["share"][i] for r in rows if r[o]["share"][i] is not None]
+                    cell.append(f"{med(v):.2f}" if v else "-")
+                print(f"  {LABELS[o]:14s}{n:.0f} of {rows[0][o]['CTAs']:.0f}; X in {cell[0]} / {cell[1]}")
     if detail:
         s0, s1 = spans[-1]
         seq = ex[s0:s1 + 1]

@@ -4,7 +4,7 @@
 it prints, its launch grouping (two launches of one kernel back to back in a layer), its block placement count for an
 in-order and a scattered placement, and its refusals (an empty file, no GeGLU kernel); --expert on made-up flow
 steps (every launch of a layer with a known boundary gap and run, the launches of one kernel with different grids
-interleaved with a prefix norm's) and its refusal of stamps without step edges. Run by nib_tests
+interleaved with a prefix norm's; the products' CTAs that share an SM) and its refusal of stamps without step edges. Run by nib_tests
 (ktrace_script) from the repository root."""
 import os
 import random
@@ -72,17 +72,19 @@ def launch(kid, grid, p_exit, gap, run):
     """one launch after the previous one's last exit p_exit (ns): entries 2 us before it, the first wait returned gap
     after it, the last 0.1 us later; exits from run - 0.3 us to run after the first return; returns its last exit.
     A low-bit product's or the attention's CTA b also stamps its points (ktrace.cuh MARK1..3) 0.5 / 1.0 / 1.2 us + 0.1 b after its own
-    wait, and on a 4-CTA grid (a K split) its last CTA the sum (MARK4) 1.5 us after"""
+    wait, and on a 4-CTA grid (a K split) its last CTA the sum (MARK4) 1.5 us after. CTA b runs on SM b, except in a
+    3-CTA low-bit product, whose blocks 0 and 1 share SM 0 (block 2: SM 1)"""
     out, w0 = [], p_exit + int(gap * 1000)
     for b in range(grid):
         wb = w0 + (100 if b == grid - 1 else 0)
-        out += [(p_exit - 2000 + b, kid, ENTRY, b, b, grid), (wb, kid, WAITED, b, b, grid),
-                (w0 + int(run * 1000) - (300 if b == 0 else 0), kid, EXIT, b, b, grid)]
+        sm = max(0, b - 1) if kid == LOWBIT and grid == 3 else b  # 3-CTA products: blocks 0 and 1 share SM 0
+        out += [(p_exit - 2000 + b, kid, ENTRY, sm, b, grid), (wb, kid, WAITED, sm, b, grid),
+                (w0 + int(run * 1000) - (300 if b == 0 else 0), kid, EXIT, sm, b, grid)]
         if kid in (LOWBIT, ATTN_DEC):
-            out += [(wb + 500 + 100 * b, kid, 5, b, b, grid), (wb + 1000 + 100 * b, kid, 6, b, b, grid),
-                    (wb + 1200 + 100 * b, kid, 7, b, b, grid)]
+            out += [(wb + 500 + 100 * b, kid, 5, sm, b, grid), (wb + 1000 + 100 * b, kid, 6, sm, b, grid),
+                    (wb + 1200 + 100 * b, kid, 7, sm, b, grid)]
             if grid == 4 and b == grid - 1:
-                out += [(wb + 1500, kid, 8, b, b, grid)]
+                out += [(wb + 1500, kid, 8, sm, b, grid)]
     return out, w0 + int(run * 1000)
 
 
@@ -135,6 +137,12 @@ with tempfile.TemporaryDirectory() as d:
     check(re.search(r"\n  attention\s+Q in 0.60 / 0.70 \(3\); keys 1.10 / 1.20 \(3\); O in smem 1.30 / 1.40 \(3\); "
                     r"exit", out) is not None, "the attention's own points: " + out)
     check(re.search(r"\n  (merge|adaRMS 2) +[A-Z]", out) is None, "no points for kernels without them: " + out)
+    # SM sharing: q|k|v's 4 CTAs each alone (X in 0.65, none sharing); the 3-CTA products' blocks 0 and 1 share an SM
+    # (X in 0.5 and 0.6: median 0.55), block 2 alone (waited 0.1 later, X in 0.7 after its own wait)
+    check(re.search(r"\n  q\|k\|v\s+0 of 4; X in 0.65 / -", out) is not None, "q|k|v: no CTA shares an SM: " + out)
+    for label in ("o", "gate|up", "down"):
+        check(re.search(r"\n  " + re.escape(label) + r"\s+2 of 3; X in 0.70 / 0.55", out) is not None,
+              label + ": 2 of 3 CTAs share an SM: " + out)
     rc, out = run(write(d, "noedge.txt", [r for r in recs if r[1] != EDGE]), "--expert")
     check(rc != 0 and "step-edge" in out, "stamps without step edges are refused: " + out)
 
