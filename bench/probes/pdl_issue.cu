@@ -13,8 +13,11 @@
  * Modes: plain (no attribute, no wait: the consumer starts after the producer), pdl (attribute,
  * wait), pdl+ldg (as pdl, and every thread first issues 4 16-byte loads of a 1 GB buffer before the
  * wait, as REG = 1's first weights are), pdl+late (the loads after the wait, before the X copies).
- * Prints one JSON object per mode: cycles, medians over CTAs and 21 repetitions. Argument: SPIN_NS
- * (default 20000; the consumer's CTAs must arrive before the producer ends for the wait to wait).
+ * Prints one JSON object per mode: cycles, medians over CTAs and 21 repetitions. Arguments: SPIN_NS
+ * (default 20000; the consumer's CTAs must arrive before the producer ends for the wait to wait), CTAS
+ * (default 80; above the SM count some SMs hold two consumer CTAs, as a product's CTAs may share an SM
+ * in the model), STORE_BYTES (16, the default: the producer writes X in contiguous 16-byte stores; 4:
+ * in 4-byte stores in an MMA fragment's order, as the model's epilogues write).
  *
  *   nvcc -O3 -gencode arch=compute_90a,code=sm_90a -std=c++17 -o /tmp/pdl_issue bench/probes/pdl_issue.cu && /tmp/pdl_issue
  */
@@ -33,11 +36,20 @@ static __device__ __forceinline__ unsigned long long gtimer() {
 }
 
 __device__ unsigned long long g_start; /* the producer's start (CTA 0) */
-__global__ void k_producer(uint4 *x, int spin_ns) {
+/* store_bytes 16: X in 16-byte stores, contiguous; 4: in 4-byte stores in an MMA fragment's order (a warp's
+ * store covers 16 bytes of each of 8 token rows, as an epilogue writing from accumulator fragments does) */
+__global__ void k_producer(uint4 *x, int spin_ns, int store_bytes) {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     const unsigned long long t0 = gtimer();
     if (blockIdx.x == 0 && threadIdx.x == 0) *(volatile unsigned long long *)&g_start = t0;
     while (gtimer() - t0 < (unsigned long long)spin_ns) {
+    }
+    if (store_bytes == 4) {
+        uint32_t *xw = (uint32_t *)x;
+        constexpr int ROWS = 10, WPR = XB / 4 / ROWS; /* words per token row */
+        for (int i = blockIdx.x * NT + threadIdx.x; i < XB / 4; i += gridDim.x * NT)
+            xw[((i >> 2) % ROWS) * WPR + (i & 3) + 4 * (i / (4 * ROWS))] = (uint32_t)i;
+        return;
     }
     for (int i = blockIdx.x * NT + threadIdx.x; i < XB / 16; i += gridDim.x * NT)
         x[i] = make_uint4(i, i + 1, i + 2, i + 3);
@@ -151,7 +163,12 @@ __global__ void __launch_bounds__(NT) k_consumer(const uint4 *x, const uint4 *bi
 }
 
 int main(int argc, char **argv) {
-    const int G = 80, SPIN = argc > 1 ? atoi(argv[1]) : 20000, REPS = 21;
+    const int SPIN = argc > 1 ? atoi(argv[1]) : 20000, G = argc > 2 ? atoi(argv[2]) : 80, SB = argc > 3 ? atoi(argv[3]) : 16,
+              REPS = 21;
+    if (SPIN < 0 || G < 1 || G > 1024 || (SB != 4 && SB != 16)) {
+        fprintf(stderr, "usage: pdl_issue [SPIN_NS >= 0] [CTAS 1..1024] [STORE_BYTES 4 | 16]\n");
+        return 2;
+    }
     const size_t big_n = (1u << 30) / 16;
     uint4 *x, *big, *sink;
     long long *t;
@@ -169,7 +186,7 @@ int main(int argc, char **argv) {
             for (int r = 0; r < REPS; r++) {
                 const unsigned long long zero = 0;
                 CHECK(cudaMemcpyToSymbol(g_start, &zero, sizeof zero));
-                k_producer<<<G, NT>>>(x, SPIN);
+                k_producer<<<G, NT>>>(x, SPIN, SB);
                 CHECK(cudaGetLastError());
                 cudaLaunchAttribute at[1];
                 at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -204,9 +221,9 @@ int main(int argc, char **argv) {
                 std::sort(col[k].begin(), col[k].end());
                 med[k] = col[k][col[k].size() / 2];
             }
-            printf("{\"mode\": \"%s\", \"spin_ns\": %d, \"lead_ns\": %d, \"ctas\": %d, \"wait_cycles\": %lld, "
+            printf("{\"mode\": \"%s\", \"spin_ns\": %d, \"lead_ns\": %d, \"ctas\": %d, \"store_bytes\": %d, \"wait_cycles\": %lld, "
                    "\"issue_cycles\": %lld, \"landed_t0_cycles\": %lld, \"landed_all_cycles\": %lld}\n",
-                   names[mode], SPIN, lead, G, med[0], med[1], med[2], med[3]);
+                   names[mode], SPIN, lead, G, SB, med[0], med[1], med[2], med[3]);
             fflush(stdout);
         }
     CHECK(cudaFree(x));
