@@ -101,6 +101,16 @@ static_assert(Pieces<NIB_WFMT_NVFP4>::N == NIB_GEMM_PIECES(NIB_WFMT_NVFP4) &&
 __device__ __forceinline__ void cp_async16_ok(uint32_t dst, const void *src, bool ok) {
     cp_async16(dst, src, ok ? 16 : 0);
 }
+/* NIB_GEMM_LAB_UNROLL2 (a lab build's compile flag, never set by the Makefile: `make BUILD=DIR
+ * NIB_LAB_NVCCFLAGS=-DNIB_GEMM_LAB_UNROLL2=1`): the mma.sync kernel's K loop unrolled by 2. With REG = 1
+ * the rolled loop copies the next step's weight registers into the current step's (nxt -> ch) and back:
+ * 48 register moves a step in the lean q|k|v form, beside 12 CS2R zeroing the predicated loads' targets,
+ * of ~480 instructions a step (nvdisasm, sixty-ninth session). Unrolled, ~30 moves remain per pair of steps
+ * (none in the remainder copy, which a 1-step product runs), but the kernel's code grows from 1464 to 2552
+ * instructions. Not yet measured on a GPU; same results. */
+#ifndef NIB_GEMM_LAB_UNROLL2
+#define NIB_GEMM_LAB_UNROLL2 0
+#endif
 template <int N> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N));
 }
@@ -712,6 +722,9 @@ __device__ __forceinline__ void gemm_lowbit_body(const GemmParams &p) {
     NIB_KT(NIB_KT_LOWBIT, NIB_KT_MARK5); /* the first X windows and the epilogue's inputs issued */
     int use_stage = 0, use_in = 0, use_xb = 0, use_c = c_begin + wkk * CPS;
     uint32_t use_phase = 0; /* REG = 2: parity of the stage's current phase */
+#if NIB_GEMM_LAB_UNROLL2
+#pragma unroll 2
+#endif
     for (int i = 0; i < nsteps; i++) {
         cp_async_wait<S - 2>();
         if (i == 0) NIB_KT(NIB_KT_LOWBIT, NIB_KT_MARK6); /* thread 0's part of the first X window is in */
