@@ -101,6 +101,15 @@ static_assert(Pieces<NIB_WFMT_NVFP4>::N == NIB_GEMM_PIECES(NIB_WFMT_NVFP4) &&
 __device__ __forceinline__ void cp_async16_ok(uint32_t dst, const void *src, bool ok) {
     cp_async16(dst, src, ok ? 16 : 0);
 }
+/* NIB_GEMM_LAB_PINGPONG (a lab build's compile flag, never set by the Makefile: `make BUILD=DIR
+ * NIB_LAB_NVCCFLAGS=-DNIB_GEMM_LAB_PINGPONG=1`): with REG = 1 the K loop runs two steps an iteration, the
+ * weights alternating between two register arrays, so no step copies them. Lean q|k|v form (nvdisasm,
+ * sixty-ninth session): ~15 register moves a step instead of ~48, the kernel 2096 instructions instead of
+ * 1464 (two bodies; NIB_GEMM_LAB_UNROLL2 below, the compiler's unroll, has three). Not yet measured on a
+ * GPU; same results. */
+#ifndef NIB_GEMM_LAB_PINGPONG
+#define NIB_GEMM_LAB_PINGPONG 0
+#endif
 /* NIB_GEMM_LAB_UNROLL2 (a lab build's compile flag, never set by the Makefile: `make BUILD=DIR
  * NIB_LAB_NVCCFLAGS=-DNIB_GEMM_LAB_UNROLL2=1`): the mma.sync kernel's K loop unrolled by 2. With REG = 1
  * the rolled loop copies the next step's weight registers into the current step's (nxt -> ch) and back:
@@ -722,10 +731,9 @@ __device__ __forceinline__ void gemm_lowbit_body(const GemmParams &p) {
     NIB_KT(NIB_KT_LOWBIT, NIB_KT_MARK5); /* the first X windows and the epilogue's inputs issued */
     int use_stage = 0, use_in = 0, use_xb = 0, use_c = c_begin + wkk * CPS;
     uint32_t use_phase = 0; /* REG = 2: parity of the stage's current phase */
-#if NIB_GEMM_LAB_UNROLL2
-#pragma unroll 2
-#endif
-    for (int i = 0; i < nsteps; i++) {
+    /* one K-loop step: REG = 1 consumes the weights in cur and loads the next step's into nx (the same array
+     * in the rolled loop, so cur is copied first; two arrays in turn under NIB_GEMM_LAB_PINGPONG) */
+    auto kstep = [&](int i, Chunk<FMT>(&cur)[CPS], Chunk<FMT>(&nx)[CPS]) {
         cp_async_wait<S - 2>();
         if (i == 0) NIB_KT(NIB_KT_LOWBIT, NIB_KT_MARK6); /* thread 0's part of the first X window is in */
         if (use_in == 0) __syncthreads(); /* X window complete in every thread */
@@ -739,11 +747,11 @@ __device__ __forceinline__ void gemm_lowbit_body(const GemmParams &p) {
             for (int cc = 0; cc < CPS; cc++) read_chunk_bulk<FMT, CPS>(ch[cc][0], stp, cc, lane, g);
         } else if (REG == 1) {
 #pragma unroll
-            for (int cc = 0; cc < CPS; cc++) ch[cc][0] = nxt[cc];
+            for (int cc = 0; cc < CPS; cc++) ch[cc][0] = cur[cc];
             rwp += is.wstep;
             rsp += is.sstep;
             rc += p.wk * CPS;
-            if (i + 1 < nsteps) load_chunks_reg<FMT, CPS>(nxt, rwp, rsp, rg_ok[0], rc, c_end, g, pol);
+            if (i + 1 < nsteps) load_chunks_reg<FMT, CPS>(nx, rwp, rsp, rg_ok[0], rc, c_end, g, pol);
         } else {
 #pragma unroll
             for (int cc = 0; cc < CPS; cc++) read_chunk<FMT, CPS>(ch[cc][0], smem, use_stage, cc, g);
@@ -769,6 +777,21 @@ __device__ __forceinline__ void gemm_lowbit_body(const GemmParams &p) {
             use_in = 0;
             use_xb = use_xb + 1 == p.nxb ? 0 : use_xb + 1;
         }
+    };
+#if NIB_GEMM_LAB_PINGPONG
+    if constexpr (REG == 1) {
+        Chunk<FMT> nxt2[CPS];
+        for (int i = 0; i < nsteps; i += 2) {
+            kstep(i, nxt, nxt2);
+            if (i + 1 < nsteps) kstep(i + 1, nxt2, nxt);
+        }
+    } else
+#endif
+    {
+#if NIB_GEMM_LAB_UNROLL2
+#pragma unroll 2
+#endif
+        for (int i = 0; i < nsteps; i++) kstep(i, nxt, nxt);
     }
     cp_async_wait<0>();
 #pragma unroll
